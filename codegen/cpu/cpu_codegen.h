@@ -1,0 +1,61 @@
+// Internal interface of the CPU backend: the host description and the two
+// kernel emitters (loops and matmul). Only codegen/cpu includes this.
+#pragma once
+
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Module.h>
+
+#include <functional>
+#include <string>
+
+#include "codegen/emit.h"
+#include "codegen/kernel.h"
+
+namespace flowjit::codegen::cpu {
+
+// What the code generator knows about the host, as data.
+struct CpuTarget {
+  std::string triple;
+  std::string cpu;       // e.g. "sapphirerapids"
+  std::string features;  // "+avx512f,+fma,..."
+  int vector_bits = 128;  // widest vector unit: 512 with AVX-512, 256 with AVX2
+  bool has_fma = false;
+  int64_t l1d_bytes = 32 << 10;
+  int64_t l2_bytes = 1 << 20;
+  int threads = 1;
+
+  int lanes(int elem_bytes) const { return std::max(1, vector_bits / (8 * elem_bytes)); }
+  std::string id() const;  // triple, cpu and features: part of the disk-cache key
+};
+
+const CpuTarget& host_target();
+
+// How the runtime launches one kernel.
+struct LaunchShape {
+  int64_t range = 1;
+  int64_t grain = 1;
+  int64_t scratch_bytes = 0;
+};
+
+// The kernel ABI: void name(ptr args, i64 begin, i64 end, ptr scratch).
+llvm::Function* declare_kernel(llvm::Module& m, const std::string& name, const CpuTarget& t);
+// Loads the argument base pointers at the start of `f`.
+std::vector<llvm::Value*> load_kernel_args(llvm::IRBuilderBase& b, llvm::Function* f, size_t n);
+
+// for (iv = lo; iv < hi; iv += step) body(iv). Leaves the builder after the loop.
+void emit_for(llvm::IRBuilderBase& b, llvm::Value* lo, llvm::Value* hi, int64_t step,
+              const std::function<void(llvm::Value*)>& body, const char* name = "i");
+
+// A vector loop of `lanes` and a scalar remainder: body(iv, width).
+void emit_vector_for(llvm::IRBuilderBase& b, llvm::Value* lo, llvm::Value* hi, int lanes,
+                     const std::function<void(llvm::Value*, int)>& body, const char* name = "v");
+
+llvm::Function* emit_loop_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
+                                 MathProvider& math, LaunchShape& shape);
+llvm::Function* emit_matmul_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
+                                   MathProvider& math, LaunchShape& shape);
+
+// Smallest amount of work (element operations) worth a separate task.
+constexpr double kMinTaskCost = 32768;
+
+}  // namespace flowjit::codegen::cpu

@@ -1,0 +1,351 @@
+// CPU lowering of Loop kernels: elementwise loops and phased reductions,
+// vectorized along the innermost domain dimension.
+//
+// Loop structure, with K the kept dims and R the reduced dims (domain order):
+//   for k in K (the outermost is the parallel loop over [begin, end)):
+//     phase 1..P: acc = identity; for r in R: acc = combine(acc, operand(k, r))
+//     store kept-space outputs at k
+//     for r in R: store full-domain outputs at (k, r)
+// When the innermost dim is kept ("kept-inner"), it is the vector dim of the
+// k loops: lanes are 16 consecutive kept points and the r loops are scalar.
+// When it is reduced ("reduced-inner"), the innermost r loop is vectorized and
+// the accumulator is reduced across lanes at the end of the phase.
+#include <llvm/IR/Intrinsics.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "codegen/cpu/cpu_codegen.h"
+#include "ir/error.h"
+
+namespace flowjit::codegen::cpu {
+
+using llvm::Value;
+
+void emit_for(llvm::IRBuilderBase& b, Value* lo, Value* hi, int64_t step,
+              const std::function<void(Value*)>& body, const char* name) {
+  llvm::Function* f = b.GetInsertBlock()->getParent();
+  llvm::LLVMContext& c = b.getContext();
+  llvm::BasicBlock* pre = b.GetInsertBlock();
+  auto* header = llvm::BasicBlock::Create(c, std::string(name) + ".head", f);
+  auto* bodyb = llvm::BasicBlock::Create(c, std::string(name) + ".body", f);
+  auto* exit = llvm::BasicBlock::Create(c, std::string(name) + ".exit", f);
+  b.CreateBr(header);
+  b.SetInsertPoint(header);
+  llvm::PHINode* iv = b.CreatePHI(b.getInt64Ty(), 2, name);
+  iv->addIncoming(lo, pre);
+  b.CreateCondBr(b.CreateICmpSLT(iv, hi), bodyb, exit);
+  b.SetInsertPoint(bodyb);
+  body(iv);
+  Value* next = b.CreateAdd(iv, b.getInt64(step), std::string(name) + ".next", true, true);
+  iv->addIncoming(next, b.GetInsertBlock());
+  b.CreateBr(header);
+  b.SetInsertPoint(exit);
+}
+
+void emit_vector_for(llvm::IRBuilderBase& b, Value* lo, Value* hi, int lanes,
+                     const std::function<void(Value*, int)>& body, const char* name) {
+  if (lanes <= 1) {
+    emit_for(b, lo, hi, 1, [&](Value* iv) { body(iv, 1); }, name);
+    return;
+  }
+  Value* n = b.CreateSub(hi, lo);
+  Value* main_n = b.CreateMul(b.CreateSDiv(n, b.getInt64(lanes)), b.getInt64(lanes));
+  Value* main_end = b.CreateAdd(lo, main_n);
+  emit_for(b, lo, main_end, lanes, [&](Value* iv) { body(iv, lanes); }, name);
+  emit_for(b, main_end, hi, 1, [&](Value* iv) { body(iv, 1); }, "tail");
+}
+
+namespace {
+
+class LoopKernelEmitter {
+ public:
+  LoopKernelEmitter(llvm::Module& m, const Kernel& k, const CpuTarget& t, MathProvider& math)
+      : m_(m), k_(k), t_(t), math_(math), b_(m.getContext()) {}
+
+  llvm::Function* emit(LaunchShape& shape) {
+    f_ = declare_kernel(m_, k_.name, t_);
+    auto* entry = llvm::BasicBlock::Create(m_.getContext(), "entry", f_);
+    b_.SetInsertPoint(entry);
+    entry_ = entry;
+    std::vector<Value*> ptrs = load_kernel_args(b_, f_, k_.args.size());
+    e_ = std::make_unique<ExprEmitter>(k_, b_, math_, ptrs);
+
+    int widest = 4;
+    for (const KNode& n : k_.nodes) widest = std::max(widest, ir::dtype_bytes(n.dtype));
+    for (const KernelArg& a : k_.args) widest = std::max(widest, ir::dtype_bytes(a.dtype));
+    lanes_ = t_.lanes(widest);
+
+    int n = k_.rank();
+    for (int d = 0; d < n; ++d) (k_.reduced[d] ? red_ : kept_).push_back(d);
+    vdim_ = n - 1;
+    inner_reduced_ = n > 0 && k_.reduced[vdim_];
+    pdim_ = k_.parallel_dim();
+    begin_ = f_->getArg(1);
+    end_ = f_->getArg(2);
+
+    emit_kept_loops(0);
+    b_.CreateRetVoid();
+
+    shape.range = pdim_ < 0 ? 1 : k_.domain[pdim_];
+    double cost = k_.cost_per_iteration();
+    shape.grain = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(kMinTaskCost / cost)));
+    if (pdim_ == vdim_ && shape.grain > 1)
+      shape.grain = (shape.grain + lanes_ - 1) / lanes_ * lanes_;
+    return f_;
+  }
+
+ private:
+  Value* lo_of(int d) { return d == pdim_ ? begin_ : b_.getInt64(0); }
+  Value* hi_of(int d) { return d == pdim_ ? end_ : b_.getInt64(k_.domain[d]); }
+
+  // Loops over the kept dims; the innermost kept dim is vectorized when it is
+  // also the innermost domain dim.
+  void emit_kept_loops(size_t level) {
+    if (level == kept_.size()) {
+      e_->vec_dim = -1;
+      e_->width = 1;
+      emit_kept_point(1);
+      return;
+    }
+    int d = kept_[level];
+    if (d == vdim_ && !inner_reduced_) {
+      emit_vector_for(b_, lo_of(d), hi_of(d), lanes_, [&](Value* iv, int w) {
+        e_->push_scope();
+        e_->idx[d] = iv;
+        e_->vec_dim = d;
+        e_->width = w;
+        emit_kept_point(w);
+        e_->pop_scope();
+      }, "k");
+      return;
+    }
+    emit_for(b_, lo_of(d), hi_of(d), 1, [&](Value* iv) {
+      e_->push_scope();
+      e_->idx[d] = iv;
+      emit_kept_loops(level + 1);
+      e_->pop_scope();
+    }, "k");
+  }
+
+  // At one kept point (or one vector of kept points, width w).
+  void emit_kept_point(int w) {
+    e_->push_scope();
+    int max_phase = 0;
+    for (int r : k_.reduce_order) max_phase = std::max(max_phase, k_.nodes[r].phase);
+    for (int p = 1; p <= max_phase; ++p) emit_phase(p, w);
+    // Kept-space stores, then the full-domain stores in one pass over R.
+    std::vector<const Store*> full;
+    for (const Store& s : k_.stores) {
+      if (k_.nodes[s.node].kept_space || red_.empty()) {
+        e_->store(s, e_->eval(s.node));
+      } else {
+        full.push_back(&s);
+      }
+    }
+    if (!full.empty()) {
+      open_kept_point(w);
+      emit_reduced_loops(0, [&](int) {
+        for (const Store* s : full) e_->store(*s, e_->eval(s->node));
+      });
+      e_->clear_kept_point();
+    }
+    e_->pop_scope();
+  }
+
+  // A block that dominates the following reduced loops, where kept-space
+  // values are computed once per kept point.
+  void open_kept_point(int w) {
+    auto* kb = llvm::BasicBlock::Create(m_.getContext(), "kept", f_);
+    auto* cont = llvm::BasicBlock::Create(m_.getContext(), "reduce", f_);
+    b_.CreateBr(kb);
+    b_.SetInsertPoint(kb);
+    b_.CreateBr(cont);
+    b_.SetInsertPoint(cont);
+    e_->set_kept_point(kb, w);
+  }
+
+  struct Accum {
+    int node;
+    OpKind op;
+    DType t;
+    llvm::AllocaInst* vec = nullptr;   // width `lanes_` (reduced-inner) or w
+    llvm::AllocaInst* vidx = nullptr;  // arg-reductions: index of the best value
+    llvm::AllocaInst* tail = nullptr;  // width 1 (reduced-inner remainder)
+    llvm::AllocaInst* tidx = nullptr;
+    int vec_width = 1;
+  };
+
+  llvm::AllocaInst* entry_alloca(llvm::Type* t, const char* name) {
+    llvm::IRBuilder<> eb(entry_, entry_->begin());
+    return eb.CreateAlloca(t, nullptr, name);
+  }
+
+  static bool is_arg(OpKind op) { return op == OpKind::ArgMax || op == OpKind::ArgMin; }
+
+  void emit_phase(int phase, int w) {
+    std::vector<Accum> accs;
+    llvm::LLVMContext& c = m_.getContext();
+    int vw = inner_reduced_ ? lanes_ : w;
+    for (int r : k_.reduce_order) {
+      const KNode& rn = k_.nodes[r];
+      if (rn.phase != phase) continue;
+      Accum a;
+      a.node = r;
+      a.op = rn.op;
+      a.t = k_.nodes[rn.operands[0]].dtype;
+      a.vec_width = vw;
+      llvm::Type* st = reg_type(c, a.t);
+      a.vec = entry_alloca(with_width(st, vw), "acc");
+      b_.CreateStore(reduce_identity(b_, a.op, a.t, vw), a.vec);
+      if (is_arg(a.op)) {
+        a.vidx = entry_alloca(with_width(b_.getInt64Ty(), vw), "acc.idx");
+        b_.CreateStore(llvm::Constant::getNullValue(with_width(b_.getInt64Ty(), vw)), a.vidx);
+      }
+      if (inner_reduced_ && vw > 1) {
+        a.tail = entry_alloca(st, "acc.tail");
+        b_.CreateStore(reduce_identity(b_, a.op, a.t, 1), a.tail);
+        if (is_arg(a.op)) {
+          a.tidx = entry_alloca(b_.getInt64Ty(), "acc.tidx");
+          b_.CreateStore(b_.getInt64(0), a.tidx);
+        }
+      }
+      accs.push_back(a);
+    }
+    open_kept_point(inner_reduced_ ? 1 : w);
+    emit_reduced_loops(0, [&](int width) {
+      for (Accum& a : accs) {
+        const KNode& rn = k_.nodes[a.node];
+        Value* v = e_->eval(rn.operands[0]);
+        bool tail = width == 1 && a.tail;
+        llvm::AllocaInst* slot = tail ? a.tail : a.vec;
+        llvm::Type* slot_t = slot->getAllocatedType();
+        Value* acc = b_.CreateLoad(slot_t, slot);
+        if (!is_arg(a.op)) {
+          b_.CreateStore(reduce_combine(b_, a.op, a.t, acc, v), slot);
+          continue;
+        }
+        llvm::AllocaInst* islot = tail ? a.tidx : a.vidx;
+        Value* iacc = b_.CreateLoad(islot->getAllocatedType(), islot);
+        Value* pos = e_->element_offset(rn.index_strides, 0);
+        if (width > 1) {
+          int64_t vs = e_->vec_dim >= 0 ? rn.index_strides[e_->vec_dim] : 0;
+          pos = b_.CreateAdd(e_->splat(pos, width), e_->lane_offsets(vs));
+        }
+        Value* better = arg_better(a.op, a.t, v, pos, acc, iacc);
+        b_.CreateStore(b_.CreateSelect(better, v, acc), slot);
+        b_.CreateStore(b_.CreateSelect(better, pos, iacc), islot);
+      }
+    });
+    e_->clear_kept_point();
+    // Combine lanes and the scalar remainder into the kept-space result.
+    for (Accum& a : accs) {
+      Value* acc = b_.CreateLoad(a.vec->getAllocatedType(), a.vec);
+      Value* result;
+      if (!is_arg(a.op)) {
+        result = inner_reduced_ ? reduce_horizontal(b_, a.op, a.t, acc) : acc;
+        if (a.tail) result = reduce_combine(b_, a.op, a.t, result, b_.CreateLoad(a.tail->getAllocatedType(), a.tail));
+      } else {
+        Value* iacc = b_.CreateLoad(a.vidx->getAllocatedType(), a.vidx);
+        Value* best_v = acc;
+        Value* best_i = iacc;
+        if (inner_reduced_ && a.vec_width > 1) {
+          best_v = b_.CreateExtractElement(acc, uint64_t{0});
+          best_i = b_.CreateExtractElement(iacc, uint64_t{0});
+          for (int l = 1; l < a.vec_width; ++l) {
+            Value* v = b_.CreateExtractElement(acc, uint64_t(l));
+            Value* i = b_.CreateExtractElement(iacc, uint64_t(l));
+            Value* better = arg_better(a.op, a.t, v, i, best_v, best_i, /*tie_by_index=*/true);
+            best_v = b_.CreateSelect(better, v, best_v);
+            best_i = b_.CreateSelect(better, i, best_i);
+          }
+          Value* tv = b_.CreateLoad(a.tail->getAllocatedType(), a.tail);
+          Value* ti = b_.CreateLoad(a.tidx->getAllocatedType(), a.tidx);
+          Value* better = arg_better(a.op, a.t, tv, ti, best_v, best_i, true);
+          best_i = b_.CreateSelect(better, ti, best_i);
+        }
+        const KNode& rn = k_.nodes[a.node];
+        result = b_.CreateIntCast(best_i, with_width(reg_type(c, rn.dtype), a.vec_width > 1 && !inner_reduced_ ? a.vec_width : 1), true);
+      }
+      e_->set_value(a.node, result);
+    }
+  }
+
+  // Whether (v, i) should replace (best, bi) in an arg-reduction. NaN counts
+  // as the extreme value (numpy); ties keep the lower index.
+  Value* arg_better(OpKind op, DType t, Value* v, Value* i, Value* best, Value* bi,
+                    bool tie_by_index = false) {
+    Value* strictly;
+    if (ir::is_float(t)) {
+      strictly = op == OpKind::ArgMax ? b_.CreateFCmpOGT(v, best) : b_.CreateFCmpOLT(v, best);
+      Value* vnan = b_.CreateFCmpUNO(v, v);
+      Value* bnan = b_.CreateFCmpUNO(best, best);
+      strictly = b_.CreateOr(strictly, b_.CreateAnd(vnan, b_.CreateNot(bnan)));
+      if (tie_by_index) {
+        Value* tie = b_.CreateOr(b_.CreateFCmpOEQ(v, best), b_.CreateAnd(vnan, bnan));
+        strictly = b_.CreateOr(strictly, b_.CreateAnd(tie, b_.CreateICmpSLT(i, bi)));
+      }
+      return strictly;
+    }
+    bool u = t == DType::UInt8 || t == DType::Bool;
+    strictly = op == OpKind::ArgMax ? (u ? b_.CreateICmpUGT(v, best) : b_.CreateICmpSGT(v, best))
+                                    : (u ? b_.CreateICmpULT(v, best) : b_.CreateICmpSLT(v, best));
+    if (tie_by_index)
+      strictly = b_.CreateOr(strictly, b_.CreateAnd(b_.CreateICmpEQ(v, best), b_.CreateICmpSLT(i, bi)));
+    return strictly;
+  }
+
+  // Loops over the reduced dims; body(width) runs at each point.
+  void emit_reduced_loops(size_t level, const std::function<void(int)>& body) {
+    if (level == red_.size()) {
+      e_->push_scope();
+      body(e_->width);
+      e_->pop_scope();
+      return;
+    }
+    int d = red_[level];
+    if (d == vdim_) {
+      int saved_w = e_->width, saved_v = e_->vec_dim;
+      emit_vector_for(b_, b_.getInt64(0), b_.getInt64(k_.domain[d]), lanes_, [&](Value* iv, int w) {
+        e_->idx[d] = iv;
+        e_->vec_dim = d;
+        e_->width = w;
+        emit_reduced_loops(level + 1, body);
+      }, "r");
+      e_->width = saved_w;
+      e_->vec_dim = saved_v;
+      e_->idx[d] = nullptr;
+      return;
+    }
+    emit_for(b_, b_.getInt64(0), b_.getInt64(k_.domain[d]), 1, [&](Value* iv) {
+      e_->idx[d] = iv;
+      emit_reduced_loops(level + 1, body);
+    }, "r");
+    e_->idx[d] = nullptr;
+  }
+
+  llvm::Module& m_;
+  const Kernel& k_;
+  const CpuTarget& t_;
+  MathProvider& math_;
+  llvm::IRBuilder<> b_;
+  llvm::Function* f_ = nullptr;
+  llvm::BasicBlock* entry_ = nullptr;
+  std::unique_ptr<ExprEmitter> e_;
+  std::vector<int> kept_, red_;
+  int vdim_ = -1, pdim_ = -1, lanes_ = 1;
+  bool inner_reduced_ = false;
+  Value* begin_ = nullptr;
+  Value* end_ = nullptr;
+};
+
+}  // namespace
+
+llvm::Function* emit_loop_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
+                                 MathProvider& math, LaunchShape& shape) {
+  Kernel flat = k;
+  coalesce_domain(flat);
+  return LoopKernelEmitter(m, flat, t, math).emit(shape);
+}
+
+}  // namespace flowjit::codegen::cpu

@@ -1,0 +1,385 @@
+// CPU lowering of MatMul kernels: packed, register-blocked, cache-blocked
+// GEMM with the epilogue applied to the register tile.
+//
+// The algorithm (Goto/BLIS): the output is split into tasks (batch, a range
+// of rows, a block of NC columns) that run in parallel. Within a task:
+//   for each KC block of k:             pack B[k-block, n-block] into Bp
+//     for each MC block of rows:        pack A[m-block, k-block] into Ap
+//       for each NR panel, MR panel:    micro-kernel: MR x NR accumulators in
+//                                       vector registers, one FMA per lane
+// Packing zero-fills beyond the edges so the micro-kernel always computes a
+// whole tile; stores are masked. With several KC blocks, partial sums live in
+// a per-task buffer in scratch and the epilogue runs after the last block.
+// Every extent is a compile-time constant of the kernel.
+#include <llvm/IR/Intrinsics.h>
+
+#include <algorithm>
+
+#include "codegen/cpu/cpu_codegen.h"
+#include "ir/error.h"
+
+namespace flowjit::codegen::cpu {
+
+using llvm::Value;
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+struct Blocking {
+  int vl = 16;  // lanes per vector
+  int mr = 12, nr = 32;
+  int64_t kc = 256, mc = 144, nc = 512;
+  int64_t num_kb = 1;
+  int64_t task_rows = 0;  // rows per task (multiple of mr)
+  int64_t task_cols = 0;  // cols per task (multiple of nr)
+  int64_t row_groups = 1, col_blocks = 1;
+  int64_t tasks = 1;
+};
+
+Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& t) {
+  Blocking bl;
+  bl.vl = t.lanes(elem_bytes);
+  int regs = t.vector_bits >= 512 ? 32 : 16;
+  // Accumulators MR x (NR / VL) plus NR / VL B vectors plus one broadcast.
+  if (mm.n <= bl.vl) {
+    bl.nr = bl.vl;
+    bl.mr = std::min<int>(regs - 4, 14);
+  } else {
+    bl.nr = 2 * bl.vl;
+    bl.mr = (regs - 3 - 2) / 2;  // 13 with 32 registers, 5 with 16
+    bl.mr = regs >= 32 ? 12 : 5;
+  }
+  bl.mr = static_cast<int>(std::min<int64_t>(bl.mr, std::max<int64_t>(1, mm.m)));
+  // KC: the B micro-panel (KC x NR) and an A micro-panel share L1.
+  int64_t kc_max = std::max<int64_t>(64, t.l1d_bytes / (elem_bytes * (bl.nr + bl.mr)) / 8 * 8);
+  kc_max = std::max<int64_t>(kc_max, 256);
+  bl.num_kb = std::max<int64_t>(1, ceil_div(mm.k, kc_max));
+  bl.kc = std::max<int64_t>(1, ceil_div(mm.k, bl.num_kb));
+  // MC: an A block of MC x KC in half of L2; NC: a B block in the other half.
+  int64_t mc_max = std::max<int64_t>(bl.mr, (t.l2_bytes / 4) / (bl.kc * elem_bytes) / bl.mr * bl.mr);
+  int64_t nc_max = std::max<int64_t>(bl.nr, (t.l2_bytes / 2) / (bl.kc * elem_bytes) / bl.nr * bl.nr);
+  // Tasks: as few column blocks as the cache allows, then enough tasks for
+  // every thread, splitting whichever dimension is larger per task.
+  int64_t col_blocks = ceil_div(mm.n, nc_max), row_groups = 1;
+  int64_t max_row_groups = ceil_div(mm.m, bl.mr), max_col_blocks = ceil_div(mm.n, bl.nr);
+  int64_t want = t.threads;
+  while (mm.batch * row_groups * col_blocks < want) {
+    bool can_cols = col_blocks < max_col_blocks;
+    bool can_rows = row_groups < max_row_groups;
+    if (!can_cols && !can_rows) break;
+    double cols_per = static_cast<double>(mm.n) / col_blocks;
+    double rows_per = static_cast<double>(mm.m) / row_groups;
+    if (can_cols && (cols_per >= rows_per || !can_rows)) {
+      ++col_blocks;
+    } else {
+      ++row_groups;
+    }
+  }
+  bl.task_cols = round_up(ceil_div(mm.n, col_blocks), bl.nr);
+  bl.col_blocks = std::max<int64_t>(1, ceil_div(mm.n, bl.task_cols));
+  bl.task_rows = round_up(ceil_div(mm.m, row_groups), bl.mr);
+  bl.row_groups = std::max<int64_t>(1, ceil_div(mm.m, bl.task_rows));
+  bl.mc = std::min(bl.task_rows, mc_max);
+  bl.nc = bl.task_cols;
+  bl.tasks = mm.batch * bl.row_groups * bl.col_blocks;
+  return bl;
+}
+
+class MatMulEmitter {
+ public:
+  MatMulEmitter(llvm::Module& m, const Kernel& k, const CpuTarget& t, MathProvider& math)
+      : m_(m), k_(k), t_(t), math_(math), b_(m.getContext()), mm_(k.mm) {
+    FJ_CHECK(k.rank() == 2 || k.rank() == 3, "matmul kernel ", k.name, " has rank ", k.rank());
+    FJ_CHECK(mm_.a.strides.size() == 3 && mm_.b.strides.size() == 3,
+             "matmul operand strides must be (batch, row, col)");
+    dt_ = k.args.at(mm_.a.arg).dtype;
+    eb_ = ir::dtype_bytes(dt_);
+    is_float_ = ir::is_float(dt_);
+    bl_ = choose_blocking(mm_, eb_, t);
+  }
+
+  llvm::Function* emit(LaunchShape& shape) {
+    f_ = declare_kernel(m_, k_.name, t_);
+    llvm::LLVMContext& c = m_.getContext();
+    entry_ = llvm::BasicBlock::Create(c, "entry", f_);
+    b_.SetInsertPoint(entry_);
+    ptrs_ = load_kernel_args(b_, f_, k_.args.size());
+    e_ = std::make_unique<ExprEmitter>(k_, b_, math_, ptrs_);
+    et_ = reg_type(c, dt_);
+    vt_ = with_width(et_, bl_.vl);
+
+    // Scratch: Ap (MC x KC), Bp (KC x NC), and partial sums when K is blocked.
+    Value* scratch = f_->getArg(3);
+    int64_t ap_elems = round_up(bl_.mc, bl_.mr) * bl_.kc;
+    int64_t bp_elems = round_up(bl_.nc, bl_.nr) * bl_.kc;
+    int64_t cp_elems = bl_.num_kb > 1 ? bl_.task_rows * bl_.task_cols : 0;
+    ap_ = scratch;
+    bp_ = b_.CreateGEP(et_, scratch, b_.getInt64(round_up(ap_elems, 16)));
+    cp_ = b_.CreateGEP(et_, bp_, b_.getInt64(round_up(bp_elems, 16)));
+    shape.scratch_bytes = (round_up(ap_elems, 16) + round_up(bp_elems, 16) + cp_elems) * eb_ + 64;
+
+    emit_for(b_, f_->getArg(1), f_->getArg(2), 1, [&](Value* task) { emit_task(task); }, "task");
+    b_.CreateRetVoid();
+
+    shape.range = bl_.tasks;
+    shape.grain = 1;
+    double flops = 2.0 * mm_.m * mm_.n * mm_.k * mm_.batch;
+    if (flops < 4 * kMinTaskCost) shape.grain = bl_.tasks;  // too small to split
+    return f_;
+  }
+
+ private:
+  Value* i64(int64_t v) { return b_.getInt64(v); }
+  Value* min64(Value* a, Value* b) { return b_.CreateSelect(b_.CreateICmpSLT(a, b), a, b); }
+
+  // ---------------------------------------------------------------- task
+
+  void emit_task(Value* task) {
+    Value* per_batch = i64(bl_.row_groups * bl_.col_blocks);
+    bi_ = b_.CreateSDiv(task, per_batch);
+    Value* rem = b_.CreateSRem(task, per_batch);
+    Value* rg = b_.CreateSDiv(rem, i64(bl_.col_blocks));
+    Value* cb = b_.CreateSRem(rem, i64(bl_.col_blocks));
+    m_lo_ = b_.CreateMul(rg, i64(bl_.task_rows));
+    m_hi_ = min64(b_.CreateAdd(m_lo_, i64(bl_.task_rows)), i64(mm_.m));
+    n_lo_ = b_.CreateMul(cb, i64(bl_.task_cols));
+    n_hi_ = min64(b_.CreateAdd(n_lo_, i64(bl_.task_cols)), i64(mm_.n));
+    for (int64_t kb = 0; kb < bl_.num_kb; ++kb) {
+      int64_t k0 = kb * bl_.kc;
+      int64_t kc = std::min(bl_.kc, mm_.k - k0);
+      if (kc <= 0) break;
+      bool first = kb == 0, last = kb == bl_.num_kb - 1;
+      emit_pack_b(k0, kc);
+      emit_for(b_, m_lo_, m_hi_, bl_.mc, [&](Value* ic) {
+        Value* mc_hi = min64(b_.CreateAdd(ic, i64(bl_.mc)), m_hi_);
+        emit_pack_a(ic, mc_hi, k0, kc);
+        emit_for(b_, n_lo_, n_hi_, bl_.nr, [&](Value* jr) {
+          emit_for(b_, ic, mc_hi, bl_.mr, [&](Value* ir) {
+            emit_micro_tile(ic, jr, ir, mc_hi, kc, first, last);
+          }, "ir");
+        }, "jr");
+      }, "ic");
+    }
+  }
+
+  // A element (batch bi, row m, col k) address.
+  Value* a_ptr(Value* m, Value* k) {
+    const Access& a = mm_.a;
+    Value* off = i64(a.offset);
+    off = b_.CreateAdd(off, b_.CreateMul(bi_, i64(a.strides[0])));
+    off = b_.CreateAdd(off, b_.CreateMul(m, i64(a.strides[1])));
+    off = b_.CreateAdd(off, b_.CreateMul(k, i64(a.strides[2])));
+    return b_.CreateGEP(et_, ptrs_.at(a.arg), off);
+  }
+  Value* b_ptr(Value* k, Value* n) {
+    const Access& a = mm_.b;
+    Value* off = i64(a.offset);
+    off = b_.CreateAdd(off, b_.CreateMul(bi_, i64(a.strides[0])));
+    off = b_.CreateAdd(off, b_.CreateMul(k, i64(a.strides[1])));
+    off = b_.CreateAdd(off, b_.CreateMul(n, i64(a.strides[2])));
+    return b_.CreateGEP(et_, ptrs_.at(a.arg), off);
+  }
+
+  llvm::Align ealign() const { return llvm::Align(eb_); }
+
+  // Bp[q][k][j] = B[k0 + k, n_lo + q*NR + j], zero beyond n_hi.
+  void emit_pack_b(int64_t k0, int64_t kc) {
+    bool rows_contiguous = mm_.b.strides[2] == 1;  // B row-major along n
+    emit_for(b_, n_lo_, n_hi_, bl_.nr, [&](Value* n0) {
+      Value* q = b_.CreateSDiv(b_.CreateSub(n0, n_lo_), i64(bl_.nr));
+      Value* panel = b_.CreateGEP(et_, bp_, b_.CreateMul(q, i64(kc * bl_.nr)));
+      Value* width = b_.CreateSub(n_hi_, n0);  // valid columns in this panel (may exceed NR)
+      if (rows_contiguous) {
+        // For each k: NR/VL masked vector loads along n.
+        emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
+          for (int v = 0; v < bl_.nr / bl_.vl; ++v) {
+            Value* n = b_.CreateAdd(n0, i64(v * bl_.vl));
+            Value* mask = lane_mask(b_.CreateSub(width, i64(v * bl_.vl)));
+            Value* src = b_ptr(b_.CreateAdd(k, i64(k0)), n);
+            Value* x = b_.CreateMaskedLoad(vt_, src, ealign(), mask, llvm::Constant::getNullValue(vt_));
+            Value* dst = b_.CreateGEP(et_, panel, b_.CreateAdd(b_.CreateMul(k, i64(bl_.nr)), i64(v * bl_.vl)));
+            b_.CreateAlignedStore(x, dst, ealign());
+          }
+        }, "pbk");
+      } else {
+        // Columns of B are contiguous along k (B is a transposed operand):
+        // copy each column, zero-filling the ones beyond the edge.
+        emit_for(b_, i64(0), i64(bl_.nr), 1, [&](Value* j) {
+          Value* valid = b_.CreateICmpSLT(j, width);
+          Value* n = b_.CreateAdd(n0, j);
+          Value* n_safe = b_.CreateSelect(valid, n, n_lo_);
+          emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
+            Value* x = b_.CreateAlignedLoad(et_, b_ptr(b_.CreateAdd(k, i64(k0)), n_safe), ealign());
+            x = b_.CreateSelect(valid, x, llvm::Constant::getNullValue(et_));
+            Value* dst = b_.CreateGEP(et_, panel, b_.CreateAdd(b_.CreateMul(k, i64(bl_.nr)), j));
+            b_.CreateAlignedStore(x, dst, ealign());
+          }, "pbk");
+        }, "pbj");
+      }
+    }, "pbn");
+  }
+
+  // Ap[p][k][i] = A[ic + p*MR + i, k0 + k], zero beyond mc_hi.
+  void emit_pack_a(Value* ic, Value* mc_hi, int64_t k0, int64_t kc) {
+    emit_for(b_, ic, mc_hi, bl_.mr, [&](Value* m0) {
+      Value* p = b_.CreateSDiv(b_.CreateSub(m0, ic), i64(bl_.mr));
+      Value* panel = b_.CreateGEP(et_, ap_, b_.CreateMul(p, i64(kc * bl_.mr)));
+      Value* rows = b_.CreateSub(mc_hi, m0);
+      emit_for(b_, i64(0), i64(bl_.mr), 1, [&](Value* i) {
+        Value* valid = b_.CreateICmpSLT(i, rows);
+        Value* m_safe = b_.CreateSelect(valid, b_.CreateAdd(m0, i), m0);
+        emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
+          Value* x = b_.CreateAlignedLoad(et_, a_ptr(m_safe, b_.CreateAdd(k, i64(k0))), ealign());
+          x = b_.CreateSelect(valid, x, llvm::Constant::getNullValue(et_));
+          Value* dst = b_.CreateGEP(et_, panel, b_.CreateAdd(b_.CreateMul(k, i64(bl_.mr)), i));
+          b_.CreateAlignedStore(x, dst, ealign());
+        }, "pak");
+      }, "pai");
+    }, "pam");
+  }
+
+  // <VL x i1>: lane < valid.
+  Value* lane_mask(Value* valid) {
+    std::vector<llvm::Constant*> lanes;
+    for (int l = 0; l < bl_.vl; ++l) lanes.push_back(b_.getInt64(l));
+    Value* lv = llvm::ConstantVector::get(lanes);
+    return b_.CreateICmpSLT(lv, b_.CreateVectorSplat(bl_.vl, valid));
+  }
+
+  Value* fma(Value* a, Value* b, Value* c) {
+    if (is_float_) return b_.CreateIntrinsic(llvm::Intrinsic::fmuladd, {a->getType()}, {a, b, c});
+    return b_.CreateAdd(b_.CreateMul(a, b), c);
+  }
+
+  // ---------------------------------------------------------------- tile
+
+  void emit_micro_tile(Value* ic, Value* jr, Value* ir, Value* mc_hi, int64_t kc, bool first,
+                       bool last) {
+    const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
+    Value* p = b_.CreateSDiv(b_.CreateSub(ir, ic), i64(mr));
+    Value* q = b_.CreateSDiv(b_.CreateSub(jr, n_lo_), i64(bl_.nr));
+    Value* ap = b_.CreateGEP(et_, ap_, b_.CreateMul(p, i64(kc * mr)));
+    Value* bp = b_.CreateGEP(et_, bp_, b_.CreateMul(q, i64(kc * bl_.nr)));
+    // Accumulators as allocas in the entry block; SROA turns them into registers.
+    std::vector<llvm::AllocaInst*> acc(mr * nv);
+    {
+      llvm::IRBuilder<> eb(entry_, entry_->begin());
+      for (auto& a : acc) a = eb.CreateAlloca(vt_, nullptr, "c");
+    }
+    Value* rows = b_.CreateSub(min64(mc_hi, m_hi_), ir);
+    Value* cols = b_.CreateSub(n_hi_, jr);
+    for (int i = 0; i < mr; ++i)
+      for (int v = 0; v < nv; ++v) {
+        Value* init = llvm::Constant::getNullValue(vt_);
+        if (!first) init = load_partial(i, v, ir, jr, rows, cols);
+        b_.CreateStore(init, acc[i * nv + v]);
+      }
+    emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
+      std::vector<Value*> bv(nv);
+      for (int v = 0; v < nv; ++v)
+        bv[v] = b_.CreateAlignedLoad(
+            vt_, b_.CreateGEP(et_, bp, b_.CreateAdd(b_.CreateMul(k, i64(bl_.nr)), i64(v * bl_.vl))),
+            ealign());
+      for (int i = 0; i < mr; ++i) {
+        Value* a = b_.CreateAlignedLoad(et_, b_.CreateGEP(et_, ap, b_.CreateAdd(b_.CreateMul(k, i64(mr)), i64(i))), ealign());
+        Value* as = b_.CreateVectorSplat(bl_.vl, a);
+        for (int v = 0; v < nv; ++v) {
+          Value* c = b_.CreateLoad(vt_, acc[i * nv + v]);
+          b_.CreateStore(fma(as, bv[v], c), acc[i * nv + v]);
+        }
+      }
+    }, "kk");
+    if (!last) {
+      for (int i = 0; i < mr; ++i)
+        for (int v = 0; v < nv; ++v)
+          store_partial(i, v, ir, jr, rows, cols, b_.CreateLoad(vt_, acc[i * nv + v]));
+      return;
+    }
+    // Epilogue: a fast path for whole tiles, a masked path for edges.
+    llvm::LLVMContext& c = m_.getContext();
+    Value* full = b_.CreateAnd(b_.CreateICmpSGE(rows, i64(mr)), b_.CreateICmpSGE(cols, i64(bl_.nr)));
+    auto* fast = llvm::BasicBlock::Create(c, "tile.full", f_);
+    auto* edge = llvm::BasicBlock::Create(c, "tile.edge", f_);
+    auto* done = llvm::BasicBlock::Create(c, "tile.done", f_);
+    b_.CreateCondBr(full, fast, edge);
+    b_.SetInsertPoint(fast);
+    for (int i = 0; i < mr; ++i)
+      for (int v = 0; v < nv; ++v) epilogue(i, v, ir, jr, acc[i * nv + v], nullptr);
+    b_.CreateBr(done);
+    b_.SetInsertPoint(edge);
+    for (int i = 0; i < mr; ++i) {
+      auto* row = llvm::BasicBlock::Create(c, "row", f_);
+      auto* next = llvm::BasicBlock::Create(c, "row.next", f_);
+      b_.CreateCondBr(b_.CreateICmpSLT(i64(i), rows), row, next);
+      b_.SetInsertPoint(row);
+      for (int v = 0; v < nv; ++v)
+        epilogue(i, v, ir, jr, acc[i * nv + v], lane_mask(b_.CreateSub(cols, i64(v * bl_.vl))));
+      b_.CreateBr(next);
+      b_.SetInsertPoint(next);
+    }
+    b_.CreateBr(done);
+    b_.SetInsertPoint(done);
+  }
+
+  Value* partial_ptr(int i, int v, Value* ir, Value* jr) {
+    Value* r = b_.CreateAdd(b_.CreateSub(ir, m_lo_), i64(i));
+    Value* col = b_.CreateAdd(b_.CreateSub(jr, n_lo_), i64(v * bl_.vl));
+    return b_.CreateGEP(et_, cp_, b_.CreateAdd(b_.CreateMul(r, i64(bl_.task_cols)), col));
+  }
+  Value* load_partial(int i, int v, Value* ir, Value* jr, Value* rows, Value* cols) {
+    // The partial buffer covers whole tiles (task_rows x task_cols), so no mask.
+    return b_.CreateAlignedLoad(vt_, partial_ptr(i, v, ir, jr), ealign());
+  }
+  void store_partial(int i, int v, Value* ir, Value* jr, Value* rows, Value* cols, Value* x) {
+    b_.CreateAlignedStore(x, partial_ptr(i, v, ir, jr), ealign());
+  }
+
+  void epilogue(int i, int v, Value* ir, Value* jr, llvm::AllocaInst* acc, Value* mask) {
+    Value* m = b_.CreateAdd(ir, i64(i));
+    Value* n = b_.CreateAdd(jr, i64(v * bl_.vl));
+    int r = k_.rank();
+    if (r == 3) e_->idx[0] = bi_;
+    e_->idx[r - 2] = m;
+    e_->idx[r - 1] = n;
+    e_->vec_dim = r - 1;
+    e_->width = bl_.vl;
+    e_->mask = mask;
+    e_->push_scope();
+    Value* accv = b_.CreateLoad(vt_, acc);
+    for (size_t j = 0; j < k_.nodes.size(); ++j)
+      if (k_.nodes[j].kind == KOp::Acc) e_->set_value(static_cast<int>(j), accv);
+    for (const Store& s : k_.stores) e_->store(s, e_->eval(s.node));
+    e_->pop_scope();
+    e_->mask = nullptr;
+  }
+
+  llvm::Module& m_;
+  const Kernel& k_;
+  const CpuTarget& t_;
+  MathProvider& math_;
+  llvm::IRBuilder<> b_;
+  const MatMulSpec& mm_;
+  DType dt_;
+  int eb_ = 4;
+  bool is_float_ = true;
+  Blocking bl_;
+  llvm::Function* f_ = nullptr;
+  llvm::BasicBlock* entry_ = nullptr;
+  std::vector<Value*> ptrs_;
+  std::unique_ptr<ExprEmitter> e_;
+  llvm::Type* et_ = nullptr;
+  llvm::Type* vt_ = nullptr;
+  Value *ap_ = nullptr, *bp_ = nullptr, *cp_ = nullptr;
+  Value *bi_ = nullptr, *m_lo_ = nullptr, *m_hi_ = nullptr, *n_lo_ = nullptr, *n_hi_ = nullptr;
+};
+
+}  // namespace
+
+llvm::Function* emit_matmul_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
+                                   MathProvider& math, LaunchShape& shape) {
+  return MatMulEmitter(m, k, t, math).emit(shape);
+}
+
+}  // namespace flowjit::codegen::cpu

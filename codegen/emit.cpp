@@ -1,0 +1,428 @@
+// Lowering of kernel bodies (KNode DAGs) to LLVM IR.
+#include "codegen/emit.h"
+
+#include <llvm/IR/Intrinsics.h>
+
+#include <cmath>
+#include <limits>
+
+#include "ir/error.h"
+
+namespace flowjit::codegen {
+
+using llvm::Value;
+
+llvm::Type* reg_type(llvm::LLVMContext& c, DType t) {
+  switch (t) {
+    case DType::Bool: return llvm::Type::getInt1Ty(c);
+    case DType::Int8:
+    case DType::UInt8: return llvm::Type::getInt8Ty(c);
+    case DType::Int32: return llvm::Type::getInt32Ty(c);
+    case DType::Int64: return llvm::Type::getInt64Ty(c);
+    case DType::Float32: return llvm::Type::getFloatTy(c);
+    case DType::Float64: return llvm::Type::getDoubleTy(c);
+  }
+  FJ_CHECK(false, "bad dtype");
+}
+
+llvm::Type* mem_type(llvm::LLVMContext& c, DType t) {
+  return t == DType::Bool ? llvm::Type::getInt8Ty(c) : reg_type(c, t);
+}
+
+llvm::Type* with_width(llvm::Type* scalar, int width) {
+  return width == 1 ? scalar : llvm::FixedVectorType::get(scalar, width);
+}
+
+// ---------------------------------------------------------------- reductions
+
+namespace {
+
+Value* typed_constant(llvm::Type* t, DType dt, double v) {
+  if (ir::is_float(dt)) return llvm::ConstantFP::get(t, v);
+  return llvm::ConstantInt::get(t, static_cast<uint64_t>(static_cast<int64_t>(v)), true);
+}
+
+Value* int_extreme(llvm::Type* t, DType dt, bool max) {
+  unsigned bits = t->getScalarSizeInBits();
+  llvm::APInt v = dt == DType::UInt8 || dt == DType::Bool
+                      ? (max ? llvm::APInt::getMaxValue(bits) : llvm::APInt::getMinValue(bits))
+                      : (max ? llvm::APInt::getSignedMaxValue(bits)
+                             : llvm::APInt::getSignedMinValue(bits));
+  return llvm::ConstantInt::get(t, v);
+}
+
+bool is_unsigned(DType t) { return t == DType::UInt8 || t == DType::Bool; }
+
+}  // namespace
+
+Value* reduce_identity(llvm::IRBuilderBase& b, OpKind op, DType t, int width) {
+  llvm::Type* ty = with_width(reg_type(b.getContext(), t), width);
+  bool f = ir::is_float(t);
+  switch (op) {
+    case OpKind::ReduceSum: return typed_constant(ty, t, 0);
+    case OpKind::ReduceProd: return typed_constant(ty, t, 1);
+    case OpKind::ReduceMax:
+    case OpKind::ArgMax:
+      return f ? llvm::ConstantFP::getInfinity(ty, true) : int_extreme(ty, t, false);
+    case OpKind::ReduceMin:
+    case OpKind::ArgMin:
+      return f ? llvm::ConstantFP::getInfinity(ty, false) : int_extreme(ty, t, true);
+    default: FJ_CHECK(false, "not a reduction: ", ir::op_name(op));
+  }
+}
+
+Value* reduce_combine(llvm::IRBuilderBase& b, OpKind op, DType t, Value* acc, Value* v) {
+  bool f = ir::is_float(t);
+  switch (op) {
+    case OpKind::ReduceSum: return f ? b.CreateFAdd(acc, v) : b.CreateAdd(acc, v);
+    case OpKind::ReduceProd: return f ? b.CreateFMul(acc, v) : b.CreateMul(acc, v);
+    case OpKind::ReduceMax:
+      if (f) return b.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, acc, v);
+      return b.CreateBinaryIntrinsic(is_unsigned(t) ? llvm::Intrinsic::umax : llvm::Intrinsic::smax,
+                                     acc, v);
+    case OpKind::ReduceMin:
+      if (f) return b.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, acc, v);
+      return b.CreateBinaryIntrinsic(is_unsigned(t) ? llvm::Intrinsic::umin : llvm::Intrinsic::smin,
+                                     acc, v);
+    default: FJ_CHECK(false, "no combine for ", ir::op_name(op));
+  }
+}
+
+Value* reduce_horizontal(llvm::IRBuilderBase& b, OpKind op, DType t, Value* vec) {
+  if (!vec->getType()->isVectorTy()) return vec;
+  bool f = ir::is_float(t);
+  // Sums of floats reassociate across lanes: the vector accumulator already
+  // changed the order of additions, so the lane order is not observable.
+  llvm::FastMathFlags fmf;
+  fmf.setAllowReassoc();
+  llvm::IRBuilderBase::FastMathFlagGuard guard(b);
+  b.setFastMathFlags(fmf);
+  switch (op) {
+    case OpKind::ReduceSum:
+      return f ? b.CreateFAddReduce(llvm::ConstantFP::get(vec->getType()->getScalarType(), -0.0), vec)
+               : b.CreateAddReduce(vec);
+    case OpKind::ReduceProd:
+      return f ? b.CreateFMulReduce(llvm::ConstantFP::get(vec->getType()->getScalarType(), 1.0), vec)
+               : b.CreateMulReduce(vec);
+    case OpKind::ReduceMax:
+      return f ? b.CreateFPMaximumReduce(vec)
+               : (is_unsigned(t) ? b.CreateIntMaxReduce(vec, false) : b.CreateIntMaxReduce(vec, true));
+    case OpKind::ReduceMin:
+      return f ? b.CreateFPMinimumReduce(vec)
+               : (is_unsigned(t) ? b.CreateIntMinReduce(vec, false) : b.CreateIntMinReduce(vec, true));
+    default: FJ_CHECK(false, "no horizontal reduction for ", ir::op_name(op));
+  }
+}
+
+// ---------------------------------------------------------------- emitter
+
+ExprEmitter::ExprEmitter(const Kernel& k, llvm::IRBuilderBase& b, MathProvider& math,
+                         std::vector<Value*> arg_ptrs)
+    : k_(k), b_(b), math_(math), args_(std::move(arg_ptrs)) {
+  idx.assign(k.domain.size(), nullptr);
+  scopes_.emplace_back();
+}
+
+void ExprEmitter::push_scope() { scopes_.emplace_back(); }
+void ExprEmitter::pop_scope() {
+  FJ_CHECK(scopes_.size() > 1, "scope underflow");
+  scopes_.pop_back();
+}
+
+void ExprEmitter::set_value(int node, Value* v) {
+  int w = v->getType()->isVectorTy()
+              ? static_cast<int>(llvm::cast<llvm::FixedVectorType>(v->getType())->getNumElements())
+              : 1;
+  scopes_.back()[{node, w}] = v;
+}
+
+void ExprEmitter::set_kept_point(llvm::BasicBlock* bb, int kept_width) {
+  kept_bb_ = bb;
+  kept_width_ = kept_width;
+  kept_scope_ = static_cast<int>(scopes_.size()) - 1;
+}
+
+void ExprEmitter::clear_kept_point() { kept_bb_ = nullptr; }
+
+Value* ExprEmitter::lookup(int node, int w) {
+  int top = in_kept_eval_ ? kept_scope_ : static_cast<int>(scopes_.size()) - 1;
+  for (int s = top; s >= 0; --s) {
+    auto it = scopes_[s].find({node, w});
+    if (it != scopes_[s].end()) return it->second;
+  }
+  return nullptr;
+}
+
+Value* ExprEmitter::splat(Value* scalar, int w) {
+  if (w == 1) return scalar;
+  return b_.CreateVectorSplat(w, scalar);
+}
+
+Value* ExprEmitter::eval(int node) {
+  if (Value* v = lookup(node, width)) return v;
+  const KNode& n = k_.nodes[node];
+  if (kept_bb_ && n.kept_space && !in_kept_eval_ && k_.has_reduction()) {
+    // Hoist to the kept point, at the kept width; splat here if narrower.
+    Value* kv = nullptr;
+    {
+      auto ip = b_.saveIP();
+      int saved_width = width, saved_vec = vec_dim;
+      Value* saved_mask = mask;
+      b_.SetInsertPoint(kept_bb_->getTerminator());
+      width = kept_width_;
+      if (kept_width_ == 1) vec_dim = -1;
+      mask = nullptr;
+      in_kept_eval_ = true;
+      kv = lookup(node, width);
+      if (!kv) {
+        kv = eval_here(node);
+        scopes_[kept_scope_][{node, width}] = kv;
+      }
+      in_kept_eval_ = false;
+      width = saved_width;
+      vec_dim = saved_vec;
+      mask = saved_mask;
+      b_.restoreIP(ip);
+    }
+    if (kept_width_ != width) {
+      FJ_CHECK(kept_width_ == 1, "kept width mismatch");
+      kv = splat(kv, width);
+    }
+    scopes_.back()[{node, width}] = kv;
+    return kv;
+  }
+  Value* v = eval_here(node);
+  int top = in_kept_eval_ ? kept_scope_ : static_cast<int>(scopes_.size()) - 1;
+  scopes_[top][{node, width}] = v;
+  return v;
+}
+
+Value* ExprEmitter::element_offset(const std::vector<int64_t>& strides, int64_t offset) {
+  Value* off = b_.getInt64(offset);
+  for (size_t d = 0; d < strides.size(); ++d) {
+    if (strides[d] == 0 || idx[d] == nullptr) continue;
+    Value* term = strides[d] == 1 ? idx[d] : b_.CreateMul(idx[d], b_.getInt64(strides[d]));
+    off = b_.CreateAdd(off, term);
+  }
+  return off;
+}
+
+Value* ExprEmitter::lane_offsets(int64_t stride) {
+  std::vector<llvm::Constant*> lanes;
+  for (int i = 0; i < width; ++i) lanes.push_back(b_.getInt64(static_cast<int64_t>(i) * stride));
+  return llvm::ConstantVector::get(lanes);
+}
+
+Value* ExprEmitter::load(const Access& a, DType t) {
+  llvm::LLVMContext& c = b_.getContext();
+  llvm::Type* mt = mem_type(c, t);
+  Value* base = args_.at(a.arg);
+  Value* off = element_offset(a.strides, a.offset);
+  int64_t vs = (vec_dim >= 0 && width > 1) ? a.strides[vec_dim] : 0;
+  auto align = llvm::Align(mt->getPrimitiveSizeInBits() / 8);
+  Value* v;
+  if (width == 1 || vs == 0) {
+    v = b_.CreateAlignedLoad(mt, b_.CreateGEP(mt, base, off), align);
+    if (t == DType::Bool) v = b_.CreateICmpNE(v, llvm::ConstantInt::get(mt, 0));
+    return splat(v, width);
+  }
+  llvm::Type* vt = with_width(mt, width);
+  if (vs == 1) {
+    Value* p = b_.CreateGEP(mt, base, off);
+    if (mask) {
+      v = b_.CreateMaskedLoad(vt, p, align, mask, llvm::Constant::getNullValue(vt));
+    } else {
+      v = b_.CreateAlignedLoad(vt, p, align);
+    }
+  } else {
+    Value* offs = b_.CreateAdd(splat(off, width), lane_offsets(vs));
+    Value* ptrs = b_.CreateGEP(mt, base, offs);
+    Value* m = mask ? mask : llvm::Constant::getAllOnesValue(with_width(b_.getInt1Ty(), width));
+    v = b_.CreateMaskedGather(vt, ptrs, align, m, llvm::Constant::getNullValue(vt));
+  }
+  if (t == DType::Bool) v = b_.CreateICmpNE(v, llvm::Constant::getNullValue(vt));
+  return v;
+}
+
+void ExprEmitter::store(const Store& s, Value* v) {
+  llvm::LLVMContext& c = b_.getContext();
+  DType t = k_.args.at(s.where.arg).dtype;
+  llvm::Type* mt = mem_type(c, t);
+  if (t == DType::Bool) v = b_.CreateZExt(v, with_width(mt, width));
+  Value* base = args_.at(s.where.arg);
+  Value* off = element_offset(s.where.strides, s.where.offset);
+  int64_t vs = (vec_dim >= 0 && width > 1) ? s.where.strides[vec_dim] : 0;
+  auto align = llvm::Align(mt->getPrimitiveSizeInBits() / 8);
+  if (width == 1) {
+    b_.CreateAlignedStore(v, b_.CreateGEP(mt, base, off), align);
+    return;
+  }
+  FJ_CHECK(vs != 0, "kernel ", k_.name, ": vector store along a broadcast dimension");
+  if (vs == 1) {
+    Value* p = b_.CreateGEP(mt, base, off);
+    if (mask) {
+      b_.CreateMaskedStore(v, p, align, mask);
+    } else {
+      b_.CreateAlignedStore(v, p, align);
+    }
+    return;
+  }
+  Value* offs = b_.CreateAdd(splat(off, width), lane_offsets(vs));
+  Value* ptrs = b_.CreateGEP(mt, base, offs);
+  Value* m = mask ? mask : llvm::Constant::getAllOnesValue(with_width(b_.getInt1Ty(), width));
+  b_.CreateMaskedScatter(v, ptrs, align, m);
+}
+
+Value* ExprEmitter::index_value(const std::vector<int64_t>& strides, int64_t base) {
+  Value* off = element_offset(strides, base);
+  if (width == 1) return off;
+  int64_t vs = vec_dim >= 0 ? strides[vec_dim] : 0;
+  Value* v = splat(off, width);
+  if (vs != 0) v = b_.CreateAdd(v, lane_offsets(vs));
+  return v;
+}
+
+Value* ExprEmitter::constant(double v, DType t) {
+  llvm::Type* ty = reg_type(b_.getContext(), t);
+  if (t == DType::Bool) return b_.getInt1(v != 0);
+  return typed_constant(ty, t, v);
+}
+
+Value* ExprEmitter::eval_here(int node) {
+  const KNode& n = k_.nodes[node];
+  switch (n.kind) {
+    case KOp::Load: return load(k_.loads.at(n.access), n.dtype);
+    case KOp::Const: return splat(constant(n.value, n.dtype), width);
+    case KOp::Index: return cast(index_value(n.index_strides, 0), DType::Int64, n.dtype);
+    case KOp::Random: {
+      Value* counter = index_value(n.index_strides, 0);
+      llvm::Type* ty = with_width(reg_type(b_.getContext(), n.dtype), width);
+      return math_.random(b_, n.op, counter, static_cast<uint64_t>(n.seed), ty);
+    }
+    case KOp::Compute: {
+      std::vector<Value*> ops;
+      for (int o : n.operands) ops.push_back(eval(o));
+      return compute(n, ops);
+    }
+    case KOp::Reduce:
+    case KOp::Acc:
+      break;
+  }
+  FJ_CHECK(false, "kernel ", k_.name, ": node $", node, " (", ir::op_name(n.op),
+           ") evaluated before its value was computed");
+}
+
+Value* ExprEmitter::cast(Value* v, DType from, DType to) {
+  if (from == to) return v;
+  llvm::Type* tt = v->getType()->isVectorTy()
+                       ? with_width(reg_type(b_.getContext(), to),
+                                    static_cast<int>(llvm::cast<llvm::FixedVectorType>(v->getType())->getNumElements()))
+                       : reg_type(b_.getContext(), to);
+  if (to == DType::Bool) {
+    return ir::is_float(from) ? b_.CreateFCmpUNE(v, llvm::Constant::getNullValue(v->getType()))
+                              : b_.CreateICmpNE(v, llvm::Constant::getNullValue(v->getType()));
+  }
+  bool from_f = ir::is_float(from), to_f = ir::is_float(to);
+  if (from_f && to_f) return b_.CreateFPCast(v, tt);
+  if (from_f) {
+    // Saturating conversion: out-of-range values clamp and NaN gives 0, so no
+    // input leads to undefined behaviour.
+    auto id = is_unsigned(to) ? llvm::Intrinsic::fptoui_sat : llvm::Intrinsic::fptosi_sat;
+    return b_.CreateIntrinsic(id, {tt, v->getType()}, {v});
+  }
+  if (to_f) return is_unsigned(from) ? b_.CreateUIToFP(v, tt) : b_.CreateSIToFP(v, tt);
+  return b_.CreateIntCast(v, tt, !is_unsigned(from));
+}
+
+Value* ExprEmitter::compute(const KNode& n, const std::vector<Value*>& ops) {
+  using llvm::Intrinsic::ID;
+  DType in = n.operands.empty() ? n.dtype : k_.nodes[n.operands[0]].dtype;
+  if (n.op == OpKind::Where && n.operands.size() == 3) in = k_.nodes[n.operands[1]].dtype;
+  bool f = ir::is_float(in);
+  bool u = is_unsigned(in);
+  Value* x = ops.empty() ? nullptr : ops[0];
+  Value* y = ops.size() > 1 ? ops[1] : nullptr;
+  auto zero = [&](Value* like) { return llvm::Constant::getNullValue(like->getType()); };
+  auto fconst = [&](Value* like, double c) { return llvm::ConstantFP::get(like->getType(), c); };
+  auto unary_intr = [&](ID id, Value* a) { return b_.CreateUnaryIntrinsic(id, a); };
+  switch (n.op) {
+    case OpKind::Identity: return x;
+    case OpKind::Cast: return cast(x, in, n.dtype);
+    case OpKind::Neg: return f ? b_.CreateFNeg(x) : b_.CreateNeg(x);
+    case OpKind::Abs:
+      return f ? unary_intr(llvm::Intrinsic::fabs, x)
+               : (u ? x : b_.CreateBinaryIntrinsic(llvm::Intrinsic::abs, x, b_.getFalse()));
+    case OpKind::Sign: {
+      if (f) {
+        Value* pos = b_.CreateFCmpOGT(x, zero(x));
+        Value* neg = b_.CreateFCmpOLT(x, zero(x));
+        return b_.CreateSelect(pos, fconst(x, 1.0), b_.CreateSelect(neg, fconst(x, -1.0), x));
+      }
+      Value* pos = u ? b_.CreateICmpUGT(x, zero(x)) : b_.CreateICmpSGT(x, zero(x));
+      Value* neg = u ? b_.getFalse() : b_.CreateICmpSLT(x, zero(x));
+      if (x->getType()->isVectorTy() && u) neg = zero(pos);
+      Value* one = llvm::ConstantInt::get(x->getType(), 1);
+      Value* mone = llvm::ConstantInt::getSigned(x->getType(), -1);
+      return b_.CreateSelect(pos, one, b_.CreateSelect(neg, mone, zero(x)));
+    }
+    case OpKind::Floor: return unary_intr(llvm::Intrinsic::floor, x);
+    case OpKind::Ceil: return unary_intr(llvm::Intrinsic::ceil, x);
+    case OpKind::Round: return unary_intr(llvm::Intrinsic::roundeven, x);
+    case OpKind::Sqrt: return unary_intr(llvm::Intrinsic::sqrt, x);
+    case OpKind::Rsqrt: return b_.CreateFDiv(fconst(x, 1.0), unary_intr(llvm::Intrinsic::sqrt, x));
+    case OpKind::Reciprocal: return b_.CreateFDiv(fconst(x, 1.0), x);
+    case OpKind::Square: return f ? b_.CreateFMul(x, x) : b_.CreateMul(x, x);
+    case OpKind::Relu:
+      if (f) return b_.CreateSelect(b_.CreateFCmpOLT(x, zero(x)), zero(x), x);
+      return u ? x : b_.CreateBinaryIntrinsic(llvm::Intrinsic::smax, x, zero(x));
+    case OpKind::Exp:
+    case OpKind::Log:
+    case OpKind::Tanh:
+    case OpKind::Sigmoid:
+    case OpKind::Sin:
+    case OpKind::Cos:
+      return math_.unary(b_, n.op, x);
+    case OpKind::LogicalNot: return b_.CreateNot(x);
+    case OpKind::Add: return f ? b_.CreateFAdd(x, y) : b_.CreateAdd(x, y);
+    case OpKind::Sub: return f ? b_.CreateFSub(x, y) : b_.CreateSub(x, y);
+    case OpKind::Mul: return f ? b_.CreateFMul(x, y) : b_.CreateMul(x, y);
+    case OpKind::Div: {
+      if (f) return b_.CreateFDiv(x, y);
+      // Integer division truncates toward zero; division by zero gives 0 and
+      // INT_MIN / -1 wraps, so no input traps.
+      Value* yz = b_.CreateICmpEQ(y, zero(y));
+      if (u) {
+        Value* safe = b_.CreateSelect(yz, llvm::ConstantInt::get(y->getType(), 1), y);
+        return b_.CreateSelect(yz, zero(x), b_.CreateUDiv(x, safe));
+      }
+      Value* ym1 = b_.CreateICmpEQ(y, llvm::ConstantInt::getSigned(y->getType(), -1));
+      Value* safe = b_.CreateSelect(b_.CreateOr(yz, ym1), llvm::ConstantInt::get(y->getType(), 1), y);
+      Value* q = b_.CreateSDiv(x, safe);
+      return b_.CreateSelect(yz, zero(x), b_.CreateSelect(ym1, b_.CreateNeg(x), q));
+    }
+    case OpKind::Pow: return math_.pow(b_, x, y);
+    case OpKind::Maximum:
+      if (f) return b_.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, x, y);
+      return b_.CreateBinaryIntrinsic(u ? llvm::Intrinsic::umax : llvm::Intrinsic::smax, x, y);
+    case OpKind::Minimum:
+      if (f) return b_.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, x, y);
+      return b_.CreateBinaryIntrinsic(u ? llvm::Intrinsic::umin : llvm::Intrinsic::smin, x, y);
+    case OpKind::Equal: return f ? b_.CreateFCmpOEQ(x, y) : b_.CreateICmpEQ(x, y);
+    case OpKind::NotEqual: return f ? b_.CreateFCmpUNE(x, y) : b_.CreateICmpNE(x, y);
+    case OpKind::Less:
+      return f ? b_.CreateFCmpOLT(x, y) : (u ? b_.CreateICmpULT(x, y) : b_.CreateICmpSLT(x, y));
+    case OpKind::LessEqual:
+      return f ? b_.CreateFCmpOLE(x, y) : (u ? b_.CreateICmpULE(x, y) : b_.CreateICmpSLE(x, y));
+    case OpKind::Greater:
+      return f ? b_.CreateFCmpOGT(x, y) : (u ? b_.CreateICmpUGT(x, y) : b_.CreateICmpSGT(x, y));
+    case OpKind::GreaterEqual:
+      return f ? b_.CreateFCmpOGE(x, y) : (u ? b_.CreateICmpUGE(x, y) : b_.CreateICmpSGE(x, y));
+    case OpKind::LogicalAnd: return b_.CreateAnd(x, y);
+    case OpKind::LogicalOr: return b_.CreateOr(x, y);
+    case OpKind::Where: return b_.CreateSelect(ops[0], ops[1], ops[2]);
+    default: break;
+  }
+  FJ_CHECK(false, "kernel ", k_.name, ": no lowering for elementwise op ", ir::op_name(n.op));
+}
+
+}  // namespace flowjit::codegen

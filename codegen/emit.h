@@ -1,0 +1,94 @@
+// Lowering of kernel bodies (KNode DAGs) to LLVM IR, shared by the backends.
+//
+// ExprEmitter evaluates KNodes at the current index context: one i64 per
+// domain dimension, of which one (vec_dim) may be vectorized `width` lanes
+// wide starting at its index. Results are memoized per scope. A backend
+// supplies the loop structure and a MathProvider for transcendental
+// functions and random numbers (CPU: codegen/cpu/mathlib; GPU: libdevice).
+#pragma once
+
+#include <llvm/IR/IRBuilder.h>
+
+#include <map>
+#include <vector>
+
+#include "codegen/kernel.h"
+
+namespace flowjit::codegen {
+
+class MathProvider {
+ public:
+  virtual ~MathProvider() = default;
+  // op is one of Exp, Log, Tanh, Sigmoid, Sin, Cos.
+  virtual llvm::Value* unary(llvm::IRBuilderBase& b, OpKind op, llvm::Value* x) = 0;
+  virtual llvm::Value* pow(llvm::IRBuilderBase& b, llvm::Value* x, llvm::Value* y) = 0;
+  // op is one of RandomUniform, RandomNormal, TruncatedNormal; counter is i64
+  // (or a vector of i64) and `type` the float result type.
+  virtual llvm::Value* random(llvm::IRBuilderBase& b, OpKind op, llvm::Value* counter,
+                              uint64_t seed, llvm::Type* type) = 0;
+};
+
+llvm::Type* reg_type(llvm::LLVMContext& c, DType t);  // i1 for bool
+llvm::Type* mem_type(llvm::LLVMContext& c, DType t);  // i8 for bool
+llvm::Type* with_width(llvm::Type* scalar, int width);  // width 1: the scalar
+
+// Reduction algebra, shared by loop and backend code.
+llvm::Value* reduce_identity(llvm::IRBuilderBase& b, OpKind op, DType t, int width);
+llvm::Value* reduce_combine(llvm::IRBuilderBase& b, OpKind op, DType t, llvm::Value* acc,
+                            llvm::Value* v);
+llvm::Value* reduce_horizontal(llvm::IRBuilderBase& b, OpKind op, DType t, llvm::Value* vec);
+
+class ExprEmitter {
+ public:
+  ExprEmitter(const Kernel& k, llvm::IRBuilderBase& b, MathProvider& math,
+              std::vector<llvm::Value*> arg_ptrs);
+
+  // ---- index context (set by the loop structure)
+  std::vector<llvm::Value*> idx;  // i64 per domain dim; nullptr means 0
+  int vec_dim = -1;
+  int width = 1;
+  llvm::Value* mask = nullptr;  // <width x i1> lanes in bounds, or nullptr (all)
+
+  // ---- memoization scopes
+  void push_scope();
+  void pop_scope();
+  void set_value(int node, llvm::Value* v);  // in the current scope
+  // Kept-space nodes are evaluated at `kept_point` (a block that dominates
+  // the reduced loops) with `kept_width`, and splat to the current width.
+  void set_kept_point(llvm::BasicBlock* bb, int kept_width);
+  void clear_kept_point();
+
+  llvm::Value* eval(int node);
+  void store(const Store& s, llvm::Value* v);
+
+  // Element address of `a` at the context's scalar point (lane 0).
+  llvm::Value* element_offset(const std::vector<int64_t>& strides, int64_t offset);
+  llvm::Value* lane_offsets(int64_t stride);  // <width x i64> of lane * stride
+  // sum over d of idx[d] * strides[d] + base, with lanes along vec_dim.
+  llvm::Value* index_value(const std::vector<int64_t>& strides, int64_t base);
+
+  llvm::Value* compute(const KNode& n, const std::vector<llvm::Value*>& ops);
+  llvm::Value* splat(llvm::Value* scalar, int width);
+
+  const Kernel& kernel() const { return k_; }
+  llvm::IRBuilderBase& builder() { return b_; }
+
+ private:
+  llvm::Value* eval_here(int node);
+  llvm::Value* load(const Access& a, DType t);
+  llvm::Value* cast(llvm::Value* v, DType from, DType to);
+  llvm::Value* constant(double v, DType t);
+  llvm::Value* lookup(int node, int width);
+
+  const Kernel& k_;
+  llvm::IRBuilderBase& b_;
+  MathProvider& math_;
+  std::vector<llvm::Value*> args_;
+  std::vector<std::map<std::pair<int, int>, llvm::Value*>> scopes_;
+  llvm::BasicBlock* kept_bb_ = nullptr;
+  int kept_width_ = 1;
+  int kept_scope_ = 0;
+  bool in_kept_eval_ = false;
+};
+
+}  // namespace flowjit::codegen

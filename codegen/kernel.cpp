@@ -1,0 +1,178 @@
+// Kernel description helpers: phase analysis, cost, printing, coalescing.
+#include "codegen/kernel.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "ir/error.h"
+
+namespace flowjit::codegen {
+
+void Kernel::finalize() {
+  // kept_space: a node is kept-space when nothing it reads varies along a
+  // reduced dimension. Reductions themselves are kept-space.
+  auto varies_on_reduced = [&](const std::vector<int64_t>& strides) {
+    for (size_t d = 0; d < strides.size() && d < reduced.size(); ++d)
+      if (reduced[d] && strides[d] != 0) return true;
+    return false;
+  };
+  reduce_order.clear();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    KNode& n = nodes[i];
+    bool kept = true;
+    int phase = 0;
+    for (int o : n.operands) {
+      FJ_CHECK(o >= 0 && o < static_cast<int>(i), "kernel ", name, ": operand order");
+      kept &= nodes[o].kept_space;
+      phase = std::max(phase, nodes[o].phase);
+    }
+    switch (n.kind) {
+      case KOp::Load:
+        kept = !varies_on_reduced(loads.at(n.access).strides);
+        break;
+      case KOp::Index:
+      case KOp::Random:
+        kept = !varies_on_reduced(n.index_strides);
+        break;
+      case KOp::Reduce:
+        kept = true;
+        phase += 1;
+        reduce_order.push_back(static_cast<int>(i));
+        break;
+      default:
+        break;
+    }
+    n.kept_space = kept;
+    n.phase = n.kind == KOp::Reduce ? phase : phase;
+  }
+  std::stable_sort(reduce_order.begin(), reduce_order.end(),
+                   [&](int a, int b) { return nodes[a].phase < nodes[b].phase; });
+}
+
+int Kernel::parallel_dim() const {
+  for (int d = 0; d < rank(); ++d)
+    if (d >= static_cast<int>(reduced.size()) || !reduced[d]) return d;
+  return -1;
+}
+
+int64_t Kernel::parallel_extent() const {
+  int d = parallel_dim();
+  return d < 0 ? 1 : domain[d];
+}
+
+double Kernel::cost_per_iteration() const {
+  double per_point = 0;
+  for (const KNode& n : nodes) {
+    if (n.kind == KOp::Compute) {
+      per_point += ir::has_trait(n.op, ir::kTranscendental) ? 12 : 1;
+    } else if (n.kind == KOp::Load || n.kind == KOp::Reduce) {
+      per_point += 1;
+    } else if (n.kind == KOp::Random) {
+      per_point += 30;
+    }
+  }
+  per_point += static_cast<double>(stores.size());
+  int64_t points = 1;
+  int p = parallel_dim();
+  for (int d = 0; d < rank(); ++d)
+    if (d != p) points *= domain[d];
+  int phases = 1;
+  for (int r : reduce_order) phases = std::max(phases, nodes[r].phase + 1);
+  return std::max(1.0, per_point * static_cast<double>(points) * phases);
+}
+
+void coalesce_domain(Kernel& k) {
+  FJ_CHECK(k.kind == Kernel::Kind::Loop, "coalesce_domain on a matmul kernel");
+  k.reduced.resize(k.domain.size(), false);
+  // Every stride vector that is indexed by domain dims.
+  std::vector<std::vector<int64_t>*> all;
+  for (auto& a : k.loads) all.push_back(&a.strides);
+  for (auto& s : k.stores) all.push_back(&s.where.strides);
+  for (auto& n : k.nodes)
+    if (!n.index_strides.empty()) all.push_back(&n.index_strides);
+  for (auto* v : all) FJ_CHECK(v->size() == k.domain.size(), "kernel ", k.name, ": stride rank");
+  auto erase_dim = [&](size_t d) {
+    k.domain.erase(k.domain.begin() + d);
+    k.reduced.erase(k.reduced.begin() + d);
+    for (auto* v : all) v->erase(v->begin() + d);
+  };
+  for (size_t d = k.domain.size(); d-- > 0;)
+    if (k.domain[d] == 1) erase_dim(d);
+  for (size_t d = k.domain.size(); d-- > 1;) {
+    size_t o = d - 1;  // try to merge o (outer) with d (inner)
+    if (k.reduced[o] != k.reduced[d]) continue;
+    bool ok = true;
+    for (auto* v : all) ok &= (*v)[o] == (*v)[d] * k.domain[d];
+    if (!ok) continue;
+    k.domain[o] *= k.domain[d];
+    for (auto* v : all) (*v)[o] = (*v)[d];
+    erase_dim(d);
+  }
+  k.finalize();
+}
+
+namespace {
+std::string strides_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
+}
+}  // namespace
+
+std::string describe_kernel(const Kernel& k) {
+  std::ostringstream os;
+  os << "kernel " << k.name << " " << (k.kind == Kernel::Kind::MatMul ? "matmul" : "loop")
+     << " domain=" << ir::shape_str(k.domain);
+  if (k.has_reduction()) {
+    os << " reduce=[";
+    bool first = true;
+    for (int d = 0; d < k.rank(); ++d)
+      if (k.reduced[d]) {
+        os << (first ? "" : ",") << d;
+        first = false;
+      }
+    os << "]";
+  }
+  os << "\n";
+  for (size_t i = 0; i < k.args.size(); ++i)
+    os << "  arg" << i << ": " << ir::dtype_short_name(k.args[i].dtype) << "[" << k.args[i].elements
+       << "]" << (k.args[i].read ? " r" : "") << (k.args[i].written ? " w" : "") << "\n";
+  if (k.kind == Kernel::Kind::MatMul)
+    os << "  mm: batch=" << k.mm.batch << " m=" << k.mm.m << " n=" << k.mm.n << " k=" << k.mm.k
+       << " a=arg" << k.mm.a.arg << strides_str(k.mm.a.strides) << "+" << k.mm.a.offset
+       << " b=arg" << k.mm.b.arg << strides_str(k.mm.b.strides) << "+" << k.mm.b.offset << "\n";
+  for (size_t i = 0; i < k.nodes.size(); ++i) {
+    const KNode& n = k.nodes[i];
+    os << "  $" << i << " = ";
+    switch (n.kind) {
+      case KOp::Load: {
+        const Access& a = k.loads[n.access];
+        os << "load arg" << a.arg << strides_str(a.strides) << "+" << a.offset;
+        break;
+      }
+      case KOp::Const: os << "const " << n.value; break;
+      case KOp::Index: os << "index " << strides_str(n.index_strides); break;
+      case KOp::Random:
+        os << ir::op_name(n.op) << " seed=" << n.seed << " counter=" << strides_str(n.index_strides);
+        break;
+      case KOp::Acc: os << "acc"; break;
+      case KOp::Compute:
+      case KOp::Reduce:
+        os << ir::op_name(n.op);
+        for (size_t j = 0; j < n.operands.size(); ++j) os << (j ? ", $" : " $") << n.operands[j];
+        if (n.kind == KOp::Reduce) {
+          os << " phase=" << n.phase;
+          if (!n.index_strides.empty()) os << " index=" << strides_str(n.index_strides);
+        }
+        break;
+    }
+    os << " : " << ir::dtype_short_name(n.dtype) << (n.kept_space && k.has_reduction() ? " kept" : "")
+       << "\n";
+  }
+  for (const Store& s : k.stores)
+    os << "  store $" << s.node << " -> arg" << s.where.arg << strides_str(s.where.strides) << "+"
+       << s.where.offset << "\n";
+  return os.str();
+}
+
+}  // namespace flowjit::codegen

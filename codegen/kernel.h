@@ -1,0 +1,128 @@
+// The loop-level kernel description that jit/fusion produces and every
+// backend (codegen/cpu, codegen/nvptx) lowers. It knows no LLVM.
+//
+// A kernel iterates a rectangular domain (a shape). Every memory access is an
+// affine function of the domain indices: element offset = offset + sum over d
+// of idx[d] * strides[d] (stride 0 broadcasts). The body is a small DAG of
+// scalar operations (KNode), evaluated at each domain point; backends evaluate
+// it on vectors of consecutive points along the innermost domain dimension.
+//
+// Loop kernels may reduce over a subset of the domain dimensions (`reduced`).
+// Their reductions are computed in phases: phase p evaluates every reduction
+// whose operand depends only on reductions of earlier phases, looping over the
+// reduced dimensions at each point of the kept dimensions. Nodes that do not
+// depend on a reduced index are "kept-space" nodes and are evaluated once per
+// kept point. Stores of kept-space nodes happen once per kept point; stores of
+// full-domain nodes happen in a final loop over the reduced dimensions.
+//
+// MatMul kernels compute acc[b, m, n] = sum_k A[b, m, k] * B[b, k, n] and then
+// evaluate their body (the epilogue) over the domain [batch..., M, N], where
+// the KNode `Acc` stands for the accumulated value.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ir/node.h"
+
+namespace flowjit::codegen {
+
+using ir::DType;
+using ir::OpKind;
+using ir::Shape;
+
+// An affine access to one kernel argument.
+struct Access {
+  int arg = -1;                  // index into Kernel::args
+  std::vector<int64_t> strides;  // elements per domain index, one per domain dim
+  int64_t offset = 0;            // elements
+  bool operator==(const Access& o) const {
+    return arg == o.arg && strides == o.strides && offset == o.offset;
+  }
+};
+
+enum class KOp : uint8_t {
+  Load,       // access
+  Const,      // value
+  Index,      // sum over d of idx[d] * index_strides[d], as `dtype`
+  Random,     // op = RandomUniform/RandomNormal/TruncatedNormal; counter from index_strides
+  Compute,    // op = an elementwise OpKind over operands
+  Reduce,     // op = ReduceSum/Max/Min/Prod/ArgMax/ArgMin of operand 0 over the reduced dims
+  Acc,        // the matmul accumulator (MatMul kernels only)
+};
+
+struct KNode {
+  KOp kind = KOp::Compute;
+  OpKind op = OpKind::Identity;  // for Compute, Reduce and Random
+  DType dtype = DType::Float32;  // result type
+  std::vector<int> operands;     // indices of earlier KNodes
+  int access = -1;               // Load: index into Kernel::loads
+  double value = 0;              // Const
+  std::vector<int64_t> index_strides;  // Index, Random (counter), ArgMax/ArgMin (index along the axis)
+  int64_t seed = 0;                    // Random
+  bool kept_space = false;  // depends on no reduced index (set by Kernel::finalize)
+  int phase = 0;            // Reduce: 1 + max phase of reductions it depends on
+};
+
+struct Store {
+  int node = -1;  // KNode to store
+  Access where;
+};
+
+struct MatMulSpec {
+  // A is addressed as (batch, m, k) and B as (batch, k, n); strides in elements.
+  Access a;  // strides: {batch strides..., m, k}
+  Access b;  // strides: {batch strides..., k, n}
+  int64_t m = 0, n = 0, k = 0;
+  int64_t batch = 1;  // product of the batch extents (domain dims before M, N)
+};
+
+struct KernelArg {
+  DType dtype;
+  int64_t elements = 0;  // size of the buffer, for bounds reasoning and tests
+  bool written = false;
+  bool read = false;
+};
+
+struct Kernel {
+  enum class Kind : uint8_t { Loop, MatMul };
+
+  std::string name;  // symbol name, unique within a module
+  Kind kind = Kind::Loop;
+  Shape domain;
+  std::vector<bool> reduced;  // per domain dim (Loop kernels)
+  std::vector<KernelArg> args;
+  std::vector<Access> loads;
+  std::vector<KNode> nodes;  // topological: operands come first
+  std::vector<Store> stores;
+  MatMulSpec mm;  // MatMul kernels
+
+  // What the kernel computes, for plans and dumps: "fused: matmul, add, relu".
+  std::string summary;
+
+  // Derived by finalize(): kept_space and phase of every node, and
+  // reduce_order (Reduce nodes sorted by phase).
+  std::vector<int> reduce_order;
+  void finalize();
+
+  bool has_reduction() const { return !reduce_order.empty(); }
+  int rank() const { return static_cast<int>(domain.size()); }
+  // Extent of the parallel loop: the outermost kept domain dim (1 if none).
+  int64_t parallel_extent() const;
+  int parallel_dim() const;  // -1 when every dim is reduced
+  // A rough cost per parallel iteration, in "element operations", used to
+  // pick a grain size.
+  double cost_per_iteration() const;
+};
+
+// Simplifies a Loop kernel's domain without changing what it computes: drops
+// extent-1 dimensions and merges adjacent dimensions that every access walks
+// contiguously (same reduced-ness, stride[d] == stride[d+1] * extent[d+1]).
+// Elementwise kernels over contiguous buffers become one flat loop.
+void coalesce_domain(Kernel& k);
+
+// Human-readable form of a kernel for FLOWJIT_DEBUG dumps and golden tests.
+std::string describe_kernel(const Kernel& k);
+
+}  // namespace flowjit::codegen

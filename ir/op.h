@@ -1,0 +1,51 @@
+// OpKind and op properties, generated from ir/ops.def.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace flowjit::ir {
+
+enum class OpKind : uint16_t {
+#define OP(E, name, arity, traits, grad) E,
+#include "ir/ops.def"
+};
+
+constexpr int kNumOps = 0
+#define OP(E, name, arity, traits, grad) +1
+#include "ir/ops.def"
+    ;
+
+// Trait bits: properties of an op that passes query instead of listing names.
+enum OpTrait : uint32_t {
+  kSource = 1u << 0,          // no operands; produces a value from attributes
+  kElementwise = 1u << 1,     // result[i] depends on operand[i] (broadcast)
+  kReduce = 1u << 2,          // reduces attribute `axes`
+  kView = 1u << 3,            // re-indexes its operand, no arithmetic
+  kContraction = 1u << 4,     // matmul
+  kComposite = 1u << 5,       // expanded by the decompose pass
+  kEffect = 1u << 6,          // writes state; kept alive by dce
+  kCommutative = 1u << 7,     // binary op with f(a, b) == f(b, a)
+  kCompare = 1u << 8,         // elementwise comparison producing bool
+  kTranscendental = 1u << 9,  // costs a polynomial evaluation per element
+  kCheap = 1u << 10,          // recomputed in every consumer instead of stored
+};
+
+enum class GradKind : uint8_t { Rule, Zero, None };
+
+std::string_view op_name(OpKind k);
+std::optional<OpKind> op_from_name(std::string_view name);
+int op_arity(OpKind k);  // -1 for variadic
+uint32_t op_traits(OpKind k);
+GradKind op_grad_kind(OpKind k);
+
+inline bool has_trait(OpKind k, OpTrait t) { return (op_traits(k) & t) != 0; }
+inline bool is_elementwise(OpKind k) { return has_trait(k, kElementwise); }
+inline bool is_reduce(OpKind k) { return has_trait(k, kReduce); }
+inline bool is_view(OpKind k) { return has_trait(k, kView); }
+inline bool is_source(OpKind k) { return has_trait(k, kSource); }
+inline bool is_composite(OpKind k) { return has_trait(k, kComposite); }
+inline bool is_effect(OpKind k) { return has_trait(k, kEffect); }
+
+}  // namespace flowjit::ir

@@ -1,0 +1,65 @@
+// Element types, shapes and tensor types of the flowjit graph IR.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace flowjit::ir {
+
+enum class DType : uint8_t {
+#define DTYPE(E, name, sname, bytes, kind) E,
+#include "ir/dtypes.def"
+};
+
+enum class DTypeKind : uint8_t { Bool, Int, Float };
+
+constexpr int kNumDTypes = 0
+#define DTYPE(E, name, sname, bytes, kind) +1
+#include "ir/dtypes.def"
+    ;
+
+std::string_view dtype_name(DType t);
+std::optional<DType> dtype_from_name(std::string_view name);
+int dtype_bytes(DType t);
+DTypeKind dtype_kind(DType t);
+inline bool is_float(DType t) { return dtype_kind(t) == DTypeKind::Float; }
+inline bool is_int(DType t) { return dtype_kind(t) == DTypeKind::Int; }
+inline bool is_bool(DType t) { return dtype_kind(t) == DTypeKind::Bool; }
+inline bool is_signed_int(DType t) { return is_int(t) && t != DType::UInt8; }
+
+// A shape is a list of non-negative extents; rank 0 is a scalar.
+using Shape = std::vector<int64_t>;
+
+int64_t num_elements(const Shape& s);
+std::string shape_str(const Shape& s);  // "[100,784]"
+
+// Row-major (C-order) strides in elements.
+std::vector<int64_t> contiguous_strides(const Shape& s);
+
+// Broadcast two shapes numpy-style (right-aligned, 1 stretches). Returns
+// nullopt when they are incompatible.
+std::optional<Shape> broadcast_shapes(const Shape& a, const Shape& b);
+
+// True when `from` broadcasts to `to` (numpy rules, `to` unchanged).
+bool broadcasts_to(const Shape& from, const Shape& to);
+
+struct TensorType {
+  DType dtype = DType::Float32;
+  Shape shape;
+
+  int rank() const { return static_cast<int>(shape.size()); }
+  int64_t numel() const { return num_elements(shape); }
+  int64_t bytes() const { return numel() * dtype_bytes(dtype); }
+  std::string str() const;  // "f32[100,784]"
+  bool operator==(const TensorType& o) const { return dtype == o.dtype && shape == o.shape; }
+  bool operator!=(const TensorType& o) const { return !(*this == o); }
+};
+
+// Short type names used by the printer: f32, f64, i32, i64, i8, u8, bool.
+std::string_view dtype_short_name(DType t);
+std::optional<DType> dtype_from_short_name(std::string_view name);
+
+}  // namespace flowjit::ir

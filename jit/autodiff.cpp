@@ -1,0 +1,283 @@
+// autodiff: reverse-mode differentiation on the IR, one VJP rule per op.
+#include "jit/autodiff.h"
+
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ir/error.h"
+#include "ir/graph.h"
+
+namespace flowjit::jit {
+
+using namespace ir;
+
+namespace {
+
+using Grads = std::vector<NodeRef>;  // one per operand; nullptr: no gradient
+
+NodeRef c(double v, const NodeRef& like) { return scalar_like(v, like); }
+NodeRef add(const NodeRef& a, const NodeRef& b) { return binary(OpKind::Add, a, b); }
+NodeRef sub(const NodeRef& a, const NodeRef& b) { return binary(OpKind::Sub, a, b); }
+NodeRef mul(const NodeRef& a, const NodeRef& b) { return binary(OpKind::Mul, a, b); }
+NodeRef div(const NodeRef& a, const NodeRef& b) { return binary(OpKind::Div, a, b); }
+NodeRef neg(const NodeRef& a) { return unary(OpKind::Neg, a); }
+
+// The gradient of a reduction output, reshaped to keepdims form and
+// broadcast back to the operand's shape.
+NodeRef unreduce(const NodeRef& dy, const NodeRef& n) {
+  const NodeRef& x = n->input(0);
+  Shape keep = x->shape();
+  for (int64_t a : n->attrs().get_ints("axes")) keep[a] = 1;
+  return broadcast(reshape(dy, keep), x->shape());
+}
+
+NodeRef unreduce_value(const NodeRef& n) { return unreduce(n, n); }
+
+// ---- one rule per differentiable op (ops.def: grad = Rule)
+
+Grads vjp_Identity(const NodeRef&, const NodeRef& dy) { return {dy}; }
+Grads vjp_Cast(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef& x = n->input(0);
+  if (!is_float(x->dtype())) return {nullptr};
+  return {cast(dy, x->dtype())};
+}
+Grads vjp_Neg(const NodeRef&, const NodeRef& dy) { return {neg(dy)}; }
+Grads vjp_Abs(const NodeRef& n, const NodeRef& dy) {
+  return {mul(dy, unary(OpKind::Sign, n->input(0)))};
+}
+Grads vjp_Exp(const NodeRef& n, const NodeRef& dy) { return {mul(dy, n)}; }
+Grads vjp_Log(const NodeRef& n, const NodeRef& dy) { return {div(dy, n->input(0))}; }
+Grads vjp_Sqrt(const NodeRef& n, const NodeRef& dy) { return {div(dy, mul(c(2, n), n))}; }
+Grads vjp_Rsqrt(const NodeRef& n, const NodeRef& dy) {
+  // d/dx x^-1/2 = -1/2 x^-3/2 = -1/2 y^3
+  return {mul(dy, mul(c(-0.5, n), mul(n, mul(n, n))))};
+}
+Grads vjp_Square(const NodeRef& n, const NodeRef& dy) {
+  return {mul(dy, mul(c(2, n), n->input(0)))};
+}
+Grads vjp_Reciprocal(const NodeRef& n, const NodeRef& dy) { return {neg(mul(dy, mul(n, n)))}; }
+Grads vjp_Tanh(const NodeRef& n, const NodeRef& dy) {
+  return {mul(dy, sub(c(1, n), mul(n, n)))};
+}
+Grads vjp_Sigmoid(const NodeRef& n, const NodeRef& dy) {
+  return {mul(dy, mul(n, sub(c(1, n), n)))};
+}
+Grads vjp_Relu(const NodeRef& n, const NodeRef& dy) {
+  // Masked by the output (y > 0 iff x > 0), which is already materialized.
+  return {where(binary(OpKind::Greater, n, c(0, n)), dy, c(0, dy))};
+}
+Grads vjp_Sin(const NodeRef& n, const NodeRef& dy) {
+  return {mul(dy, unary(OpKind::Cos, n->input(0)))};
+}
+Grads vjp_Cos(const NodeRef& n, const NodeRef& dy) {
+  return {neg(mul(dy, unary(OpKind::Sin, n->input(0))))};
+}
+
+Grads vjp_Add(const NodeRef& n, const NodeRef& dy) {
+  return {sum_to_shape(dy, n->input(0)->shape()), sum_to_shape(dy, n->input(1)->shape())};
+}
+Grads vjp_Sub(const NodeRef& n, const NodeRef& dy) {
+  return {sum_to_shape(dy, n->input(0)->shape()), sum_to_shape(neg(dy), n->input(1)->shape())};
+}
+Grads vjp_Mul(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef &a = n->input(0), &b = n->input(1);
+  return {sum_to_shape(mul(dy, b), a->shape()), sum_to_shape(mul(dy, a), b->shape())};
+}
+Grads vjp_Div(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef &a = n->input(0), &b = n->input(1);
+  return {sum_to_shape(div(dy, b), a->shape()), sum_to_shape(neg(div(mul(dy, n), b)), b->shape())};
+}
+Grads vjp_Pow(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef &a = n->input(0), &b = n->input(1);
+  NodeRef da = mul(dy, mul(b, binary(OpKind::Pow, a, sub(b, c(1, b)))));
+  NodeRef db = mul(dy, mul(n, unary(OpKind::Log, a)));
+  return {sum_to_shape(da, a->shape()), sum_to_shape(db, b->shape())};
+}
+Grads vjp_Maximum(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef &a = n->input(0), &b = n->input(1);
+  NodeRef pick_a = binary(OpKind::GreaterEqual, a, b);
+  return {sum_to_shape(where(pick_a, dy, c(0, dy)), a->shape()),
+          sum_to_shape(where(pick_a, c(0, dy), dy), b->shape())};
+}
+Grads vjp_Minimum(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef &a = n->input(0), &b = n->input(1);
+  NodeRef pick_a = binary(OpKind::LessEqual, a, b);
+  return {sum_to_shape(where(pick_a, dy, c(0, dy)), a->shape()),
+          sum_to_shape(where(pick_a, c(0, dy), dy), b->shape())};
+}
+Grads vjp_Where(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef& cond = n->input(0);
+  return {nullptr, sum_to_shape(where(cond, dy, c(0, dy)), n->input(1)->shape()),
+          sum_to_shape(where(cond, c(0, dy), dy), n->input(2)->shape())};
+}
+
+Grads vjp_ReduceSum(const NodeRef& n, const NodeRef& dy) { return {unreduce(dy, n)}; }
+// Max and min: the gradient is shared equally by the elements that attain
+// the extreme value (as TensorFlow and OneFlow do).
+Grads vjp_extreme(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef& x = n->input(0);
+  NodeRef hit = cast(binary(OpKind::Equal, x, unreduce_value(n)), x->dtype());
+  NodeRef count = reduce(OpKind::ReduceSum, hit, n->attrs().get_ints("axes"), true);
+  return {mul(unreduce(dy, n), div(hit, broadcast(count, x->shape())))};
+}
+Grads vjp_ReduceMax(const NodeRef& n, const NodeRef& dy) { return vjp_extreme(n, dy); }
+Grads vjp_ReduceMin(const NodeRef& n, const NodeRef& dy) { return vjp_extreme(n, dy); }
+Grads vjp_ReduceProd(const NodeRef& n, const NodeRef& dy) {
+  return {div(mul(unreduce(dy, n), unreduce_value(n)), n->input(0))};
+}
+
+Grads vjp_Reshape(const NodeRef& n, const NodeRef& dy) { return {reshape(dy, n->input(0)->shape())}; }
+Grads vjp_Transpose(const NodeRef& n, const NodeRef& dy) {
+  const IntList& perm = n->attrs().get_ints("perm");
+  IntList inv(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
+  return {transpose(dy, inv)};
+}
+Grads vjp_Broadcast(const NodeRef& n, const NodeRef& dy) {
+  return {sum_to_shape(dy, n->input(0)->shape())};
+}
+
+IntList swap_last_two(int rank) {
+  IntList p(rank);
+  for (int i = 0; i < rank; ++i) p[i] = i;
+  std::swap(p[rank - 1], p[rank - 2]);
+  return p;
+}
+
+Grads vjp_MatMul(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef &a = n->input(0), &b = n->input(1);
+  bool ta = n->attrs().get_bool("transpose_a"), tb = n->attrs().get_bool("transpose_b");
+  int r = a->rank();
+  // C = op(A) op(B). The classic identities:
+  //   dop(A) = dC op(B)^T,  dop(B) = op(A)^T dC
+  // written with flags so that no explicit transpose is materialized.
+  NodeRef da, db;
+  bool b_shared = b->rank() == 2 && r > 2;  // b broadcast over a's batch
+  if (!ta) {
+    da = matmul(dy, b, false, !tb);
+  } else {
+    // dA = op(B) dC^T, produced as (dC op(B)^T)^T when b is shared.
+    da = b_shared ? transpose(matmul(dy, b, false, !tb), swap_last_two(r))
+                  : matmul(b, dy, tb, true);
+  }
+  if (!b_shared) {
+    db = !tb ? matmul(a, dy, !ta, false) : matmul(dy, a, true, ta);
+  } else if (!ta) {
+    // Fold a's batch into rows: dB = A2^T dC2 (or its transpose).
+    int64_t k = a->shape()[r - 1], nn = dy->shape()[r - 1];
+    NodeRef a2 = reshape(a, {k ? a->type().numel() / k : 0, k});
+    NodeRef dy2 = reshape(dy, {nn ? dy->type().numel() / nn : 0, nn});
+    db = !tb ? matmul(a2, dy2, true, false) : matmul(dy2, a2, true, false);
+  } else {
+    // Batched products, then summed over the batch axes.
+    IntList batch;
+    for (int i = 0; i < r - 2; ++i) batch.push_back(i);
+    NodeRef per = !tb ? matmul(a, dy, false, false) : matmul(dy, a, true, true);
+    db = reduce(OpKind::ReduceSum, per, batch, false);
+  }
+  return {da, db};
+}
+
+Grads vjp_Softmax(const NodeRef& n, const NodeRef& dy) {
+  int64_t axis = n->attrs().get_int("axis");
+  NodeRef s = reduce(OpKind::ReduceSum, mul(dy, n), {axis}, true);
+  return {mul(n, sub(dy, s))};
+}
+Grads vjp_LogSoftmax(const NodeRef& n, const NodeRef& dy) {
+  int64_t axis = n->attrs().get_int("axis");
+  NodeRef s = reduce(OpKind::ReduceSum, dy, {axis}, true);
+  return {sub(dy, mul(unary(OpKind::Exp, n), s))};
+}
+Grads vjp_SparseCrossEntropy(const NodeRef& n, const NodeRef& dy) {
+  // dlogits = (softmax(logits) - one_hot(labels)) * dy[..., None]
+  const NodeRef &labels = n->input(0), &logits = n->input(1);
+  int64_t axis = logits->rank() - 1;
+  NodeRef p = make_node(OpKind::Softmax, {logits}, Attrs{{"axis", axis}}, n->loc());
+  NodeRef oh = make_node(OpKind::OneHot, {labels},
+                         Attrs{{"depth", logits->shape()[axis]},
+                               {"dtype", logits->dtype()},
+                               {"on_value", 1.0},
+                               {"off_value", 0.0}},
+                         n->loc());
+  Shape col = labels->shape();
+  col.push_back(1);
+  return {nullptr, mul(sub(p, oh), reshape(dy, col))};
+}
+
+Grads vjp(const NodeRef& n, const NodeRef& dy) {
+  switch (n->op()) {
+#define RULE_Rule(E) \
+  case OpKind::E:    \
+    return vjp_##E(n, dy);
+#define RULE_Zero(E)
+#define RULE_None(E)
+#define OP(E, name, arity, traits, grad) RULE_##grad(E)
+#include "ir/ops.def"
+#undef RULE_Rule
+#undef RULE_Zero
+#undef RULE_None
+    default:
+      break;
+  }
+  FJ_CHECK(false, "no VJP rule dispatched for ", op_name(n->op()));
+}
+
+}  // namespace
+
+std::vector<NodeRef> gradients(const NodeRef& y, const NodeRef& seed,
+                               const std::vector<NodeRef>& wrt) {
+  FJ_CHECK(seed->type() == y->type(), "gradient seed type ", seed->type().str(), " vs ",
+           y->type().str());
+  Graph g;
+  g.outputs = {y};
+  std::vector<NodeRef> order = g.topo_order();
+  // Nodes on a path from some wrt node to y: only they need gradients.
+  std::unordered_set<const Node*> needs;
+  for (auto& w : wrt) needs.insert(w.get());
+  for (const NodeRef& n : order)
+    for (auto& i : n->inputs())
+      if (needs.count(i.get())) {
+        needs.insert(n.get());
+        break;
+      }
+  std::unordered_map<const Node*, NodeRef> adj;
+  adj[y.get()] = seed;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const NodeRef& n = *it;
+    auto a = adj.find(n.get());
+    if (a == adj.end() || !needs.count(n.get()) || n->inputs().empty()) continue;
+    bool any_input_needs = false;
+    for (auto& i : n->inputs()) any_input_needs |= needs.count(i.get()) > 0;
+    if (!any_input_needs) continue;
+    switch (op_grad_kind(n->op())) {
+      case GradKind::Zero:
+        continue;
+      case GradKind::None:
+        throw_user(ErrorKind::Value, "autodiff: op '", op_name(n->op()), "'",
+                   n->loc().known() ? " at " + n->loc().str() : std::string(),
+                   " is not differentiable, but the loss depends on a trainable variable "
+                   "through it");
+      case GradKind::Rule:
+        break;
+    }
+    Grads gs = vjp(n, a->second);
+    FJ_CHECK(gs.size() == n->inputs().size(), "VJP of ", op_name(n->op()), " returned ", gs.size(),
+             " gradients");
+    for (size_t i = 0; i < gs.size(); ++i) {
+      const NodeRef& in = n->input(i);
+      if (!gs[i] || !needs.count(in.get()) || !is_float(in->dtype())) continue;
+      FJ_CHECK(gs[i]->type() == in->type(), "VJP of ", op_name(n->op()), " operand ", i,
+               " has type ", gs[i]->type().str(), " but the operand is ", in->type().str());
+      auto& slot = adj[in.get()];
+      slot = slot ? add(slot, gs[i]) : gs[i];
+    }
+  }
+  std::vector<NodeRef> out;
+  for (auto& w : wrt) {
+    auto a = adj.find(w.get());
+    out.push_back(a != adj.end() ? a->second : fill(0.0, w->shape(), w->dtype(), w->loc()));
+  }
+  return out;
+}
+
+}  // namespace flowjit::jit

@@ -1,0 +1,62 @@
+// compile: the driver from a traced job to a runnable Executable.
+//
+//   trace -> (train: autodiff + optimizer) -> passes -> fusion + memory
+//         -> disk cache lookup -> codegen (LLVM, ORC) -> Executable
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "jit/optimizer.h"
+#include "runtime/executable.h"
+#include "runtime/variables.h"
+
+namespace flowjit::jit {
+
+// What the tracer hands to the compiler.
+struct JobDescription {
+  std::string name;
+  bool train = false;
+  ir::Graph graph;  // params, returned values, explicit effects
+  std::optional<OptimizerConfig> optimizer;
+  std::vector<ir::NodeRef> losses;
+  ir::NodeRef lr;    // rank-0 float learning rate (train jobs)
+  ir::NodeRef step;  // the job's int64 train-step variable (train jobs)
+  std::vector<ir::NodeRef> trainable;  // trainable variables the job reads
+  std::string source;                  // "file.py:12" of the job function
+  std::string signature;               // the placeholder signature, for the cache
+};
+
+struct CompileSettings {
+  int debug = 0;             // FLOWJIT_DEBUG
+  std::string dump_dir;      // FLOWJIT_DUMP_DIR
+  std::string cache_dir;     // FLOWJIT_CACHE_DIR ("" disables the disk cache)
+  int64_t cache_max_bytes = 0;  // FLOWJIT_CACHE_MAX_BYTES (0: default bound)
+  bool keep_text = false;    // keep IR/LLVM text on the result even without debug
+  static CompileSettings from_environment();
+};
+
+struct CompiledJob {
+  std::shared_ptr<runtime::Executable> executable;
+  std::string ir_traced;      // before optimization
+  std::string ir_optimized;   // after the pipeline
+  std::string fusion_plan;    // kernels and what they compute
+  std::string kernels;        // loop-level kernel descriptions
+  std::string llvm_ir;        // optimized LLVM IR (kept with debug >= 3 or keep_text)
+  std::string assembly;       // with debug >= 4
+  std::vector<std::pair<std::string, ir::TensorType>> new_variables;
+  double seconds_passes = 0, seconds_codegen = 0, seconds_total = 0;
+  bool from_disk_cache = false;
+  std::string cache_key;
+  std::vector<std::string> warnings;  // e.g. a cache that could not be written
+};
+
+// Compiles `job`, creating the optimizer-state variables it introduces in
+// `store` (zero-filled) and binding the executable to the store.
+CompiledJob compile_job(const JobDescription& job, const CompileSettings& settings,
+                        runtime::VariableStore& store);
+
+}  // namespace flowjit::jit

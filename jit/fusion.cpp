@@ -1,0 +1,1044 @@
+// fusion: grouping nodes into kernels, building the loop-level kernels,
+// scheduling, and the runtime plan.
+#include "jit/fusion.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <queue>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ir/error.h"
+#include "ir/printer.h"
+#include "jit/memory.h"
+
+namespace flowjit::jit {
+
+using namespace ir;
+using codegen::Access;
+using codegen::KNode;
+using codegen::KOp;
+using codegen::Kernel;
+using DimMap = std::vector<int>;  // per node dim: domain dim, or -1 (index 0)
+
+namespace {
+
+// ---------------------------------------------------------------- views
+
+// True for a reshape that only inserts or removes extent-1 dimensions.
+bool is_unit_reshape(const NodeRef& r) {
+  if (r->op() != OpKind::Reshape) return false;
+  Shape a, b;
+  for (int64_t d : r->input(0)->shape())
+    if (d != 1) a.push_back(d);
+  for (int64_t d : r->shape())
+    if (d != 1) b.push_back(d);
+  return a == b;
+}
+
+bool is_cheap_source(const NodeRef& n) {
+  return n->op() == OpKind::Fill || n->op() == OpKind::Iota || n->op() == OpKind::RandomUniform ||
+         n->op() == OpKind::RandomNormal || n->op() == OpKind::TruncatedNormal;
+}
+
+// Recomputed in every kernel that uses it instead of being stored.
+bool is_duplicable(const NodeRef& n) {
+  return is_view(n->op()) || is_cheap_source(n) || (is_elementwise(n->op()) && n->rank() == 0);
+}
+
+bool is_buffer_leaf(const NodeRef& n) {
+  return n->op() == OpKind::Parameter || n->op() == OpKind::Variable;
+}
+
+bool is_compute(const NodeRef& n) {
+  return is_elementwise(n->op()) || is_reduce(n->op()) || n->op() == OpKind::MatMul;
+}
+
+struct View {
+  NodeRef base;                  // a buffer: parameter, variable or computed node
+  std::vector<int64_t> strides;  // elements, per dim of the viewed node
+  int64_t offset = 0;
+};
+
+// How `n` addresses memory, when it is a view chain over a buffer.
+std::optional<View> resolve_view(const NodeRef& n) {
+  switch (n->op()) {
+    case OpKind::Transpose: {
+      auto v = resolve_view(n->input(0));
+      if (!v) return std::nullopt;
+      const IntList& perm = n->attrs().get_ints("perm");
+      std::vector<int64_t> s(perm.size());
+      for (size_t i = 0; i < perm.size(); ++i) s[i] = v->strides[perm[i]];
+      v->strides = s;
+      return v;
+    }
+    case OpKind::Broadcast: {
+      auto v = resolve_view(n->input(0));
+      if (!v) return std::nullopt;
+      const Shape& from = n->input(0)->shape();
+      const Shape& to = n->shape();
+      size_t off = to.size() - from.size();
+      std::vector<int64_t> s(to.size(), 0);
+      for (size_t i = 0; i < from.size(); ++i)
+        s[i + off] = (from[i] == 1 && to[i + off] != 1) ? 0 : v->strides[i];
+      v->strides = s;
+      return v;
+    }
+    case OpKind::Reshape: {
+      auto v = resolve_view(n->input(0));
+      if (!v) return std::nullopt;
+      const Shape& from = n->input(0)->shape();
+      if (v->strides == contiguous_strides(from) || num_elements(from) <= 1) {
+        v->strides = contiguous_strides(n->shape());
+        return v;
+      }
+      if (!is_unit_reshape(n)) return std::nullopt;
+      std::vector<int64_t> nonunit;
+      for (size_t i = 0; i < from.size(); ++i)
+        if (from[i] != 1) nonunit.push_back(v->strides[i]);
+      std::vector<int64_t> s;
+      size_t k = 0;
+      for (int64_t d : n->shape()) s.push_back(d == 1 ? 0 : nonunit[k++]);
+      v->strides = s;
+      return v;
+    }
+    default:
+      if (is_buffer_leaf(n) || is_compute(n)) return View{n, contiguous_strides(n->shape()), 0};
+      return std::nullopt;
+  }
+}
+
+bool is_contiguous_view(const NodeRef& n) {
+  auto v = resolve_view(n);
+  return v && v->offset == 0 && v->strides == contiguous_strides(n->shape());
+}
+
+// ---------------------------------------------------------------- maps
+
+DimMap broadcast_map(const Shape& from, const Shape& to, const DimMap& to_map) {
+  size_t off = to.size() - from.size();
+  DimMap m(from.size());
+  for (size_t i = 0; i < from.size(); ++i)
+    m[i] = (from[i] == 1 && to[i + off] != 1) ? -1 : to_map[i + off];
+  return m;
+}
+
+// The map of operand `i` of member `n`, given n's map. Reductions map their
+// operand to the identity over the group's domain (checked canonical).
+DimMap operand_map(const NodeRef& n, const DimMap& m, size_t i) {
+  const NodeRef& o = n->input(i);
+  switch (n->op()) {
+    case OpKind::Transpose: {
+      const IntList& perm = n->attrs().get_ints("perm");
+      DimMap mo(perm.size());
+      for (size_t j = 0; j < perm.size(); ++j) mo[perm[j]] = m[j];
+      return mo;
+    }
+    case OpKind::Reshape: {  // unit reshapes only
+      DimMap nonunit;
+      for (size_t j = 0; j < n->shape().size(); ++j)
+        if (n->shape()[j] != 1) nonunit.push_back(m[j]);
+      DimMap mo;
+      size_t k = 0;
+      for (int64_t d : o->shape()) mo.push_back(d == 1 ? -1 : nonunit[k++]);
+      return mo;
+    }
+    default:
+      if (is_reduce(n->op())) {
+        DimMap mo(o->rank());
+        for (int j = 0; j < o->rank(); ++j) mo[j] = j;
+        return mo;
+      }
+      return broadcast_map(o->shape(), n->shape(), m);
+  }
+}
+
+// A map under which a node can be stored: every non-unit dim has its own
+// domain dim.
+bool is_full_map(const NodeRef& n, const DimMap& m) {
+  std::set<int> seen;
+  for (size_t j = 0; j < m.size(); ++j) {
+    if (n->shape()[j] == 1) continue;
+    if (m[j] < 0 || !seen.insert(m[j]).second) return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------- groups
+
+struct Group {
+  int id = 0;
+  bool matmul = false;
+  NodeRef root;
+  NodeRef mm;  // the MatMul node of a matmul group
+  Shape domain;
+  std::vector<bool> reduced;
+  bool has_reduce = false;
+  std::vector<int> remap;  // set when absorbing a reduction renumbered the domain
+  std::unordered_map<const Node*, std::vector<DimMap>> maps;  // members and their maps
+  std::vector<NodeRef> members;                                 // in absorption order
+  bool member(const NodeRef& n) const { return maps.count(n.get()) > 0; }
+};
+
+struct Storage {  // where a materialized value lives
+  enum Kind { Input, Output, Arena, Variable } kind = Arena;
+  int index = 0;  // input/output index, variable index, or arena buffer index
+};
+
+class Fuser {
+ public:
+  Fuser(const Graph& g, const std::string& job) : job_(job) { g_ = materialize(g); }
+
+  FusedProgram run() {
+    analyze();
+    form_groups();
+    FusedProgram out;
+    out.graph = g_;
+    build_and_schedule(out);
+    return out;
+  }
+
+ private:
+  // ---- preparation: make every output, assign value and matmul operand a
+  // kernel-computed buffer.
+
+  static NodeRef identity(const NodeRef& n) { return make_node(OpKind::Identity, {n}, {}, n->loc()); }
+
+  static bool needs_identity_for_store(const NodeRef& n) {
+    return !is_compute(n) || is_duplicable(n);
+  }
+
+  Graph materialize(const Graph& g) {
+    Graph h = rewrite_graph(g, [](const NodeRef& n, std::vector<NodeRef> in) -> NodeRef {
+      if (n->op() == OpKind::MatMul) {
+        for (auto& x : in)
+          if (!resolve_view(x) || is_duplicable(resolve_view(x)->base)) x = identity(x);
+      } else if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) {
+        if (!is_contiguous_view(in[0])) in[0] = identity(in[0]);
+      } else if (n->op() == OpKind::Assign) {
+        if (needs_identity_for_store(in[1])) in[1] = identity(in[1]);
+      }
+      return Node::with_inputs(n, std::move(in));
+    });
+    std::unordered_set<const Node*> seen;
+    for (auto& o : h.outputs) {
+      if (needs_identity_for_store(o) || seen.count(o.get())) o = identity(o);
+      seen.insert(o.get());
+    }
+    return h;
+  }
+
+  // ---- analysis
+
+  void analyze() {
+    topo_ = g_.topo_order();
+    for (size_t i = 0; i < topo_.size(); ++i) pos_[topo_[i].get()] = static_cast<int>(i);
+    for (const NodeRef& n : topo_) {
+      if (n->op() == OpKind::Assign) {
+        assigns_[n->input(1).get()].push_back(n);
+        continue;
+      }
+      for (auto& i : n->inputs()) users_[i.get()].push_back(n);
+    }
+    for (size_t i = 0; i < g_.outputs.size(); ++i) output_of_[g_.outputs[i].get()] = static_cast<int>(i);
+    for (size_t i = 0; i < g_.params.size(); ++i)
+      param_index_[g_.params[i].get()] = static_cast<int>(g_.params[i]->attrs().get_int("index"));
+    // Elementwise chains right after a single-use matmul are kept for that
+    // matmul's epilogue: reduction kernels do not take them.
+    for (const NodeRef& n : topo_) {
+      if (n->op() != OpKind::MatMul) continue;
+      NodeRef cur = n;
+      while (true) {
+        std::vector<const Node*> eff;
+        effective_users(cur, eff);
+        if (eff.size() != 1 || output_of_.count(cur.get())) break;
+        const Node* u = eff[0];
+        if (!is_elementwise(u->op()) || u->shape() != n->shape()) break;
+        epilogue_.insert(u);
+        cur = node_ref(u);
+        if (!cur) break;
+      }
+    }
+    // Bases of matmul operands and of reshapes must exist in memory.
+    for (const NodeRef& n : topo_) {
+      if (n->op() == OpKind::MatMul) {
+        for (auto& x : n->inputs()) must_store_.insert(resolve_view(x)->base.get());
+      } else if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) {
+        if (auto v = resolve_view(n->input(0))) must_store_.insert(v->base.get());
+      }
+    }
+  }
+
+  NodeRef node_ref(const Node* n) {
+    auto it = pos_.find(n);
+    return it == pos_.end() ? nullptr : topo_[it->second];
+  }
+
+  // Compute nodes that consume `n`, looking through duplicable users.
+  void effective_users(const NodeRef& n, std::vector<const Node*>& out) {
+    auto it = users_.find(n.get());
+    if (it == users_.end()) return;
+    for (const NodeRef& u : it->second) {
+      if (is_duplicable(u)) {
+        effective_users(u, out);
+      } else {
+        out.push_back(u.get());
+      }
+    }
+  }
+
+  // ---- grouping
+
+  void form_groups() {
+    for (auto it = topo_.rbegin(); it != topo_.rend(); ++it) {
+      const NodeRef& n = *it;
+      if (!is_compute(n) || group_of_.count(n.get())) continue;
+      if (is_duplicable(n) && !output_of_.count(n.get()) && !assigns_.count(n.get())) continue;
+      new_group(n);
+    }
+  }
+
+  void new_group(const NodeRef& root) {
+    auto g = std::make_unique<Group>();
+    g->id = static_cast<int>(groups_.size());
+    g->root = root;
+    DimMap rm;
+    if (is_reduce(root->op())) {
+      const NodeRef& x = root->input(0);
+      g->domain = x->shape();
+      g->reduced.assign(x->rank(), false);
+      for (int64_t a : root->attrs().get_ints("axes")) g->reduced[a] = true;
+      g->has_reduce = true;
+      bool keep = root->attrs().get_bool("keepdims");
+      for (int d = 0; d < x->rank(); ++d) {
+        if (!g->reduced[d]) {
+          rm.push_back(d);
+        } else if (keep) {
+          rm.push_back(-1);
+        }
+      }
+    } else {
+      g->domain = root->shape();
+      g->reduced.assign(root->rank(), false);
+      for (int d = 0; d < root->rank(); ++d) rm.push_back(d);
+      if (root->op() == OpKind::MatMul) {
+        g->matmul = true;
+        g->mm = root;
+      }
+    }
+    Group* gp = g.get();
+    groups_.push_back(std::move(g));
+    add_member(*gp, root, rm);
+    grow(*gp);
+  }
+
+  void add_member(Group& g, const NodeRef& n, const DimMap& m) {
+    auto& ms = g.maps[n.get()];
+    if (ms.empty()) g.members.push_back(n);
+    if (std::find(ms.begin(), ms.end(), m) == ms.end()) ms.push_back(m);
+    if (!is_duplicable(n)) group_of_[n.get()] = g.id;
+  }
+
+  // Absorbs producers, latest first, so that all users of a candidate that
+  // can be in the group have been decided before the candidate.
+  void grow(Group& g) {
+    using Entry = std::pair<int, const Node*>;
+    std::priority_queue<Entry> heap;
+    std::unordered_map<const Node*, std::pair<NodeRef, std::vector<DimMap>>> pending;
+    auto push_operands = [&](const NodeRef& n, const DimMap& m) {
+      if (n->op() == OpKind::MatMul) return;  // operands are read by the matmul itself
+      if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) return;
+      for (size_t i = 0; i < n->inputs().size(); ++i) {
+        const NodeRef& o = n->input(i);
+        auto& p = pending[o.get()];
+        if (!p.first) {
+          p.first = o;
+          heap.push({pos_[o.get()], o.get()});
+        }
+        DimMap om = operand_map(n, m, i);
+        if (std::find(p.second.begin(), p.second.end(), om) == p.second.end()) p.second.push_back(om);
+      }
+    };
+    for (auto& m : g.maps[g.root.get()]) push_operands(g.root, m);
+    while (!heap.empty()) {
+      const Node* key = heap.top().second;
+      heap.pop();
+      auto node_maps = pending[key];
+      pending.erase(key);
+      const NodeRef& p = node_maps.first;
+      g.remap.clear();
+      if (!try_absorb(g, p, node_maps.second)) continue;
+      if (!g.remap.empty()) {
+        // The domain grew: renumber the maps still waiting in the heap.
+        for (auto& [k2, entry] : pending)
+          for (auto& mm : entry.second)
+            for (int& e : mm) e = e < 0 ? -1 : g.remap[e];
+      }
+      for (auto& m : node_maps.second) {
+        add_member(g, p, m);
+      }
+      for (auto& m : g.maps[p.get()]) push_operands(p, m);
+    }
+  }
+
+  bool try_absorb(Group& g, const NodeRef& p, std::vector<DimMap>& maps) {
+    if (is_buffer_leaf(p)) return false;
+    if (is_view(p->op())) return is_unit_reshape(p) || p->op() != OpKind::Reshape;
+    if (is_duplicable(p)) return true;
+    if (!is_compute(p) || group_of_.count(p.get())) return false;
+    if (output_of_.count(p.get()) || must_store_.count(p.get())) return false;
+    std::vector<const Node*> eff;
+    effective_users(p, eff);
+    for (const Node* u : eff)
+      if (!g.maps.count(u)) return false;
+    if (assigns_.count(p.get())) {
+      bool any_full = false;
+      for (auto& m : maps) any_full |= is_full_map(p, m);
+      if (!any_full) return false;
+    }
+    if (is_elementwise(p->op())) return !(g.has_reduce && epilogue_.count(p.get()));
+    if (p->op() == OpKind::MatMul) {
+      if (g.matmul || g.has_reduce || maps.size() != 1) return false;
+      if (p->shape() != g.domain) return false;
+      for (int d = 0; d < p->rank(); ++d)
+        if (maps[0][d] != d) return false;
+      g.matmul = true;
+      g.mm = p;
+      return true;
+    }
+    if (is_reduce(p->op())) return absorb_reduce(g, p, maps);
+    return false;
+  }
+
+  // A reduction joins a loop group when its operand spans the group's domain
+  // with the same reduced dims (a further phase), or when the group has no
+  // reduction yet and the reduction's kept dims cover the group's domain (the
+  // group becomes the reduction's epilogue; the domain grows).
+  bool absorb_reduce(Group& g, const NodeRef& p, std::vector<DimMap>& maps) {
+    if (g.matmul || maps.size() != 1) return false;
+    const NodeRef& x = p->input(0);
+    const IntList& axes = p->attrs().get_ints("axes");
+    bool keep = p->attrs().get_bool("keepdims");
+    const DimMap& m = maps[0];
+    // Output dim j of p <-> operand dim in_dim[j].
+    std::vector<int> in_dim;
+    for (int d = 0; d < x->rank(); ++d) {
+      bool red = std::binary_search(axes.begin(), axes.end(), d);
+      if (!red || keep) in_dim.push_back(d);
+    }
+    // Same domain: the reduction is a further phase (or the group's first).
+    bool canonical = x->shape() == g.domain;
+    for (size_t j = 0; canonical && j < m.size(); ++j) {
+      int d = in_dim[j];
+      bool red = std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(d));
+      canonical = red ? (m[j] == -1 || g.domain[d] == 1) : m[j] == d;
+    }
+    if (canonical) {
+      if (g.has_reduce) {
+        for (int d = 0; d < x->rank(); ++d)
+          if (g.reduced[d] != std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(d)))
+            return false;
+      } else {
+        g.reduced.assign(x->rank(), false);
+        for (int64_t a : axes) g.reduced[a] = true;
+        g.has_reduce = true;
+      }
+      DimMap pm;
+      for (size_t j = 0; j < in_dim.size(); ++j) pm.push_back(g.reduced[in_dim[j]] ? -1 : in_dim[j]);
+      maps = {pm};
+      return true;
+    }
+    if (g.has_reduce) return false;
+    // Growth: old domain dim -> new domain dim (the reduction's operand dims).
+    std::vector<int> remap(g.domain.size(), -1);
+    for (size_t j = 0; j < m.size(); ++j) {
+      if (m[j] < 0) continue;
+      bool red = std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(in_dim[j]));
+      if (red) {
+        if (g.domain[m[j]] != 1) return false;  // the epilogue cannot index a reduced dim
+        continue;
+      }
+      remap[m[j]] = in_dim[j];
+    }
+    for (size_t d = 0; d < g.domain.size(); ++d)
+      if (remap[d] < 0 && g.domain[d] != 1) return false;
+    for (auto& [node, ms] : g.maps)
+      for (auto& mm : ms)
+        for (int& e : mm) e = e < 0 ? -1 : remap[e];
+    g.remap = remap;
+    g.domain = x->shape();
+    g.reduced.assign(x->rank(), false);
+    for (int64_t a : axes) g.reduced[a] = true;
+    g.has_reduce = true;
+    DimMap pm;
+    for (size_t j = 0; j < in_dim.size(); ++j) pm.push_back(g.reduced[in_dim[j]] ? -1 : in_dim[j]);
+    maps = {pm};
+    return true;
+  }
+
+  // ---- kernels
+
+  Storage storage_of(const Node* n) {
+    auto it = storage_.find(n);
+    FJ_CHECK(it != storage_.end(), "value read before it is materialized: ", op_name(n->op()));
+    return it->second;
+  }
+
+  int variable_index(const NodeRef& var) {
+    const std::string& name = var->attrs().get_str("name");
+    auto it = var_index_.find(name);
+    if (it != var_index_.end()) return it->second;
+    int idx = static_cast<int>(plan_vars_.size());
+    plan_vars_.emplace_back(name, var->type());
+    var_index_[name] = idx;
+    return idx;
+  }
+
+  struct Built {
+    Kernel k;
+    std::vector<const Node*> arg_buffers;  // which buffer each arg is (a node, or a temp key)
+    std::vector<Storage> arg_storage;
+    std::vector<const Node*> reads;   // buffers read
+    std::vector<std::string> var_writes;
+    std::vector<std::string> var_reads;
+    std::vector<const Node*> computes;  // members, for the description
+  };
+
+  class KernelBuilder {
+   public:
+    KernelBuilder(Fuser& f, Group& g, Built& b) : f_(f), g_(g), b_(b) {}
+
+    int arg_for(const Node* buffer, Storage s, DType dt, int64_t elems, bool write) {
+      for (size_t i = 0; i < b_.arg_buffers.size(); ++i)
+        if (b_.arg_buffers[i] == buffer) {
+          (write ? b_.k.args[i].written : b_.k.args[i].read) = true;
+          return static_cast<int>(i);
+        }
+      b_.arg_buffers.push_back(buffer);
+      b_.arg_storage.push_back(s);
+      codegen::KernelArg a;
+      a.dtype = dt;
+      a.elements = elems;
+      (write ? a.written : a.read) = true;
+      b_.k.args.push_back(a);
+      return static_cast<int>(b_.k.args.size()) - 1;
+    }
+
+    std::vector<int64_t> domain_strides(const std::vector<int64_t>& own, const DimMap& m) {
+      std::vector<int64_t> s(g_.domain.size(), 0);
+      for (size_t j = 0; j < m.size(); ++j)
+        if (m[j] >= 0) s[m[j]] += own[j];
+      return s;
+    }
+
+    int leaf(const NodeRef& n, const DimMap& m) {
+      auto v = resolve_view(n);
+      FJ_CHECK(v.has_value(), "kernel operand is not addressable: ", op_name(n->op()));
+      const Node* base = v->base.get();
+      Storage st;
+      if (v->base->op() == OpKind::Variable) {
+        st = {Storage::Variable, f_.variable_index(v->base)};
+        b_.var_reads.push_back(v->base->attrs().get_str("name"));
+      } else {
+        st = f_.storage_of(base);
+      }
+      int arg = arg_for(base, st, v->base->dtype(), v->base->type().numel(), false);
+      if (std::find(b_.reads.begin(), b_.reads.end(), base) == b_.reads.end()) b_.reads.push_back(base);
+      Access a{arg, domain_strides(v->strides, m), v->offset};
+      b_.k.loads.push_back(a);
+      KNode kn;
+      kn.kind = KOp::Load;
+      kn.dtype = n->dtype();
+      kn.access = static_cast<int>(b_.k.loads.size()) - 1;
+      return push(kn);
+    }
+
+    int push(const KNode& kn) {
+      b_.k.nodes.push_back(kn);
+      return static_cast<int>(b_.k.nodes.size()) - 1;
+    }
+
+    int inst(const NodeRef& n, const DimMap& m) {
+      auto key = std::make_pair(n.get(), m);
+      auto it = memo_.find(key);
+      if (it != memo_.end()) return it->second;
+      int r = inst_new(n, m);
+      memo_[key] = r;
+      return r;
+    }
+
+    int inst_new(const NodeRef& n, const DimMap& m) {
+      if (is_view(n->op())) {
+        if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) return leaf(n, m);
+        return inst(n->input(0), operand_map(n, m, 0));  // re-indexed, no arithmetic
+      }
+      if (is_buffer_leaf(n)) return leaf(n, m);
+      if (is_duplicable(n) || g_.member(n)) return inst_member(n, m);
+      return leaf(n, m);  // computed and stored by another kernel
+    }
+
+    int inst_member(const NodeRef& n, const DimMap& m) {
+      KNode kn;
+      kn.dtype = n->dtype();
+      const Attrs& a = n->attrs();
+      switch (n->op()) {
+        case OpKind::Fill:
+          kn.kind = KOp::Const;
+          kn.value = a.get_float("value");
+          return push(kn);
+        case OpKind::Iota: {
+          kn.kind = KOp::Index;
+          kn.index_strides.assign(g_.domain.size(), 0);
+          int axis = static_cast<int>(a.get_int("axis"));
+          if (m[axis] >= 0) kn.index_strides[m[axis]] = 1;
+          return push(kn);
+        }
+        case OpKind::RandomUniform:
+        case OpKind::RandomNormal:
+        case OpKind::TruncatedNormal:
+          kn.kind = KOp::Random;
+          kn.op = n->op();
+          kn.seed = a.get_int("seed");
+          kn.index_strides = domain_strides(contiguous_strides(n->shape()), m);
+          return push(kn);
+        case OpKind::MatMul:
+          FJ_CHECK(n == g_.mm, "second matmul in a kernel");
+          kn.kind = KOp::Acc;
+          b_.computes.push_back(n.get());
+          return push(kn);
+        default:
+          break;
+      }
+      if (is_reduce(n->op())) {
+        kn.kind = KOp::Reduce;
+        kn.op = n->op();
+        DimMap om = operand_map(n, m, 0);
+        kn.operands = {inst(n->input(0), om)};
+        if (n->op() == OpKind::ArgMax || n->op() == OpKind::ArgMin) {
+          kn.index_strides.assign(g_.domain.size(), 0);
+          kn.index_strides[a.get_ints("axes")[0]] = 1;
+        }
+        b_.computes.push_back(n.get());
+        return push(kn);
+      }
+      FJ_CHECK(is_elementwise(n->op()), "cannot lower ", op_name(n->op()), " inside a kernel");
+      kn.kind = KOp::Compute;
+      kn.op = n->op();
+      for (size_t i = 0; i < n->inputs().size(); ++i)
+        kn.operands.push_back(inst(n->input(i), operand_map(n, m, i)));
+      if (!is_duplicable(n)) b_.computes.push_back(n.get());
+      return push(kn);
+    }
+
+    void store(const NodeRef& n, const DimMap& m, const Node* buffer, Storage s) {
+      int node = inst(n, m);
+      int arg = arg_for(buffer, s, n->dtype(), n->type().numel(), true);
+      Access a{arg, domain_strides(contiguous_strides(n->shape()), m), 0};
+      b_.k.stores.push_back({node, a});
+    }
+
+   private:
+    Fuser& f_;
+    Group& g_;
+    Built& b_;
+    std::map<std::pair<const Node*, DimMap>, int> memo_;
+  };
+
+  const DimMap& store_map(Group& g, const NodeRef& n) {
+    for (auto& m : g.maps[n.get()])
+      if (is_full_map(n, m)) return m;
+    return g.maps[n.get()].front();
+  }
+
+  std::string kernel_name(int index, Group& g) {
+    std::string s = "k" + std::to_string(index);
+    std::set<std::string> seen;
+    int count = 0;
+    std::vector<NodeRef> ordered = g.members;
+    std::sort(ordered.begin(), ordered.end(),
+              [&](const NodeRef& a, const NodeRef& b) { return pos_[a.get()] < pos_[b.get()]; });
+    for (auto& n : ordered) {
+      if (is_view(n->op()) || is_cheap_source(n)) continue;
+      std::string op(op_name(n->op()));
+      if (seen.insert(op).second && count++ < 4) s += "_" + op;
+    }
+    return s;
+  }
+
+  // Builds every group's kernel, orders them, and writes the plan.
+  void build_and_schedule(FusedProgram& out) {
+    // Storage for inputs and for every value a group stores.
+    for (auto& [node, idx] : param_index_) storage_[node] = {Storage::Input, idx};
+    int arena_buffers = 0;
+    std::vector<const Node*> arena_nodes;
+    for (auto& g : groups_) {
+      const Node* r = g->root.get();
+      auto o = output_of_.find(r);
+      if (o != output_of_.end()) {
+        storage_[r] = {Storage::Output, o->second};
+      } else if (users_.count(r) && !users_[r].empty()) {
+        storage_[r] = {Storage::Arena, arena_buffers++};
+        arena_nodes.push_back(r);
+      }
+    }
+    // First attempt: assigns stored in place. If the schedule has a cycle or
+    // an in-place hazard, those assigns go through temporaries instead.
+    std::vector<Built> built;
+    std::vector<int> order;
+    std::set<std::string> deferred;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      built.clear();
+      std::set<std::string> hazards;
+      for (auto& g : groups_) built.push_back(build_group(*g, deferred, hazards));
+      if (!hazards.empty() && attempt == 0) {
+        deferred.insert(hazards.begin(), hazards.end());
+        continue;
+      }
+      if (schedule(built, order)) break;
+      FJ_CHECK(attempt == 0, "fusion: no schedule even with deferred assigns");
+      for (auto& [val, as] : assigns_)
+        for (auto& a : as) deferred.insert(a->input(0)->attrs().get_str("name"));
+    }
+    // Deferred assigns: copy kernels after everything else.
+    std::vector<Built> copies = build_deferred_copies(deferred);
+
+    // Launch order, arena lives and the plan.
+    runtime::Plan& plan = out.plan;
+    plan.job_name = job_;
+    for (auto& p : g_.params) plan.inputs.push_back(p->type());
+    for (auto& o : g_.outputs) plan.outputs.push_back(o->type());
+    std::vector<Built*> launches;
+    for (int gi : order) launches.push_back(&built[gi]);
+    for (auto& c : copies) launches.push_back(&c);
+
+    std::vector<BufferLife> lives(arena_buffers);
+    for (int i = 0; i < arena_buffers; ++i) {
+      lives[i].bytes = arena_nodes[i]->type().bytes();
+      lives[i].first = -1;
+    }
+    for (size_t li = 0; li < launches.size(); ++li) {
+      Built& b = *launches[li];
+      for (size_t a = 0; a < b.arg_storage.size(); ++a) {
+        const Storage& s = b.arg_storage[a];
+        if (s.kind != Storage::Arena) continue;
+        BufferLife& l = lives[s.index];
+        if (b.k.args[a].written && l.first < 0) l.first = static_cast<int>(li);
+        l.last = std::max(l.last, static_cast<int>(li));
+      }
+    }
+    for (auto& l : lives)
+      if (l.first < 0) l.first = 0;
+    // Temporaries for deferred assigns are arena buffers too.
+    lives.insert(lives.end(), temp_lives_.begin(), temp_lives_.end());
+    for (size_t t = 0; t < temp_lives_.size(); ++t) {
+      BufferLife& l = lives[arena_buffers + t];
+      l.first = 0;
+      l.last = static_cast<int>(launches.size());
+    }
+    ArenaPlan ap = plan_arena(lives);
+    plan.arena_bytes = ap.arena_bytes;
+    out.bytes_without_reuse = ap.total_bytes;
+    plan.variables = plan_vars_;
+
+    auto names = value_names(g_);
+    std::ostringstream desc;
+    for (size_t li = 0; li < launches.size(); ++li) {
+      Built& b = *launches[li];
+      runtime::Launch l;
+      l.symbol = b.k.name;
+      for (size_t a = 0; a < b.arg_storage.size(); ++a) {
+        const Storage& s = b.arg_storage[a];
+        runtime::BufferRef r;
+        switch (s.kind) {
+          case Storage::Input: r = {runtime::BufferKind::Input, s.index, 0}; break;
+          case Storage::Output: r = {runtime::BufferKind::Output, s.index, 0}; break;
+          case Storage::Variable: r = {runtime::BufferKind::Variable, s.index, 0}; break;
+          case Storage::Arena: r = {runtime::BufferKind::Arena, 0, ap.offsets[s.index]}; break;
+        }
+        l.args.push_back(r);
+      }
+      l.summary = b.k.summary;
+      plan.launches.push_back(l);
+      // Description: name, computed values, stores.
+      desc << b.k.name << ":";
+      std::vector<const Node*> comp = b.computes;
+      std::sort(comp.begin(), comp.end(), [&](const Node* x, const Node* y) { return pos_[x] < pos_[y]; });
+      comp.erase(std::unique(comp.begin(), comp.end()), comp.end());
+      for (const Node* c : comp) desc << " " << names[c];
+      desc << " ->";
+      for (auto& s : b.k.stores) {
+        const Node* buf = b.arg_buffers[s.where.arg];
+        const Storage& st = b.arg_storage[s.where.arg];
+        switch (st.kind) {
+          case Storage::Output: desc << " out" << st.index; break;
+          case Storage::Variable: desc << " var:" << plan_vars_[st.index].first; break;
+          default: desc << " " << (names.count(buf) ? names[buf] : std::string("tmp")); break;
+        }
+      }
+      desc << "\n";
+      out.kernels.push_back(std::move(b.k));
+    }
+    out.description = desc.str();
+  }
+
+  Built build_group(Group& g, const std::set<std::string>& deferred, std::set<std::string>& hazards) {
+    Built b;
+    Kernel& k = b.k;
+    k.name = kernel_name(static_cast<int>(g.id), g);
+    k.kind = g.matmul ? Kernel::Kind::MatMul : Kernel::Kind::Loop;
+    k.domain = g.domain;
+    k.reduced = g.reduced;
+    KernelBuilder kb(*this, g, b);
+    // Stores: the root's buffer, then assigns of any member.
+    const Node* r = g.root.get();
+    if (storage_.count(r)) kb.store(g.root, store_map(g, g.root), r, storage_[r]);
+    std::vector<std::pair<NodeRef, NodeRef>> stores;  // (value, variable)
+    for (auto& n : g.members) {
+      auto it = assigns_.find(n.get());
+      if (it == assigns_.end()) continue;
+      for (auto& a : it->second) stores.emplace_back(n, a->input(0));
+    }
+    for (auto& [val, var] : stores) {
+      const std::string& name = var->attrs().get_str("name");
+      if (deferred.count(name)) {
+        int t = temp_for(name, var);
+        kb.store(val, store_map(g, val), temp_key(name), {Storage::Arena, t});
+      } else {
+        kb.store(val, store_map(g, val), var.get(), {Storage::Variable, variable_index(var)});
+        b.var_writes.push_back(name);
+      }
+    }
+    if (g.matmul) build_matmul_spec(g, b, kb);
+    // In place is safe when every read of the variable in this kernel is at
+    // the element being written.
+    for (const std::string& name : b.var_writes) {
+      int vi = var_index_.at(name);
+      const Access* w = nullptr;
+      for (auto& s : k.stores)
+        if (b.arg_storage[s.where.arg].kind == Storage::Variable && b.arg_storage[s.where.arg].index == vi)
+          w = &s.where;
+      for (auto& l : k.loads)
+        if (b.arg_storage[l.arg].kind == Storage::Variable && b.arg_storage[l.arg].index == vi &&
+            !(w && l == *w))
+          hazards.insert(name);
+      if (g.matmul && (k.mm.a.arg == w->arg || k.mm.b.arg == w->arg)) hazards.insert(name);
+    }
+    k.finalize();
+    std::ostringstream sum;
+    std::vector<NodeRef> ordered = g.members;
+    std::sort(ordered.begin(), ordered.end(),
+              [&](const NodeRef& x, const NodeRef& y) { return pos_[x.get()] < pos_[y.get()]; });
+    bool first = true;
+    for (auto& n : ordered) {
+      if (is_view(n->op()) || is_cheap_source(n)) continue;
+      sum << (first ? "" : ", ") << op_name(n->op());
+      first = false;
+    }
+    k.summary = sum.str();
+    return b;
+  }
+
+  void build_matmul_spec(Group& g, Built& b, KernelBuilder& kb) {
+    Kernel& k = b.k;
+    const NodeRef& mm = g.mm;
+    bool ta = mm->attrs().get_bool("transpose_a"), tb = mm->attrs().get_bool("transpose_b");
+    const NodeRef &a = mm->input(0), &bb = mm->input(1);
+    int r = mm->rank();
+    k.mm.m = mm->shape()[r - 2];
+    k.mm.n = mm->shape()[r - 1];
+    k.mm.k = ta ? a->shape()[a->rank() - 2] : a->shape()[a->rank() - 1];
+    int64_t batch = 1;
+    for (int i = 0; i < r - 2; ++i) batch *= mm->shape()[i];
+    k.mm.batch = batch;
+    auto operand = [&](const NodeRef& x, bool trans, bool is_a) {
+      auto v = resolve_view(x);
+      FJ_CHECK(v.has_value(), "matmul operand not addressable");
+      const Node* base = v->base.get();
+      Storage st = base->op() == OpKind::Variable ? Storage{Storage::Variable, variable_index(v->base)}
+                                                  : storage_of(base);
+      if (base->op() == OpKind::Variable) b.var_reads.push_back(v->base->attrs().get_str("name"));
+      if (std::find(b.reads.begin(), b.reads.end(), base) == b.reads.end()) b.reads.push_back(base);
+      int arg = kb.arg_for(base, st, v->base->dtype(), v->base->type().numel(), false);
+      int xr = x->rank();
+      // Batch stride: the batch dims must collapse into one.
+      int64_t bstride = 0;
+      if (xr > 2) {
+        for (int i = xr - 3; i >= 0; --i) {
+          if (i < xr - 3)
+            FJ_USER_CHECK(v->strides[i] == v->strides[i + 1] * x->shape()[i + 1], ErrorKind::NotImplemented,
+                          "matmul: an operand whose batch dimensions are not contiguous is not "
+                          "supported yet (operand ", x->type().str(), ")");
+        }
+        bstride = v->strides[xr - 3];
+      }
+      int64_t s_row = v->strides[xr - 2], s_col = v->strides[xr - 1];
+      Access acc;
+      acc.arg = arg;
+      acc.offset = v->offset;
+      // a: (batch, m, k); b: (batch, k, n)
+      if (is_a) {
+        acc.strides = {bstride, trans ? s_col : s_row, trans ? s_row : s_col};
+      } else {
+        acc.strides = {bstride, trans ? s_col : s_row, trans ? s_row : s_col};
+      }
+      return acc;
+    };
+    k.mm.a = operand(a, ta, true);
+    k.mm.b = operand(bb, tb, false);
+    // The epilogue's domain: collapse batch dims into one.
+    if (r > 3) collapse_batch_dims(k);
+  }
+
+  static void collapse_batch_dims(Kernel& k) {
+    int r = k.rank();
+    std::vector<std::vector<int64_t>*> all;
+    for (auto& l : k.loads) all.push_back(&l.strides);
+    for (auto& s : k.stores) all.push_back(&s.where.strides);
+    for (auto& n : k.nodes)
+      if (!n.index_strides.empty()) all.push_back(&n.index_strides);
+    for (int d = r - 3; d > 0; --d) {
+      for (auto* v : all)
+        FJ_USER_CHECK((*v)[d - 1] == (*v)[d] * k.domain[d], ErrorKind::NotImplemented,
+                      "matmul: a fused epilogue over several non-contiguous batch dimensions is "
+                      "not supported yet");
+      k.domain[d - 1] *= k.domain[d];
+      k.domain.erase(k.domain.begin() + d);
+      k.reduced.erase(k.reduced.begin() + d);
+      for (auto* v : all) {
+        (*v)[d - 1] = (*v)[d];
+        v->erase(v->begin() + d);
+      }
+    }
+  }
+
+  // Temporaries for deferred assigns: one arena buffer per variable.
+  const Node* temp_key(const std::string& name) {
+    return reinterpret_cast<const Node*>(&*temp_names_.insert(name).first);
+  }
+  int temp_for(const std::string& name, const NodeRef& var) {
+    auto it = temp_index_.find(name);
+    if (it != temp_index_.end()) return it->second;
+    int idx = arena_base_count() + static_cast<int>(temp_lives_.size());
+    BufferLife l;
+    l.bytes = var->type().bytes();
+    temp_lives_.push_back(l);
+    temp_index_[name] = idx;
+    temp_vars_[name] = var;
+    return idx;
+  }
+  int arena_base_count() {
+    int n = 0;
+    for (auto& [node, s] : storage_)
+      if (s.kind == Storage::Arena) n = std::max(n, s.index + 1);
+    return n;
+  }
+
+  std::vector<Built> build_deferred_copies(const std::set<std::string>& deferred) {
+    std::vector<Built> out;
+    int i = 0;
+    for (const std::string& name : deferred) {
+      auto it = temp_vars_.find(name);
+      if (it == temp_vars_.end()) continue;
+      const NodeRef& var = it->second;
+      Built b;
+      Kernel& k = b.k;
+      k.name = "k" + std::to_string(groups_.size() + i++) + "_assign";
+      k.kind = Kernel::Kind::Loop;
+      k.domain = var->shape();
+      k.reduced.assign(var->rank(), false);
+      std::vector<int64_t> cs = contiguous_strides(var->shape());
+      auto add_arg = [&](const Node* key, Storage s, bool write) {
+        b.arg_buffers.push_back(key);
+        b.arg_storage.push_back(s);
+        codegen::KernelArg a;
+        a.dtype = var->dtype();
+        a.elements = var->type().numel();
+        (write ? a.written : a.read) = true;
+        k.args.push_back(a);
+        return static_cast<int>(k.args.size()) - 1;
+      };
+      int src = add_arg(temp_key(name), {Storage::Arena, temp_index_.at(name)}, false);
+      int dst = add_arg(var.get(), {Storage::Variable, variable_index(var)}, true);
+      k.loads.push_back({src, cs, 0});
+      KNode ld;
+      ld.kind = KOp::Load;
+      ld.dtype = var->dtype();
+      ld.access = 0;
+      k.nodes.push_back(ld);
+      k.stores.push_back({0, {dst, cs, 0}});
+      k.summary = "assign " + name;
+      k.finalize();
+      out.push_back(std::move(b));
+    }
+    return out;
+  }
+
+  // Kahn's algorithm over data and anti dependences (readers of a
+  // variable's old value run before the kernel that overwrites it). Ties go
+  // to program order. Returns false on a cycle.
+  bool schedule(std::vector<Built>& built, std::vector<int>& order) {
+    size_t n = built.size();
+    std::vector<std::set<int>> succ(n);
+    std::vector<int> indeg(n, 0);
+    std::unordered_map<const Node*, int> producer;
+    for (size_t i = 0; i < n; ++i) producer[groups_[i]->root.get()] = static_cast<int>(i);
+    auto edge = [&](int from, int to) {
+      if (from == to) return;
+      if (succ[from].insert(to).second) ++indeg[to];
+    };
+    std::unordered_map<std::string, int> writer;
+    for (size_t i = 0; i < n; ++i)
+      for (auto& v : built[i].var_writes) writer[v] = static_cast<int>(i);
+    for (size_t i = 0; i < n; ++i) {
+      for (const Node* r : built[i].reads) {
+        auto p = producer.find(r);
+        if (p != producer.end()) edge(p->second, static_cast<int>(i));
+      }
+      for (auto& v : built[i].var_reads) {
+        auto w = writer.find(v);
+        if (w != writer.end()) edge(static_cast<int>(i), w->second);
+      }
+    }
+    std::priority_queue<std::pair<int, int>, std::vector<std::pair<int, int>>, std::greater<>> ready;
+    for (size_t i = 0; i < n; ++i)
+      if (indeg[i] == 0) ready.push({pos_[groups_[i]->root.get()], static_cast<int>(i)});
+    order.clear();
+    while (!ready.empty()) {
+      int i = ready.top().second;
+      ready.pop();
+      order.push_back(i);
+      for (int s : succ[i])
+        if (--indeg[s] == 0) ready.push({pos_[groups_[s]->root.get()], s});
+    }
+    return order.size() == n;
+  }
+
+  std::string job_;
+  Graph g_;
+  std::vector<NodeRef> topo_;
+  std::unordered_map<const Node*, int> pos_;
+  std::unordered_map<const Node*, std::vector<NodeRef>> users_;
+  std::unordered_map<const Node*, std::vector<NodeRef>> assigns_;
+  std::unordered_map<const Node*, int> output_of_;
+  std::unordered_map<const Node*, int> param_index_;
+  std::unordered_set<const Node*> must_store_;
+  std::unordered_set<const Node*> epilogue_;
+  std::vector<std::unique_ptr<Group>> groups_;
+  std::unordered_map<const Node*, int> group_of_;
+  std::unordered_map<const Node*, Storage> storage_;
+  std::vector<std::pair<std::string, TensorType>> plan_vars_;
+  std::unordered_map<std::string, int> var_index_;
+  std::set<std::string> temp_names_;
+  std::unordered_map<std::string, int> temp_index_;
+  std::unordered_map<std::string, NodeRef> temp_vars_;
+  std::vector<BufferLife> temp_lives_;
+};
+
+}  // namespace
+
+FusedProgram fuse(const Graph& g, const std::string& job_name) { return Fuser(g, job_name).run(); }
+
+}  // namespace flowjit::jit

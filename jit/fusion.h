@@ -1,0 +1,46 @@
+// fusion: groups the nodes of an optimized graph into kernels, schedules
+// them and plans their memory.
+//
+// Rules (all stated in terms of op traits, never op names):
+//  * Elementwise chains, with broadcasting, become one loop kernel.
+//  * A reduction absorbs the elementwise producers of its operand, the
+//    elementwise consumers of its result, and reductions over the same domain
+//    that feed it (softmax: max, then sum of exp, then the division, in one
+//    kernel with phases).
+//  * A matmul absorbs its elementwise epilogue (bias add, activation, the
+//    ReLU mask of the backward pass, an optimizer update), evaluated on the
+//    register tile.
+//  * A node joins its consumer's kernel only when every consumer is in that
+//    kernel; views (reshape that only adds or drops unit dims, transpose,
+//    broadcast) and cheap sources (constants, iotas, scalars) are re-indexed
+//    or recomputed in every kernel that uses them.
+//  * Assigns store into the variable from the kernel that computes the value
+//    when that is safe in place (every read of the variable in that kernel is
+//    at the written element), and otherwise through a temporary copied after
+//    every read of the old value.
+// Buffers of intermediates get arena offsets from their live ranges
+// (jit/memory); inputs, outputs and variables are used in place.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "codegen/kernel.h"
+#include "ir/graph.h"
+#include "runtime/executable.h"
+
+namespace flowjit::jit {
+
+struct FusedProgram {
+  std::vector<codegen::Kernel> kernels;  // in launch order
+  runtime::Plan plan;  // launches carry symbols and arguments; range/grain come from codegen
+  // One line per kernel: its name, the printed IR values it computes, and
+  // the values it stores. Names refer to print_graph of `graph`.
+  std::string description;
+  ir::Graph graph;  // the graph fused (after fusion's own materializations)
+  int64_t bytes_without_reuse = 0;
+};
+
+FusedProgram fuse(const ir::Graph& g, const std::string& job_name);
+
+}  // namespace flowjit::jit

@@ -1,0 +1,76 @@
+// simplify: algebraic simplification.
+#include "jit/passes/simplify.h"
+
+namespace flowjit::jit {
+
+using namespace ir;
+
+namespace {
+
+// `x` stands in for `n` only if it has exactly n's type.
+bool same_type(const NodeRef& x, const NodeRef& n) { return x->type() == n->type(); }
+
+NodeRef simplify_node(const NodeRef& n) {
+  const auto& in = n->inputs();
+  switch (n->op()) {
+    case OpKind::Identity:
+      return in[0];
+    case OpKind::Cast:
+      return in[0]->dtype() == n->dtype() ? in[0] : n;
+    case OpKind::Add:
+      if (is_fill(in[1], 0.0) && same_type(in[0], n)) return in[0];
+      if (is_fill(in[0], 0.0) && same_type(in[1], n)) return in[1];
+      return n;
+    case OpKind::Sub:
+      if (is_fill(in[1], 0.0) && same_type(in[0], n)) return in[0];
+      return n;
+    case OpKind::Mul:
+      if (is_fill(in[1], 1.0) && same_type(in[0], n)) return in[0];
+      if (is_fill(in[0], 1.0) && same_type(in[1], n)) return in[1];
+      return n;
+    case OpKind::Div:
+      if (is_fill(in[1], 1.0) && same_type(in[0], n)) return in[0];
+      return n;
+    case OpKind::Neg:
+      if (in[0]->op() == OpKind::Neg) return in[0]->input(0);
+      return n;
+    case OpKind::Where:
+      if (in[1] == in[2] && same_type(in[1], n)) return in[1];
+      return n;
+    case OpKind::Reshape:
+      if (in[0]->shape() == n->shape()) return in[0];
+      if (in[0]->op() == OpKind::Reshape) return reshape(in[0]->input(0), n->shape());
+      return n;
+    case OpKind::Broadcast:
+      if (in[0]->shape() == n->shape()) return in[0];
+      return n;
+    case OpKind::Transpose:
+      if (in[0]->op() == OpKind::Transpose) {
+        const IntList& inner = in[0]->attrs().get_ints("perm");
+        const IntList& outer = n->attrs().get_ints("perm");
+        IntList perm(outer.size());
+        for (size_t i = 0; i < outer.size(); ++i) perm[i] = inner[outer[i]];
+        return transpose(in[0]->input(0), perm);
+      }
+      return n;
+    default:
+      return n;
+  }
+}
+
+}  // namespace
+
+Graph simplify(const Graph& g) {
+  return rewrite_graph(g, [](const NodeRef& n, std::vector<NodeRef> in) -> NodeRef {
+    NodeRef cand = Node::with_inputs(n, std::move(in));
+    // Repeat until this node is stable (each rule shrinks the expression).
+    for (int i = 0; i < 8; ++i) {
+      NodeRef next = simplify_node(cand);
+      if (next == cand) break;
+      cand = next;
+    }
+    return cand;
+  });
+}
+
+}  // namespace flowjit::jit

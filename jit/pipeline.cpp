@@ -1,0 +1,67 @@
+// pipeline: the pass pipeline and its logging.
+#include "jit/pipeline.h"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "ir/printer.h"
+#include "ir/verifier.h"
+#include "jit/passes/cse.h"
+#include "jit/passes/dce.h"
+#include "jit/passes/decompose.h"
+#include "jit/passes/fold.h"
+#include "jit/passes/layout.h"
+#include "jit/passes/simplify.h"
+#include "jit/passes/transpose_fold.h"
+
+namespace flowjit::jit {
+
+using namespace ir;
+
+void PassLog::stage(const std::string& name, double seconds, const std::string& detail) {
+  times.emplace_back(name, seconds);
+  if (debug >= 1) {
+    std::fprintf(stderr, "[flowjit] %s: %-18s %8.3f ms%s%s\n", job.c_str(), name.c_str(),
+                 seconds * 1e3, detail.empty() ? "" : "  ", detail.c_str());
+  }
+}
+
+void PassLog::dump(const std::string& stage, const std::string& text) {
+  if (dump_dir.empty()) return;
+  char prefix[16];
+  std::snprintf(prefix, sizeof prefix, "%03d", dump_counter++);
+  std::ofstream f(dump_dir + "/" + job + "." + prefix + "." + stage + ".txt");
+  f << text;
+}
+
+Graph optimize(const Graph& input, PassLog& log) {
+  Graph g = input;
+  bool composites_left = true;
+  auto run = [&](const char* name, Graph (*pass)(const Graph&)) {
+    auto t0 = std::chrono::steady_clock::now();
+    Graph next = pass(g);
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bool unchanged = next.same_as(g);
+    if (std::string(name) == "decompose") composites_left = false;
+    verify_or_throw(next, name, VerifyOptions{composites_left});
+    log.stage(std::string("pass ") + name, dt, unchanged ? "(unchanged)" : "");
+    if (log.debug >= 2 && !unchanged) std::fprintf(stderr, "%s", print_graph(next).c_str());
+    if (!unchanged) log.dump(name, print_graph(next, PrintOptions{true}));
+    g = std::move(next);
+  };
+  verify_or_throw(g, "trace");
+  run("simplify", simplify);
+  run("fold", fold);
+  run("cse", cse);
+  run("transpose_fold", transpose_fold);
+  run("layout", layout);
+  run("decompose", decompose);
+  run("simplify", simplify);
+  run("fold", fold);
+  run("dce", dce);
+  return g;
+}
+
+}  // namespace flowjit::jit

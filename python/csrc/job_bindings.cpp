@@ -1,0 +1,278 @@
+// Bindings: compiling a traced job and running compiled jobs, synchronously
+// or through the session's worker with callbacks.
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "ir/error.h"
+#include "jit/compile.h"
+#include "python/csrc/bindings.h"
+#include "python/csrc/session.h"
+#include "runtime/memory.h"
+
+namespace flowjit::python {
+
+namespace {
+
+std::vector<ir::NodeRef> refs(const std::vector<PyNode>& v) {
+  std::vector<ir::NodeRef> out;
+  for (auto& n : v) out.push_back(n.ref);
+  return out;
+}
+
+jit::OptimizerConfig optimizer_from_dict(const py::dict& d) {
+  jit::OptimizerConfig c;
+  std::string kind = d["kind"].cast<std::string>();
+  using K = jit::OptimizerConfig::Kind;
+  if (kind == "SGD") c.kind = K::SGD;
+  else if (kind == "Adam") c.kind = K::Adam;
+  else if (kind == "AdamW") c.kind = K::AdamW;
+  else if (kind == "RMSProp") c.kind = K::RMSProp;
+  else if (kind == "LAMB") c.kind = K::LAMB;
+  else if (kind == "LARS") c.kind = K::LARS;
+  else throw_user(ErrorKind::Value, "unknown optimizer '", kind, "'");
+  auto f = [&](const char* k, double& dst) {
+    if (d.contains(k)) dst = d[k].cast<double>();
+  };
+  f("momentum", c.momentum);
+  f("beta1", c.beta1);
+  f("beta2", c.beta2);
+  f("epsilon", c.epsilon);
+  f("weight_decay", c.weight_decay);
+  f("decay_rate", c.decay_rate);
+  f("lars_coefficient", c.lars_coefficient);
+  f("clip_norm", c.clip_norm);
+  f("loss_scale_factor", c.loss_scale_factor);
+  if (d.contains("do_bias_correction")) c.do_bias_correction = d["do_bias_correction"].cast<bool>();
+  if (d.contains("centered")) c.centered = d["centered"].cast<bool>();
+  if (d.contains("weight_decay_includes"))
+    c.weight_decay_includes = d["weight_decay_includes"].cast<std::vector<std::string>>();
+  if (d.contains("weight_decay_excludes"))
+    c.weight_decay_excludes = d["weight_decay_excludes"].cast<std::vector<std::string>>();
+  return c;
+}
+
+// Keeps Python objects alive on a worker thread and drops them only with the
+// GIL held (on the callback thread).
+struct PyRefs {
+  std::vector<py::object> objs;
+  ~PyRefs() {
+    if (objs.empty()) return;
+    py::gil_scoped_acquire gil;
+    objs.clear();
+  }
+};
+
+class CompiledJobPy {
+ public:
+  explicit CompiledJobPy(jit::CompiledJob job) : job_(std::move(job)) {
+    const auto& plan = job_.executable->plan();
+    for (auto& t : plan.inputs) {
+      in_dtypes_.push_back(to_numpy_dtype(t.dtype));
+      in_nums_.push_back(in_dtypes_.back().num());
+    }
+    for (auto& t : plan.outputs) out_dtypes_.push_back(to_numpy_dtype(t.dtype));
+    generation_ = Session::get().generation();
+  }
+
+  // Runs when `args` match the compiled signature exactly (arrays of the
+  // planned dtype and shape); returns None otherwise, running nothing.
+  py::object try_run(const py::tuple& args) {
+    std::vector<const void*> ins;
+    std::vector<py::object> keep;
+    if (!convert_inputs(args, ins, keep)) return py::none();
+    Session& s = Session::get();
+    check_generation();
+    s.raise_pending();
+    if (s.has_pending_work()) s.wait_jobs();
+    std::vector<py::array> outs = allocate_outputs();
+    std::vector<void*> out_ptrs;
+    for (auto& o : outs) out_ptrs.push_back(o.mutable_data());
+    {
+      py::gil_scoped_release release;
+      std::lock_guard<std::mutex> lock(s.run_mutex());
+      job_.executable->run(ins.data(), out_ptrs.data());
+    }
+    py::list result(outs.size());
+    for (size_t i = 0; i < outs.size(); ++i) result[i] = outs[i];
+    return std::move(result);
+  }
+
+  // Queues a run; `deliver(list_of_outputs)` runs on the callback thread.
+  // Inputs are copied now, so the caller may reuse its arrays at once.
+  bool try_run_async(const py::tuple& args, py::object deliver) {
+    std::vector<const void*> ins;
+    std::vector<py::object> keep;
+    if (!convert_inputs(args, ins, keep)) return false;
+    check_generation();
+    const auto& plan = job_.executable->plan();
+    auto copies = std::make_shared<std::vector<runtime::AlignedBuffer>>();
+    auto in_ptrs = std::make_shared<std::vector<const void*>>();
+    for (size_t i = 0; i < ins.size(); ++i) {
+      size_t bytes = static_cast<size_t>(plan.inputs[i].bytes());
+      copies->push_back(runtime::allocate_aligned(bytes));
+      std::memcpy(copies->back().get(), ins[i], bytes);
+      in_ptrs->push_back(copies->back().get());
+    }
+    auto refs = std::make_shared<PyRefs>();
+    std::vector<py::array> outs = allocate_outputs();
+    auto out_ptrs = std::make_shared<std::vector<void*>>();
+    for (auto& o : outs) {
+      out_ptrs->push_back(o.mutable_data());
+      refs->objs.push_back(o);
+    }
+    refs->objs.push_back(deliver);
+    auto exe = job_.executable;
+    std::string name = plan.job_name;
+    Session& s = Session::get();
+    s.submit([exe, copies, in_ptrs, out_ptrs, refs, name]() mutable {
+      Session& ss = Session::get();
+      std::exception_ptr err;
+      try {
+        std::lock_guard<std::mutex> lock(ss.run_mutex());
+        exe->run(in_ptrs->data(), out_ptrs->data());
+      } catch (...) {
+        err = std::current_exception();
+      }
+      copies.reset();
+      ss.deliver([refs, err, name]() mutable {
+        py::gil_scoped_acquire gil;
+        try {
+          if (err) rethrow_as_python(err);
+          size_t n = refs->objs.size() - 1;
+          py::list outs(n);
+          for (size_t i = 0; i < n; ++i) outs[i] = refs->objs[i];
+          refs->objs.back()(outs);
+        } catch (py::error_already_set& e) {
+          py::object exc = e.value();
+          if (exc.is_none()) exc = py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_RuntimeError, "s", e.what()));
+          py::module_::import("flowjit._async").attr("annotate_error")(exc, name);
+          Session::get().record_error(exc);
+        }
+        refs->objs.clear();
+      });
+    });
+    return true;
+  }
+
+  const jit::CompiledJob& job() const { return job_; }
+
+ private:
+  void check_generation() {
+    if (generation_ != Session::get().generation())
+      throw_user(ErrorKind::Runtime, "job '", job_.executable->plan().job_name,
+                 "' was compiled before flow.clear_default_session(); call the job function again "
+                 "to recompile it");
+  }
+
+  bool convert_inputs(const py::tuple& args, std::vector<const void*>& ins, std::vector<py::object>& keep) {
+    const auto& plan = job_.executable->plan();
+    size_t n = plan.inputs.size();
+    if (args.size() != n) return false;
+    ins.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      py::handle h = args[i];
+      if (!py::isinstance<py::array>(h)) return false;
+      auto a = py::reinterpret_borrow<py::array>(h);
+      if (a.dtype().num() != in_nums_[i] || !numpy_dtype_matches(a.dtype(), plan.inputs[i].dtype)) return false;
+      const ir::Shape& want = plan.inputs[i].shape;
+      if (a.ndim() != static_cast<py::ssize_t>(want.size())) return false;
+      for (size_t d = 0; d < want.size(); ++d)
+        if (a.shape(d) != want[d]) return false;
+      bool aligned = (reinterpret_cast<uintptr_t>(a.data()) % ir::dtype_bytes(plan.inputs[i].dtype)) == 0;
+      if (!(a.flags() & py::array::c_style) || !aligned) {
+        // Other layouts are copied into a C-contiguous array first.
+        py::array c = py::array::ensure(a, py::array::c_style);
+        if (!c) throw py::error_already_set();
+        keep.push_back(c);
+        a = c;
+      }
+      ins[i] = a.data();
+    }
+    return true;
+  }
+
+  std::vector<py::array> allocate_outputs() {
+    const auto& plan = job_.executable->plan();
+    std::vector<py::array> outs;
+    for (size_t i = 0; i < plan.outputs.size(); ++i) {
+      const ir::Shape& s = plan.outputs[i].shape;
+      std::vector<py::ssize_t> shape(s.begin(), s.end());
+      outs.emplace_back(out_dtypes_[i], shape);
+    }
+    return outs;
+  }
+
+  jit::CompiledJob job_;
+  std::vector<py::dtype> in_dtypes_, out_dtypes_;
+  std::vector<int> in_nums_;
+  uint64_t generation_;
+};
+
+}  // namespace
+
+void register_jobs(py::module_& m) {
+  py::class_<CompiledJobPy, std::shared_ptr<CompiledJobPy>>(m, "CompiledJob")
+      .def("try_run", &CompiledJobPy::try_run)
+      .def("try_run_async", &CompiledJobPy::try_run_async)
+      .def_property_readonly("ir_traced", [](const CompiledJobPy& j) { return j.job().ir_traced; })
+      .def_property_readonly("ir_optimized", [](const CompiledJobPy& j) { return j.job().ir_optimized; })
+      .def_property_readonly("fusion_plan", [](const CompiledJobPy& j) { return j.job().fusion_plan; })
+      .def_property_readonly("kernels", [](const CompiledJobPy& j) { return j.job().kernels; })
+      .def_property_readonly("llvm_ir", [](const CompiledJobPy& j) { return j.job().llvm_ir; })
+      .def_property_readonly("assembly", [](const CompiledJobPy& j) { return j.job().assembly; })
+      .def_property_readonly("plan", [](const CompiledJobPy& j) { return j.job().executable->plan().describe(); })
+      .def_property_readonly("arena_bytes",
+                             [](const CompiledJobPy& j) { return j.job().executable->plan().arena_bytes; })
+      .def_property_readonly("num_kernels",
+                             [](const CompiledJobPy& j) { return j.job().executable->plan().launches.size(); })
+      .def_property_readonly("from_disk_cache", [](const CompiledJobPy& j) { return j.job().from_disk_cache; })
+      .def_property_readonly("cache_key", [](const CompiledJobPy& j) { return j.job().cache_key; })
+      .def_property_readonly("warnings", [](const CompiledJobPy& j) { return j.job().warnings; })
+      .def_property_readonly("seconds_total", [](const CompiledJobPy& j) { return j.job().seconds_total; })
+      .def_property_readonly("seconds_codegen", [](const CompiledJobPy& j) { return j.job().seconds_codegen; })
+      .def_property_readonly("new_variables", [](const CompiledJobPy& j) {
+        std::vector<std::string> out;
+        for (auto& [n, t] : j.job().new_variables) out.push_back(n);
+        return out;
+      });
+
+  m.def(
+      "compile_job",
+      [](const std::string& name, bool train, const std::vector<PyNode>& params,
+         const std::vector<PyNode>& outputs, const std::vector<PyNode>& effects,
+         const std::vector<PyNode>& losses, py::object lr, py::object step,
+         const std::vector<PyNode>& trainable, py::object optimizer, const std::string& source,
+         const std::string& signature, py::dict settings) {
+        jit::JobDescription job;
+        job.name = name;
+        job.train = train;
+        job.graph.name = name;
+        job.graph.params = refs(params);
+        job.graph.outputs = refs(outputs);
+        job.graph.effects = refs(effects);
+        job.losses = refs(losses);
+        if (!lr.is_none()) job.lr = lr.cast<PyNode>().ref;
+        if (!step.is_none()) job.step = step.cast<PyNode>().ref;
+        job.trainable = refs(trainable);
+        if (!optimizer.is_none()) job.optimizer = optimizer_from_dict(optimizer.cast<py::dict>());
+        job.source = source;
+        job.signature = signature;
+        jit::CompileSettings s = jit::CompileSettings::from_environment();
+        if (settings.contains("keep_text")) s.keep_text = settings["keep_text"].cast<bool>();
+        Session& sess = Session::get();
+        sess.wait_jobs();
+        jit::CompiledJob cj;
+        {
+          py::gil_scoped_release release;
+          std::lock_guard<std::mutex> lock(sess.run_mutex());
+          cj = jit::compile_job(job, s, sess.store());
+        }
+        return std::make_shared<CompiledJobPy>(std::move(cj));
+      },
+      py::arg("name"), py::arg("train"), py::arg("params"), py::arg("outputs"), py::arg("effects"),
+      py::arg("losses"), py::arg("lr"), py::arg("step"), py::arg("trainable"), py::arg("optimizer"),
+      py::arg("source"), py::arg("signature"), py::arg("settings"));
+}
+
+}  // namespace flowjit::python

@@ -1,0 +1,198 @@
+// Bindings: the default session (variables, async, sync) and runtime knobs.
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "ir/error.h"
+#include "jit/build_info.h"
+#include "codegen/cpu/backend.h"
+#include "runtime/executable.h"
+#include "python/csrc/bindings.h"
+#include "python/csrc/session.h"
+
+namespace flowjit::python {
+
+using namespace std::chrono_literals;
+
+runtime::VariableStore& default_store() { return Session::get().store(); }
+
+Session& Session::get() {
+  static Session* s = new Session();  // lives until exit; shutdown() stops its threads
+  return *s;
+}
+
+void Session::ensure_threads() {
+  std::lock_guard<std::mutex> lock(threads_mu_);
+  if (shut_down_) throw_user(ErrorKind::Runtime, "the flowjit session has shut down");
+  if (!worker_) worker_ = std::make_unique<runtime::WorkQueue>("flowjit-worker", 64);
+  if (!callbacks_) callbacks_ = std::make_unique<runtime::WorkQueue>("flowjit-callbacks", 1u << 30);
+}
+
+void Session::submit(runtime::WorkQueue::Task task) {
+  ensure_threads();
+  while (true) {
+    bool ok;
+    {
+      py::gil_scoped_release release;
+      ok = worker_->push_for(task, 50ms);
+    }
+    if (ok) return;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+void Session::deliver(runtime::WorkQueue::Task task) {
+  ensure_threads();
+  bool ok = callbacks_->push_for(task, std::chrono::milliseconds::max());
+  FJ_CHECK(ok, "callback queue refused a task");
+}
+
+void Session::wait(runtime::WorkQueue& q) {
+  if (q.on_worker_thread()) return;  // a callback waiting for callbacks would wait forever
+  while (true) {
+    bool idle;
+    {
+      py::gil_scoped_release release;
+      idle = q.wait_idle_for(50ms);
+    }
+    if (idle) return;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
+bool Session::has_pending_work() {
+  std::lock_guard<std::mutex> lock(threads_mu_);
+  return (worker_ && worker_->pending() > 0) || (callbacks_ && callbacks_->pending() > 0);
+}
+
+void Session::wait_jobs() {
+  if (worker_) wait(*worker_);
+}
+
+void Session::sync() {
+  if (worker_) wait(*worker_);
+  if (callbacks_) wait(*callbacks_);
+  raise_pending();
+}
+
+void Session::record_error(py::object exc) { errors_.push_back(std::move(exc)); }
+
+void Session::raise_pending() {
+  if (errors_.empty()) return;
+  py::object e = errors_.front();
+  errors_.erase(errors_.begin());
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e.ptr())), e.ptr());
+  throw py::error_already_set();
+}
+
+void Session::clear() {
+  sync();
+  store_.clear();
+  generation_.fetch_add(1);
+}
+
+void Session::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(threads_mu_);
+    if (shut_down_) return;
+  }
+  try {
+    if (worker_) wait(*worker_);
+    if (callbacks_) wait(*callbacks_);
+  } catch (py::error_already_set&) {
+    // Interrupted at exit: drop what has not started.
+    if (worker_) worker_->cancel_pending();
+    if (callbacks_) callbacks_->cancel_pending();
+  }
+  std::unique_ptr<runtime::WorkQueue> w, c;
+  {
+    std::lock_guard<std::mutex> lock(threads_mu_);
+    shut_down_ = true;
+    w = std::move(worker_);
+    c = std::move(callbacks_);
+  }
+  py::gil_scoped_release release;
+  w.reset();
+  c.reset();
+}
+
+namespace {
+
+py::array variable_value(const std::string& name) {
+  runtime::VariableStorage* v = default_store().find(name);
+  if (!v) throw_user(ErrorKind::Value, "no variable named '", name, "' in the session");
+  std::vector<py::ssize_t> shape(v->type.shape.begin(), v->type.shape.end());
+  py::array out(to_numpy_dtype(v->type.dtype), shape);
+  Session::get().wait_jobs();
+  std::lock_guard<std::mutex> lock(Session::get().run_mutex());
+  std::memcpy(out.mutable_data(), v->ptr(), static_cast<size_t>(v->type.bytes()));
+  return out;
+}
+
+void set_variable_value(const std::string& name, const py::array& value) {
+  runtime::VariableStorage* v = default_store().find(name);
+  if (!v) throw_user(ErrorKind::Value, "no variable named '", name, "' in the session");
+  FJ_USER_CHECK(numpy_dtype_matches(value.dtype(), v->type.dtype), ErrorKind::Type, "variable '", name,
+                "' is ", ir::dtype_name(v->type.dtype), " but the value is ",
+                std::string(py::str(value.dtype())), "; convert it with .astype(np.",
+                ir::dtype_name(v->type.dtype), ")");
+  ir::Shape shape(value.shape(), value.shape() + value.ndim());
+  FJ_USER_CHECK(shape == v->type.shape, ErrorKind::Value, "variable '", name, "' has shape ",
+                ir::shape_str(v->type.shape), " but the value has shape ", ir::shape_str(shape));
+  py::array c = py::array::ensure(value, py::array::c_style | py::array::forcecast);
+  Session::get().wait_jobs();
+  std::lock_guard<std::mutex> lock(Session::get().run_mutex());
+  std::memcpy(v->ptr(), c.data(), static_cast<size_t>(v->type.bytes()));
+  v->initialized = true;
+}
+
+}  // namespace
+
+void register_session(py::module_& m) {
+  m.def("variable_names", [] {
+    std::vector<std::string> out;
+    for (auto* v : default_store().all()) out.push_back(v->name);
+    return out;
+  });
+  m.def("variable_info", [](const std::string& name) -> py::object {
+    runtime::VariableStorage* v = default_store().find(name);
+    if (!v) return py::none();
+    py::tuple shape(v->type.rank());
+    for (int i = 0; i < v->type.rank(); ++i) shape[i] = v->type.shape[i];
+    return py::make_tuple(shape, v->type.dtype, v->trainable, v->initialized);
+  });
+  m.def(
+      "create_variable",
+      [](const std::string& name, const std::vector<int64_t>& shape, ir::DType dt, bool trainable) {
+        bool created = false;
+        default_store().get_or_create(name, ir::TensorType{dt, shape}, trainable, &created);
+        return created;
+      },
+      py::arg("name"), py::arg("shape"), py::arg("dtype"), py::arg("trainable"));
+  m.def("mark_initialized", [](const std::string& name) {
+    if (auto* v = default_store().find(name)) v->initialized = true;
+  });
+  m.def("variable_value", &variable_value);
+  m.def("set_variable_value", &set_variable_value);
+  m.def("session_generation", [] { return Session::get().generation(); });
+  m.def("clear_session", [] { Session::get().clear(); });
+  m.def("sync_session", [] { Session::get().sync(); });
+  m.def("shutdown_session", [] { Session::get().shutdown(); });
+  m.def("record_async_error", [](py::object e) { Session::get().record_error(std::move(e)); });
+  m.def("raise_pending_errors", [] { Session::get().raise_pending(); });
+
+  m.def("num_threads", &runtime::num_threads);
+  m.def("set_num_threads", &runtime::set_num_threads);
+  m.def("build_info", [] {
+    py::dict d;
+    d["version"] = jit::flowjit_version();
+    d["build_id"] = jit::flowjit_build_id();
+    d["llvm_version"] = jit::llvm_version();
+    d["target"] = codegen::cpu::host_target_id();
+    d["vector_bits"] = codegen::cpu::host_vector_bits();
+    return d;
+  });
+}
+
+}  // namespace flowjit::python

@@ -1,0 +1,49 @@
+"""flowjit: OneFlow's job-function API on a JIT compiler that generates every
+kernel with LLVM.
+
+    import flowjit as flow
+    import flowjit.typing as tp
+
+    @flow.global_function(type="predict")
+    def double(x: tp.Numpy.Placeholder((4,), dtype=flow.float)) -> tp.Numpy:
+        return x * 2
+"""
+import atexit as _atexit
+
+from . import _C
+from ._dtypes import (bool_, float16, float32, float64, int8, int32, int64, uint8)  # noqa: F401
+from . import typing  # noqa: F401
+from ._blob import Blob  # noqa: F401
+from ._job import FunctionConfig, JobFunction, function_config, global_function  # noqa: F401
+from ._ops import (argmax, broadcast_like, broadcast_to, cast, constant, expand_dims, identity,  # noqa: F401
+                   matmul, one_hot, ones, ones_like, reshape, squeeze, transpose, where, zeros,
+                   zeros_like)
+from ._variables import (constant_initializer, get_all_variables, get_variable,  # noqa: F401
+                         glorot_normal_initializer, glorot_uniform_initializer, kaiming_initializer,
+                         load_variables, manual_seed, ones_initializer, random_normal_initializer,
+                         random_uniform_initializer, truncated_normal, truncated_normal_initializer,
+                         variance_scaling_initializer, xavier_normal_initializer,
+                         xavier_uniform_initializer, zeros_initializer)
+from . import config, data, distribute, layers, math, nn, optimizer, scope  # noqa: F401
+
+float = float32  # noqa: A001 - OneFlow's names
+double = float64
+bool = bool_  # noqa: A001
+char = int8
+
+__version__ = _C.build_info()["version"]
+
+
+def clear_default_session():
+    """Drops every variable and compiled job of the session (jobs recompile
+    on their next call)."""
+    _C.clear_session()
+
+
+def sync_default_session():
+    """Waits for every queued asynchronous job and callback; raises the first
+    error any of them hit."""
+    _C.sync_session()
+
+
+_atexit.register(_C.shutdown_session)

@@ -1,0 +1,334 @@
+"""The op surface: thin builders of IR nodes, with OneFlow's signatures.
+
+Every function checks its Python arguments, then asks the C++ factory for a
+node; shape and dtype errors come back naming the op and the user's line.
+"""
+import numbers
+
+import numpy as np
+
+from . import _C, _dtypes, _trace
+from ._blob import Blob
+
+K = _C.OpKind
+
+
+def make(op, inputs, attrs=None, name=None, api=None):
+    """Appends one node to the job being traced and returns its Blob."""
+    api = api or op.name
+    b = _trace.require_builder(f"flow.{api}")
+    loc = _trace.user_location()
+    for i, x in enumerate(inputs):
+        if not isinstance(x, Blob):
+            _trace.fail(TypeError, f"{api}: operand {i} must be a Blob, got {type(x).__name__}", loc)
+        b.check_owned(x, api, loc)
+    try:
+        node = _C.make_node(op, [x._node for x in inputs], attrs or {}, loc[0], loc[1])
+    except (TypeError, ValueError, NotImplementedError) as e:
+        _trace.fail(type(e), str(e), loc)
+    return b.new_blob(node, name, api)
+
+
+def _scalar(value, dtype, api):
+    """A rank-0 constant of `dtype` holding a Python or numpy scalar."""
+    if isinstance(value, (bool, np.bool_)):
+        v = 1.0 if value else 0.0
+    elif isinstance(value, numbers.Number):
+        v = float(value)
+    else:
+        _trace.fail(TypeError, f"{api}: expected a Blob or a Python number, got {type(value).__name__}"
+                    + (" (numpy arrays must be passed to the job as placeholders)"
+                       if isinstance(value, np.ndarray) else ""))
+    return make(K.fill, [], {"value": v, "shape": [], "dtype": dtype.c}, api=api)
+
+
+def _lift_pair(x, y, api):
+    """Blob-or-scalar operands to two Blobs; a scalar takes the Blob's dtype."""
+    if isinstance(x, Blob) and isinstance(y, Blob):
+        return x, y
+    if isinstance(x, Blob):
+        return x, _scalar(y, x.dtype, api)
+    if isinstance(y, Blob):
+        return _scalar(x, y.dtype, api), y
+    _trace.fail(TypeError, f"{api}: at least one operand must be a Blob, got "
+                f"{type(x).__name__} and {type(y).__name__}")
+
+
+def _unary(op, api):
+    def f(x, name=None):
+        return make(op, [x], name=name, api=api)
+    f.__name__ = api
+    f.__doc__ = f"Elementwise {api}(x)."
+    return f
+
+
+def _binary(op, api):
+    def f(x, y, name=None):
+        a, b = _lift_pair(x, y, api)
+        return make(op, [a, b], name=name, api=api)
+    f.__name__ = api
+    f.__doc__ = f"Elementwise {api}(x, y) with numpy broadcasting."
+    return f
+
+
+exp = _unary(K.exp, "exp")
+log = _unary(K.log, "log")
+sqrt = _unary(K.sqrt, "sqrt")
+rsqrt = _unary(K.rsqrt, "rsqrt")
+square = _unary(K.square, "square")
+abs = _unary(K.abs, "abs")  # noqa: A001 - OneFlow's name
+negative = _unary(K.neg, "negative")
+tanh = _unary(K.tanh, "tanh")
+sigmoid = _unary(K.sigmoid, "sigmoid")
+relu = _unary(K.relu, "relu")
+sign = _unary(K.sign, "sign")
+floor = _unary(K.floor, "floor")
+ceil = _unary(K.ceil, "ceil")
+round = _unary(K.round, "round")  # noqa: A001
+reciprocal = _unary(K.reciprocal, "reciprocal")
+sin = _unary(K.sin, "sin")
+cos = _unary(K.cos, "cos")
+logical_not = _unary(K.logical_not, "logical_not")
+
+add = _binary(K.add, "add")
+subtract = _binary(K.sub, "subtract")
+multiply = _binary(K.mul, "multiply")
+divide = _binary(K.div, "divide")
+pow = _binary(K.pow, "pow")  # noqa: A001
+maximum = _binary(K.maximum, "maximum")
+minimum = _binary(K.minimum, "minimum")
+equal = _binary(K.equal, "equal")
+not_equal = _binary(K.not_equal, "not_equal")
+less = _binary(K.less, "less")
+less_equal = _binary(K.less_equal, "less_equal")
+greater = _binary(K.greater, "greater")
+greater_equal = _binary(K.greater_equal, "greater_equal")
+logical_and = _binary(K.logical_and, "logical_and")
+logical_or = _binary(K.logical_or, "logical_or")
+
+
+def identity(x, name=None):
+    """A copy of x (a new value the job can return)."""
+    return make(K.identity, [x], name=name, api="identity")
+
+
+def cast(x, dtype, name=None):
+    """x converted to `dtype` (floats to ints truncate and saturate)."""
+    d = _dtypes.to_dtype(dtype, "cast")
+    return make(K.cast, [x], {"dtype": d.c}, name=name, api="cast")
+
+
+def where(condition, x=None, y=None, name=None):
+    """Elementwise choice: x where condition, else y (numpy broadcasting)."""
+    if x is None or y is None:
+        _trace.fail(NotImplementedError, "where: the one-argument form (indices of true elements) "
+                    "has a data-dependent shape and is not supported; pass x and y")
+    if not isinstance(condition, Blob):
+        _trace.fail(TypeError, "where: condition must be a Blob")
+    if condition.dtype is not _dtypes.bool_:
+        condition = make(K.not_equal, [condition, _scalar(0, condition.dtype, "where")], api="where")
+    a, b = _lift_pair(x, y, "where")
+    return make(K.where, [condition, a, b], name=name, api="where")
+
+
+# ---------------------------------------------------------------- reductions
+
+def _axes(x, axis, api):
+    if axis is None:
+        return list(range(len(x.shape)))
+    if isinstance(axis, numbers.Integral):
+        return [int(axis)]
+    if isinstance(axis, (list, tuple)) and all(isinstance(a, numbers.Integral) for a in axis):
+        return [int(a) for a in axis]
+    _trace.fail(TypeError, f"{api}: axis must be None, an int or a list of ints, got {axis!r}")
+
+
+def _reduce(op, api):
+    def f(input_tensor, axis=None, keepdims=False, name=None):
+        return make(op, [input_tensor], {"axes": _axes(input_tensor, axis, api),
+                                         "keepdims": bool(keepdims)}, name=name, api=api)
+    f.__name__ = api
+    f.__doc__ = f"{api} over `axis` (all axes when None)."
+    return f
+
+
+reduce_sum = _reduce(K.reduce_sum, "reduce_sum")
+reduce_max = _reduce(K.reduce_max, "reduce_max")
+reduce_min = _reduce(K.reduce_min, "reduce_min")
+reduce_prod = _reduce(K.reduce_prod, "reduce_prod")
+
+
+def reduce_mean(input_tensor, axis=None, keepdims=False, name=None):
+    """Mean over `axis` (all axes when None)."""
+    x = input_tensor
+    axes = _axes(x, axis, "reduce_mean")
+    if x.dtype not in (_dtypes.float32, _dtypes.float64):
+        _trace.fail(TypeError, f"reduce_mean: expected a floating-point blob, got {x.dtype!r}")
+    s = reduce_sum(x, axes, keepdims)
+    n = 1
+    for a in axes:
+        n *= x.shape[a]
+    return multiply(s, 1.0 / n if n else float("nan"), name=name)
+
+
+def argmax(input, axis=-1, dtype=None, name=None):
+    """Index of the largest element along `axis` (int32 unless dtype is given)."""
+    d = _dtypes.to_dtype(dtype or _dtypes.int32, "argmax")
+    return make(K.argmax, [input], {"axes": [int(axis)], "keepdims": False, "dtype": d.c},
+                name=name, api="argmax")
+
+
+def argmin(input, axis=-1, dtype=None, name=None):
+    """Index of the smallest element along `axis` (int32 unless dtype is given)."""
+    d = _dtypes.to_dtype(dtype or _dtypes.int32, "argmin")
+    return make(K.argmin, [input], {"axes": [int(axis)], "keepdims": False, "dtype": d.c},
+                name=name, api="argmin")
+
+
+# ---------------------------------------------------------------- shapes
+
+def _int_list(shape, api, what="shape"):
+    if isinstance(shape, numbers.Integral):
+        return [int(shape)]
+    if isinstance(shape, (list, tuple)) and all(isinstance(d, numbers.Integral) for d in shape):
+        return [int(d) for d in shape]
+    _trace.fail(TypeError, f"{api}: {what} must be a list or tuple of ints, got {shape!r}")
+
+
+def reshape(x, shape, name=None):
+    """x with a new shape of the same size; one extent may be -1."""
+    return make(K.reshape, [x], {"shape": _int_list(shape, "reshape")}, name=name, api="reshape")
+
+
+def transpose(a, perm=None, conjugate=False, batch_axis_non_change=False, name=None):
+    """a with its axes permuted (reversed when perm is None)."""
+    if conjugate:
+        _trace.fail(NotImplementedError, "transpose: conjugate=True needs complex dtypes, which "
+                    "flowjit does not have")
+    if perm is None:
+        perm = list(range(len(a.shape)))[::-1]
+    return make(K.transpose, [a], {"perm": _int_list(perm, "transpose", "perm")}, name=name,
+                api="transpose")
+
+
+def expand_dims(input, axis, name=None):
+    """input with an extent-1 axis inserted at `axis`."""
+    shape = list(input.shape)
+    r = len(shape) + 1
+    if not -r <= axis < r:
+        _trace.fail(ValueError, f"expand_dims: axis {axis} is out of range for rank {len(shape)}")
+    shape.insert(axis if axis >= 0 else axis + r, 1)
+    return reshape(input, shape, name=name)
+
+
+def squeeze(input, axis=None, name=None):
+    """input without extent-1 axes (only those in `axis` when given)."""
+    shape = list(input.shape)
+    axes = range(len(shape)) if axis is None else [a % len(shape) for a in _int_list(axis, "squeeze", "axis")]
+    for a in axes:
+        if axis is not None and shape[a] != 1:
+            _trace.fail(ValueError, f"squeeze: axis {a} has extent {shape[a]}, not 1")
+    keep = [d for i, d in enumerate(shape) if not (i in axes and d == 1)]
+    return reshape(input, keep, name=name)
+
+
+def broadcast_to(x, shape, name=None):
+    """x broadcast (numpy rules) to `shape`."""
+    return make(K.broadcast, [x], {"shape": _int_list(shape, "broadcast_to")}, name=name,
+                api="broadcast_to")
+
+
+def broadcast_like(x, like, broadcast_axes=None, name=None):
+    """x broadcast to the shape of `like`."""
+    return broadcast_to(x, list(like.shape), name=name)
+
+
+def matmul(a, b, transpose_a=False, transpose_b=False, alpha=1.0, name=None):
+    """a @ b with optional transposes of the last two axes; b may be 2-D
+    while a is batched."""
+    out = make(K.matmul, [a, b], {"transpose_a": bool(transpose_a),
+                                  "transpose_b": bool(transpose_b)}, name=name, api="matmul")
+    if alpha != 1.0:
+        out = multiply(out, float(alpha))
+    return out
+
+
+# ---------------------------------------------------------------- nn
+
+def _axis_attr(x, axis):
+    return -1 if axis is None else int(axis)
+
+
+def softmax(logits, axis=None, name=None):
+    """exp(logits) normalized along `axis` (the last axis when None)."""
+    return make(K.softmax, [logits], {"axis": _axis_attr(logits, axis)}, name=name, api="softmax")
+
+
+def log_softmax(logits, axis=None, name=None):
+    """log(softmax(logits)) computed stably."""
+    return make(K.log_softmax, [logits], {"axis": _axis_attr(logits, axis)}, name=name,
+                api="log_softmax")
+
+
+def sparse_softmax_cross_entropy_with_logits(labels, logits, name=None):
+    """Per-sample cross entropy: -log softmax(logits)[label]; shape logits.shape[:-1]."""
+    return make(K.sparse_softmax_cross_entropy, [labels, logits], name=name,
+                api="sparse_softmax_cross_entropy_with_logits")
+
+
+def softmax_cross_entropy_with_logits(labels, logits, name=None):
+    """Per-sample cross entropy against dense label distributions."""
+    return negative(reduce_sum(multiply(labels, log_softmax(logits)), axis=-1), name=name)
+
+
+def one_hot(indices, depth, on_value=1, off_value=0, axis=-1, dtype=None, name=None):
+    """One-hot encoding of integer `indices` along a new last axis."""
+    if axis != -1:
+        _trace.fail(NotImplementedError, "one_hot: only axis=-1 is supported")
+    d = _dtypes.to_dtype(dtype or _dtypes.float32, "one_hot")
+    return make(K.one_hot, [indices], {"depth": int(depth), "dtype": d.c,
+                                       "on_value": float(on_value), "off_value": float(off_value)},
+                name=name, api="one_hot")
+
+
+# ---------------------------------------------------------------- constants
+
+def _default_dtype():
+    b = _trace.current()
+    return b.default_dtype if b is not None else _dtypes.float32
+
+
+def constant(value, dtype=None, shape=None, name=None):
+    """A blob of `shape` filled with the scalar `value`."""
+    if not isinstance(value, (numbers.Number, np.bool_)):
+        _trace.fail(TypeError, f"constant: value must be a scalar number, got {type(value).__name__}")
+    d = _dtypes.to_dtype(dtype, "constant") if dtype is not None else (
+        _default_dtype() if isinstance(value, float) else _dtypes.int32
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool) else _default_dtype())
+    s = [] if shape is None else _int_list(shape, "constant")
+    return make(K.fill, [], {"value": float(value), "shape": s, "dtype": d.c}, name=name, api="constant")
+
+
+def zeros(shape, dtype=None, name=None):
+    """A blob of zeros."""
+    return constant(0.0, dtype or _default_dtype(), shape, name)
+
+
+def ones(shape, dtype=None, name=None):
+    """A blob of ones."""
+    return constant(1.0, dtype or _default_dtype(), shape, name)
+
+
+def zeros_like(like, dtype=None, name=None):
+    return constant(0.0, dtype or like.dtype, list(like.shape), name)
+
+
+def ones_like(like, dtype=None, name=None):
+    return constant(1.0, dtype or like.dtype, list(like.shape), name)
+
+
+def _random(op, shape, dtype, seed):
+    """A random source of `shape` (counter-based: element i depends only on i and seed)."""
+    d = _dtypes.to_dtype(dtype, "random")
+    return make(op, [], {"shape": [int(s) for s in shape], "dtype": d.c, "seed": int(seed)},
+                api=op.name)

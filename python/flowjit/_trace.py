@@ -1,0 +1,55 @@
+"""The tracing context: the job being traced, user source locations, errors."""
+import os
+import sys
+import threading
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_local = threading.local()
+
+
+def current():
+    """The JobBuilder tracing on this thread, or None."""
+    return getattr(_local, "builder", None)
+
+
+def push(builder):
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    stack.append(current())
+    _local.builder = builder
+
+
+def pop():
+    _local.builder = _local.stack.pop()
+
+
+def user_location():
+    """(file, line) of the innermost frame outside the flowjit package."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = f.f_code.co_filename
+        if not fn.startswith(_PACKAGE_DIR):
+            return fn, f.f_lineno
+        f = f.f_back
+    return "", 0
+
+
+def where(file, line):
+    return f"{os.path.basename(file)}:{line}" if line else "<unknown>"
+
+
+def require_builder(api):
+    b = current()
+    if b is None:
+        raise RuntimeError(f"{api} can only be used inside a function decorated with "
+                           "@flow.global_function, while it is being traced")
+    return b
+
+
+def fail(exc_type, msg, loc=None):
+    """Raises exc_type with the job and the user's source line in front of msg."""
+    b = current()
+    file, line = loc if loc else user_location()
+    prefix = f"job '{b.job_name}', " if b is not None else ""
+    raise exc_type(f"{prefix}{where(file, line)}: {msg}")

@@ -1,0 +1,48 @@
+"""flow.layers: layers built from variables and ops."""
+import numbers
+
+from . import _C, _dtypes, _ops, _trace, nn
+from ._variables import get_variable
+
+
+def dense(inputs, units, activation=None, use_bias=True, kernel_initializer=None,
+          bias_initializer=None, kernel_regularizer=None, bias_regularizer=None, trainable=True,
+          name="Dense", model_distribute=None):
+    """A fully connected layer: activation(inputs @ weight^T + bias).
+
+    OneFlow's conventions: the weight is a variable `<name>-weight` of shape
+    (units, in_features), the bias `<name>-bias` of shape (units,); inputs of
+    rank > 2 are flattened to (-1, in_features) and reshaped back.
+    """
+    loc = _trace.user_location()
+    if not isinstance(units, numbers.Integral) or isinstance(units, bool) or units <= 0:
+        _trace.fail(ValueError, f"dense '{name}': units must be a positive int, got {units!r}", loc)
+    shape = inputs.shape
+    if len(shape) < 2:
+        _trace.fail(ValueError, f"dense '{name}': inputs must have rank >= 2 (batch, features), got "
+                    f"shape {shape}", loc)
+    in_features = shape[-1]
+    wname = f"{name}-weight"
+    info = _C.variable_info(wname)
+    if info is not None and len(info[0]) == 2 and tuple(info[0]) != (units, in_features):
+        have_units, have_in = info[0]
+        if have_in != in_features:
+            _trace.fail(ValueError, f"dense '{name}': input has {in_features} features but weight "
+                        f"'{wname}' expects {have_in}", loc)
+        _trace.fail(ValueError, f"dense '{name}': {units} units requested but weight '{wname}' has "
+                    f"{have_units}", loc)
+    x = inputs if len(shape) == 2 else _ops.reshape(inputs, [-1, in_features])
+    weight = get_variable(wname, shape=(units, in_features), dtype=inputs.dtype,
+                          initializer=kernel_initializer, regularizer=kernel_regularizer,
+                          trainable=trainable, distribute=model_distribute)
+    out = _ops.matmul(x, weight, transpose_b=True, name=f"{name}_matmul")
+    if use_bias:
+        bias = get_variable(f"{name}-bias", shape=(units,), dtype=inputs.dtype,
+                            initializer=bias_initializer, regularizer=bias_regularizer,
+                            trainable=trainable)
+        out = nn.bias_add(out, bias, name=f"{name}_bias_add")
+    if activation is not None:
+        out = activation(out)
+    if len(shape) > 2:
+        out = _ops.reshape(out, list(shape[:-1]) + [units])
+    return out

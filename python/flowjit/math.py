@@ -1,0 +1,18 @@
+"""flow.math: elementwise math, comparisons and reductions."""
+from ._ops import (abs, add, argmax, argmin, ceil, cos, divide, equal, exp, floor, greater,  # noqa: F401
+                   greater_equal, less, less_equal, log, logical_and, logical_not, logical_or,
+                   maximum, minimum, multiply, negative, not_equal, pow, reciprocal, reduce_max,
+                   reduce_mean, reduce_min, reduce_prod, reduce_sum, relu, round, rsqrt, sigmoid,
+                   sign, sin, sqrt, square, subtract, tanh)
+from . import _ops
+
+
+def squared_difference(x, y, name=None):
+    """(x - y) ** 2, elementwise."""
+    return _ops.square(_ops.subtract(x, y), name=name)
+
+
+def softplus(x, name=None):
+    """log(1 + exp(x)), computed without overflow."""
+    return _ops.add(_ops.maximum(x, 0.0), _ops.log(_ops.add(_ops.exp(_ops.negative(_ops.abs(x))), 1.0)),
+                    name=name)

@@ -1,0 +1,28 @@
+"""flow.nn: activations, softmax and losses."""
+from . import _ops, _trace
+from ._ops import (log_softmax, relu, sigmoid, softmax, softmax_cross_entropy_with_logits,  # noqa: F401
+                   sparse_softmax_cross_entropy_with_logits, tanh)
+
+
+def bias_add(value, bias, data_format=None, name=None):
+    """value + bias along the channel axis (axis 1 for NCHW, else the last)."""
+    if len(bias.shape) != 1:
+        _trace.fail(ValueError, f"bias_add: bias must be 1-D, got shape {bias.shape}")
+    if data_format is not None and data_format.startswith("NC") and len(value.shape) > 2:
+        c = value.shape[1]
+        if bias.shape[0] != c:
+            _trace.fail(ValueError, f"bias_add: value has {c} channels but bias has {bias.shape[0]}")
+        shape = [1] * len(value.shape)
+        shape[1] = c
+        return _ops.add(value, _ops.reshape(bias, shape), name=name)
+    if value.shape[-1] != bias.shape[0]:
+        _trace.fail(ValueError, f"bias_add: value has {value.shape[-1]} channels (last axis) but bias "
+                    f"has {bias.shape[0]}")
+    return _ops.add(value, bias, name=name)
+
+
+def sigmoid_cross_entropy_with_logits(labels, logits, name=None):
+    """Elementwise logistic loss: max(x, 0) - x * z + log(1 + exp(-|x|))."""
+    x, z = logits, labels
+    return _ops.add(_ops.subtract(_ops.maximum(x, 0.0), _ops.multiply(x, z)),
+                    _ops.log(_ops.add(_ops.exp(_ops.negative(_ops.abs(x))), 1.0)), name=name)

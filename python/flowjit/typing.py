@@ -1,0 +1,91 @@
+"""Job function annotations: placeholders for parameters, result kinds for returns.
+
+Parameters::
+
+    def job(x: tp.Numpy.Placeholder((100, 784), dtype=flow.float)) -> tp.Numpy: ...
+
+``Numpy.Placeholder`` takes one array of exactly the declared shape.
+``ListNumpy.Placeholder`` takes a list with one array per device whose shape
+is within the declared bounds (each new concrete shape compiles once).
+``ListListNumpy.Placeholder`` takes, per device, a list of such arrays; the
+job body receives a Python list of Blobs.
+
+Returns: ``tp.Numpy``, ``tp.ListNumpy`` (one array per device),
+``tp.ListListNumpy``, ``typing.Tuple[...]``, ``typing.List[...]``,
+``typing.Dict[str, ...]``, ``tp.Bundle[...]`` (any nesting of those),
+``None``, and ``tp.Callback[T]`` for an asynchronous call delivering T.
+"""
+import numbers
+
+from . import _dtypes
+
+
+class _Placeholder:
+    kind = "?"
+
+    def __init__(self, shape, dtype=_dtypes.float32, batch_axis=0):
+        if isinstance(shape, list):
+            shape = tuple(shape)
+        if not isinstance(shape, tuple):
+            raise TypeError(f"{self._api()}: shape must be a tuple of positive ints, got {shape!r}")
+        for d in shape:
+            if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d <= 0:
+                raise ValueError(f"{self._api()}: shape must be a tuple of positive ints, got "
+                                 f"{shape!r} (extent {d!r} is not a positive int)")
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = _dtypes.to_dtype(dtype, f"{self._api()} dtype")
+        self.batch_axis = batch_axis
+
+    def _api(self):
+        return f"tp.{self.kind}.Placeholder"
+
+    def __repr__(self):
+        return f"{self._api()}({self.shape}, dtype={self.dtype!r})"
+
+
+class Numpy:
+    """A numpy array: as a parameter annotation use ``Numpy.Placeholder``;
+    as a return annotation, ``tp.Numpy`` means one array."""
+
+    class Placeholder(_Placeholder):
+        kind = "Numpy"
+
+
+class ListNumpy:
+    """A list of numpy arrays, one per device."""
+
+    class Placeholder(_Placeholder):
+        kind = "ListNumpy"
+
+
+class ListListNumpy:
+    """Per device, a list of numpy arrays."""
+
+    class Placeholder(_Placeholder):
+        kind = "ListListNumpy"
+
+
+class _Generic:
+    def __init__(self, name, arg):
+        self.name = name
+        self.arg = arg
+
+    def __repr__(self):
+        return f"tp.{self.name}[{self.arg!r}]"
+
+
+class Bundle:
+    """``Bundle[T]``: any nesting of tuples, lists and dicts whose leaves are T."""
+
+    def __class_getitem__(cls, item):
+        return _Generic("Bundle", item)
+
+
+class Callback:
+    """``Callback[T]``: the call returns at once; pass it a function taking T."""
+
+    def __class_getitem__(cls, item):
+        return _Generic("Callback", item)
+
+
+__all__ = ["Numpy", "ListNumpy", "ListListNumpy", "Bundle", "Callback"]

@@ -1,0 +1,270 @@
+// Executable: resolving buffers and running launches on the thread pool.
+#include "runtime/executable.h"
+
+#include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
+#include <tbb/info.h>
+#include <tbb/parallel_for.h>
+#include <tbb/partitioner.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "ir/error.h"
+
+namespace flowjit::runtime {
+
+// ---------------------------------------------------------------- threads
+
+namespace {
+std::mutex g_threads_mu;
+std::unique_ptr<tbb::global_control> g_threads_control;
+int g_threads = 0;
+}  // namespace
+
+int num_threads() {
+  std::lock_guard<std::mutex> lock(g_threads_mu);
+  return g_threads > 0 ? g_threads : tbb::info::default_concurrency();
+}
+
+void set_num_threads(int n) {
+  std::lock_guard<std::mutex> lock(g_threads_mu);
+  g_threads_control.reset();
+  g_threads = n;
+  if (n > 0)
+    g_threads_control = std::make_unique<tbb::global_control>(
+        tbb::global_control::max_allowed_parallelism, static_cast<size_t>(n));
+}
+
+// ---------------------------------------------------------------- plan text
+
+namespace {
+
+const char* kind_tag(BufferKind k) {
+  switch (k) {
+    case BufferKind::Input: return "I";
+    case BufferKind::Output: return "O";
+    case BufferKind::Variable: return "V";
+    case BufferKind::Arena: return "A";
+  }
+  return "?";
+}
+
+std::string type_text(const ir::TensorType& t) { return t.str(); }
+
+[[noreturn]] void bad_plan(const std::string& why) {
+  throw_user(ErrorKind::Value, "corrupt compiled plan: ", why);
+}
+
+ir::TensorType parse_type(const std::string& s) {
+  auto lb = s.find('[');
+  if (lb == std::string::npos || s.back() != ']') bad_plan("bad type '" + s + "'");
+  auto dt = ir::dtype_from_short_name(s.substr(0, lb));
+  if (!dt) bad_plan("bad dtype in '" + s + "'");
+  ir::Shape shape;
+  std::string body = s.substr(lb + 1, s.size() - lb - 2);
+  std::stringstream ss(body);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) shape.push_back(std::stoll(item));
+  return {*dt, shape};
+}
+
+}  // namespace
+
+std::string Plan::serialize() const {
+  std::ostringstream os;
+  os << "flowjit-plan 1\n";
+  os << "job " << job_name << "\n";
+  os << "arena " << arena_bytes << "\n";
+  for (auto& t : inputs) os << "input " << type_text(t) << "\n";
+  for (auto& t : outputs) os << "output " << type_text(t) << "\n";
+  for (auto& [n, t] : variables) os << "variable " << type_text(t) << " " << n << "\n";
+  for (auto& l : launches) {
+    os << "launch " << l.symbol << " " << l.range << " " << l.grain << " " << l.scratch_bytes;
+    for (auto& a : l.args) os << " " << kind_tag(a.kind) << a.index << "+" << a.offset_bytes;
+    os << "\n";
+    os << "summary " << l.summary << "\n";
+  }
+  os << "end\n";
+  return os.str();
+}
+
+Plan Plan::deserialize(const std::string& text) {
+  Plan p;
+  std::istringstream is(text);
+  std::string line;
+  if (!std::getline(is, line) || line != "flowjit-plan 1") bad_plan("missing header");
+  bool ended = false;
+  try {
+    while (std::getline(is, line)) {
+      std::istringstream ls(line);
+      std::string key;
+      ls >> key;
+      if (key == "job") {
+        ls >> p.job_name;
+      } else if (key == "arena") {
+        ls >> p.arena_bytes;
+      } else if (key == "input" || key == "output") {
+        std::string t;
+        ls >> t;
+        (key == "input" ? p.inputs : p.outputs).push_back(parse_type(t));
+      } else if (key == "variable") {
+        std::string t, n;
+        ls >> t;
+        std::getline(ls >> std::ws, n);
+        p.variables.emplace_back(n, parse_type(t));
+      } else if (key == "launch") {
+        Launch l;
+        ls >> l.symbol >> l.range >> l.grain >> l.scratch_bytes;
+        std::string a;
+        while (ls >> a) {
+          BufferRef r;
+          switch (a[0]) {
+            case 'I': r.kind = BufferKind::Input; break;
+            case 'O': r.kind = BufferKind::Output; break;
+            case 'V': r.kind = BufferKind::Variable; break;
+            case 'A': r.kind = BufferKind::Arena; break;
+            default: bad_plan("bad buffer '" + a + "'");
+          }
+          auto plus = a.find('+');
+          if (plus == std::string::npos) bad_plan("bad buffer '" + a + "'");
+          r.index = std::stoi(a.substr(1, plus - 1));
+          r.offset_bytes = std::stoll(a.substr(plus + 1));
+          l.args.push_back(r);
+        }
+        if (ls.bad() || l.symbol.empty()) bad_plan("bad launch line");
+        p.launches.push_back(std::move(l));
+      } else if (key == "summary") {
+        if (p.launches.empty()) bad_plan("summary before launch");
+        std::getline(ls >> std::ws, p.launches.back().summary);
+      } else if (key == "end") {
+        ended = true;
+        break;
+      } else if (!key.empty()) {
+        bad_plan("unknown line '" + line + "'");
+      }
+    }
+  } catch (const std::invalid_argument&) {
+    bad_plan("bad number");
+  } catch (const std::out_of_range&) {
+    bad_plan("number out of range");
+  }
+  if (!ended) bad_plan("truncated (no 'end' line)");
+  // Structural checks so that a damaged plan can never address memory wrongly.
+  for (auto& l : p.launches)
+    for (auto& a : l.args) {
+      int64_t limit = a.kind == BufferKind::Input      ? static_cast<int64_t>(p.inputs.size())
+                      : a.kind == BufferKind::Output   ? static_cast<int64_t>(p.outputs.size())
+                      : a.kind == BufferKind::Variable ? static_cast<int64_t>(p.variables.size())
+                                                       : 1;
+      if (a.index < 0 || a.index >= limit) bad_plan("buffer index out of range in " + l.symbol);
+      if (a.kind == BufferKind::Arena && (a.offset_bytes < 0 || a.offset_bytes > p.arena_bytes))
+        bad_plan("arena offset out of range in " + l.symbol);
+    }
+  return p;
+}
+
+std::string Plan::describe() const {
+  std::ostringstream os;
+  for (size_t i = 0; i < launches.size(); ++i) {
+    auto& l = launches[i];
+    os << "  [" << i << "] " << l.symbol << " range=" << l.range << " grain=" << l.grain;
+    if (l.scratch_bytes) os << " scratch=" << l.scratch_bytes;
+    os << " : " << l.summary << "\n";
+  }
+  return os.str();
+}
+
+// ---------------------------------------------------------------- running
+
+Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<void> code_owner)
+    : plan_(std::move(plan)), fns_(std::move(fns)), code_owner_(std::move(code_owner)) {
+  FJ_CHECK(fns_.size() == plan_.launches.size(), "one function per launch");
+  arena_ = allocate_aligned(static_cast<size_t>(plan_.arena_bytes));
+  size_t total = 0;
+  for (auto& l : plan_.launches) {
+    arg_start_.push_back(total);
+    total += l.args.size();
+  }
+  argbuf_.assign(total, nullptr);
+}
+
+void Executable::bind_variables(VariableStore& store) {
+  variable_ptrs_.clear();
+  for (auto& [name, type] : plan_.variables) {
+    VariableStorage* v = store.find(name);
+    FJ_USER_CHECK(v != nullptr, ErrorKind::Runtime, "job '", plan_.job_name,
+                  "' uses variable '", name, "', which no longer exists in the session (was "
+                  "flow.clear_default_session() called?)");
+    FJ_USER_CHECK(v->type == type, ErrorKind::Value, "job '", plan_.job_name, "' expects variable '",
+                  name, "' as ", type.str(), " but the session holds ", v->type.str());
+    variable_ptrs_.push_back(v->ptr());
+  }
+  bound_ = true;
+}
+
+char* Executable::scratch_for(int thread, int64_t bytes) {
+  if (bytes == 0) return nullptr;
+  return scratch_[thread].get();
+}
+
+void Executable::run(const void* const* inputs, void* const* outputs) {
+  FJ_CHECK(bound_ || plan_.variables.empty(), "executable run before bind_variables");
+  // Resolve every launch's arguments.
+  for (size_t li = 0; li < plan_.launches.size(); ++li) {
+    const Launch& l = plan_.launches[li];
+    char** dst = argbuf_.data() + arg_start_[li];
+    for (size_t ai = 0; ai < l.args.size(); ++ai) {
+      const BufferRef& r = l.args[ai];
+      char* base = nullptr;
+      switch (r.kind) {
+        case BufferKind::Input: base = const_cast<char*>(static_cast<const char*>(inputs[r.index])); break;
+        case BufferKind::Output: base = static_cast<char*>(outputs[r.index]); break;
+        case BufferKind::Variable: base = variable_ptrs_[r.index]; break;
+        case BufferKind::Arena: base = arena_.get(); break;
+      }
+      dst[ai] = base + r.offset_bytes;
+    }
+  }
+  // Scratch: one block per thread, sized for the largest launch.
+  int64_t need = 0;
+  for (auto& l : plan_.launches) need = std::max(need, l.scratch_bytes);
+  int threads = tbb::this_task_arena::max_concurrency();
+  if (need > 0 && (static_cast<int>(scratch_.size()) < threads ||
+                   scratch_size_.empty() || scratch_size_[0] < need)) {
+    scratch_.clear();
+    scratch_size_.clear();
+    for (int t = 0; t < threads; ++t) {
+      scratch_.push_back(allocate_aligned(static_cast<size_t>(need)));
+      scratch_size_.push_back(need);
+    }
+  }
+  for (size_t li = 0; li < plan_.launches.size(); ++li) {
+    const Launch& l = plan_.launches[li];
+    char* const* args = argbuf_.data() + arg_start_[li];
+    KernelFn fn = fns_[li];
+    if (l.range <= 0) continue;
+    if (l.range <= l.grain || threads <= 1) {
+      fn(args, 0, l.range, scratch_for(0, l.scratch_bytes));
+      continue;
+    }
+    int64_t chunks = std::min<int64_t>((l.range + l.grain - 1) / l.grain, threads);
+    int64_t step = (l.range + chunks - 1) / chunks;
+    tbb::parallel_for(
+        tbb::blocked_range<int64_t>(0, chunks, 1),
+        [&](const tbb::blocked_range<int64_t>& r) {
+          int t = tbb::this_task_arena::current_thread_index();
+          if (t < 0 || t >= threads) t = 0;
+          char* scratch = scratch_for(t, l.scratch_bytes);
+          for (int64_t c = r.begin(); c < r.end(); ++c) {
+            int64_t b = c * step, e = std::min(l.range, b + step);
+            if (b < e) fn(args, b, e, scratch);
+          }
+        },
+        tbb::static_partitioner());
+  }
+}
+
+}  // namespace flowjit::runtime

@@ -1,0 +1,96 @@
+// Executable: a compiled job's kernels and the plan that launches them.
+//
+// The plan is data (serializable into the disk cache): the job's signature,
+// the arena size, and an ordered list of launches, each naming a kernel
+// symbol, the buffers it takes and its parallel range. The runtime resolves
+// buffers per call and runs launches in order; a launch whose range exceeds
+// its grain is split over the TBB thread pool.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ir/types.h"
+#include "runtime/memory.h"
+#include "runtime/variables.h"
+
+namespace flowjit::runtime {
+
+// Kernel ABI shared with codegen: args[i] is the base address of argument i.
+using KernelFn = void (*)(char* const* args, int64_t begin, int64_t end, char* scratch);
+
+enum class BufferKind : uint8_t { Input, Output, Variable, Arena };
+
+struct BufferRef {
+  BufferKind kind = BufferKind::Arena;
+  int32_t index = 0;         // input/output/variable index (unused for Arena)
+  int64_t offset_bytes = 0;  // arena offset, or offset into the named buffer
+  bool operator==(const BufferRef& o) const {
+    return kind == o.kind && index == o.index && offset_bytes == o.offset_bytes;
+  }
+};
+
+struct Launch {
+  std::string symbol;
+  std::vector<BufferRef> args;
+  int64_t range = 1;  // iterations of the parallel loop
+  int64_t grain = 1;  // smallest chunk worth a task
+  int64_t scratch_bytes = 0;
+  std::string summary;  // what the kernel computes, for dumps
+};
+
+struct Plan {
+  std::string job_name;
+  std::vector<ir::TensorType> inputs;
+  std::vector<ir::TensorType> outputs;
+  std::vector<std::pair<std::string, ir::TensorType>> variables;
+  std::vector<Launch> launches;
+  int64_t arena_bytes = 0;
+
+  std::string serialize() const;
+  // Throws UserError(Value) on malformed text.
+  static Plan deserialize(const std::string& text);
+  std::string describe() const;  // launches, one per line
+};
+
+class Executable {
+ public:
+  // `fns[i]` is the code of plan.launches[i]; `code_owner` keeps it alive.
+  Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<void> code_owner);
+
+  const Plan& plan() const { return plan_; }
+
+  // Points the variable slots at the store's storage, creating none: every
+  // variable must exist with the planned type (UserError otherwise).
+  void bind_variables(VariableStore& store);
+
+  // Runs every launch in order. inputs/outputs hold one base address per
+  // plan input/output; all must be 64-byte aligned and C-contiguous.
+  // Not reentrant: callers serialize runs of one executable.
+  void run(const void* const* inputs, void* const* outputs);
+
+  std::string debug_name() const { return plan_.job_name; }
+
+ private:
+  char* scratch_for(int thread, int64_t bytes);
+
+  Plan plan_;
+  std::vector<KernelFn> fns_;
+  std::shared_ptr<void> code_owner_;
+  std::vector<char*> variable_ptrs_;
+  AlignedBuffer arena_;
+  std::vector<char*> argbuf_;      // per-launch resolved argument arrays, concatenated
+  std::vector<size_t> arg_start_;  // start of launch i in argbuf_
+  std::vector<AlignedBuffer> scratch_;
+  std::vector<int64_t> scratch_size_;
+  bool bound_ = false;
+};
+
+// Threads used for parallel launches (the TBB pool size).
+int num_threads();
+void set_num_threads(int n);  // 0 restores the default (all cores)
+
+}  // namespace flowjit::runtime

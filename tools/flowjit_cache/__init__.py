@@ -1,0 +1,1 @@
+"""flowjit-cache: inspect the kernel cache."""
