@@ -28,7 +28,7 @@ class CMakeBuild(build_ext):
             f"-DCMAKE_BUILD_TYPE={cfg}",
             f"-DPython_EXECUTABLE={sys.executable}",
             f"-DFLOWJIT_PY_OUTPUT_DIR={out_dir}",
-            "-DFLOWJIT_BUILD_TESTS=OFF",
+            f"-DFLOWJIT_BUILD_TESTS={'ON' if os.environ.get('FLOWJIT_BUILD_TESTS') == '1' else 'OFF'}",
         ]
         try:
             import pybind11
