@@ -1,5 +1,6 @@
 """Builds flowjit: the C++ core with CMake into the extension flowjit._C."""
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,8 +20,12 @@ class CMakeBuild(build_ext):
     """Configures and builds the CMake project, placing _C next to the package."""
 
     def build_extension(self, ext):
-        out_dir = Path(self.get_ext_fullpath(ext.name)).resolve().parent
-        build_dir = Path(os.environ.get("FLOWJIT_BUILD_DIR", ROOT / "build" / "py"))
+        target = Path(self.get_ext_fullpath(ext.name)).resolve()
+        editable = getattr(self, "editable_mode", False) or self.inplace
+        # Editable installs build straight into the source package, so that
+        # rebuilding the CMake tree (ninja _C) updates the installed module.
+        out_dir = ROOT / "python" / "flowjit" if editable else target.parent
+        build_dir = Path(os.environ.get("FLOWJIT_BUILD_DIR", ROOT / "build" / "dev"))
         build_dir.mkdir(parents=True, exist_ok=True)
         cfg = os.environ.get("FLOWJIT_BUILD_TYPE", "Release")
         configure = [
@@ -38,6 +43,10 @@ class CMakeBuild(build_ext):
         subprocess.check_call(configure, cwd=build_dir)
         jobs = os.environ.get("FLOWJIT_BUILD_JOBS", str(os.cpu_count() or 2))
         subprocess.check_call(["cmake", "--build", ".", "--target", "_C", "-j", jobs], cwd=build_dir)
+        built = out_dir / target.name
+        if built.resolve() != target:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(built, target)
 
 
 setup(

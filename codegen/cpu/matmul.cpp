@@ -14,6 +14,7 @@
 #include <llvm/IR/Intrinsics.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "codegen/cpu/cpu_codegen.h"
 #include "ir/error.h"
@@ -146,22 +147,31 @@ class MatMulEmitter {
     m_hi_ = min64(b_.CreateAdd(m_lo_, i64(bl_.task_rows)), i64(mm_.m));
     n_lo_ = b_.CreateMul(cb, i64(bl_.task_cols));
     n_hi_ = min64(b_.CreateAdd(n_lo_, i64(bl_.task_cols)), i64(mm_.n));
-    for (int64_t kb = 0; kb < bl_.num_kb; ++kb) {
-      int64_t k0 = kb * bl_.kc;
-      int64_t kc = std::min(bl_.kc, mm_.k - k0);
-      if (kc <= 0) break;
-      bool first = kb == 0, last = kb == bl_.num_kb - 1;
-      emit_pack_b(k0, kc);
-      emit_for(b_, m_lo_, m_hi_, bl_.mc, [&](Value* ic) {
-        Value* mc_hi = min64(b_.CreateAdd(ic, i64(bl_.mc)), m_hi_);
-        emit_pack_a(ic, mc_hi, k0, kc);
-        emit_for(b_, n_lo_, n_hi_, bl_.nr, [&](Value* jr) {
-          emit_for(b_, ic, mc_hi, bl_.mr, [&](Value* ir) {
-            emit_micro_tile(ic, jr, ir, mc_hi, kc, first, last);
-          }, "ir");
-        }, "jr");
-      }, "ic");
+    // K blocks: all but the last share one copy of the code (a runtime loop
+    // whose first iteration starts from zero); the last applies the epilogue.
+    int64_t kc = bl_.kc;
+    int64_t kc_last = mm_.k - (bl_.num_kb - 1) * kc;
+    if (bl_.num_kb > 1) {
+      emit_for(b_, i64(0), i64(bl_.num_kb - 1), 1, [&](Value* kb) {
+        Value* first = b_.CreateICmpEQ(kb, i64(0));
+        emit_k_block(b_.CreateMul(kb, i64(kc)), kc, first, /*last=*/false);
+      }, "kb");
     }
+    emit_k_block(i64((bl_.num_kb - 1) * kc), kc_last, bl_.num_kb == 1 ? b_.getTrue() : b_.getFalse(),
+                 /*last=*/true);
+  }
+
+  void emit_k_block(Value* k0, int64_t kc, Value* first, bool last) {
+    emit_pack_b(k0, kc);
+    emit_for(b_, m_lo_, m_hi_, bl_.mc, [&](Value* ic) {
+      Value* mc_hi = min64(b_.CreateAdd(ic, i64(bl_.mc)), m_hi_);
+      emit_pack_a(ic, mc_hi, k0, kc);
+      emit_for(b_, n_lo_, n_hi_, bl_.nr, [&](Value* jr) {
+        emit_for(b_, ic, mc_hi, bl_.mr, [&](Value* ir) {
+          emit_micro_tile(ic, jr, ir, mc_hi, kc, first, last);
+        }, "ir");
+      }, "jr");
+    }, "ic");
   }
 
   // A element (batch bi, row m, col k) address.
@@ -185,59 +195,133 @@ class MatMulEmitter {
   llvm::Align ealign() const { return llvm::Align(eb_); }
 
   // Bp[q][k][j] = B[k0 + k, n_lo + q*NR + j], zero beyond n_hi.
-  void emit_pack_b(int64_t k0, int64_t kc) {
-    bool rows_contiguous = mm_.b.strides[2] == 1;  // B row-major along n
+  void emit_pack_b(Value* k0, int64_t kc) {
+    const auto& st = mm_.b.strides;  // (batch, k, n)
     emit_for(b_, n_lo_, n_hi_, bl_.nr, [&](Value* n0) {
       Value* q = b_.CreateSDiv(b_.CreateSub(n0, n_lo_), i64(bl_.nr));
       Value* panel = b_.CreateGEP(et_, bp_, b_.CreateMul(q, i64(kc * bl_.nr)));
       Value* width = b_.CreateSub(n_hi_, n0);  // valid columns in this panel (may exceed NR)
-      if (rows_contiguous) {
-        // For each k: NR/VL masked vector loads along n.
-        emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
-          for (int v = 0; v < bl_.nr / bl_.vl; ++v) {
-            Value* n = b_.CreateAdd(n0, i64(v * bl_.vl));
-            Value* mask = lane_mask(b_.CreateSub(width, i64(v * bl_.vl)));
-            Value* src = b_ptr(b_.CreateAdd(k, i64(k0)), n);
-            Value* x = b_.CreateMaskedLoad(vt_, src, ealign(), mask, llvm::Constant::getNullValue(vt_));
-            Value* dst = b_.CreateGEP(et_, panel, b_.CreateAdd(b_.CreateMul(k, i64(bl_.nr)), i64(v * bl_.vl)));
-            b_.CreateAlignedStore(x, dst, ealign());
-          }
-        }, "pbk");
+      auto src = [&](Value* line, Value* k) { return b_ptr(b_.CreateAdd(k, k0), b_.CreateAdd(n0, line)); };
+      if (st[2] == 1) {
+        emit_pack_lines_contiguous(src, width, bl_.nr, panel, kc);
+      } else if (st[1] == 1) {
+        emit_pack_transposed(src, width, bl_.nr, panel, kc);
       } else {
-        // Columns of B are contiguous along k (B is a transposed operand):
-        // copy each column, zero-filling the ones beyond the edge.
-        emit_for(b_, i64(0), i64(bl_.nr), 1, [&](Value* j) {
-          Value* valid = b_.CreateICmpSLT(j, width);
-          Value* n = b_.CreateAdd(n0, j);
-          Value* n_safe = b_.CreateSelect(valid, n, n_lo_);
-          emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
-            Value* x = b_.CreateAlignedLoad(et_, b_ptr(b_.CreateAdd(k, i64(k0)), n_safe), ealign());
-            x = b_.CreateSelect(valid, x, llvm::Constant::getNullValue(et_));
-            Value* dst = b_.CreateGEP(et_, panel, b_.CreateAdd(b_.CreateMul(k, i64(bl_.nr)), j));
-            b_.CreateAlignedStore(x, dst, ealign());
-          }, "pbk");
-        }, "pbj");
+        emit_pack_scalar(src, width, bl_.nr, panel, kc);
       }
     }, "pbn");
   }
 
   // Ap[p][k][i] = A[ic + p*MR + i, k0 + k], zero beyond mc_hi.
-  void emit_pack_a(Value* ic, Value* mc_hi, int64_t k0, int64_t kc) {
+  void emit_pack_a(Value* ic, Value* mc_hi, Value* k0, int64_t kc) {
+    const auto& st = mm_.a.strides;  // (batch, m, k)
     emit_for(b_, ic, mc_hi, bl_.mr, [&](Value* m0) {
       Value* p = b_.CreateSDiv(b_.CreateSub(m0, ic), i64(bl_.mr));
       Value* panel = b_.CreateGEP(et_, ap_, b_.CreateMul(p, i64(kc * bl_.mr)));
       Value* rows = b_.CreateSub(mc_hi, m0);
-      emit_for(b_, i64(0), i64(bl_.mr), 1, [&](Value* i) {
-        Value* valid = b_.CreateICmpSLT(i, rows);
-        Value* m_safe = b_.CreateSelect(valid, b_.CreateAdd(m0, i), m0);
-        emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
-          Value* x = b_.CreateAlignedLoad(et_, a_ptr(m_safe, b_.CreateAdd(k, i64(k0))), ealign());
-          x = b_.CreateSelect(valid, x, llvm::Constant::getNullValue(et_));
-          Value* dst = b_.CreateGEP(et_, panel, b_.CreateAdd(b_.CreateMul(k, i64(bl_.mr)), i));
-          b_.CreateAlignedStore(x, dst, ealign());
-        }, "pak");
-      }, "pai");
+      auto src = [&](Value* line, Value* k) { return a_ptr(b_.CreateAdd(m0, line), b_.CreateAdd(k, k0)); };
+      if (st[1] == 1) {
+        emit_pack_lines_contiguous(src, rows, bl_.mr, panel, kc);
+      } else if (st[2] == 1) {
+        emit_pack_transposed(src, rows, bl_.mr, panel, kc);
+      } else {
+        emit_pack_scalar(src, rows, bl_.mr, panel, kc);
+      }
     }, "pam");
+  }
+
+  // The packing routines copy a panel of `lines` lines (columns of B or rows
+  // of A) into dst[k * lines + line], zero-filling lines >= valid. src(line,
+  // k) is the element's address; it is only dereferenced for valid lines.
+
+  // Lines adjacent in memory: for each k, vector loads across the lines.
+  void emit_pack_lines_contiguous(const std::function<Value*(Value*, Value*)>& src, Value* valid,
+                                  int lines, Value* dst, int64_t kc) {
+    emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
+      for (int g = 0; g < lines; g += bl_.vl) {
+        int n = std::min(bl_.vl, lines - g);
+        Value* mask = b_.CreateAnd(lane_mask(b_.CreateSub(valid, i64(g))), lane_mask(i64(n)));
+        Value* x = b_.CreateMaskedLoad(vt_, src(i64(g), k), ealign(), mask,
+                                       llvm::Constant::getNullValue(vt_));
+        Value* d = b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(k, i64(lines)), i64(g)));
+        if (n == bl_.vl) {
+          b_.CreateAlignedStore(x, d, ealign());
+        } else {
+          b_.CreateMaskedStore(x, d, ealign(), lane_mask(i64(n)));
+        }
+      }
+    }, "pk");
+  }
+
+  // Each line contiguous along k: blocks of VL lines x VL k are loaded as VL
+  // vectors along k, transposed in registers, and stored as VL vectors
+  // across the lines.
+  void emit_pack_transposed(const std::function<Value*(Value*, Value*)>& src, Value* valid, int lines,
+                            Value* dst, int64_t kc) {
+    const int vl = bl_.vl;
+    int64_t full = kc / vl * vl;
+    auto chunk = [&](Value* kk, int klanes) {
+      Value* kmask = lane_mask(i64(klanes));
+      for (int g = 0; g < lines; g += vl) {
+        int n = std::min(vl, lines - g);
+        std::vector<Value*> v(vl);
+        for (int j = 0; j < vl; ++j) {
+          if (j >= n) {
+            v[j] = llvm::Constant::getNullValue(vt_);
+            continue;
+          }
+          Value* ok = b_.CreateICmpSLT(i64(g + j), valid);
+          Value* m = b_.CreateAnd(kmask, b_.CreateVectorSplat(vl, ok));
+          Value* line = b_.CreateSelect(ok, i64(g + j), i64(0));
+          v[j] = b_.CreateMaskedLoad(vt_, src(line, kk), ealign(), m, llvm::Constant::getNullValue(vt_));
+        }
+        transpose_in_registers(v);
+        for (int t = 0; t < klanes; ++t) {
+          Value* d = b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kk, i64(t)), i64(lines)), i64(g)));
+          if (n == vl) {
+            b_.CreateAlignedStore(v[t], d, ealign());
+          } else {
+            b_.CreateMaskedStore(v[t], d, ealign(), lane_mask(i64(n)));
+          }
+        }
+      }
+    };
+    if (full > 0) emit_for(b_, i64(0), i64(full), vl, [&](Value* kk) { chunk(kk, vl); }, "pt");
+    if (kc > full) chunk(i64(full), static_cast<int>(kc - full));
+  }
+
+  // v[r] holds row r of a VL x VL block; afterwards v[r] holds column r.
+  // log2(VL) stages, each swapping the off-diagonal blocks of size b.
+  void transpose_in_registers(std::vector<Value*>& v) {
+    const int vl = static_cast<int>(v.size());
+    for (int b = vl / 2; b >= 1; b /= 2) {
+      std::vector<int> lo(vl), hi(vl);
+      for (int c = 0; c < vl; ++c) {
+        lo[c] = (c & b) ? vl + c - b : c;
+        hi[c] = (c & b) ? vl + c : c + b;
+      }
+      for (int r = 0; r < vl; ++r) {
+        if (r & b) continue;
+        Value* x = v[r];
+        Value* y = v[r + b];
+        v[r] = b_.CreateShuffleVector(x, y, lo);
+        v[r + b] = b_.CreateShuffleVector(x, y, hi);
+      }
+    }
+  }
+
+  // General strides: element by element.
+  void emit_pack_scalar(const std::function<Value*(Value*, Value*)>& src, Value* valid, int lines,
+                        Value* dst, int64_t kc) {
+    emit_for(b_, i64(0), i64(lines), 1, [&](Value* j) {
+      Value* ok = b_.CreateICmpSLT(j, valid);
+      Value* line = b_.CreateSelect(ok, j, i64(0));
+      emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
+        Value* x = b_.CreateAlignedLoad(et_, src(line, k), ealign());
+        x = b_.CreateSelect(ok, x, llvm::Constant::getNullValue(et_));
+        b_.CreateAlignedStore(x, b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(k, i64(lines)), j)), ealign());
+      }, "psk");
+    }, "psj");
   }
 
   // <VL x i1>: lane < valid.
@@ -255,7 +339,7 @@ class MatMulEmitter {
 
   // ---------------------------------------------------------------- tile
 
-  void emit_micro_tile(Value* ic, Value* jr, Value* ir, Value* mc_hi, int64_t kc, bool first,
+  void emit_micro_tile(Value* ic, Value* jr, Value* ir, Value* mc_hi, int64_t kc, Value* first,
                        bool last) {
     const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
     Value* p = b_.CreateSDiv(b_.CreateSub(ir, ic), i64(mr));
@@ -273,7 +357,11 @@ class MatMulEmitter {
     for (int i = 0; i < mr; ++i)
       for (int v = 0; v < nv; ++v) {
         Value* init = llvm::Constant::getNullValue(vt_);
-        if (!first) init = load_partial(i, v, ir, jr, rows, cols);
+        if (bl_.num_kb > 1) {
+          // The partial buffer is scratch: reading it before the first block
+          // is harmless, and the select discards what was read.
+          init = b_.CreateSelect(first, init, load_partial(i, v, ir, jr, rows, cols));
+        }
         b_.CreateStore(init, acc[i * nv + v]);
       }
     emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
