@@ -129,6 +129,29 @@ std::string module_text(const llvm::Module& m) {
   return s;
 }
 
+// The O3 pipeline, tuned for the target machine.
+void optimize_module(llvm::Module& m, llvm::TargetMachine& tm_ref) {
+  llvm::TargetMachine* tm = &tm_ref;
+  {
+    llvm::LoopAnalysisManager lam;
+    llvm::FunctionAnalysisManager fam;
+    llvm::CGSCCAnalysisManager cgam;
+    llvm::ModuleAnalysisManager mam;
+    llvm::PipelineTuningOptions pto;
+    pto.LoopUnrolling = true;
+    pto.LoopVectorization = true;
+    pto.SLPVectorization = true;
+    llvm::PassBuilder pb(tm, pto);
+    pb.registerModuleAnalyses(mam);
+    pb.registerCGSCCAnalyses(cgam);
+    pb.registerFunctionAnalyses(fam);
+    pb.registerLoopAnalyses(lam);
+    pb.crossRegisterProxies(lam, fam, cgam, mam);
+    llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
+    mpm.run(m, mam);
+  }
+}
+
 std::string emit_file(llvm::Module& m, llvm::TargetMachine& tm, llvm::CodeGenFileType type) {
   llvm::SmallVector<char, 0> buf;
   llvm::raw_svector_ostream os(buf);
@@ -212,24 +235,7 @@ CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions&
   out.seconds_emit = seconds_since(t0);
 
   auto t1 = std::chrono::steady_clock::now();
-  {
-    llvm::LoopAnalysisManager lam;
-    llvm::FunctionAnalysisManager fam;
-    llvm::CGSCCAnalysisManager cgam;
-    llvm::ModuleAnalysisManager mam;
-    llvm::PipelineTuningOptions pto;
-    pto.LoopUnrolling = true;
-    pto.LoopVectorization = true;
-    pto.SLPVectorization = true;
-    llvm::PassBuilder pb(tm.get(), pto);
-    pb.registerModuleAnalyses(mam);
-    pb.registerCGSCCAnalyses(cgam);
-    pb.registerFunctionAnalyses(fam);
-    pb.registerLoopAnalyses(lam);
-    pb.crossRegisterProxies(lam, fam, cgam, mam);
-    llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
-    mpm.run(m, mam);
-  }
+  optimize_module(m, *tm);
   out.seconds_optimize = seconds_since(t1);
   if (opts.want_llvm_ir) out.llvm_ir = module_text(m);
 
@@ -240,6 +246,25 @@ CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions&
   out.seconds_codegen = seconds_since(t2);
   return out;
 }
+
+CompiledObject compile_ir_text(const std::string& llvm_ir) {
+  init_llvm();
+  llvm::LLVMContext ctx;
+  llvm::SMDiagnostic diag;
+  auto buf = llvm::MemoryBuffer::getMemBuffer(llvm_ir, "input.ll", false);
+  std::unique_ptr<llvm::Module> m = llvm::parseIR(buf->getMemBufferRef(), diag, ctx);
+  FJ_CHECK(m != nullptr, "cannot parse LLVM IR: ", diag.getMessage().str());
+  auto tm = make_target_machine(host_target());
+  m->setTargetTriple(host_target().triple);
+  m->setDataLayout(tm->createDataLayout());
+  optimize_module(*m, *tm);
+  CompiledObject out;
+  std::string obj = emit_file(*m, *tm, llvm::CodeGenFileType::ObjectFile);
+  out.object.assign(obj.begin(), obj.end());
+  return out;
+}
+
+
 
 std::string assembly_from_ir(const std::string& llvm_ir) {
   init_llvm();

@@ -38,6 +38,10 @@ struct CompiledObject {
 // emits an object file. Throws InternalError when LLVM rejects the module.
 CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions& opts);
 
+// Optimizes and compiles LLVM IR text (a module whose functions follow the
+// kernel ABI) for the host; launches are left empty.
+CompiledObject compile_ir_text(const std::string& llvm_ir);
+
 // Machine code loaded into this process. Destroying it frees the code.
 class LoadedCode {
  public:

@@ -7,6 +7,7 @@
 #include "ir/error.h"
 #include "jit/build_info.h"
 #include "codegen/cpu/backend.h"
+#include "codegen/cpu/peak.h"
 #include "runtime/executable.h"
 #include "python/csrc/bindings.h"
 #include "python/csrc/session.h"
@@ -184,6 +185,22 @@ void register_session(py::module_& m) {
 
   m.def("num_threads", &runtime::num_threads);
   m.def("set_num_threads", &runtime::set_num_threads);
+  m.def(
+      "measure_fma_peak",
+      [](double seconds) {
+        codegen::cpu::PeakResult r;
+        {
+          py::gil_scoped_release release;
+          r = codegen::cpu::measure_fma_peak(seconds);
+        }
+        py::dict d;
+        d["gflops_per_thread"] = r.gflops_per_thread;
+        d["lanes"] = r.lanes;
+        d["accumulators"] = r.accumulators;
+        return d;
+      },
+      py::arg("seconds") = 0.5);
+  m.def("assembly_from_ir", &codegen::cpu::assembly_from_ir);
   m.def("build_info", [] {
     py::dict d;
     d["version"] = jit::flowjit_version();
