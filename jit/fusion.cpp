@@ -714,16 +714,20 @@ class Fuser {
     for (int gi : order) launches.push_back(&built[gi]);
     for (auto& c : copies) launches.push_back(&c);
 
+    // Arena buffers: intermediates, then the temporaries of deferred assigns
+    // (live for the whole run).
     std::vector<BufferLife> lives(arena_buffers);
     for (int i = 0; i < arena_buffers; ++i) {
       lives[i].bytes = arena_nodes[i]->type().bytes();
       lives[i].first = -1;
     }
+    lives.insert(lives.end(), temp_lives_.begin(), temp_lives_.end());
     for (size_t li = 0; li < launches.size(); ++li) {
       Built& b = *launches[li];
       for (size_t a = 0; a < b.arg_storage.size(); ++a) {
         const Storage& s = b.arg_storage[a];
         if (s.kind != Storage::Arena) continue;
+        FJ_CHECK(s.index >= 0 && s.index < static_cast<int>(lives.size()), "arena buffer index");
         BufferLife& l = lives[s.index];
         if (b.k.args[a].written && l.first < 0) l.first = static_cast<int>(li);
         l.last = std::max(l.last, static_cast<int>(li));
@@ -731,8 +735,6 @@ class Fuser {
     }
     for (auto& l : lives)
       if (l.first < 0) l.first = 0;
-    // Temporaries for deferred assigns are arena buffers too.
-    lives.insert(lives.end(), temp_lives_.begin(), temp_lives_.end());
     for (size_t t = 0; t < temp_lives_.size(); ++t) {
       BufferLife& l = lives[arena_buffers + t];
       l.first = 0;

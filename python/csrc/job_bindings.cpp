@@ -78,11 +78,13 @@ class CompiledJobPy {
   // Runs when `args` match the compiled signature exactly (arrays of the
   // planned dtype and shape); returns None otherwise, running nothing.
   py::object try_run(const py::tuple& args) {
+    // After clear_default_session the job must be traced again: None sends
+    // the caller down its slow path, which recompiles.
+    if (generation_ != Session::get().generation()) return py::none();
     std::vector<const void*> ins;
     std::vector<py::object> keep;
     if (!convert_inputs(args, ins, keep)) return py::none();
     Session& s = Session::get();
-    check_generation();
     s.raise_pending();
     if (s.has_pending_work()) s.wait_jobs();
     std::vector<py::array> outs = allocate_outputs();

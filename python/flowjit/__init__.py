@@ -25,6 +25,7 @@ from ._variables import (constant_initializer, get_all_variables, get_variable, 
                          variance_scaling_initializer, xavier_normal_initializer,
                          xavier_uniform_initializer, zeros_initializer)
 from . import config, data, distribute, layers, math, nn, optimizer, scope  # noqa: F401
+from . import checkpoint, train  # noqa: F401
 
 float = float32  # noqa: A001 - OneFlow's names
 double = float64
