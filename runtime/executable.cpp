@@ -9,6 +9,8 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <sstream>
 
 #include "ir/error.h"
@@ -179,6 +181,18 @@ std::string Plan::describe() const {
 
 // ---------------------------------------------------------------- running
 
+namespace {
+bool profiling_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLOWJIT_PROFILE");
+    return v && *v && std::string(v) != "0";
+  }();
+  return on;
+}
+}  // namespace
+
+std::vector<Executable::LaunchProfile> Executable::profile() const { return profile_; }
+
 Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<void> code_owner)
     : plan_(std::move(plan)), fns_(std::move(fns)), code_owner_(std::move(code_owner)) {
   FJ_CHECK(fns_.size() == plan_.launches.size(), "one function per launch");
@@ -189,6 +203,7 @@ Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<voi
     total += l.args.size();
   }
   argbuf_.assign(total, nullptr);
+  for (auto& l : plan_.launches) profile_.push_back({l.symbol, 0, 0.0});
 }
 
 void Executable::bind_variables(VariableStore& store) {
@@ -246,6 +261,18 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
     char* const* args = argbuf_.data() + arg_start_[li];
     KernelFn fn = fns_[li];
     if (l.range <= 0) continue;
+    const bool prof = profiling_enabled();
+    auto t0 = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    struct Record {
+      bool on;
+      std::chrono::steady_clock::time_point t0;
+      LaunchProfile& p;
+      ~Record() {
+        if (!on) return;
+        p.calls += 1;
+        p.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+    } record{prof, t0, profile_[li]};
     if (l.range <= l.grain || threads <= 1) {
       fn(args, 0, l.range, scratch_for(0, l.scratch_bytes));
       continue;

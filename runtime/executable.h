@@ -74,6 +74,14 @@ class Executable {
 
   std::string debug_name() const { return plan_.job_name; }
 
+  // Per-launch wall time, collected when FLOWJIT_PROFILE=1 is set.
+  struct LaunchProfile {
+    std::string symbol;
+    int64_t calls = 0;
+    double seconds = 0;
+  };
+  std::vector<LaunchProfile> profile() const;
+
  private:
   char* scratch_for(int thread, int64_t bytes);
 
@@ -86,6 +94,7 @@ class Executable {
   std::vector<size_t> arg_start_;  // start of launch i in argbuf_
   std::vector<AlignedBuffer> scratch_;
   std::vector<int64_t> scratch_size_;
+  std::vector<LaunchProfile> profile_;
   bool bound_ = false;
 };
 

@@ -224,6 +224,12 @@ void register_jobs(py::module_& m) {
       .def_property_readonly("llvm_ir", [](const CompiledJobPy& j) { return j.job().llvm_ir; })
       .def_property_readonly("assembly", [](const CompiledJobPy& j) { return j.job().assembly; })
       .def_property_readonly("plan", [](const CompiledJobPy& j) { return j.job().executable->plan().describe(); })
+      .def("profile",
+           [](const CompiledJobPy& j) {
+             std::vector<std::tuple<std::string, int64_t, double>> out;
+             for (auto& p : j.job().executable->profile()) out.emplace_back(p.symbol, p.calls, p.seconds);
+             return out;
+           })
       .def_property_readonly("arena_bytes",
                              [](const CompiledJobPy& j) { return j.job().executable->plan().arena_bytes; })
       .def_property_readonly("num_kernels",
