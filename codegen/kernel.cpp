@@ -43,7 +43,7 @@ void Kernel::finalize() {
         break;
     }
     n.kept_space = kept;
-    n.phase = n.kind == KOp::Reduce ? phase : phase;
+    n.phase = phase;
   }
   std::stable_sort(reduce_order.begin(), reduce_order.end(),
                    [&](int a, int b) { return nodes[a].phase < nodes[b].phase; });

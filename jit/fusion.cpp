@@ -190,7 +190,9 @@ struct Storage {  // where a materialized value lives
 
 class Fuser {
  public:
-  Fuser(const Graph& g, const std::string& job) : job_(job) { g_ = materialize(g); }
+  Fuser(const Graph& g, const std::string& job, FusionOptions opts) : job_(job), opts_(opts) {
+    g_ = materialize(g);
+  }
 
   FusedProgram run() {
     analyze();
@@ -389,6 +391,7 @@ class Fuser {
     if (is_view(p->op())) return is_unit_reshape(p) || p->op() != OpKind::Reshape;
     if (is_duplicable(p)) return true;
     if (!is_compute(p) || group_of_.count(p.get())) return false;
+    if (!opts_.fuse) return false;
     if (output_of_.count(p.get()) || must_store_.count(p.get())) return false;
     std::vector<const Node*> eff;
     effective_users(p, eff);
@@ -499,7 +502,7 @@ class Fuser {
 
   struct Built {
     Kernel k;
-    std::vector<const Node*> arg_buffers;  // which buffer each arg is (a node, or a temp key)
+    std::vector<const void*> arg_buffers;  // which buffer each arg is: a node, or a temporary's key
     std::vector<Storage> arg_storage;
     std::vector<const Node*> reads;   // buffers read
     std::vector<std::string> var_writes;
@@ -511,7 +514,7 @@ class Fuser {
    public:
     KernelBuilder(Fuser& f, Group& g, Built& b) : f_(f), g_(g), b_(b) {}
 
-    int arg_for(const Node* buffer, Storage s, DType dt, int64_t elems, bool write) {
+    int arg_for(const void* buffer, Storage s, DType dt, int64_t elems, bool write) {
       for (size_t i = 0; i < b_.arg_buffers.size(); ++i)
         if (b_.arg_buffers[i] == buffer) {
           (write ? b_.k.args[i].written : b_.k.args[i].read) = true;
@@ -633,7 +636,7 @@ class Fuser {
       return push(kn);
     }
 
-    void store(const NodeRef& n, const DimMap& m, const Node* buffer, Storage s) {
+    void store(const NodeRef& n, const DimMap& m, const void* buffer, Storage s) {
       int node = inst(n, m);
       int arg = arg_for(buffer, s, n->dtype(), n->type().numel(), true);
       Access a{arg, domain_strides(contiguous_strides(n->shape()), m), 0};
@@ -772,7 +775,7 @@ class Fuser {
       for (const Node* c : comp) desc << " " << names[c];
       desc << " ->";
       for (auto& s : b.k.stores) {
-        const Node* buf = b.arg_buffers[s.where.arg];
+        const Node* buf = static_cast<const Node*>(b.arg_buffers[s.where.arg]);
         const Storage& st = b.arg_storage[s.where.arg];
         switch (st.kind) {
           case Storage::Output: desc << " out" << st.index; break;
@@ -855,7 +858,7 @@ class Fuser {
     int64_t batch = 1;
     for (int i = 0; i < r - 2; ++i) batch *= mm->shape()[i];
     k.mm.batch = batch;
-    auto operand = [&](const NodeRef& x, bool trans, bool is_a) {
+    auto operand = [&](const NodeRef& x, bool trans) {
       auto v = resolve_view(x);
       FJ_CHECK(v.has_value(), "matmul operand not addressable");
       const Node* base = v->base.get();
@@ -880,16 +883,12 @@ class Fuser {
       Access acc;
       acc.arg = arg;
       acc.offset = v->offset;
-      // a: (batch, m, k); b: (batch, k, n)
-      if (is_a) {
-        acc.strides = {bstride, trans ? s_col : s_row, trans ? s_row : s_col};
-      } else {
-        acc.strides = {bstride, trans ? s_col : s_row, trans ? s_row : s_col};
-      }
+      // a as (batch, m, k) and b as (batch, k, n): a transpose swaps the two.
+      acc.strides = {bstride, trans ? s_col : s_row, trans ? s_row : s_col};
       return acc;
     };
-    k.mm.a = operand(a, ta, true);
-    k.mm.b = operand(bb, tb, false);
+    k.mm.a = operand(a, ta);
+    k.mm.b = operand(bb, tb);
     // The epilogue's domain: collapse batch dims into one.
     if (r > 3) collapse_batch_dims(k);
   }
@@ -917,9 +916,9 @@ class Fuser {
   }
 
   // Temporaries for deferred assigns: one arena buffer per variable.
-  const Node* temp_key(const std::string& name) {
-    return reinterpret_cast<const Node*>(&*temp_names_.insert(name).first);
-  }
+  // The key of a deferred assign's temporary: its variable name, whose
+  // address in temp_names_ is stable.
+  const void* temp_key(const std::string& name) { return &*temp_names_.insert(name).first; }
   int temp_for(const std::string& name, const NodeRef& var) {
     auto it = temp_index_.find(name);
     if (it != temp_index_.end()) return it->second;
@@ -952,7 +951,7 @@ class Fuser {
       k.domain = var->shape();
       k.reduced.assign(var->rank(), false);
       std::vector<int64_t> cs = contiguous_strides(var->shape());
-      auto add_arg = [&](const Node* key, Storage s, bool write) {
+      auto add_arg = [&](const void* key, Storage s, bool write) {
         b.arg_buffers.push_back(key);
         b.arg_storage.push_back(s);
         codegen::KernelArg a;
@@ -1019,6 +1018,7 @@ class Fuser {
   }
 
   std::string job_;
+  FusionOptions opts_;
   Graph g_;
   std::vector<NodeRef> topo_;
   std::unordered_map<const Node*, int> pos_;
@@ -1041,6 +1041,8 @@ class Fuser {
 
 }  // namespace
 
-FusedProgram fuse(const Graph& g, const std::string& job_name) { return Fuser(g, job_name).run(); }
+FusedProgram fuse(const Graph& g, const std::string& job_name, FusionOptions opts) {
+  return Fuser(g, job_name, opts).run();
+}
 
 }  // namespace flowjit::jit

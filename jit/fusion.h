@@ -41,6 +41,13 @@ struct FusedProgram {
   int64_t bytes_without_reuse = 0;
 };
 
-FusedProgram fuse(const ir::Graph& g, const std::string& job_name);
+struct FusionOptions {
+  // false: every compute node is its own kernel (views and constants are
+  // still folded into their users). The unfused reference for tests;
+  // FLOWJIT_DISABLE_FUSION=1 selects it.
+  bool fuse = true;
+};
+
+FusedProgram fuse(const ir::Graph& g, const std::string& job_name, FusionOptions opts = {});
 
 }  // namespace flowjit::jit
