@@ -35,10 +35,17 @@ class Lowering {
   NodeRef mul(const NodeRef& a, const NodeRef& b) { return binary(OpKind::Mul, a, b); }
   NodeRef div(const NodeRef& a, const NodeRef& b) { return binary(OpKind::Div, a, b); }
   NodeRef sqrt(const NodeRef& a) { return unary(OpKind::Sqrt, a); }
-  NodeRef norm(const NodeRef& x) {
+  static IntList all_axes(const NodeRef& x) {
     IntList all;
     for (int i = 0; i < x->rank(); ++i) all.push_back(i);
-    return sqrt(reduce(OpKind::ReduceSum, unary(OpKind::Square, x), all, false));
+    return all;
+  }
+  NodeRef norm(const NodeRef& x) {
+    return sqrt(reduce(OpKind::ReduceSum, unary(OpKind::Square, x), all_axes(x), false));
+  }
+  NodeRef rms(const NodeRef& x) {  // sqrt(sum(x^2) / n)
+    double n = static_cast<double>(std::max<int64_t>(1, x->type().numel()));
+    return sqrt(mul(reduce(OpKind::ReduceSum, unary(OpKind::Square, x), all_axes(x), false), k(1.0 / n, x)));
   }
 
   // The learning rate in the parameter's dtype.
@@ -99,18 +106,20 @@ class Lowering {
           mh = div(m2, one_minus_pow(cfg_.beta1, w));
           vh = div(v2, one_minus_pow(cfg_.beta2, w));
         }
-        NodeRef dir = div(mh, add(sqrt(vh), k(cfg_.epsilon, w)));
         if (cfg_.kind == K::LAMB) {
-          if (decays(w)) dir = add(dir, mul(k(cfg_.weight_decay, w), w));
-          // Trust ratio ||w|| / ||dir||, 1 when either norm is zero.
-          NodeRef wn = norm(w), dn = norm(dir);
+          // OneFlow's LAMB: d = m_hat / sqrt(v_hat + eps); trust = ||w|| / ||d||
+          // (1 when either norm is zero); w -= lr * trust * (d + wd * w).
+          NodeRef d = div(mh, sqrt(add(vh, k(cfg_.epsilon, w))));
+          NodeRef wn = norm(w), dn = norm(d);
           NodeRef zero = k(0, wn);
           NodeRef ok = binary(OpKind::LogicalAnd, binary(OpKind::Greater, wn, zero),
                               binary(OpKind::Greater, dn, zero));
           NodeRef trust = where(ok, div(wn, dn), k(1, wn));
+          NodeRef dir = decays(w) ? add(d, mul(k(cfg_.weight_decay, w), w)) : d;
           assign(w, sub(w, mul(mul(lr(w), trust), dir)));
           return;
         }
+        NodeRef dir = div(mh, add(sqrt(vh), k(cfg_.epsilon, w)));
         NodeRef step = mul(lr(w), dir);
         if (cfg_.kind == K::AdamW && decays(w))
           step = add(step, mul(mul(lr(w), k(cfg_.weight_decay, w)), w));
@@ -134,15 +143,19 @@ class Lowering {
         return;
       }
       case K::LARS: {
+        // OneFlow's LARS, with root-mean-square norms:
+        //   local = lr * coeff * ||w|| / (||g|| + wd * ||w|| + eps)
+        //   (the weight-decay term from the second step on)
+        //   v = beta * v - local * (g + wd * w);  w = w + v
         NodeRef mom = state(w, "momentum");
-        NodeRef wn = norm(w), gn = norm(g);
+        NodeRef wn = rms(w), gn = rms(g);
         double wd = cfg_.weight_decay;
-        NodeRef denom = add(add(gn, mul(k(wd, wn), wn)), k(cfg_.epsilon, wn));
+        NodeRef denom = add(gn, k(cfg_.epsilon, gn));
+        if (wd != 0) {
+          NodeRef first = binary(OpKind::Equal, step_, k(0, step_));
+          denom = add(denom, where(first, k(0, wn), mul(k(wd, wn), wn)));
+        }
         NodeRef local = mul(lr(wn), div(mul(k(cfg_.lars_coefficient, wn), wn), denom));
-        // Zero norms (a fresh zero-initialized weight) fall back to lr.
-        NodeRef ok = binary(OpKind::LogicalAnd, binary(OpKind::Greater, wn, k(0, wn)),
-                            binary(OpKind::Greater, gn, k(0, gn)));
-        local = where(ok, local, lr(wn));
         NodeRef dir = wd != 0 ? add(g, mul(k(wd, w), w)) : g;
         NodeRef mom2 = sub(mul(k(cfg_.momentum, w), mom), mul(local, dir));
         assign(mom, mom2);
@@ -169,16 +182,18 @@ class Lowering {
     if (cfg_.loss_scale_factor != 1)
       for (auto& g : grads) g = mul(g, k(1.0 / cfg_.loss_scale_factor, g));
     if (cfg_.clip_norm > 0 && !grads.empty()) {
-      // g *= clip / max(global_norm, clip)
+      // g *= clip / max(global_norm, clip), the norm in the widest float
+      // dtype among the gradients.
+      DType acc_t = DType::Float32;
+      for (auto& g : grads)
+        if (g->dtype() == DType::Float64) acc_t = DType::Float64;
       NodeRef total;
       for (auto& g : grads) {
-        IntList all;
-        for (int i = 0; i < g->rank(); ++i) all.push_back(i);
-        NodeRef s = cast(reduce(OpKind::ReduceSum, unary(OpKind::Square, g), all, false), DType::Float32);
+        NodeRef s = cast(reduce(OpKind::ReduceSum, unary(OpKind::Square, g), all_axes(g), false), acc_t);
         total = total ? add(total, s) : s;
       }
       NodeRef gnorm = sqrt(total);
-      NodeRef clip = fill(cfg_.clip_norm, {}, DType::Float32);
+      NodeRef clip = fill(cfg_.clip_norm, {}, acc_t);
       NodeRef scale = div(clip, binary(OpKind::Maximum, gnorm, clip));
       for (auto& g : grads) g = mul(g, cast(scale, g->dtype()));
     }

@@ -26,3 +26,6 @@ def sigmoid_cross_entropy_with_logits(labels, logits, name=None):
     x, z = logits, labels
     return _ops.add(_ops.subtract(_ops.maximum(x, 0.0), _ops.multiply(x, z)),
                     _ops.log(_ops.add(_ops.exp(_ops.negative(_ops.abs(x))), 1.0)), name=name)
+
+
+logsoftmax = log_softmax  # the name the OneFlow docs use

@@ -1,12 +1,16 @@
 """Optimizers, learning-rate schedules and warmup (OneFlow's flow.optimizer).
 
 A schedule is computed inside the job from its train-step variable, so the
-learning rate changes every step without recompiling anything.
+learning rate changes every step without recompiling anything. The formulas
+follow OneFlow's LearningRateScheduleKernel (oneflow/core/kernel/
+learning_rate_schedule_kernel.cpp): during warmup the rate is derived from the
+scheduler's base rate, and no decay applies; afterwards the decayed rate at the
+(unshifted) train step.
 """
 import math
 import numbers
 
-from . import _dtypes, _ops, _trace
+from . import _C, _dtypes, _ops, _trace
 from ._blob import Blob
 
 __all__ = ["SGD", "Adam", "AdamW", "RMSProp", "LAMB", "LARS", "PiecewiseConstantScheduler",
@@ -19,26 +23,37 @@ __all__ = ["SGD", "Adam", "AdamW", "RMSProp", "LAMB", "LARS", "PiecewiseConstant
 
 class _Warmup:
     def __init__(self, kind, steps, multiplier):
-        if not isinstance(steps, numbers.Integral) or steps < 0:
+        if not isinstance(steps, numbers.Integral) or isinstance(steps, bool) or steps < 0:
             raise ValueError(f"warmup.{kind}: steps must be a non-negative int, got {steps!r}")
+        if not isinstance(multiplier, numbers.Real) or isinstance(multiplier, bool):
+            raise TypeError(f"warmup.{kind}: the multiplier must be a number, got {multiplier!r}")
+        # OneFlow's kernel checks: constant 0 < multiplier < 1, linear 0 <= start < 1.
+        if kind == "constant" and not 0 < multiplier < 1:
+            raise ValueError(f"warmup.constant: multiplier must be in (0, 1), got {multiplier!r}")
+        if kind == "linear" and not 0 <= multiplier < 1:
+            raise ValueError(f"warmup.linear: start_multiplier must be in [0, 1), got {multiplier!r}")
         self.kind, self.steps, self.multiplier = kind, int(steps), float(multiplier)
 
-    def apply(self, lr, step):
-        """lr (float64 blob) adjusted during the first `steps` steps."""
+    def apply(self, base_lr, lr, step):
+        """During the first `steps` steps, base_lr * multiplier (linear: the
+        multiplier ramps from start_multiplier towards 1); lr (the decayed
+        rate, a float64 blob) afterwards."""
         if self.steps == 0:
             return lr
         if self.kind == "linear":
             frac = _ops.divide(step, float(self.steps))
             mult = _ops.add(_ops.multiply(frac, 1.0 - self.multiplier), self.multiplier)
+            warm = _ops.multiply(mult, base_lr)
         else:
-            mult = _ops.constant(self.multiplier, _dtypes.float64)
-        return _ops.where(_ops.less(step, float(self.steps)), _ops.multiply(lr, mult), lr)
+            warm = _c(base_lr * self.multiplier)
+        return _ops.where(_ops.less(step, float(self.steps)), warm, lr)
 
 
 class warmup:  # noqa: N801 - OneFlow's module-like name
-    """``warmup.linear(steps, start_multiplier)`` ramps the rate from
-    start_multiplier * lr to lr; ``warmup.constant(steps, multiplier)`` scales
-    it by multiplier for the first steps."""
+    """``warmup.linear(steps, start_multiplier)``: for step < steps the rate is
+    base_lr * (start_multiplier + (1 - start_multiplier) * step / steps);
+    ``warmup.constant(steps, multiplier)``: base_lr * multiplier for step <
+    steps. The scheduler's decay applies from step `steps` on (OneFlow)."""
 
     @staticmethod
     def linear(steps, start_multiplier):
@@ -73,11 +88,15 @@ class _Scheduler:
         """The rate at `step` (a float64 scalar blob)."""
         lr = self._rate(step)
         if self.warmup is not None:
-            lr = self.warmup.apply(lr, step)
+            lr = self.warmup.apply(self._base_lr(), lr, step)
         return lr
 
     def _rate(self, step):
         raise NotImplementedError
+
+    def _base_lr(self):
+        """The rate warmup scales (OneFlow's base_learning_rate)."""
+        return self.base_lr
 
 
 def _c(v):
@@ -85,7 +104,9 @@ def _c(v):
 
 
 class PiecewiseConstantScheduler(_Scheduler):
-    """values[i] while boundaries[i-1] <= step < boundaries[i]."""
+    """values[0] while step <= boundaries[0], values[i] while
+    boundaries[i-1] < step <= boundaries[i], values[-1] after the last
+    boundary (OneFlow's kernel, as TensorFlow's piecewise_constant)."""
 
     def __init__(self, boundaries, values, warmup=None):
         super().__init__(warmup)
@@ -100,19 +121,23 @@ class PiecewiseConstantScheduler(_Scheduler):
     def _rate(self, step):
         lr = _c(self.values[0])
         for b, v in zip(self.boundaries, self.values[1:]):
-            lr = _ops.where(_ops.greater_equal(step, float(b)), _c(v), lr)
+            lr = _ops.where(_ops.greater(step, float(b)), _c(v), lr)
         return lr
+
+    def _base_lr(self):
+        return self.values[0]
 
 
 class PiecewiseScalingScheduler(_Scheduler):
-    """base_lr, then base_lr * scale[i] from boundaries[i] on (a single float
-    scale means scale ** (i + 1))."""
+    """base_lr while step <= boundaries[0], then base_lr * scale[i] while
+    boundaries[i] < step <= boundaries[i+1]; a single number `scale` means
+    that scale for every boundary (OneFlow: [scale] * len(boundaries))."""
 
     def __init__(self, base_lr, boundaries, scale, warmup=None):
         super().__init__(warmup)
         boundaries = list(boundaries)
         if isinstance(scale, numbers.Real):
-            scale = [float(scale) ** (i + 1) for i in range(len(boundaries))]
+            scale = [float(scale)] * len(boundaries)
         scale = list(scale)
         if len(scale) != len(boundaries):
             raise ValueError("PiecewiseScalingScheduler: one scale per boundary is needed, got "
@@ -122,7 +147,7 @@ class PiecewiseScalingScheduler(_Scheduler):
     def _rate(self, step):
         lr = _c(self.base_lr)
         for b, s in zip(self.boundaries, self.scale):
-            lr = _ops.where(_ops.greater_equal(step, float(b)), _c(self.base_lr * s), lr)
+            lr = _ops.where(_ops.greater(step, float(b)), _c(self.base_lr * s), lr)
         return lr
 
 
@@ -157,8 +182,9 @@ class LinearCosineScheduler(_Scheduler):
 
 
 class PolynomialScheduler(_Scheduler):
-    """(base_lr - end) * (1 - step / steps) ** power + end; with cycle, steps
-    grows to the next multiple of itself past step."""
+    """(base_lr - end) * (1 - min(step, steps) / steps) ** power + end; with
+    cycle, steps grows to steps * ceil(step / steps) and step 0 counts as
+    step 1 (OneFlow's kernel)."""
 
     def __init__(self, base_lr, steps, end_learning_rate=0.0001, power=1.0, cycle=False, warmup=None):
         super().__init__(warmup)
@@ -167,9 +193,9 @@ class PolynomialScheduler(_Scheduler):
 
     def _rate(self, step):
         if self.cycle:
-            periods = _ops.maximum(_ops.ceil(_ops.divide(step, float(self.steps))), 1.0)
-            span = _ops.multiply(periods, float(self.steps))
-            frac = _ops.divide(step, span)
+            cur = _ops.maximum(step, 1.0)  # OneFlow: cur_batch = 1 at step 0
+            span = _ops.multiply(_ops.ceil(_ops.divide(cur, float(self.steps))), float(self.steps))
+            frac = _ops.divide(cur, span)
         else:
             frac = _ops.divide(_ops.minimum(step, float(self.steps)), float(self.steps))
         base = _ops.subtract(1.0, frac)
@@ -215,7 +241,7 @@ class NaturalExpScheduler(_DecayScheduler):
 class _Constant(_Scheduler):
     def __init__(self, lr):
         super().__init__(None)
-        self.lr = float(lr)
+        self.lr = self.base_lr = float(lr)
 
     def _rate(self, step):
         return _c(self.lr)
@@ -238,6 +264,42 @@ class grad_clipping:  # noqa: N801
 
 
 # ---------------------------------------------------------------- optimizers
+
+# Ops through which no gradient flows (ops.def: grad = Zero); a gradient also
+# stops at any non-float value (jit/autodiff.cpp).
+_NO_GRADIENT_OPS = frozenset(getattr(_C.OpKind, n) for n in (
+    "parameter", "variable", "fill", "iota", "random_uniform", "random_normal", "truncated_normal",
+    "sign", "floor", "ceil", "round", "logical_not", "equal", "not_equal", "less", "less_equal",
+    "greater", "greater_equal", "logical_and", "logical_or", "argmax", "argmin", "one_hot"))
+_FLOAT_DTYPES = frozenset((_C.DType.float32, _C.DType.float64))
+
+
+def _variables_with_gradient(losses):
+    """Names of the variables a gradient of the losses reaches.
+
+    OneFlow updates only the variables that get a gradient ("diff") from the
+    losses: a trainable variable the loss does not depend on keeps its value
+    (no weight decay, no momentum carried over from another job) and gets no
+    optimizer state. The walk deduplicates shared nodes (Node.same), bucketed
+    by op and type so that it stays cheap.
+    """
+    names = set()
+    seen = {}  # (op, shape, dtype) -> [visited nodes]
+    stack = [l._node for l in losses]
+    while stack:
+        n = stack.pop()
+        if n.dtype not in _FLOAT_DTYPES:
+            continue
+        bucket = seen.setdefault((n.op, n.shape, n.dtype), [])
+        if any(n.same(m) for m in bucket):
+            continue
+        bucket.append(n)
+        if n.op == _C.OpKind.variable:
+            names.add(n.attr("name"))
+        elif n.op not in _NO_GRADIENT_OPS:
+            stack.extend(n.inputs)
+    return names
+
 
 class Optimizer:
     kind = "?"
@@ -271,9 +333,15 @@ class Optimizer:
         if b.minimize is not None:
             _trace.fail(ValueError, f"{type(self).__name__}.minimize: job '{b.job_name}' already "
                         "called minimize; pass a list of losses to one minimize call instead")
+        self._trained = _variables_with_gradient(losses)
         step = b.train_step()
-        lr = _ops.cast(self.lr_scheduler.learning_rate(_ops.cast(step, _dtypes.float64)), _dtypes.float32)
+        step64 = _ops.cast(step, _dtypes.float64)
+        lr = _ops.cast(self._adjust_lr(self.lr_scheduler.learning_rate(step64), step64), _dtypes.float32)
         b.minimize = (self, losses, lr, step)
+
+    def _adjust_lr(self, lr, step):
+        """The scheduled rate (float64 blob) as the update formula uses it."""
+        return lr
 
     def _config(self):
         c = {"kind": self.kind, "loss_scale_factor": self.loss_scale_factor}
@@ -286,7 +354,8 @@ class Optimizer:
         return {}
 
     def _variables_filter(self):
-        return None
+        """The variables minimize updates (set in minimize)."""
+        return getattr(self, "_trained", None)
 
 
 class SGD(Optimizer):
@@ -317,9 +386,25 @@ class Adam(Optimizer):
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
         self.do_bias_correction = bool(do_bias_correction)
 
+    def _adjust_lr(self, lr, step):
+        # OneFlow's bias correction scales the rate, not m and v:
+        # lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t) with t = step + 1, and
+        # then w -= lr_t * (m / (sqrt(v) + epsilon) [+ weight_decay * w])
+        # (AdamBiasCorrectionLearningRate and AdamUpdateFunctor in
+        # oneflow/user/kernels/model_update_kernel_util.*). So epsilon is not
+        # bias corrected and AdamW's decay term gets lr_t too.
+        if not self.do_bias_correction:
+            return lr
+        t = _ops.add(step, 1.0)
+        one_minus_b1 = _ops.subtract(1.0, _ops.pow(_c(self.beta1), t))
+        one_minus_b2 = _ops.subtract(1.0, _ops.pow(_c(self.beta2), t))
+        return _ops.divide(_ops.multiply(lr, _ops.sqrt(one_minus_b2)), one_minus_b1)
+
     def _extra(self):
+        # The bias correction is folded into the rate above, so the update
+        # lowering (jit/optimizer.cpp) runs the uncorrected formula.
         return {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon,
-                "do_bias_correction": self.do_bias_correction}
+                "do_bias_correction": False}
 
 
 class AdamW(Adam):
