@@ -336,6 +336,7 @@ class Optimizer:
         self._trained = _variables_with_gradient(losses)
         step = b.train_step()
         step64 = _ops.cast(step, _dtypes.float64)
+        # As in OneFlow, the learning rate is a float32 value.
         lr = _ops.cast(self._adjust_lr(self.lr_scheduler.learning_rate(step64), step64), _dtypes.float32)
         b.minimize = (self, losses, lr, step)
 

@@ -5,6 +5,8 @@ ReLU, the ReLU mask of the backward matmul, the phased softmax and
 cross-entropy kernels, reductions with an optimizer update as epilogue) must
 give the same result as one kernel per op. Float32, tolerance rtol 1e-5.
 """
+from typing import Tuple
+
 import numpy as np
 import pytest
 
@@ -71,3 +73,31 @@ def test_seed_step_fusion_plan():
                and not s.startswith("reduce_max")) == 2, plan  # bias updates
     assert sum(1 for s in summaries if s.startswith("reduce_max")) == 2, plan  # loss fwd, bwd
     assert len(summaries) == 10, plan
+
+
+def test_aliasing_inputs_outputs_and_in_place_updates():
+    # The same array bound to two placeholders, the same blob returned twice,
+    # a variable returned directly, and an update of a variable that the
+    # same step also reads transposed (the assign must wait for every read).
+    @flow.global_function(type="train")
+    def job(a: tp.Numpy.Placeholder((4, 4), dtype=flow.double),
+            b: tp.Numpy.Placeholder((4, 4), dtype=flow.double)) -> Tuple[tp.Numpy, tp.Numpy, tp.Numpy]:
+        w = flow.get_variable("alias_w", shape=(4, 4), dtype=flow.double,
+                              initializer=flow.random_normal_initializer(seed=5))
+        y = flow.matmul(w, w, transpose_b=True) * a + b
+        loss = flow.math.reduce_sum(y)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.01]), momentum=0).minimize(loss)
+        return y, y, w
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, 4))
+    job(x, x)  # creates the variable
+    w0 = flow.get_all_variables()["alias_w"].copy()
+    y1, y2, wret = job(x, x)
+    np.testing.assert_allclose(y1, w0 @ w0.T * x + x, rtol=1e-12)
+    np.testing.assert_array_equal(y1, y2)
+    assert y1 is not y2
+    np.testing.assert_array_equal(wret, w0)  # the value read by this step
+    # d/dw sum((w w^T) * a) = (a + a^T) w; the learning rate is a float32 (OneFlow).
+    lr = float(np.float32(0.01))
+    np.testing.assert_allclose(flow.get_all_variables()["alias_w"], w0 - lr * (x + x.T) @ w0, rtol=1e-12)
