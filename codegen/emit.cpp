@@ -292,7 +292,11 @@ Value* ExprEmitter::eval_here(int node) {
   const KNode& n = k_.nodes[node];
   switch (n.kind) {
     case KOp::Load: return load(k_.loads.at(n.access), n.dtype);
-    case KOp::Const: return splat(constant(n.value, n.dtype), width);
+    case KOp::Const:
+      if (ir::is_int(n.dtype))
+        return splat(llvm::ConstantInt::get(reg_type(b_.getContext(), n.dtype),
+                                            static_cast<uint64_t>(n.ivalue), true), width);
+      return splat(constant(n.value, n.dtype), width);
     case KOp::Index: return cast(index_value(n.index_strides, 0), DType::Int64, n.dtype);
     case KOp::Random: {
       Value* counter = index_value(n.index_strides, 0);

@@ -58,7 +58,8 @@ struct KNode {
   DType dtype = DType::Float32;  // result type
   std::vector<int> operands;     // indices of earlier KNodes
   int access = -1;               // Load: index into Kernel::loads
-  double value = 0;              // Const
+  double value = 0;              // Const (floating-point)
+  int64_t ivalue = 0;            // Const (integers: exact)
   std::vector<int64_t> index_strides;  // Index, Random (counter), ArgMax/ArgMin (index along the axis)
   int64_t seed = 0;                    // Random
   bool kept_space = false;  // depends on no reduced index (set by Kernel::finalize)

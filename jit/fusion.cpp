@@ -284,7 +284,9 @@ class Fuser {
     auto it = users_.find(n.get());
     if (it == users_.end()) return;
     for (const NodeRef& u : it->second) {
-      if (is_duplicable(u)) {
+      // A duplicable user that must be stored is a kernel root of its own.
+      bool stored = output_of_.count(u.get()) || assigns_.count(u.get());
+      if (is_duplicable(u) && !stored) {
         effective_users(u, out);
       } else {
         out.push_back(u.get());
@@ -588,10 +590,14 @@ class Fuser {
       kn.dtype = n->dtype();
       const Attrs& a = n->attrs();
       switch (n->op()) {
-        case OpKind::Fill:
+        case OpKind::Fill: {
           kn.kind = KOp::Const;
           kn.value = a.get_float("value");
+          const AttrValue* v = a.find("value");
+          if (auto* i = std::get_if<int64_t>(v)) kn.ivalue = *i;  // exact for int64
+          else kn.ivalue = static_cast<int64_t>(kn.value);
           return push(kn);
+        }
         case OpKind::Iota: {
           kn.kind = KOp::Index;
           kn.index_strides.assign(g_.domain.size(), 0);

@@ -63,7 +63,13 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   int64_t nc_max = std::max<int64_t>(bl.nr, (t.l2_bytes / 2) / (bl.kc * elem_bytes) / bl.nr * bl.nr);
   // Tasks: as few column blocks as the cache allows, then enough tasks for
   // every thread, splitting whichever dimension is larger per task.
-  int64_t col_blocks = ceil_div(mm.n, nc_max), row_groups = 1;
+  if (mm.m == 0 || mm.n == 0 || mm.batch == 0) {  // an empty result: nothing to do
+    bl.tasks = 0;
+    bl.task_rows = bl.mr;
+    bl.task_cols = bl.nr;
+    return bl;
+  }
+  int64_t col_blocks = std::max<int64_t>(1, ceil_div(mm.n, nc_max)), row_groups = 1;
   int64_t max_row_groups = ceil_div(mm.m, bl.mr), max_col_blocks = ceil_div(mm.n, bl.nr);
   int64_t want = t.threads;
   while (mm.batch * row_groups * col_blocks < want) {

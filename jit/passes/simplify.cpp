@@ -1,11 +1,23 @@
 // simplify: algebraic simplification.
 #include "jit/passes/simplify.h"
 
+#include <cmath>
+
 namespace flowjit::jit {
 
 using namespace ir;
 
 namespace {
+
+// A zero constant that leaves every value unchanged when added (the IEEE
+// additive identity is -0.0) or, with `subtracted`, when subtracted (+0.0).
+// Integer zeros are identities either way.
+bool is_additive_identity(const NodeRef& z, bool subtracted) {
+  if (!is_fill(z, 0.0)) return false;
+  if (!is_float(z->dtype())) return true;
+  bool negative = std::signbit(z->attrs().get_float("value"));
+  return subtracted ? !negative : negative;
+}
 
 // `x` stands in for `n` only if it has exactly n's type.
 bool same_type(const NodeRef& x, const NodeRef& n) { return x->type() == n->type(); }
@@ -18,11 +30,13 @@ NodeRef simplify_node(const NodeRef& n) {
     case OpKind::Cast:
       return in[0]->dtype() == n->dtype() ? in[0] : n;
     case OpKind::Add:
-      if (is_fill(in[1], 0.0) && same_type(in[0], n)) return in[0];
-      if (is_fill(in[0], 0.0) && same_type(in[1], n)) return in[1];
+      // x + (-0.0) is x for every float x; x + 0.0 is not (-0.0 + 0.0 = 0.0).
+      if (is_additive_identity(in[1], false) && same_type(in[0], n)) return in[0];
+      if (is_additive_identity(in[0], false) && same_type(in[1], n)) return in[1];
       return n;
     case OpKind::Sub:
-      if (is_fill(in[1], 0.0) && same_type(in[0], n)) return in[0];
+      // x - 0.0 is x for every float x; x - (-0.0) is not.
+      if (is_additive_identity(in[1], true) && same_type(in[0], n)) return in[0];
       return n;
     case OpKind::Mul:
       if (is_fill(in[1], 1.0) && same_type(in[0], n)) return in[0];

@@ -1,6 +1,7 @@
 // simplify: algebraic simplification.
 //
-// Rewrites that are exact in IEEE arithmetic: x + 0, x - 0, x * 1, x / 1,
+// Rewrites that are exact in IEEE arithmetic: x + (-0.0), x - 0.0 (and
+// integer zeros), x * 1, x / 1,
 // neg(neg(x)), identity and same-type casts, where(c, x, x), reshape and
 // broadcast to the operand's own shape, and chains of reshapes or of
 // transposes collapse into one. x * 0 is left alone (NaN and inf * 0).

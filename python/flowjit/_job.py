@@ -369,7 +369,7 @@ class JobFunction:
         if kwargs:
             args = self._bind_kwargs(args, kwargs)
         fast = self._fast
-        if fast is not None and not self._async:
+        if fast is not None and not self._async and self._generation == _C.session_generation():
             outs = fast.job.try_run(args)
             if outs is not None:
                 return fast.build(outs)
@@ -377,6 +377,9 @@ class JobFunction:
 
     def _bind_kwargs(self, args, kwargs):
         names = [n for n, _ in self._params]
+        dup = sorted(set(names[:len(args)]) & set(kwargs))
+        if dup:
+            raise TypeError(f"job '{self._name}' got multiple values for argument '{dup[0]}'")
         full = list(args)
         for n in names[len(args):]:
             if n not in kwargs:
@@ -433,8 +436,14 @@ class JobFunction:
 
     def _check_array(self, pname, ph, a, exact):
         if not isinstance(a, np.ndarray):
+            hint = ""
+            if isinstance(a, (np.generic, numbers.Number)):
+                hint = f"; a scalar must be passed as a 0-d array, e.g. np.array({a!r}, dtype=np." \
+                       f"{ph.dtype.np})"
+            elif isinstance(a, (list, tuple)) and ph.kind == "Numpy":
+                hint = f"; convert it with np.array(..., dtype=np.{ph.dtype.np})"
             raise TypeError(f"job '{self._name}': parameter '{pname}' expects a numpy array "
-                            f"({ph!r}) but got {type(a).__name__}")
+                            f"({ph!r}) but got {type(a).__name__}{hint}")
         if a.dtype != ph.dtype.np:
             raise TypeError(f"job '{self._name}': parameter '{pname}' is declared {ph.dtype.np} but the "
                             f"array is {a.dtype}; convert it with {pname.split('[')[0]}.astype(np."

@@ -39,7 +39,17 @@ def _scalar(value, dtype, api):
         _trace.fail(TypeError, f"{api}: expected a Blob or a Python number, got {type(value).__name__}"
                     + (" (numpy arrays must be passed to the job as placeholders)"
                        if isinstance(value, np.ndarray) else ""))
-    return make(K.fill, [], {"value": v, "shape": [], "dtype": dtype.c}, api=api)
+    return make(K.fill, [], {"value": _fill_value(v if not isinstance(value, numbers.Integral)
+                                                  or isinstance(value, bool) else value, dtype),
+                             "shape": [], "dtype": dtype.c}, api=api)
+
+
+def _fill_value(value, dtype):
+    """The fill attribute: an exact int for integer dtypes, else a float."""
+    if dtype in (_dtypes.int8, _dtypes.uint8, _dtypes.int32, _dtypes.int64) and \
+            isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return float(value)
 
 
 def _lift_pair(x, y, api):
@@ -88,7 +98,18 @@ round = _unary(K.round, "round")  # noqa: A001
 reciprocal = _unary(K.reciprocal, "reciprocal")
 sin = _unary(K.sin, "sin")
 cos = _unary(K.cos, "cos")
-logical_not = _unary(K.logical_not, "logical_not")
+
+
+def _truth(x, api):
+    """x as a bool Blob: numbers are tested against zero (numpy's logical_* rule)."""
+    if isinstance(x, Blob) and x.dtype is not _dtypes.bool_:
+        return make(K.not_equal, [x, _scalar(0, x.dtype, api)], api=api)
+    return x
+
+
+def logical_not(x, name=None):
+    """Elementwise not; a numeric x counts as true where it is nonzero."""
+    return make(K.logical_not, [_truth(x, "logical_not")], name=name, api="logical_not")
 
 add = _binary(K.add, "add")
 subtract = _binary(K.sub, "subtract")
@@ -103,8 +124,19 @@ less = _binary(K.less, "less")
 less_equal = _binary(K.less_equal, "less_equal")
 greater = _binary(K.greater, "greater")
 greater_equal = _binary(K.greater_equal, "greater_equal")
-logical_and = _binary(K.logical_and, "logical_and")
-logical_or = _binary(K.logical_or, "logical_or")
+
+
+def _logical(op, api):
+    def f(x, y, name=None):
+        a, b = _lift_pair(_truth(x, api), _truth(y, api), api)
+        return make(op, [a, b], name=name, api=api)
+    f.__name__ = api
+    f.__doc__ = f"Elementwise {api}(x, y); numbers count as true where nonzero."
+    return f
+
+
+logical_and = _logical(K.logical_and, "logical_and")
+logical_or = _logical(K.logical_or, "logical_or")
 
 
 def identity(x, name=None):
@@ -112,9 +144,17 @@ def identity(x, name=None):
     return make(K.identity, [x], name=name, api="identity")
 
 
+def _dtype(dtype, api):
+    """dtype as a flow DType; a bad one fails naming the job and the user's line."""
+    try:
+        return _dtypes.to_dtype(dtype, api)
+    except (TypeError, NotImplementedError) as e:
+        _trace.fail(type(e), str(e))
+
+
 def cast(x, dtype, name=None):
     """x converted to `dtype` (floats to ints truncate and saturate)."""
-    d = _dtypes.to_dtype(dtype, "cast")
+    d = _dtype(dtype, "cast")
     return make(K.cast, [x], {"dtype": d.c}, name=name, api="cast")
 
 
@@ -127,6 +167,11 @@ def where(condition, x=None, y=None, name=None):
         _trace.fail(TypeError, "where: condition must be a Blob")
     if condition.dtype is not _dtypes.bool_:
         condition = make(K.not_equal, [condition, _scalar(0, condition.dtype, "where")], api="where")
+    if not isinstance(x, Blob) and not isinstance(y, Blob):
+        # numpy's where(c, 1.0, 0.0): both branches are scalars of one dtype
+        both_int = all(isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+                       for v in (x, y))
+        x = _scalar(x, _dtypes.int32 if both_int else _default_dtype(), "where")
     a, b = _lift_pair(x, y, "where")
     return make(K.where, [condition, a, b], name=name, api="where")
 
@@ -173,24 +218,28 @@ def reduce_mean(input_tensor, axis=None, keepdims=False, name=None):
 
 def argmax(input, axis=-1, dtype=None, name=None):
     """Index of the largest element along `axis` (int32 unless dtype is given)."""
-    d = _dtypes.to_dtype(dtype or _dtypes.int32, "argmax")
+    d = _dtype(dtype or _dtypes.int32, "argmax")
     return make(K.argmax, [input], {"axes": [int(axis)], "keepdims": False, "dtype": d.c},
                 name=name, api="argmax")
 
 
 def argmin(input, axis=-1, dtype=None, name=None):
     """Index of the smallest element along `axis` (int32 unless dtype is given)."""
-    d = _dtypes.to_dtype(dtype or _dtypes.int32, "argmin")
+    d = _dtype(dtype or _dtypes.int32, "argmin")
     return make(K.argmin, [input], {"axes": [int(axis)], "keepdims": False, "dtype": d.c},
                 name=name, api="argmin")
 
 
 # ---------------------------------------------------------------- shapes
 
+def _is_int(d):
+    return isinstance(d, numbers.Integral) and not isinstance(d, (bool, np.bool_))
+
+
 def _int_list(shape, api, what="shape"):
-    if isinstance(shape, numbers.Integral):
+    if _is_int(shape):
         return [int(shape)]
-    if isinstance(shape, (list, tuple)) and all(isinstance(d, numbers.Integral) for d in shape):
+    if isinstance(shape, (list, tuple)) and all(_is_int(d) for d in shape):
         return [int(d) for d in shape]
     _trace.fail(TypeError, f"{api}: {what} must be a list or tuple of ints, got {shape!r}")
 
@@ -215,6 +264,9 @@ def expand_dims(input, axis, name=None):
     """input with an extent-1 axis inserted at `axis`."""
     shape = list(input.shape)
     r = len(shape) + 1
+    if not _is_int(axis):
+        _trace.fail(TypeError, f"expand_dims: axis must be an int, got {axis!r}")
+    axis = int(axis)
     if not -r <= axis < r:
         _trace.fail(ValueError, f"expand_dims: axis {axis} is out of range for rank {len(shape)}")
     shape.insert(axis if axis >= 0 else axis + r, 1)
@@ -224,7 +276,16 @@ def expand_dims(input, axis, name=None):
 def squeeze(input, axis=None, name=None):
     """input without extent-1 axes (only those in `axis` when given)."""
     shape = list(input.shape)
-    axes = range(len(shape)) if axis is None else [a % len(shape) for a in _int_list(axis, "squeeze", "axis")]
+    r = len(shape)
+    if axis is None:
+        axes = range(r)
+    else:
+        axes = []
+        for a in _int_list(axis, "squeeze", "axis"):
+            if not -r <= a < r:
+                _trace.fail(ValueError, f"squeeze: axis {a} is out of range for a rank-{r} input "
+                            f"(expected {-r} <= axis < {r})")
+            axes.append(a % r)
     for a in axes:
         if axis is not None and shape[a] != 1:
             _trace.fail(ValueError, f"squeeze: axis {a} has extent {shape[a]}, not 1")
@@ -285,7 +346,7 @@ def one_hot(indices, depth, on_value=1, off_value=0, axis=-1, dtype=None, name=N
     """One-hot encoding of integer `indices` along a new last axis."""
     if axis != -1:
         _trace.fail(NotImplementedError, "one_hot: only axis=-1 is supported")
-    d = _dtypes.to_dtype(dtype or _dtypes.float32, "one_hot")
+    d = _dtype(dtype or _dtypes.float32, "one_hot")
     return make(K.one_hot, [indices], {"depth": int(depth), "dtype": d.c,
                                        "on_value": float(on_value), "off_value": float(off_value)},
                 name=name, api="one_hot")
@@ -302,11 +363,12 @@ def constant(value, dtype=None, shape=None, name=None):
     """A blob of `shape` filled with the scalar `value`."""
     if not isinstance(value, (numbers.Number, np.bool_)):
         _trace.fail(TypeError, f"constant: value must be a scalar number, got {type(value).__name__}")
-    d = _dtypes.to_dtype(dtype, "constant") if dtype is not None else (
+    d = _dtype(dtype, "constant") if dtype is not None else (
         _default_dtype() if isinstance(value, float) else _dtypes.int32
         if isinstance(value, numbers.Integral) and not isinstance(value, bool) else _default_dtype())
     s = [] if shape is None else _int_list(shape, "constant")
-    return make(K.fill, [], {"value": float(value), "shape": s, "dtype": d.c}, name=name, api="constant")
+    return make(K.fill, [], {"value": _fill_value(value, d), "shape": s, "dtype": d.c}, name=name,
+                api="constant")
 
 
 def zeros(shape, dtype=None, name=None):
@@ -329,6 +391,6 @@ def ones_like(like, dtype=None, name=None):
 
 def _random(op, shape, dtype, seed):
     """A random source of `shape` (counter-based: element i depends only on i and seed)."""
-    d = _dtypes.to_dtype(dtype, "random")
+    d = _dtype(dtype, "random")
     return make(op, [], {"shape": [int(s) for s in shape], "dtype": d.c, "seed": int(seed)},
                 api=op.name)

@@ -60,8 +60,19 @@ class RandomUniformInitializer(Initializer):
         self.minval, self.maxval, self.seed = float(minval), float(maxval), seed
 
     def build(self, ops, shape, dtype, seed):
-        u = ops._random(_C.OpKind.random_uniform, shape, dtype, seed)
-        return ops.add(ops.multiply(u, self.maxval - self.minval), self.minval)
+        if dtype in (_dtypes.float32, _dtypes.float64):
+            u = ops._random(_C.OpKind.random_uniform, shape, dtype, seed)
+            return ops.add(ops.multiply(u, self.maxval - self.minval), self.minval)
+        if dtype is _dtypes.bool_:
+            _trace.fail(TypeError, "random_uniform_initializer: cannot initialize a bool variable")
+        # Integers uniform in [minval, maxval) (OneFlow's random_uniform_int_conf).
+        lo, hi = math.ceil(self.minval), math.ceil(self.maxval)
+        if hi <= lo:
+            _trace.fail(ValueError, f"random_uniform_initializer: no integer lies in [{self.minval}, "
+                        f"{self.maxval}) for a {dtype!r} variable")
+        u = ops._random(_C.OpKind.random_uniform, shape, _dtypes.float64, seed)
+        v = ops.minimum(ops.floor(ops.add(ops.multiply(u, float(hi - lo)), float(lo))), float(hi - 1))
+        return ops.cast(v, dtype)
 
 
 class RandomNormalInitializer(Initializer):
@@ -240,8 +251,11 @@ def get_variable(name, shape=None, dtype=None, initializer=None, regularizer=Non
         _trace.fail(TypeError, f"get_variable: initializer must be a flow initializer (e.g. "
                     f"flow.random_normal_initializer()), got {initializer!r}", loc)
     trainable = True if trainable is None else bool(trainable)
+    seed = getattr(initializer, "seed", None)
+    if seed is None:
+        seed = random_seed
     return b.variable(name, tuple(int(d) for d in shape), dt, initializer, trainable,
-                      _derived_seed(name, getattr(initializer, "seed", None) or random_seed), loc)
+                      _derived_seed(name, seed), loc)
 
 
 # ---------------------------------------------------------------- session access

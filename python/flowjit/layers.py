@@ -2,6 +2,7 @@
 import numbers
 
 from . import _C, _dtypes, _ops, _trace, nn
+from ._blob import Blob
 from ._variables import get_variable
 
 
@@ -15,6 +16,8 @@ def dense(inputs, units, activation=None, use_bias=True, kernel_initializer=None
     rank > 2 are flattened to (-1, in_features) and reshaped back.
     """
     loc = _trace.user_location()
+    if not isinstance(inputs, Blob):
+        _trace.fail(TypeError, f"dense '{name}': inputs must be a Blob, got {type(inputs).__name__}", loc)
     if not isinstance(units, numbers.Integral) or isinstance(units, bool) or units <= 0:
         _trace.fail(ValueError, f"dense '{name}': units must be a positive int, got {units!r}", loc)
     shape = inputs.shape

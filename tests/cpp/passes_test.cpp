@@ -34,7 +34,7 @@ std::string graph(const std::string& body) { return std::string(kHeader) + body 
 
 TEST(Passes, SimplifyRemovesIdentities) {
   std::string in = graph(
-      "  %0 = fill() {dtype=f32, shape=[], value=0.0} : f32[]\n"
+      "  %0 = fill() {dtype=f32, shape=[], value=-0.0} : f32[]\n"
       "  %1 = add(%x, %0) : f32[4,3]\n"
       "  %2 = fill() {dtype=f32, shape=[], value=1.0} : f32[]\n"
       "  %3 = mul(%2, %1) : f32[4,3]\n"
@@ -45,6 +45,18 @@ TEST(Passes, SimplifyRemovesIdentities) {
       "  return %7\n");
   EXPECT_EQ(run(jit::simplify, in),
             graph("  %0 = reshape(%x) {shape=[2,6]} : f32[2,6]\n  return %0\n"));
+}
+
+TEST(Passes, SimplifyKeepsSignedZeros) {
+  // -0.0 + 0.0 is +0.0, so x + 0.0 is not x; x - 0.0 is.
+  std::string in = graph(
+      "  %0 = fill() {dtype=f32, shape=[], value=0.0} : f32[]\n"
+      "  %1 = add(%x, %0) : f32[4,3]\n"
+      "  %2 = sub(%1, %0) : f32[4,3]\n"
+      "  return %2\n");
+  EXPECT_EQ(run(jit::simplify, in),
+            graph("  %0 = fill() {dtype=f32, shape=[], value=0.0} : f32[]\n"
+                  "  %1 = add(%x, %0) : f32[4,3]\n  return %1\n"));
 }
 
 TEST(Passes, SimplifyKeepsBroadcastingAdds) {
