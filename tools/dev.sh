@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 export FLOWJIT_BUILD_DIR="${FLOWJIT_BUILD_DIR:-$ROOT/build/dev}"
+# ccache hits across clones in different folders (CI builds a fresh clone).
+export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=1
 PY="${PYTHON:-python3}"
 
 APT_PACKAGES="llvm-19-dev libtbb-dev libgloo-dev dataset-fashion-mnist libgtest-dev cmake ninja-build ccache g++ python3-dev"
