@@ -33,9 +33,12 @@ struct JobDescription {
 struct CompileSettings {
   int debug = 0;             // FLOWJIT_DEBUG
   std::string dump_dir;      // FLOWJIT_DUMP_DIR
-  std::string cache_dir;     // FLOWJIT_CACHE_DIR ("" disables the disk cache)
-  int64_t cache_max_bytes = 0;  // FLOWJIT_CACHE_MAX_BYTES (0: default bound)
+  // FLOWJIT_CACHE_DIR, default ~/.cache/flowjit; "" (FLOWJIT_DISABLE_CACHE=1)
+  // disables the disk cache.
+  std::string cache_dir;
+  int64_t cache_max_bytes = 0;  // FLOWJIT_CACHE_MAX_BYTES (0: default bound, -1: unparsable)
   bool keep_text = false;    // keep IR/LLVM text on the result even without debug
+  bool fuse = true;          // FLOWJIT_DISABLE_FUSION=1 turns fusion off (tests)
   static CompileSettings from_environment();
 };
 

@@ -85,8 +85,7 @@ class CompiledJobPy {
     std::vector<py::object> keep;
     if (!convert_inputs(args, ins, keep)) return py::none();
     Session& s = Session::get();
-    s.raise_pending();
-    if (s.has_pending_work()) s.wait_jobs();
+    s.sync_before_call();  // sees every queued update, raises every earlier error
     std::vector<py::array> outs = allocate_outputs();
     std::vector<void*> out_ptrs;
     for (auto& o : outs) out_ptrs.push_back(o.mutable_data());
@@ -146,10 +145,9 @@ class CompiledJobPy {
           for (size_t i = 0; i < n; ++i) outs[i] = refs->objs[i];
           refs->objs.back()(outs);
         } catch (py::error_already_set& e) {
-          py::object exc = e.value();
-          if (exc.is_none()) exc = py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_RuntimeError, "s", e.what()));
-          py::module_::import("flowjit._async").attr("annotate_error")(exc, name);
-          Session::get().record_error(exc);
+          record_async_error(e, name);
+        } catch (...) {
+          record_async_error(std::current_exception(), name);
         }
         refs->objs.clear();
       });
@@ -211,9 +209,20 @@ class CompiledJobPy {
   uint64_t generation_;
 };
 
+// flowjit._C.CacheWarning (a RuntimeWarning): the disk cache degraded.
+PyObject* cache_warning() {
+  static PyObject* cls = PyErr_NewExceptionWithDoc(
+      "flowjit.CacheWarning",
+      "The disk kernel cache could not be used as asked (a damaged entry was dropped, or the "
+      "directory cannot be written); flowjit recompiled or kept the code in memory.",
+      PyExc_RuntimeWarning, nullptr);
+  return cls;
+}
+
 }  // namespace
 
 void register_jobs(py::module_& m) {
+  m.attr("CacheWarning") = py::handle(cache_warning());
   py::class_<CompiledJobPy, std::shared_ptr<CompiledJobPy>>(m, "CompiledJob")
       .def("try_run", &CompiledJobPy::try_run)
       .def("try_run_async", &CompiledJobPy::try_run_async)
@@ -276,6 +285,10 @@ void register_jobs(py::module_& m) {
           std::lock_guard<std::mutex> lock(sess.run_mutex());
           cj = jit::compile_job(job, s, sess.store());
         }
+        // Cache problems (damaged entry, unwritable directory) are warnings,
+        // never errors; they stay readable on the result too.
+        for (const std::string& w : cj.warnings)
+          if (PyErr_WarnEx(cache_warning(), w.c_str(), 1) != 0) throw py::error_already_set();
         return std::make_shared<CompiledJobPy>(std::move(cj));
       },
       py::arg("name"), py::arg("train"), py::arg("params"), py::arg("outputs"), py::arg("effects"),

@@ -5,8 +5,11 @@
 #include <pybind11/pybind11.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "runtime/variables.h"
@@ -24,15 +27,29 @@ class Session {
   std::mutex& run_mutex() { return run_mu_; }
   uint64_t generation() const { return generation_.load(); }
 
-  // Async machinery. submit() queues a job run (waits for room, polling for
-  // Ctrl-C); deliver() queues a callback for the callback thread, which runs
-  // it holding the GIL.
+  // Async machinery. submit() queues a job run; each submitted run must end
+  // in exactly one deliver(), which queues its callback for the callback
+  // thread (the task takes the GIL itself). Back-pressure: at most
+  // async_capacity() runs are outstanding (submitted, their callback not yet
+  // finished); submit() waits for room with the GIL released, polling for
+  // Ctrl-C. Submissions from the callback thread never wait (they could wait
+  // only for themselves). post_callback() queues a callback-thread task that
+  // belongs to no run (a callback attached after its result arrived); it
+  // takes a slot like submit() and frees it when the task has run.
   void submit(runtime::WorkQueue::Task task);
   void deliver(runtime::WorkQueue::Task task);
+  void post_callback(runtime::WorkQueue::Task task);
+  size_t async_capacity();
+  void set_async_capacity(size_t n);  // UserError(Value) when n < 1
+  bool on_callback_thread();
   // Waits until queued job runs are done (GIL released, Ctrl-C polled).
   void wait_jobs();
   // Waits for jobs and callbacks, then raises the first recorded error.
   void sync();
+  // What a synchronous call does first: sync() when async work is pending
+  // (so that it sees every queued update and every error), else only
+  // raise_pending().
+  void sync_before_call();
   // Records an error (Python exception object) for the next sync point.
   // Requires the GIL.
   void record_error(py::object exc);
@@ -47,6 +64,10 @@ class Session {
   Session() = default;
   void ensure_threads();
   void wait(runtime::WorkQueue& q);
+  void take_slot();  // waits for room unless on the callback thread
+  void acquire_slot();
+  void release_slot();
+  void enqueue_callback(runtime::WorkQueue::Task task);
 
   runtime::VariableStore store_;
   std::mutex run_mu_;
@@ -56,6 +77,17 @@ class Session {
   std::unique_ptr<runtime::WorkQueue> callbacks_;
   std::vector<py::object> errors_;  // guarded by the GIL
   bool shut_down_ = false;
+  // Never held while taking the GIL (the callback thread releases slots).
+  std::mutex slots_mu_;
+  std::condition_variable slots_cv_;
+  size_t outstanding_ = 0;
+  size_t async_capacity_ = 64;
 };
+
+// Records the Python exception of an async job or callback for the next sync
+// point, noting the job's name on it. Requires the GIL.
+void record_async_error(py::error_already_set& e, const std::string& job);
+// The same for a C++ exception escaping a callback-thread task.
+void record_async_error(std::exception_ptr e, const std::string& job);
 
 }  // namespace flowjit::python

@@ -4,13 +4,14 @@
 #include <chrono>
 #include <cstring>
 
-#include "ir/error.h"
-#include "jit/build_info.h"
 #include "codegen/cpu/backend.h"
 #include "codegen/cpu/peak.h"
-#include "runtime/executable.h"
+#include "ir/error.h"
+#include "jit/build_info.h"
+#include "jit/cache.h"
 #include "python/csrc/bindings.h"
 #include "python/csrc/session.h"
+#include "runtime/executable.h"
 
 namespace flowjit::python {
 
@@ -30,23 +31,131 @@ void Session::ensure_threads() {
   if (!callbacks_) callbacks_ = std::make_unique<runtime::WorkQueue>("flowjit-callbacks", 1u << 30);
 }
 
-void Session::submit(runtime::WorkQueue::Task task) {
-  ensure_threads();
+bool Session::on_callback_thread() {
+  std::lock_guard<std::mutex> lock(threads_mu_);
+  return callbacks_ && callbacks_->on_worker_thread();
+}
+
+size_t Session::async_capacity() {
+  std::lock_guard<std::mutex> lock(slots_mu_);
+  return async_capacity_;
+}
+
+void Session::set_async_capacity(size_t n) {
+  FJ_USER_CHECK(n >= 1, ErrorKind::Value, "async capacity must be at least 1, got ", n);
+  {
+    std::lock_guard<std::mutex> lock(slots_mu_);
+    async_capacity_ = n;
+  }
+  slots_cv_.notify_all();
+}
+
+void Session::acquire_slot() {
+  {
+    std::lock_guard<std::mutex> lock(slots_mu_);
+    if (outstanding_ < async_capacity_) {
+      ++outstanding_;
+      return;
+    }
+  }
   while (true) {
-    bool ok;
+    bool got;
     {
       py::gil_scoped_release release;
-      ok = worker_->push_for(task, 50ms);
+      std::unique_lock<std::mutex> lock(slots_mu_);  // released before the GIL is retaken
+      got = slots_cv_.wait_for(lock, 50ms, [&] { return outstanding_ < async_capacity_; });
+      if (got) ++outstanding_;
     }
-    if (ok) return;
+    if (got) return;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
 }
 
-void Session::deliver(runtime::WorkQueue::Task task) {
+void Session::release_slot() {
+  {
+    std::lock_guard<std::mutex> lock(slots_mu_);
+    if (outstanding_ > 0) --outstanding_;
+  }
+  slots_cv_.notify_all();
+}
+
+void Session::take_slot() {
+  if (on_callback_thread()) {
+    std::lock_guard<std::mutex> lock(slots_mu_);
+    ++outstanding_;  // counted, never waited for
+  } else {
+    acquire_slot();
+  }
+}
+
+void Session::submit(runtime::WorkQueue::Task task) {
   ensure_threads();
-  bool ok = callbacks_->push_for(task, std::chrono::milliseconds::max());
+  take_slot();
+  try {
+    while (true) {
+      bool ok;
+      {
+        py::gil_scoped_release release;
+        ok = worker_->push_for(task, 50ms);
+      }
+      if (ok) return;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    }
+  } catch (...) {
+    release_slot();
+    throw;
+  }
+}
+
+void Session::deliver(runtime::WorkQueue::Task task) { enqueue_callback(std::move(task)); }
+
+void Session::post_callback(runtime::WorkQueue::Task task) {
+  ensure_threads();
+  take_slot();
+  try {
+    enqueue_callback(std::move(task));
+  } catch (...) {
+    release_slot();
+    throw;
+  }
+}
+
+// Queues `task` for the callback thread; its slot is freed once it has run.
+void Session::enqueue_callback(runtime::WorkQueue::Task task) {
+  ensure_threads();
+  runtime::WorkQueue::Task wrapped = [this, task = std::move(task)]() mutable {
+    try {
+      task();
+    } catch (...) {
+      release_slot();
+      throw;
+    }
+    task = nullptr;  // drops what the task kept alive before it counts as done
+    release_slot();
+  };
+  bool ok = callbacks_->push_for(wrapped, std::chrono::milliseconds::max());
   FJ_CHECK(ok, "callback queue refused a task");
+}
+
+void record_async_error(py::error_already_set& e, const std::string& job) {
+  py::object exc = e.value();
+  if (exc.is_none())
+    exc =
+        py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_RuntimeError, "s", e.what()));
+  try {
+    py::module_::import("flowjit._async").attr("annotate_error")(exc, job);
+  } catch (py::error_already_set&) {
+    // The exception itself is what matters; a failed note must not lose it.
+  }
+  Session::get().record_error(exc);
+}
+
+void record_async_error(std::exception_ptr e, const std::string& job) {
+  try {
+    rethrow_as_python(e);
+  } catch (py::error_already_set& pe) {
+    record_async_error(pe, job);
+  }
 }
 
 void Session::wait(runtime::WorkQueue& q) {
@@ -75,6 +184,13 @@ void Session::sync() {
   if (worker_) wait(*worker_);
   if (callbacks_) wait(*callbacks_);
   raise_pending();
+}
+
+void Session::sync_before_call() {
+  if (has_pending_work())
+    sync();
+  else
+    raise_pending();
 }
 
 void Session::record_error(py::object exc) { errors_.push_back(std::move(exc)); }
@@ -181,6 +297,33 @@ void register_session(py::module_& m) {
   m.def("sync_session", [] { Session::get().sync(); });
   m.def("shutdown_session", [] { Session::get().shutdown(); });
   m.def("record_async_error", [](py::object e) { Session::get().record_error(std::move(e)); });
+  m.def(
+      "post_callback",
+      [](py::object fn, const std::string& job) {
+        // Runs fn() on the callback thread, after the callbacks already
+        // queued; an exception is kept for the next sync point.
+        auto holder = std::make_shared<py::object>(std::move(fn));
+        Session::get().post_callback([holder, job]() {
+          py::gil_scoped_acquire gil;
+          try {
+            (*holder)();
+          } catch (py::error_already_set& e) {
+            record_async_error(e, job);
+          } catch (...) {
+            record_async_error(std::current_exception(), job);
+          }
+          *holder = py::object();  // released with the GIL held
+        });
+      },
+      py::arg("fn"), py::arg("job"));
+  m.def("async_capacity", [] { return Session::get().async_capacity(); });
+  m.def(
+      "set_async_capacity",
+      [](int64_t n) {
+        FJ_USER_CHECK(n >= 1, ErrorKind::Value, "async capacity must be at least 1, got ", n);
+        Session::get().set_async_capacity(static_cast<size_t>(n));
+      },
+      py::arg("n"));
   m.def("raise_pending_errors", [] { Session::get().raise_pending(); });
 
   m.def("num_threads", &runtime::num_threads);
@@ -205,6 +348,7 @@ void register_session(py::module_& m) {
     py::dict d;
     d["version"] = jit::flowjit_version();
     d["build_id"] = jit::flowjit_build_id();
+    d["binary_id"] = jit::loaded_binary_id();  // with build_id, in every disk-cache key (cheap)
     d["llvm_version"] = jit::llvm_version();
     d["target"] = codegen::cpu::host_target_id();
     d["vector_bits"] = codegen::cpu::host_vector_bits();

@@ -33,6 +33,7 @@ bool = bool_  # noqa: A001
 char = int8
 
 __version__ = _C.build_info()["version"]
+CacheWarning = _C.CacheWarning  # the disk cache degraded (unwritable, damaged entry)
 
 
 def clear_default_session():

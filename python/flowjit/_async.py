@@ -18,7 +18,10 @@ class Future:
     """What a tp.Callback job returns at once: call it with the callback.
 
     The job is already queued; the callback runs on the callback thread, in
-    call order, when the job has finished (at once if it already has).
+    call order, when the job has finished. A callback attached after the job
+    finished still runs on the callback thread (queued behind the callbacks
+    already waiting there), never on the caller's thread, so that its errors
+    are reported like every other callback's: at the next sync point.
     """
 
     __slots__ = ("_lock", "_callback", "_result", "_done", "_job")
@@ -40,7 +43,7 @@ class Future:
             self._callback = callback
             ready = self._done
         if ready:
-            self._invoke()
+            _C.post_callback(self._invoke, self._job)
         return None
 
     def _deliver(self, result):

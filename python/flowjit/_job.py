@@ -3,6 +3,7 @@ import functools
 import inspect
 import numbers
 import os
+import threading
 import typing
 
 import numpy as np
@@ -178,8 +179,9 @@ def _create_pending_variables(builder):
         _trace.pop()
     for name, (shape, dtype, initializer, seed, trainable) in builder.pending.items():
         _C.create_variable(name, list(shape), dtype.c, trainable)
-    compiled = _C.compile_job(init.job_name, False, [], [], effects, [], None, None, [], None, "",
-                              "", {})
+    signature = "init:" + ",".join(sorted(builder.pending))
+    compiled = _C.compile_job(init.job_name, False, [], [], effects, [], None, None, [], None,
+                              getattr(builder, "source", ""), signature, {})
     compiled.try_run(())
     for name in builder.pending:
         _C.mark_initialized(name)
@@ -332,6 +334,7 @@ class JobFunction:
         self._numpy_only = all(p.kind == "Numpy" for _, p in self._params)
         self._misses = []
         self._warned_recompile = False
+        self._compile_lock = threading.Lock()
 
     @staticmethod
     def _annotations(fn):
@@ -469,7 +472,11 @@ class JobFunction:
         key, flat = self._check_args(args)
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = self._compile(key, flat)
+            # One trace per signature even when several threads call at once.
+            with self._compile_lock:
+                compiled = self._cache.get(key)
+                if compiled is None:
+                    compiled = self._compile(key, flat)
         flat_t = tuple(flat)
         if self._async:
             fut = _async.Future(self._name)
@@ -489,6 +496,7 @@ class JobFunction:
     def _compile(self, key, flat):
         self._note_miss(key)
         builder = JobBuilder(self._name, self._type, self._config)
+        builder.source = self._source
         blobs = []
         flat_shapes = [x.shape for x in flat]
         it = iter(flat_shapes)

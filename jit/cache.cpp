@@ -1,0 +1,870 @@
+// cache: the on-disk kernel cache (layout and contracts in jit/cache.h).
+#include "jit/cache.h"
+
+#include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <utility>
+
+#include "ir/error.h"
+#include "jit/sha256.h"
+
+namespace flowjit::jit {
+
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------- key
+
+std::string cache_key(const CacheKeyParts& p) {
+  Sha256 h;
+  auto part = [&](const char* name, const std::string& s) {
+    std::string head = std::string(name) + " " + std::to_string(s.size()) + "\n";
+    h.update(head);
+    h.update(s);
+  };
+  h.update(std::string_view("flowjit-cache-key 1\n"));
+  part("version", p.version);
+  part("build", p.build_id);
+  part("llvm", p.llvm_version);
+  part("target", p.target);
+  part("ir", p.ir_optimized);
+  part("fusion", p.fusion_plan);
+  part("kernels", p.kernels);
+  part("plan", p.plan);
+  return h.hex_digest();
+}
+
+// ---------------------------------------------------------------- settings
+
+std::string default_cache_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg && *xdg) return std::string(xdg) + "/flowjit";
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : "/tmp") + "/.cache/flowjit";
+}
+
+int64_t default_cache_max_bytes() { return int64_t{1} << 30; }
+
+int64_t parse_byte_size(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+  size_t start = i;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
+  if (i == start) return -1;
+  double value = std::atof(text.substr(start, i - start).c_str());
+  std::string unit;
+  for (; i < text.size(); ++i)
+    if (!std::isspace(static_cast<unsigned char>(text[i])))
+      unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
+  static const std::map<std::string, double> units = {{"", 1},
+                                                      {"b", 1},
+                                                      {"k", 1024.0},
+                                                      {"kb", 1024.0},
+                                                      {"kib", 1024.0},
+                                                      {"m", 1048576.0},
+                                                      {"mb", 1048576.0},
+                                                      {"mib", 1048576.0},
+                                                      {"g", 1073741824.0},
+                                                      {"gb", 1073741824.0},
+                                                      {"gib", 1073741824.0},
+                                                      {"t", 1099511627776.0},
+                                                      {"tb", 1099511627776.0},
+                                                      {"tib", 1099511627776.0}};
+  auto it = units.find(unit);
+  if (it == units.end()) return -1;
+  double bytes = value * it->second;
+  if (!(bytes >= 0) || bytes > 9.0e18) return -1;
+  return static_cast<int64_t>(std::llround(bytes));
+}
+
+namespace {
+std::mutex g_unwritable_mu;
+std::set<std::string> g_unwritable;
+}  // namespace
+
+bool note_unwritable_cache(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(g_unwritable_mu);
+  return g_unwritable.insert(dir).second;
+}
+
+bool is_unwritable_cache(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(g_unwritable_mu);
+  return g_unwritable.count(dir) > 0;
+}
+
+// ---------------------------------------------------------------- JSON
+//
+// Just enough JSON for meta.json: objects keep their key order, numbers are
+// doubles (sizes and counts stay exact below 2^53).
+
+namespace {
+
+struct Json {
+  enum Type { Null, Bool, Number, String, Array, Object } type = Null;
+  bool b = false;
+  double num = 0;
+  std::string str;
+  std::vector<Json> arr;
+  std::vector<std::pair<std::string, Json>> obj;
+
+  static Json number(double v) {
+    Json j;
+    j.type = Number;
+    j.num = v;
+    return j;
+  }
+  static Json string(std::string s) {
+    Json j;
+    j.type = String;
+    j.str = std::move(s);
+    return j;
+  }
+  static Json object() {
+    Json j;
+    j.type = Object;
+    return j;
+  }
+  static Json array() {
+    Json j;
+    j.type = Array;
+    return j;
+  }
+  const Json* get(const std::string& k) const {
+    if (type != Object) return nullptr;
+    for (auto& [key, v] : obj)
+      if (key == k) return &v;
+    return nullptr;
+  }
+  Json& set(const std::string& k, Json v) {
+    for (auto& [key, old] : obj)
+      if (key == k) return old = std::move(v);
+    obj.emplace_back(k, std::move(v));
+    return obj.back().second;
+  }
+};
+
+void write_json_string(std::string& out, const std::string& s) {
+  out += '"';
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+}
+
+void write_json(std::string& out, const Json& j, int indent) {
+  std::string pad(indent * 2, ' ');
+  switch (j.type) {
+    case Json::Null:
+      out += "null";
+      break;
+    case Json::Bool:
+      out += j.b ? "true" : "false";
+      break;
+    case Json::Number: {
+      char buf[32];
+      if (std::floor(j.num) == j.num && std::fabs(j.num) < 9.0e15)
+        std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(j.num));
+      else
+        for (int precision = 15; precision <= 17; ++precision) {  // shortest that round-trips
+          std::snprintf(buf, sizeof buf, "%.*g", precision, j.num);
+          if (std::strtod(buf, nullptr) == j.num) break;
+        }
+      out += buf;
+      break;
+    }
+    case Json::String:
+      write_json_string(out, j.str);
+      break;
+    case Json::Array: {
+      out += '[';
+      for (size_t i = 0; i < j.arr.size(); ++i) {
+        if (i) out += ", ";
+        write_json(out, j.arr[i], indent + 1);
+      }
+      out += ']';
+      break;
+    }
+    case Json::Object: {
+      out += "{\n";
+      for (size_t i = 0; i < j.obj.size(); ++i) {
+        out += pad + "  ";
+        write_json_string(out, j.obj[i].first);
+        out += ": ";
+        write_json(out, j.obj[i].second, indent + 1);
+        out += i + 1 < j.obj.size() ? ",\n" : "\n";
+      }
+      out += pad + "}";
+      break;
+    }
+  }
+}
+
+class JsonParser {
+ public:
+  explicit JsonParser(const std::string& s) : s_(s) {}
+
+  // False on any syntax error or trailing garbage.
+  bool parse(Json& out) {
+    if (!value(out, 0)) return false;
+    ws();
+    return i_ == s_.size();
+  }
+
+ private:
+  void ws() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  bool lit(const char* word) {
+    size_t n = std::strlen(word);
+    if (s_.compare(i_, n, word) != 0) return false;
+    i_ += n;
+    return true;
+  }
+  bool value(Json& out, int depth) {
+    if (depth > 32) return false;
+    ws();
+    if (i_ >= s_.size()) return false;
+    char c = s_[i_];
+    if (c == '{') {
+      ++i_;
+      out = Json::object();
+      ws();
+      if (i_ < s_.size() && s_[i_] == '}') return ++i_, true;
+      while (true) {
+        ws();
+        std::string k;
+        if (!string(k)) return false;
+        ws();
+        if (i_ >= s_.size() || s_[i_] != ':') return false;
+        ++i_;
+        Json v;
+        if (!value(v, depth + 1)) return false;
+        out.obj.emplace_back(std::move(k), std::move(v));
+        ws();
+        if (i_ < s_.size() && s_[i_] == ',') {
+          ++i_;
+          continue;
+        }
+        if (i_ < s_.size() && s_[i_] == '}') return ++i_, true;
+        return false;
+      }
+    }
+    if (c == '[') {
+      ++i_;
+      out = Json::array();
+      ws();
+      if (i_ < s_.size() && s_[i_] == ']') return ++i_, true;
+      while (true) {
+        Json v;
+        if (!value(v, depth + 1)) return false;
+        out.arr.push_back(std::move(v));
+        ws();
+        if (i_ < s_.size() && s_[i_] == ',') {
+          ++i_;
+          continue;
+        }
+        if (i_ < s_.size() && s_[i_] == ']') return ++i_, true;
+        return false;
+      }
+    }
+    if (c == '"') {
+      out.type = Json::String;
+      return string(out.str);
+    }
+    if (lit("true")) return out.type = Json::Bool, out.b = true, true;
+    if (lit("false")) return out.type = Json::Bool, out.b = false, true;
+    if (lit("null")) return out.type = Json::Null, true;
+    const char* begin = s_.c_str() + i_;
+    char* end = nullptr;
+    double v = std::strtod(begin, &end);
+    if (end == begin) return false;
+    i_ += static_cast<size_t>(end - begin);
+    out = Json::number(v);
+    return true;
+  }
+  bool string(std::string& out) {
+    if (i_ >= s_.size() || s_[i_] != '"') return false;
+    ++i_;
+    while (i_ < s_.size()) {
+      char c = s_[i_++];
+      if (c == '"') return true;
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (i_ >= s_.size()) return false;
+      char e = s_[i_++];
+      switch (e) {
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 't':
+          out += '\t';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'u': {
+          if (i_ + 4 > s_.size()) return false;
+          unsigned cp = static_cast<unsigned>(std::strtoul(s_.substr(i_, 4).c_str(), nullptr, 16));
+          i_ += 4;
+          // Only what write_json_string produces (and the BMP) is needed.
+          if (cp < 0x80) {
+            out += static_cast<char>(cp);
+          } else if (cp < 0x800) {
+            out += static_cast<char>(0xc0 | (cp >> 6));
+            out += static_cast<char>(0x80 | (cp & 0x3f));
+          } else {
+            out += static_cast<char>(0xe0 | (cp >> 12));
+            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+            out += static_cast<char>(0x80 | (cp & 0x3f));
+          }
+          break;
+        }
+        default:
+          return false;
+      }
+    }
+    return false;
+  }
+
+  const std::string& s_;
+  size_t i_ = 0;
+};
+
+// ---------------------------------------------------------------- files
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string errno_text(const std::string& what, const std::string& path) {
+  return what + " " + path + ": " + std::strerror(errno);
+}
+
+// Writes and (optionally) fsyncs a whole file. On failure `why` says why.
+bool write_file(const std::string& path, const char* data, size_t size, bool sync,
+                std::string& why) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    why = errno_text("cannot create", path);
+    return false;
+  }
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::write(fd, data + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      why = errno_text("cannot write", path);
+      ::close(fd);
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (sync && ::fsync(fd) != 0) {
+    why = errno_text("cannot fsync", path);
+    ::close(fd);
+    return false;
+  }
+  if (::close(fd) != 0) {
+    why = errno_text("cannot close", path);
+    return false;
+  }
+  return true;
+}
+
+// Reads a whole file. Sets `missing` when it does not exist.
+bool read_file(const std::string& path, std::string& out, bool* missing = nullptr) {
+  if (missing) *missing = false;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (missing) *missing = errno == ENOENT || errno == ENOTDIR;
+    return false;
+  }
+  out.clear();
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(fd);
+      return false;
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return true;
+}
+
+bool fsync_dir(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return false;
+  bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  return ok;
+}
+
+bool is_dir(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool make_dirs(const std::string& path, std::string& why) {
+  std::error_code ec;
+  fs::create_directories(path, ec);
+  if (ec && !is_dir(path)) {
+    why = "cannot create " + path + ": " + ec.message();
+    return false;
+  }
+  return true;
+}
+
+bool is_key(const std::string& s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+// An flock held for the lifetime of the object (none when open fails).
+class FileLock {
+ public:
+  FileLock(const std::string& path, bool directory) {
+    fd_ = directory ? ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+                    : ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~FileLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+  }
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+// The payload files of an entry, in the order they are written.
+std::vector<std::pair<const char*, std::string_view>> payload(const CacheEntry& e) {
+  return {{"object.o", std::string_view(e.object.data(), e.object.size())},
+          {"plan.txt", e.plan},
+          {"ir_traced.txt", e.ir_traced},
+          {"ir_optimized.txt", e.ir_optimized},
+          {"fusion.txt", e.fusion_plan},
+          {"kernels.txt", e.kernels},
+          {"llvm.ll", e.llvm_ir}};
+}
+
+Json string_array(const std::vector<std::string>& v) {
+  Json a = Json::array();
+  for (auto& s : v) a.arr.push_back(Json::string(s));
+  return a;
+}
+
+double number_or(const Json* j, double fallback) {
+  return j && j->type == Json::Number ? j->num : fallback;
+}
+
+// An entry as evict() sees it.
+struct EntryInfo {
+  std::string key;
+  double last_used = 0;
+  int64_t bytes = 0;
+};
+
+int64_t dir_bytes(const std::string& path) {
+  int64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(path, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    std::error_code ec2;
+    auto n = it->file_size(ec2);
+    if (!ec2) total += static_cast<int64_t>(n);
+  }
+  return total;
+}
+
+std::vector<EntryInfo> list_entries(const std::string& dir) {
+  std::vector<EntryInfo> out;
+  std::error_code ec;
+  for (auto top = fs::directory_iterator(dir, ec); !ec && top != fs::directory_iterator();
+       top.increment(ec)) {
+    std::string prefix = top->path().filename().string();
+    if (prefix.size() != 2 || !top->is_directory()) continue;
+    std::error_code ec2;
+    for (auto it = fs::directory_iterator(top->path(), ec2); !ec2 && it != fs::directory_iterator();
+         it.increment(ec2)) {
+      std::string key = it->path().filename().string();
+      if (!is_key(key) || key.compare(0, 2, prefix) != 0) continue;
+      EntryInfo info;
+      info.key = key;
+      std::string path = it->path().string();
+      std::string text;
+      Json meta;
+      if (read_file(path + "/meta.json", text) && JsonParser(text).parse(meta)) {
+        info.last_used = number_or(meta.get("last_used"), 0);
+        info.bytes = static_cast<int64_t>(number_or(meta.get("total_bytes"), 0)) +
+                     static_cast<int64_t>(text.size());
+      } else {
+        info.bytes = dir_bytes(path);  // damaged: oldest of all
+      }
+      out.push_back(info);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- binary identity
+
+namespace {
+
+// The NT_GNU_BUILD_ID note of the loaded object that contains `addr`, as hex
+// ("" when the object has none).
+struct BuildIdSearch {
+  uintptr_t addr;
+  std::string hex;
+};
+
+int find_build_id(struct dl_phdr_info* info, size_t, void* data) {
+  auto* search = static_cast<BuildIdSearch*>(data);
+  bool contains = false;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const auto& ph = info->dlpi_phdr[i];
+    uintptr_t start = info->dlpi_addr + ph.p_vaddr;
+    if (ph.p_type == PT_LOAD && search->addr >= start && search->addr < start + ph.p_memsz)
+      contains = true;
+  }
+  if (!contains) return 0;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const auto& ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_NOTE) continue;
+    const char* p = reinterpret_cast<const char*>(info->dlpi_addr + ph.p_vaddr);
+    const char* end = p + ph.p_memsz;
+    while (p + sizeof(ElfW(Nhdr)) <= end) {
+      const auto* nh = reinterpret_cast<const ElfW(Nhdr)*>(p);
+      const char* name = p + sizeof(ElfW(Nhdr));
+      const char* desc = name + ((nh->n_namesz + 3) & ~3u);
+      if (desc + nh->n_descsz > end) break;
+      if (nh->n_type == NT_GNU_BUILD_ID && nh->n_namesz == 4 && std::memcmp(name, "GNU", 4) == 0) {
+        static const char* digits = "0123456789abcdef";
+        for (uint32_t k = 0; k < nh->n_descsz; ++k) {
+          auto b = static_cast<unsigned char>(desc[k]);
+          search->hex += digits[b >> 4];
+          search->hex += digits[b & 15];
+        }
+        return 1;
+      }
+      p = desc + ((nh->n_descsz + 3) & ~3u);
+    }
+  }
+  return 1;  // the right object, without a build id
+}
+
+}  // namespace
+
+const std::string& loaded_binary_id() {
+  static const std::string id = [] {
+    // The linker's build id identifies the linked code exactly and costs
+    // nothing to read; without one, hash the file.
+    BuildIdSearch search{reinterpret_cast<uintptr_t>(&cache_key), ""};
+    ::dl_iterate_phdr(find_build_id, &search);
+    if (!search.hex.empty()) return search.hex.substr(0, 16);
+    std::string data;
+    Dl_info info;
+    bool ok = ::dladdr(reinterpret_cast<void*>(&cache_key), &info) != 0 && info.dli_fname &&
+              *info.dli_fname && read_file(info.dli_fname, data);
+    if (!ok && !read_file("/proc/self/exe", data)) return std::string("unknown");
+    return sha256_hex(data).substr(0, 16);
+  }();
+  return id;
+}
+
+// ---------------------------------------------------------------- DiskCache
+
+DiskCache::DiskCache(std::string dir, int64_t max_bytes)
+    : dir_(std::move(dir)), max_bytes_(max_bytes > 0 ? max_bytes : default_cache_max_bytes()) {
+  while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
+}
+
+std::string DiskCache::entry_dir(const std::string& key) const {
+  return dir_ + "/" + key.substr(0, 2) + "/" + key;
+}
+
+std::string DiskCache::unique_tmp_name(const std::string& what) const {
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%s-%d-%llu-%llx", what.c_str(), static_cast<int>(::getpid()),
+                static_cast<unsigned long long>(counter.fetch_add(1)),
+                static_cast<unsigned long long>(salt & 0xffffffffu));
+  return dir_ + "/tmp/" + buf;
+}
+
+DiskCache::Found DiskCache::lookup(const std::string& key, bool want_llvm_ir, CacheHit& hit,
+                                   std::string& why) {
+  const std::string path = entry_dir(key);
+  auto damaged = [&](const std::string& what) {
+    // A directory that vanished meanwhile was evicted by someone else.
+    if (!is_dir(path)) return Found::Miss;
+    why = what;
+    remove(key);
+    return Found::Damaged;
+  };
+  std::string text;
+  bool missing = false;
+  if (!read_file(path + "/meta.json", text, &missing)) {
+    if (missing && !is_dir(path)) return Found::Miss;
+    return damaged("meta.json is missing or unreadable");
+  }
+  Json meta;
+  if (!JsonParser(text).parse(meta) || meta.type != Json::Object)
+    return damaged("meta.json does not parse");
+  const Json* k = meta.get("key");
+  if (!k || k->type != Json::String || k->str != key) return damaged("meta.json names another key");
+  if (number_or(meta.get("format"), 0) != 1) return damaged("meta.json has an unknown format");
+  const Json* files = meta.get("files");
+  if (!files || files->type != Json::Object) return damaged("meta.json lists no files");
+
+  auto read_checked = [&](const char* name, std::string& out) -> std::string {
+    const Json* f = files->get(name);
+    const Json* sha = f ? f->get("sha256") : nullptr;
+    if (!f || !sha || sha->type != Json::String)
+      return std::string(name) + " is not listed in meta.json";
+    if (!read_file(path + "/" + name, out)) return std::string(name) + " is missing";
+    auto want_bytes = static_cast<int64_t>(number_or(f->get("bytes"), -1));
+    if (static_cast<int64_t>(out.size()) != want_bytes)
+      return std::string(name) + " has " + std::to_string(out.size()) + " bytes, meta.json says " +
+             std::to_string(want_bytes) + " (truncated?)";
+    if (sha256_hex(out) != sha->str) return std::string(name) + " fails its SHA-256 checksum";
+    return "";
+  };
+  std::string object, problem;
+  if (!(problem = read_checked("object.o", object)).empty()) return damaged(problem);
+  if (!(problem = read_checked("plan.txt", hit.plan)).empty()) return damaged(problem);
+  if (want_llvm_ir && !(problem = read_checked("llvm.ll", hit.llvm_ir)).empty())
+    return damaged(problem);
+  hit.object.assign(object.begin(), object.end());
+  hit.hits = static_cast<int64_t>(number_or(meta.get("hits"), 0));
+  return Found::Hit;
+}
+
+void DiskCache::touch(const std::string& key) {
+  const std::string path = entry_dir(key);
+  FileLock lock(path, /*directory=*/true);
+  if (!lock.held()) return;
+  std::string text;
+  Json meta;
+  if (!read_file(path + "/meta.json", text) || !JsonParser(text).parse(meta)) return;
+  meta.set("hits", Json::number(number_or(meta.get("hits"), 0) + 1));
+  meta.set("last_used", Json::number(now_seconds()));
+  std::string out;
+  write_json(out, meta, 0);
+  out += '\n';
+  std::string tmp = path + "/meta.json.tmp-" + std::to_string(::getpid());
+  std::string why;
+  if (!write_file(tmp, out.data(), out.size(), /*sync=*/false, why)) {
+    ::unlink(tmp.c_str());
+    return;
+  }
+  if (::rename(tmp.c_str(), (path + "/meta.json").c_str()) != 0) ::unlink(tmp.c_str());
+}
+
+DiskCache::Stored DiskCache::store(const CacheEntry& e, std::string& why) {
+  FJ_CHECK(is_key(e.key), "bad cache key '", e.key, "'");
+  const std::string final_dir = entry_dir(e.key);
+  if (is_dir(final_dir)) return Stored::AlreadyPresent;
+  if (!make_dirs(dir_ + "/tmp", why) || !make_dirs(dir_ + "/" + e.key.substr(0, 2), why))
+    return Stored::Failed;
+  const std::string stage = unique_tmp_name("stage-" + e.key.substr(0, 16));
+  if (::mkdir(stage.c_str(), 0755) != 0) {
+    why = errno_text("cannot create", stage);
+    return Stored::Failed;
+  }
+  auto fail = [&]() {
+    std::error_code ec;
+    fs::remove_all(stage, ec);
+    return Stored::Failed;
+  };
+
+  // 1. The payload, each file fsynced, its size and checksum noted.
+  Json files = Json::object();
+  int64_t total = 0;
+  for (auto& [name, data] : payload(e)) {
+    if (!write_file(stage + "/" + name, data.data(), data.size(), /*sync=*/true, why))
+      return fail();
+    Json f = Json::object();
+    f.set("bytes", Json::number(static_cast<double>(data.size())));
+    f.set("sha256", Json::string(sha256_hex(data)));
+    files.set(name, std::move(f));
+    total += static_cast<int64_t>(data.size());
+  }
+  // 2. The metadata, last: an entry with a meta.json is complete.
+  double now = now_seconds();
+  Json meta = Json::object();
+  meta.set("format", Json::number(1));
+  meta.set("key", Json::string(e.key));
+  meta.set("job", Json::string(e.job_name));
+  meta.set("signature", Json::string(e.signature));
+  meta.set("source", Json::string(e.source));
+  meta.set("inputs", string_array(e.inputs));
+  meta.set("outputs", string_array(e.outputs));
+  meta.set("target", Json::string(e.target));
+  meta.set("llvm_version", Json::string(e.llvm_version));
+  meta.set("flowjit_version", Json::string(e.version));
+  meta.set("build_id", Json::string(e.build_id));
+  meta.set("created", Json::number(now));
+  meta.set("last_used", Json::number(now));
+  meta.set("hits", Json::number(0));
+  meta.set("compile_seconds", Json::number(e.compile_seconds));
+  meta.set("codegen_seconds", Json::number(e.codegen_seconds));
+  meta.set("arena_bytes", Json::number(static_cast<double>(e.arena_bytes)));
+  meta.set("num_kernels", Json::number(static_cast<double>(e.num_kernels)));
+  meta.set("object_bytes", Json::number(static_cast<double>(e.object.size())));
+  meta.set("total_bytes", Json::number(static_cast<double>(total)));
+  meta.set("files", std::move(files));
+  std::string text;
+  write_json(text, meta, 0);
+  text += '\n';
+  if (!write_file(stage + "/meta.json", text.data(), text.size(), /*sync=*/true, why))
+    return fail();
+  if (!fsync_dir(stage)) {
+    why = errno_text("cannot fsync", stage);
+    return fail();
+  }
+  // 3. Publication: one rename. A present key wins over ours. A prefix
+  // directory removed meanwhile (flowjit-cache clear) is made again, once.
+  int rc = ::rename(stage.c_str(), final_dir.c_str());
+  if (rc != 0 && errno == ENOENT && make_dirs(dir_ + "/" + e.key.substr(0, 2), why))
+    rc = ::rename(stage.c_str(), final_dir.c_str());
+  if (rc != 0) {
+    int err = errno;
+    if (err == ENOTEMPTY || err == EEXIST) {
+      std::error_code ec;
+      fs::remove_all(stage, ec);
+      return Stored::AlreadyPresent;
+    }
+    why = "cannot publish " + final_dir + ": " + std::strerror(err);
+    return fail();
+  }
+  fsync_dir(dir_ + "/" + e.key.substr(0, 2));
+  return Stored::Published;
+}
+
+bool DiskCache::remove(const std::string& key) {
+  const std::string path = entry_dir(key);
+  std::string why;
+  if (!make_dirs(dir_ + "/tmp", why)) return false;
+  const std::string dead = unique_tmp_name("dead-" + key.substr(0, 16));
+  if (::rename(path.c_str(), dead.c_str()) != 0) return false;
+  std::error_code ec;
+  fs::remove_all(dead, ec);
+  return true;
+}
+
+int64_t DiskCache::total_bytes() const {
+  int64_t total = 0;
+  for (auto& e : list_entries(dir_)) total += e.bytes;
+  return total;
+}
+
+int DiskCache::evict(const std::string& keep) {
+  FileLock lock(dir_ + "/lock", /*directory=*/false);
+  if (!lock.held()) return 0;
+  // Staging directories of crashed writers (older than an hour) and entries
+  // whose deletion was interrupted.
+  std::error_code ec;
+  auto now = fs::file_time_type::clock::now();
+  for (auto it = fs::directory_iterator(dir_ + "/tmp", ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    std::error_code ec2;
+    auto age = now - fs::last_write_time(it->path(), ec2);
+    if (!ec2 && (name.rfind("dead-", 0) == 0 || age > std::chrono::hours(1))) {
+      std::error_code ec3;
+      fs::remove_all(it->path(), ec3);
+    }
+  }
+  std::vector<EntryInfo> entries = list_entries(dir_);
+  int64_t total = 0;
+  for (auto& e : entries) total += e.bytes;
+  if (total <= max_bytes_) return 0;
+  std::sort(entries.begin(), entries.end(),
+            [](const EntryInfo& a, const EntryInfo& b) { return a.last_used < b.last_used; });
+  int removed = 0;
+  for (auto& e : entries) {
+    if (total <= max_bytes_) break;
+    if (e.key == keep) continue;
+    if (remove(e.key)) {
+      total -= e.bytes;
+      ++removed;
+    }
+  }
+  return removed;
+}
+
+}  // namespace flowjit::jit

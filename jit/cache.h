@@ -1,0 +1,142 @@
+// cache: the on-disk kernel cache (compiled objects, plans and their texts).
+//
+// Layout, under the cache directory (FLOWJIT_CACHE_DIR, default
+// ~/.cache/flowjit):
+//
+//   <dir>/<key[0:2]>/<key>/   one entry per key, published complete:
+//       meta.json              job, signature, source, target, build, times,
+//                              hits, sizes, and {bytes, sha256} of each file
+//       object.o               the ELF relocatable object
+//       plan.txt               runtime::Plan::serialize()
+//       ir_traced.txt          IR before optimization
+//       ir_optimized.txt       IR after the pass pipeline
+//       fusion.txt             the fusion plan (which values in which kernel)
+//       kernels.txt            loop-level kernel descriptions
+//       llvm.ll                the optimized LLVM IR (for `flowjit-cache show`)
+//   <dir>/tmp/                 private staging directories and entries being
+//                              deleted
+//   <dir>/lock                 taken (flock) while evicting
+//
+// Contracts:
+//  * Publication is one rename(2) of a fully written and fsynced staging
+//    directory onto <dir>/<key[0:2]>/<key>. A rename that finds the key
+//    present fails, and the existing entry is kept (both are equally good).
+//  * Readers trust nothing: every file read is checked against the size and
+//    SHA-256 recorded in meta.json; a mismatch makes the entry "damaged".
+//  * meta.json is rewritten only to update hits and last_used, under flock
+//    on the entry directory, by writing a new file and renaming it over the
+//    old, so a reader sees the old or the new file, never a mix.
+//  * Removal (eviction, damage) first renames the entry into tmp/, so no
+//    reader ever sees a half-deleted entry.
+// The key is computed by cache_key(); this module stores bytes and knows
+// nothing of plans or objects.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace flowjit::jit {
+
+// Everything that decides the generated code. Each part is length-prefixed
+// in the hash, so no two different part lists hash the same text.
+struct CacheKeyParts {
+  std::string ir_optimized;
+  std::string fusion_plan;
+  std::string kernels;
+  std::string plan;  // the plan before codegen (buffers, arena offsets)
+  std::string target;
+  std::string llvm_version;
+  std::string build_id;
+  std::string version;
+};
+
+// 64 hex digits.
+std::string cache_key(const CacheKeyParts& parts);
+
+// An entry as it is written.
+struct CacheEntry {
+  std::string key;
+  std::vector<char> object;
+  std::string plan;
+  std::string ir_traced, ir_optimized, fusion_plan, kernels, llvm_ir;
+  // metadata
+  std::string job_name, signature, source, target;
+  std::string llvm_version, build_id, version;
+  std::vector<std::string> inputs, outputs;  // printed tensor types
+  int64_t arena_bytes = 0;
+  int64_t num_kernels = 0;
+  double compile_seconds = 0;  // the whole compile_job
+  double codegen_seconds = 0;  // LLVM emit + optimize + codegen
+};
+
+// What a lookup returns: the parts needed to run, checksummed.
+struct CacheHit {
+  std::vector<char> object;
+  std::string plan;
+  std::string llvm_ir;  // only when asked for
+  int64_t hits = 0;     // before this one
+};
+
+class DiskCache {
+ public:
+  // max_bytes <= 0 selects default_cache_max_bytes().
+  DiskCache(std::string dir, int64_t max_bytes);
+
+  const std::string& dir() const { return dir_; }
+  int64_t max_bytes() const { return max_bytes_; }
+  std::string entry_dir(const std::string& key) const;
+
+  enum class Found { Miss, Hit, Damaged };
+  // Reads the entry for `key`. A damaged entry (unparsable metadata, a
+  // missing file, a size or checksum mismatch) is removed and `why` says
+  // what was wrong.
+  Found lookup(const std::string& key, bool want_llvm_ir, CacheHit& hit, std::string& why);
+
+  // Counts a use: hits += 1, last_used = now. Best effort (a read-only cache
+  // is not an error).
+  void touch(const std::string& key);
+
+  enum class Stored { Published, AlreadyPresent, Failed };
+  // Writes `e` into a private staging directory, fsyncs it and publishes it
+  // with one rename. Failed: the cache cannot be written (`why` says why);
+  // nothing is left behind.
+  Stored store(const CacheEntry& e, std::string& why);
+
+  // Removes the entry for `key` if present. Returns whether it removed one.
+  bool remove(const std::string& key);
+
+  // Removes least-recently-used entries (and stale staging directories)
+  // until the cache holds at most max_bytes; never removes `keep`. Returns
+  // the number of entries removed.
+  int evict(const std::string& keep = "");
+
+  // Total bytes of all entries (as evict() counts them).
+  int64_t total_bytes() const;
+
+ private:
+  std::string unique_tmp_name(const std::string& what) const;
+
+  std::string dir_;
+  int64_t max_bytes_;
+};
+
+// SHA-256 (16 hex digits) of the binary this code was loaded from (_C.so,
+// or the test executable). Part of every key next to the configure-time
+// build id, which a rebuild without re-running CMake leaves unchanged: a
+// code-generator change must never be answered with an object the old
+// generator made. Computed once per process.
+const std::string& loaded_binary_id();
+
+// ~/.cache/flowjit ($XDG_CACHE_HOME/flowjit when that is set).
+std::string default_cache_dir();
+int64_t default_cache_max_bytes();  // 1 GiB
+// "1073741824", "512M", "1G", "2GiB", "64k": bytes, or -1 when unparsable.
+int64_t parse_byte_size(const std::string& text);
+
+// Records that `dir` cannot be written; true the first time for that dir in
+// this process (the caller warns once).
+bool note_unwritable_cache(const std::string& dir);
+bool is_unwritable_cache(const std::string& dir);
+
+}  // namespace flowjit::jit
