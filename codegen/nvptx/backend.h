@@ -1,0 +1,96 @@
+// The NVPTX backend: lowers kernels to one LLVM module for nvptx64-nvidia-cuda,
+// links libdevice, emits PTX and (when ptxas is installed) a cubin. No LLVM
+// types in this header.
+//
+// Kernel ABI (what the runtime must provide):
+//  * one `.entry` per codegen::Kernel, named Kernel::name, whose parameters
+//    are the kernel's argument base addresses (global memory, u64), in order;
+//  * every argument base is 16-byte aligned (cuMemAlloc gives 256; arena
+//    offsets are multiples of 64), which the 128-bit vector accesses rely on;
+//  * the launch uses exactly KernelLaunch's grid, block and shared bytes. The
+//    kernels loop (grid-stride) over their work, so the grid may be capped.
+//  Every extent and stride is a compile-time constant of the kernel.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "codegen/kernel.h"
+
+namespace flowjit::codegen::nvptx {
+
+// Where transcendental functions come from.
+enum class MathLibrary : uint8_t {
+  Auto,       // libdevice when found, otherwise flowjit's own polynomials
+  Libdevice,  // libdevice.10.bc, required (UserError when missing)
+  Builtin,    // flowjit's polynomials (codegen/cpu/mathlib), no CUDA toolkit needed
+};
+
+struct CompileOptions {
+  std::string module_name = "flowjit";
+  int sm = 80;  // compute capability x 10: 80, 86, 89, 90 (sm_70 and newer)
+  // Tensor cores for float32 matmuls (TF32 inputs, FP32 accumulation, about
+  // 10 bits of mantissa per product). Off: an exact FP32 FMA kernel.
+  bool allow_tf32 = false;
+  MathLibrary math = MathLibrary::Auto;
+  bool run_ptxas = true;          // produce a cubin when ptxas is found
+  bool want_llvm_ir = false;      // keep the optimized module's text
+  std::string libdevice_path;     // "" searches (see find_libdevice)
+  std::string ptxas_path;         // "" searches (see find_ptxas)
+};
+
+// How to launch one kernel (cuLaunchKernel's arguments besides the function).
+struct KernelLaunch {
+  std::string symbol;
+  uint32_t grid[3] = {1, 1, 1};
+  uint32_t block[3] = {1, 1, 1};
+  uint32_t shared_bytes = 0;         // dynamic shared memory (0: all static)
+  uint32_t static_shared_bytes = 0;  // declared by the kernel, for reports
+  std::string mapping;               // thread mapping, e.g. "elementwise x4", "reduce warp"
+};
+
+struct CompiledModule {
+  std::string ptx;
+  std::vector<char> cubin;   // empty when ptxas was not run or not found
+  std::string ptxas_log;     // ptxas' messages (warnings), when it ran
+  std::string ptxas_path;    // the ptxas that produced `cubin`
+  std::vector<KernelLaunch> launches;  // one per kernel, in order
+  std::string llvm_ir;       // optimized (if asked)
+  std::string target_id;     // part of the disk-cache key: triple, SM, PTX version, options
+  std::string math_library;  // "libdevice" or "builtin"
+  int ptx_version = 0;       // e.g. 70 for ".version 7.0"
+  double seconds_emit = 0, seconds_optimize = 0, seconds_codegen = 0, seconds_ptxas = 0;
+};
+
+// Lowers `kernels` into one module, optimizes it at O3 for the SM and emits
+// PTX, then a cubin when ptxas is found. Throws InternalError when LLVM or
+// ptxas rejects the generated code (a flowjit bug) and UserError for a bad
+// option (unsupported SM, libdevice required but missing).
+CompiledModule compile(const std::vector<Kernel>& kernels, const CompileOptions& opts);
+
+// "" when not found. Search order: $FLOWJIT_PTXAS (when set, and nothing else:
+// set it empty to run without ptxas), $CUDA_HOME/bin, $CUDA_PATH/bin,
+// /usr/local/cuda/bin, then $PATH.
+std::string find_ptxas();
+// "" when not found. $FLOWJIT_LIBDEVICE (when set, and nothing else), then
+// nvvm/libdevice/libdevice.10.bc under $CUDA_HOME, $CUDA_PATH, /usr/local/cuda,
+// and /usr/lib/nvidia-cuda-toolkit/libdevice.
+std::string find_libdevice();
+
+struct PtxasResult {
+  bool ok = false;
+  int exit_code = -1;
+  std::vector<char> cubin;
+  std::string log;  // stdout and stderr
+};
+
+// Assembles `ptx` for sm_<sm> with `ptxas` (a path). Never throws for a
+// rejected PTX: the result says so, with ptxas' messages.
+PtxasResult run_ptxas(const std::string& ptx, int sm, const std::string& ptxas,
+                      const std::vector<std::string>& extra_args = {});
+
+// The SMs the backend targets by default, and whether `sm` is supported.
+bool is_supported_sm(int sm);
+
+}  // namespace flowjit::codegen::nvptx

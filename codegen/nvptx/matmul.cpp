@@ -1,0 +1,443 @@
+// GPU lowering of MatMul kernels: one thread block per (batch, BM x BN) output
+// tile, operands staged through shared memory, the epilogue evaluated per
+// output element from the accumulator registers.
+//
+// The K loop is software-pipelined through registers:
+//   fetch tile 0 -> registers
+//   for each K tile: registers -> shared; barrier; fetch the next tile into
+//                    registers (in flight during the math); math on shared;
+//                    barrier
+// Tiles are zero-filled beyond M, N and K, so the math is always whole.
+//
+// Two kinds of math:
+//  * FMA (exact; every dtype): a (BM/TM) x (BN/TN) grid of threads, thread
+//    (tx, ty) owning rows ty + i*BM/TM and columns tx + j*BN/TN (strided, so
+//    shared reads are conflict-free and epilogue stores coalesce).
+//  * TF32 tensor cores (float32 with allow_tf32, sm_80+): warps own 16 x 8
+//    mma.sync.m16n8k8 tiles; operands are rounded to TF32 (cvt.rna) when
+//    staged, accumulation is FP32. Fragment layouts follow the PTX ISA:
+//      A (16x8, row): a0 (g, t) a1 (g+8, t) a2 (g, t+4) a3 (g+8, t+4)
+//      B (8x8, col):  b0 (k=t, n=g) b1 (k=t+4, n=g)
+//      C (16x8):      c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t) c3 (g+8, 2t+1)
+//    with g = lane / 4 and t = lane % 4. Shared rows are padded (A by 4, B
+//    by 8 words) so fragment reads hit 32 distinct banks.
+#include <llvm/IR/IntrinsicsNVPTX.h>
+
+#include <algorithm>
+
+#include "codegen/nvptx/nvptx_codegen.h"
+#include "ir/error.h"
+
+namespace flowjit::codegen::nvptx {
+
+using llvm::Value;
+
+namespace {
+
+struct TileConfig {
+  bool tensor_cores = false;
+  int bm = 64, bn = 64, bk = 16;
+  int tm = 4, tn = 4;          // FMA: elements per thread along m and n
+  int warps_m = 2, warps_n = 2;  // tensor cores: warp grid; warp tile = (bm/warps_m) x (bn/warps_n)
+  int pad_a = 4, pad_b = 4;
+  int threads() const {
+    return tensor_cores ? warps_m * warps_n * kWarp : (bm / tm) * (bn / tn);
+  }
+};
+
+TileConfig choose_tiles(const MatMulSpec& mm, DType dt, const GpuTarget& t) {
+  TileConfig c;
+  bool big = mm.m >= 128 && mm.n >= 128;
+  if (dt == DType::Float32 && t.allow_tf32 && t.has_tensor_cores_tf32()) {
+    c.tensor_cores = true;
+    c.bk = 16;
+    c.pad_a = 4;
+    c.pad_b = 8;
+    if (big) {
+      c.bm = c.bn = 128;
+      c.warps_m = 2;
+      c.warps_n = 4;  // warp tile 64 x 32
+    } else {
+      c.bm = c.bn = 64;
+      c.warps_m = c.warps_n = 2;  // warp tile 32 x 32
+    }
+    return c;
+  }
+  if (big && ir::dtype_bytes(dt) <= 4) {
+    c.bm = c.bn = 128;
+    c.bk = 8;
+    c.tm = c.tn = 8;
+  }
+  return c;
+}
+
+class MatMulEmitter {
+ public:
+  MatMulEmitter(llvm::Module& m, const Kernel& k, const GpuTarget& t, MathProvider& math)
+      : m_(m), k_(k), t_(t), math_(math), b_(m.getContext()), mm_(k.mm) {
+    FJ_CHECK(k.rank() == 2 || k.rank() == 3, "matmul kernel ", k.name, " has rank ", k.rank());
+    FJ_CHECK(mm_.a.strides.size() == 3 && mm_.b.strides.size() == 3,
+             "matmul operand strides must be (batch, row, col)");
+    dt_ = k.args.at(mm_.a.arg).dtype;
+    is_float_ = ir::is_float(dt_);
+    cfg_ = choose_tiles(mm_, dt_, t);
+  }
+
+  llvm::Function* emit(KernelLaunch& launch) {
+    llvm::LLVMContext& c = m_.getContext();
+    f_ = declare_kernel(m_, k_, cfg_.threads());
+    b_.SetInsertPoint(llvm::BasicBlock::Create(c, "entry", f_));
+    for (auto& a : f_->args()) ptrs_.push_back(&a);
+    e_ = std::make_unique<ExprEmitter>(k_, b_, math_, ptrs_);
+    et_ = reg_type(c, dt_);
+    st_ = cfg_.tensor_cores ? b_.getInt32Ty() : et_;  // what shared memory holds
+
+    tiles_m_ = ceil_div(mm_.m, cfg_.bm);
+    tiles_n_ = ceil_div(mm_.n, cfg_.bn);
+    int64_t blocks = mm_.batch * tiles_m_ * tiles_n_;
+    FJ_USER_CHECK(blocks < (int64_t{1} << 31), ErrorKind::NotImplemented, "matmul ", k_.name,
+                  ": too many output tiles for one GPU launch (", blocks, ")");
+    launch.symbol = k_.name;
+    launch.grid[0] = static_cast<uint32_t>(std::max<int64_t>(blocks, 1));
+    launch.block[0] = static_cast<uint32_t>(cfg_.threads());
+    launch.mapping = std::string(cfg_.tensor_cores ? "matmul tf32 mma " : "matmul fma ") +
+                     std::to_string(cfg_.bm) + "x" + std::to_string(cfg_.bn) + "x" +
+                     std::to_string(cfg_.bk);
+
+    lda_ = cfg_.tensor_cores ? cfg_.bk + cfg_.pad_a : cfg_.bm + cfg_.pad_a;
+    ldb_ = cfg_.bn + cfg_.pad_b;
+    int64_t a_cells = cfg_.tensor_cores ? int64_t{cfg_.bm} * lda_ : int64_t{cfg_.bk} * lda_;
+    int64_t b_cells = int64_t{cfg_.bk} * ldb_;
+    as_ = shared_array(m_, k_.name + ".a", st_, a_cells);
+    bs_ = shared_array(m_, k_.name + ".b", st_, b_cells);
+    launch.static_shared_bytes =
+        static_cast<uint32_t>((a_cells + b_cells) * (st_->getPrimitiveSizeInBits() / 8));
+
+    if (blocks == 0) {  // an empty output: nothing to compute or store
+      b_.CreateRetVoid();
+      return f_;
+    }
+    // Which output tile this block computes.
+    tid_ = thread_idx(b_);
+    Value* tile = b_.CreateZExt(block_idx(b_), b_.getInt64Ty());
+    Value* per_batch = i64(tiles_m_ * tiles_n_);
+    bi_ = b_.CreateUDiv(tile, per_batch);
+    Value* rem = b_.CreateURem(tile, per_batch);
+    m0_ = b_.CreateMul(b_.CreateUDiv(rem, i64(tiles_n_)), i64(cfg_.bm));
+    n0_ = b_.CreateMul(b_.CreateURem(rem, i64(tiles_n_)), i64(cfg_.bn));
+    a_base_ = b_.CreateGEP(et_, ptrs_.at(mm_.a.arg),
+                           b_.CreateAdd(i64(mm_.a.offset), b_.CreateMul(bi_, i64(mm_.a.strides[0]))));
+    b_base_ = b_.CreateGEP(et_, ptrs_.at(mm_.b.arg),
+                           b_.CreateAdd(i64(mm_.b.offset), b_.CreateMul(bi_, i64(mm_.b.strides[0]))));
+
+    init_accumulators();
+    emit_k_loop();
+    emit_epilogue();
+    b_.CreateRetVoid();
+    return f_;
+  }
+
+ private:
+  static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+  Value* i64(int64_t v) { return b_.getInt64(v); }
+  Value* i32(int64_t v) { return b_.getInt32(static_cast<uint32_t>(v)); }
+  Value* zero() { return llvm::Constant::getNullValue(et_); }
+
+  // ---------------------------------------------------------------- staging
+
+  // One operand tile: rows x cols of the operand seen as (row, col) with
+  // strides (sr, sc) from `base`, valid below (limit_r, limit_c) in global
+  // coordinates starting at (r0, c0). Each thread moves `count` elements.
+  struct TileLoad {
+    Value* base;
+    int64_t sr, sc;
+    int rows, cols;
+    int64_t limit_r, limit_c;
+    llvm::GlobalVariable* smem;
+    int64_t ld_r, ld_c;  // shared index = r * ld_r + c * ld_c
+    std::vector<llvm::AllocaInst*> regs;
+  };
+
+  int per_thread(const TileLoad& t) const { return t.rows * t.cols / cfg_.threads(); }
+
+  // The tile coordinates of this thread's e-th element: consecutive threads
+  // walk the operand's contiguous dimension.
+  std::pair<Value*, Value*> tile_coord(const TileLoad& t, int e) {
+    Value* l = b_.CreateAdd(tid_, i32(int64_t{e} * cfg_.threads()));
+    bool fast_rows = t.sc != 1 && t.sr == 1;
+    if (fast_rows) return {b_.CreateURem(l, i32(t.rows)), b_.CreateUDiv(l, i32(t.rows))};
+    return {b_.CreateUDiv(l, i32(t.cols)), b_.CreateURem(l, i32(t.cols))};
+  }
+
+  // Global -> registers, zero outside the operand.
+  void fetch(TileLoad& t, Value* r0, Value* c0) {
+    for (int e = 0; e < per_thread(t); ++e) {
+      auto [r, c] = tile_coord(t, e);
+      Value* gr = b_.CreateAdd(r0, b_.CreateZExt(r, b_.getInt64Ty()));
+      Value* gc = b_.CreateAdd(c0, b_.CreateZExt(c, b_.getInt64Ty()));
+      Value* ok = b_.getTrue();
+      // A bound is needed only where the tile can overhang the extent.
+      if (t.limit_r % t.rows != 0) ok = b_.CreateAnd(ok, b_.CreateICmpSLT(gr, i64(t.limit_r)));
+      if (t.limit_c % t.cols != 0) ok = b_.CreateAnd(ok, b_.CreateICmpSLT(gc, i64(t.limit_c)));
+      Value* v;
+      if (auto* k = llvm::dyn_cast<llvm::ConstantInt>(ok); k && k->isOne()) {
+        v = load_at(t, gr, gc);
+      } else {
+        Value* sgr = b_.CreateSelect(ok, gr, i64(0));
+        Value* sgc = b_.CreateSelect(ok, gc, i64(0));
+        v = b_.CreateSelect(ok, load_at(t, sgr, sgc), zero());
+      }
+      if (cfg_.tensor_cores) v = b_.CreateIntrinsic(b_.getInt32Ty(), llvm::Intrinsic::nvvm_f2tf32_rna, {v});
+      b_.CreateStore(v, t.regs[e]);
+    }
+  }
+
+  Value* load_at(const TileLoad& t, Value* gr, Value* gc) {
+    Value* off = b_.CreateAdd(b_.CreateMul(gr, i64(t.sr)), b_.CreateMul(gc, i64(t.sc)));
+    return b_.CreateAlignedLoad(et_, b_.CreateGEP(et_, t.base, off), llvm::Align(ir::dtype_bytes(dt_)));
+  }
+
+  // Registers -> shared.
+  void stage(TileLoad& t) {
+    for (int e = 0; e < per_thread(t); ++e) {
+      auto [r, c] = tile_coord(t, e);
+      Value* idx = b_.CreateAdd(b_.CreateMul(r, i32(t.ld_r)), b_.CreateMul(c, i32(t.ld_c)));
+      Value* v = b_.CreateLoad(st_, t.regs[e]);
+      b_.CreateStore(v, b_.CreateGEP(st_, t.smem, b_.CreateZExt(idx, b_.getInt64Ty())));
+    }
+  }
+
+  Value* smem_load(llvm::GlobalVariable* s, Value* idx32) {
+    return b_.CreateLoad(st_, b_.CreateGEP(st_, s, b_.CreateZExt(idx32, b_.getInt64Ty())));
+  }
+
+  void emit_k_loop() {
+    // A is (m, k) with strides (a1, a2); B is (k, n) with strides (b1, b2).
+    TileLoad ta{a_base_, mm_.a.strides[1], mm_.a.strides[2], cfg_.bm, cfg_.bk, mm_.m, mm_.k, as_,
+                0, 0, {}};
+    TileLoad tb{b_base_, mm_.b.strides[1], mm_.b.strides[2], cfg_.bk, cfg_.bn, mm_.k, mm_.n, bs_,
+                ldb_, 1, {}};
+    if (cfg_.tensor_cores) {
+      ta.ld_r = lda_;  // As[m][k]
+      ta.ld_c = 1;
+    } else {
+      ta.ld_r = 1;  // As[k][m]
+      ta.ld_c = lda_;
+    }
+    FJ_CHECK(per_thread(ta) * cfg_.threads() == ta.rows * ta.cols &&
+                 per_thread(tb) * cfg_.threads() == tb.rows * tb.cols,
+             "matmul tile does not divide among the threads");
+    for (int e = 0; e < per_thread(ta); ++e) ta.regs.push_back(entry_alloca(f_, st_, "pa"));
+    for (int e = 0; e < per_thread(tb); ++e) tb.regs.push_back(entry_alloca(f_, st_, "pb"));
+
+    if (mm_.k == 0) return;  // the accumulators stay zero
+    int64_t k_tiles = ceil_div(mm_.k, cfg_.bk);
+    fetch(ta, m0_, i64(0));
+    fetch(tb, i64(0), n0_);
+    emit_for(b_, i64(0), i64(k_tiles), i64(1), [&](Value* kt) {
+      stage(ta);
+      stage(tb);
+      barrier(b_);
+      // Prefetch the next K tile while this one is multiplied.
+      Value* next = b_.CreateAdd(kt, i64(1));
+      auto* pre = llvm::BasicBlock::Create(m_.getContext(), "prefetch", f_);
+      auto* math = llvm::BasicBlock::Create(m_.getContext(), "math", f_);
+      b_.CreateCondBr(b_.CreateICmpSLT(next, i64(k_tiles)), pre, math);
+      b_.SetInsertPoint(pre);
+      Value* k0 = b_.CreateMul(next, i64(cfg_.bk));
+      fetch(ta, m0_, k0);
+      fetch(tb, k0, n0_);
+      b_.CreateBr(math);
+      b_.SetInsertPoint(math);
+      if (cfg_.tensor_cores) {
+        emit_mma_math();
+      } else {
+        emit_fma_math();
+      }
+      barrier(b_);
+    }, "kt");
+  }
+
+  // ---------------------------------------------------------------- FMA math
+
+  int fma_tx_count() const { return cfg_.bn / cfg_.tn; }
+  int fma_ty_count() const { return cfg_.bm / cfg_.tm; }
+
+  void init_accumulators() {
+    int n = cfg_.tensor_cores ? mma_mi() * mma_ni() * 4 : cfg_.tm * cfg_.tn;
+    llvm::Type* at = cfg_.tensor_cores ? b_.getFloatTy() : et_;
+    for (int i = 0; i < n; ++i) {
+      acc_.push_back(entry_alloca(f_, at, "acc"));
+      b_.CreateStore(llvm::Constant::getNullValue(at), acc_.back());
+    }
+  }
+
+  Value* madd(Value* a, Value* b, Value* c) {
+    if (is_float_) return b_.CreateIntrinsic(llvm::Intrinsic::fma, {a->getType()}, {a, b, c});
+    return b_.CreateAdd(b_.CreateMul(a, b), c);
+  }
+
+  void emit_fma_math() {
+    Value* tx = b_.CreateURem(tid_, i32(fma_tx_count()));
+    Value* ty = b_.CreateUDiv(tid_, i32(fma_tx_count()));
+    std::vector<Value*> acc(acc_.size());
+    for (size_t i = 0; i < acc_.size(); ++i) acc[i] = b_.CreateLoad(et_, acc_[i]);
+    for (int kk = 0; kk < cfg_.bk; ++kk) {
+      std::vector<Value*> av(cfg_.tm), bv(cfg_.tn);
+      for (int i = 0; i < cfg_.tm; ++i)
+        av[i] = smem_load(as_, b_.CreateAdd(ty, i32(int64_t{kk} * lda_ + int64_t{i} * fma_ty_count())));
+      for (int j = 0; j < cfg_.tn; ++j)
+        bv[j] = smem_load(bs_, b_.CreateAdd(tx, i32(int64_t{kk} * ldb_ + int64_t{j} * fma_tx_count())));
+      for (int i = 0; i < cfg_.tm; ++i)
+        for (int j = 0; j < cfg_.tn; ++j) acc[i * cfg_.tn + j] = madd(av[i], bv[j], acc[i * cfg_.tn + j]);
+    }
+    for (size_t i = 0; i < acc_.size(); ++i) b_.CreateStore(acc[i], acc_[i]);
+  }
+
+  // ---------------------------------------------------------------- mma math
+
+  int warp_tile_m() const { return cfg_.bm / cfg_.warps_m; }
+  int warp_tile_n() const { return cfg_.bn / cfg_.warps_n; }
+  int mma_mi() const { return warp_tile_m() / 16; }
+  int mma_ni() const { return warp_tile_n() / 8; }
+
+  struct WarpCoords {
+    Value* g;   // lane / 4
+    Value* t;   // lane % 4
+    Value* rb;  // first row of the warp tile within the block tile
+    Value* cb;  // first column
+  };
+  WarpCoords warp_coords() {
+    Value* warp = b_.CreateUDiv(tid_, i32(kWarp));
+    Value* lane = b_.CreateURem(tid_, i32(kWarp));
+    WarpCoords w;
+    w.g = b_.CreateUDiv(lane, i32(4));
+    w.t = b_.CreateURem(lane, i32(4));
+    w.rb = b_.CreateMul(b_.CreateUDiv(warp, i32(cfg_.warps_n)), i32(warp_tile_m()));
+    w.cb = b_.CreateMul(b_.CreateURem(warp, i32(cfg_.warps_n)), i32(warp_tile_n()));
+    return w;
+  }
+
+  void emit_mma_math() {
+    WarpCoords w = warp_coords();
+    std::vector<Value*> acc(acc_.size());
+    for (size_t i = 0; i < acc_.size(); ++i) acc[i] = b_.CreateLoad(b_.getFloatTy(), acc_[i]);
+    for (int kk = 0; kk < cfg_.bk; kk += 8) {
+      std::vector<std::array<Value*, 4>> a(mma_mi());
+      std::vector<std::array<Value*, 2>> bf(mma_ni());
+      for (int mi = 0; mi < mma_mi(); ++mi) {
+        Value* row = b_.CreateAdd(w.rb, b_.CreateAdd(w.g, i32(mi * 16)));
+        auto at = [&](Value* r, int dk) {
+          return smem_load(as_, b_.CreateAdd(b_.CreateMul(r, i32(lda_)), b_.CreateAdd(w.t, i32(kk + dk))));
+        };
+        Value* row8 = b_.CreateAdd(row, i32(8));
+        a[mi] = {at(row, 0), at(row8, 0), at(row, 4), at(row8, 4)};
+      }
+      for (int ni = 0; ni < mma_ni(); ++ni) {
+        Value* col = b_.CreateAdd(w.cb, b_.CreateAdd(w.g, i32(ni * 8)));
+        auto bt = [&](int dk) {
+          Value* k = b_.CreateAdd(w.t, i32(kk + dk));
+          return smem_load(bs_, b_.CreateAdd(b_.CreateMul(k, i32(ldb_)), col));
+        };
+        bf[ni] = {bt(0), bt(4)};
+      }
+      for (int mi = 0; mi < mma_mi(); ++mi)
+        for (int ni = 0; ni < mma_ni(); ++ni) {
+          int base = (mi * mma_ni() + ni) * 4;
+          Value* r = b_.CreateIntrinsic(llvm::Intrinsic::nvvm_mma_m16n8k8_row_col_tf32, {},
+                                        {a[mi][0], a[mi][1], a[mi][2], a[mi][3], bf[ni][0], bf[ni][1],
+                                         acc[base], acc[base + 1], acc[base + 2], acc[base + 3]});
+          for (unsigned q = 0; q < 4; ++q) acc[base + q] = b_.CreateExtractValue(r, {q});
+        }
+    }
+    for (size_t i = 0; i < acc_.size(); ++i) b_.CreateStore(acc[i], acc_[i]);
+  }
+
+  // ---------------------------------------------------------------- epilogue
+
+  void emit_epilogue() {
+    llvm::Type* at = cfg_.tensor_cores ? b_.getFloatTy() : et_;
+    if (cfg_.tensor_cores) {
+      WarpCoords w = warp_coords();
+      for (int mi = 0; mi < mma_mi(); ++mi)
+        for (int ni = 0; ni < mma_ni(); ++ni)
+          for (int q = 0; q < 4; ++q) {
+            Value* r = b_.CreateAdd(w.rb, b_.CreateAdd(w.g, i32(mi * 16 + (q >= 2 ? 8 : 0))));
+            Value* c = b_.CreateAdd(w.cb, b_.CreateAdd(b_.CreateMul(w.t, i32(2)), i32(ni * 8 + (q & 1))));
+            int a = (mi * mma_ni() + ni) * 4 + q;
+            element(r, c, b_.CreateLoad(at, acc_[a]));
+          }
+      return;
+    }
+    Value* tx = b_.CreateURem(tid_, i32(fma_tx_count()));
+    Value* ty = b_.CreateUDiv(tid_, i32(fma_tx_count()));
+    for (int i = 0; i < cfg_.tm; ++i)
+      for (int j = 0; j < cfg_.tn; ++j)
+        element(b_.CreateAdd(ty, i32(int64_t{i} * fma_ty_count())),
+                b_.CreateAdd(tx, i32(int64_t{j} * fma_tx_count())),
+                b_.CreateLoad(at, acc_[i * cfg_.tn + j]));
+  }
+
+  // The epilogue at tile-local (r, c), guarded by the output bounds.
+  void element(Value* r, Value* c, Value* accv) {
+    Value* m = b_.CreateAdd(m0_, b_.CreateZExt(r, b_.getInt64Ty()));
+    Value* n = b_.CreateAdd(n0_, b_.CreateZExt(c, b_.getInt64Ty()));
+    Value* ok = b_.getTrue();
+    if (mm_.m % cfg_.bm != 0) ok = b_.CreateAnd(ok, b_.CreateICmpSLT(m, i64(mm_.m)));
+    if (mm_.n % cfg_.bn != 0) ok = b_.CreateAnd(ok, b_.CreateICmpSLT(n, i64(mm_.n)));
+    llvm::BasicBlock* cont = nullptr;
+    if (!llvm::isa<llvm::Constant>(ok)) {
+      auto* then = llvm::BasicBlock::Create(m_.getContext(), "out", f_);
+      cont = llvm::BasicBlock::Create(m_.getContext(), "out.end", f_);
+      b_.CreateCondBr(ok, then, cont);
+      b_.SetInsertPoint(then);
+    }
+    int rank = k_.rank();
+    if (rank == 3) e_->idx[0] = bi_;
+    e_->idx[rank - 2] = m;
+    e_->idx[rank - 1] = n;
+    e_->vec_dim = -1;
+    e_->width = 1;
+    e_->push_scope();
+    for (size_t j = 0; j < k_.nodes.size(); ++j)
+      if (k_.nodes[j].kind == KOp::Acc) e_->set_value(static_cast<int>(j), accv);
+    for (const Store& s : k_.stores) e_->store(s, e_->eval(s.node));
+    e_->pop_scope();
+    if (cont) {
+      b_.CreateBr(cont);
+      b_.SetInsertPoint(cont);
+    }
+  }
+
+  llvm::Module& m_;
+  const Kernel& k_;
+  const GpuTarget& t_;
+  MathProvider& math_;
+  llvm::IRBuilder<> b_;
+  const MatMulSpec& mm_;
+  DType dt_;
+  bool is_float_ = true;
+  TileConfig cfg_;
+  llvm::Function* f_ = nullptr;
+  std::vector<Value*> ptrs_;
+  std::unique_ptr<ExprEmitter> e_;
+  llvm::Type* et_ = nullptr;
+  llvm::Type* st_ = nullptr;
+  int64_t tiles_m_ = 1, tiles_n_ = 1;
+  int64_t lda_ = 0, ldb_ = 0;
+  llvm::GlobalVariable* as_ = nullptr;
+  llvm::GlobalVariable* bs_ = nullptr;
+  Value* tid_ = nullptr;
+  Value *bi_ = nullptr, *m0_ = nullptr, *n0_ = nullptr;
+  Value *a_base_ = nullptr, *b_base_ = nullptr;
+  std::vector<llvm::AllocaInst*> acc_;
+};
+
+}  // namespace
+
+llvm::Function* emit_matmul_kernel(llvm::Module& m, const Kernel& k, const GpuTarget& t,
+                                   MathProvider& math, KernelLaunch& launch) {
+  return MatMulEmitter(m, k, t, math).emit(launch);
+}
+
+}  // namespace flowjit::codegen::nvptx

@@ -1,0 +1,1806 @@
+// The GPU backend, tested without a GPU: every kernel of a suite of graphs
+// (built through the real pipeline: parse or build IR, optimize, fuse) is
+// lowered to PTX for sm_80 and sm_90 and assembled by ptxas; golden checks
+// on the PTX of representative kernels; the CUDA runtime's error paths with
+// the driver missing, and its logic against a fake driver that runs the CPU
+// kernels; NvptxEmulated runs the GPU kernels themselves in a SIMT emulator
+// on the CPU and compares them with the CPU backend. The NvptxDevice tests
+// compare GPU results with the CPU on a real GPU and skip (visibly) without
+// one; FLOWJIT_REQUIRE_GPU=1 turns the skips into failures (tools/gpu_check.sh
+// sets it).
+#include <gtest/gtest.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/Module.h>
+#include <llvm/IRReader/IRReader.h>
+#include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/SourceMgr.h>
+#include <llvm/Support/raw_ostream.h>
+
+#include <array>
+#include <chrono>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "codegen/cpu/backend.h"
+#include "codegen/nvptx/backend.h"
+#include "ir/error.h"
+#include "ir/printer.h"
+#include "jit/autodiff.h"
+#include "jit/compile.h"
+#include "jit/fusion.h"
+#include "jit/optimizer.h"
+#include "jit/pipeline.h"
+#include "runtime/cuda/device.h"
+#include "runtime/cuda/driver_api.h"
+#include "runtime/cuda/executable.h"
+#include "runtime/cuda/range_allocator.h"
+
+using namespace flowjit;
+using namespace flowjit::ir;
+namespace nv = flowjit::codegen::nvptx;
+namespace rc = flowjit::runtime::cuda;
+
+namespace {
+
+// ---------------------------------------------------------------- graphs
+
+NodeRef param(const std::string& name, int64_t index, Shape s, DType dt = DType::Float32) {
+  return make_node(OpKind::Parameter, {}, Attrs{{"name", name}, {"index", index}, {"shape", s}, {"dtype", dt}});
+}
+NodeRef variable(const std::string& name, Shape s, DType dt = DType::Float32) {
+  return make_node(OpKind::Variable, {}, Attrs{{"name", name}, {"shape", s}, {"dtype", dt}});
+}
+Graph make_graph(std::vector<NodeRef> params, std::vector<NodeRef> outputs, std::vector<NodeRef> effects = {}) {
+  Graph g;
+  g.name = "t";
+  g.params = std::move(params);
+  g.outputs = std::move(outputs);
+  g.effects = std::move(effects);
+  return g;
+}
+
+const char* kElementwiseChain =
+    "graph t {\n"
+    "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[1000]} : f32[1000]\n"
+    "  %0 = exp(%x) : f32[1000]\n"
+    "  %1 = mul(%0, %x) : f32[1000]\n"
+    "  %2 = tanh(%1) : f32[1000]\n"
+    "  %3 = sub(%2, %x) : f32[1000]\n"
+    "  return %3\n}\n";
+
+const char* kBroadcast =
+    "graph t {\n"
+    "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[64,128]} : f32[64,128]\n"
+    "  %b = parameter() {dtype=f32, index=1, name=\"b\", shape=[128]} : f32[128]\n"
+    "  %c = parameter() {dtype=f32, index=2, name=\"c\", shape=[64,1]} : f32[64,1]\n"
+    "  %0 = add(%x, %b) : f32[64,128]\n"
+    "  %1 = mul(%0, %c) : f32[64,128]\n"
+    "  %2 = sigmoid(%1) : f32[64,128]\n"
+    "  return %2\n}\n";
+
+const char* kMlpSoftmax =
+    "graph t {\n"
+    "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[8,5]} : f32[8,5]\n"
+    "  %w = parameter() {dtype=f32, index=1, name=\"w\", shape=[7,5]} : f32[7,5]\n"
+    "  %b = parameter() {dtype=f32, index=2, name=\"b\", shape=[7]} : f32[7]\n"
+    "  %0 = matmul(%x, %w) {transpose_a=false, transpose_b=true} : f32[8,7]\n"
+    "  %1 = add(%0, %b) : f32[8,7]\n"
+    "  %2 = relu(%1) : f32[8,7]\n"
+    "  %3 = softmax(%2) {axis=1} : f32[8,7]\n"
+    "  return %3\n}\n";
+
+const char* kMatmulBiasRelu =
+    "graph t {\n"
+    "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[256,784]} : f32[256,784]\n"
+    "  %w = parameter() {dtype=f32, index=1, name=\"w\", shape=[512,784]} : f32[512,784]\n"
+    "  %b = parameter() {dtype=f32, index=2, name=\"b\", shape=[512]} : f32[512]\n"
+    "  %0 = matmul(%x, %w) {transpose_a=false, transpose_b=true} : f32[256,512]\n"
+    "  %1 = add(%0, %b) : f32[256,512]\n"
+    "  %2 = relu(%1) : f32[256,512]\n"
+    "  return %2\n}\n";
+
+const char* kSoftmax =
+    "graph t {\n"
+    "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[100,10]} : f32[100,10]\n"
+    "  %0 = softmax(%x) {axis=1} : f32[100,10]\n"
+    "  return %0\n}\n";
+
+const char* kCrossEntropy =
+    "graph t {\n"
+    "  %y = parameter() {dtype=i32, index=0, name=\"y\", shape=[100]} : i32[100]\n"
+    "  %z = parameter() {dtype=f32, index=1, name=\"z\", shape=[100,10]} : f32[100,10]\n"
+    "  %0 = sparse_softmax_cross_entropy(%y, %z) : f32[100]\n"
+    "  return %0\n}\n";
+
+const char* kReduceAxis0 =
+    "graph t {\n"
+    "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[1000,64]} : f32[1000,64]\n"
+    "  %0 = reduce_sum(%x) {axes=[0], keepdims=false} : f32[64]\n"
+    "  return %0\n}\n";
+
+Graph cross_entropy_backward() {
+  auto y = param("y", 0, {100}, DType::Int32);
+  auto z = param("z", 1, {100, 10});
+  auto loss = make_node(OpKind::SparseCrossEntropy, {y, z});
+  auto grads = jit::gradients(loss, fill(1.0, loss->shape(), loss->dtype()), {z});
+  return make_graph({y, z}, {grads[0]});
+}
+
+// Rows long enough for a block per row, a thread per column, every float type.
+Graph reductions_by_mapping() {
+  auto a = param("a", 0, {16, 5000});
+  auto b = param("b", 1, {64, 2048});
+  auto c = param("c", 2, {5000, 3});
+  auto d = param("d", 3, {33, 77}, DType::Float64);
+  return make_graph({a, b, c, d},
+                    {make_node(OpKind::Softmax, {a}, Attrs{{"axis", int64_t{1}}}),
+                     reduce(OpKind::ReduceSum, b, {0}, false), reduce(OpKind::ReduceMax, c, {0}, true),
+                     make_node(OpKind::LogSoftmax, {d}, Attrs{{"axis", int64_t{1}}}),
+                     reduce(OpKind::ArgMax, a, {1}, false)});
+}
+
+// Every reduction over every axis set of a rank-3 tensor.
+Graph reductions_all(DType dt) {
+  auto x = param("x", 0, {6, 7, 8}, dt);
+  std::vector<NodeRef> outs;
+  std::vector<IntList> sets = {{0}, {1}, {2}, {0, 1}, {1, 2}, {0, 2}, {0, 1, 2}};
+  for (OpKind op : {OpKind::ReduceSum, OpKind::ReduceMax, OpKind::ReduceMin, OpKind::ReduceProd,
+                    OpKind::ArgMax, OpKind::ArgMin})
+    for (auto& axes : sets) {
+      bool arg = op == OpKind::ArgMax || op == OpKind::ArgMin;
+      if (arg && axes.size() != 1) continue;
+      outs.push_back(reduce(op, x, axes, axes.size() == 2));
+    }
+  return make_graph({x}, outs);
+}
+
+Graph matmul_variants() {
+  std::vector<NodeRef> ps, outs;
+  auto p = [&](Shape s, DType dt = DType::Float32) {
+    ps.push_back(param("p" + std::to_string(ps.size()), static_cast<int64_t>(ps.size()), s, dt));
+    return ps.back();
+  };
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      auto a = p(ta ? Shape{17, 33} : Shape{33, 17});
+      auto b = p(tb ? Shape{29, 17} : Shape{17, 29});
+      outs.push_back(unary(OpKind::Tanh, matmul(a, b, ta, tb)));
+    }
+  outs.push_back(matmul(p({4, 33, 17}), p({4, 17, 29}), false, false));  // batched
+  outs.push_back(matmul(p({4, 33, 17}), p({17, 29}), false, false));     // shared b
+  outs.push_back(matmul(p({65, 31}, DType::Float64), p({31, 70}, DType::Float64), false, false));
+  outs.push_back(matmul(p({9, 13}, DType::Int32), p({13, 11}, DType::Int32), false, false));
+  outs.push_back(matmul(p({1, 300}), p({300, 1}), false, false));
+  outs.push_back(matmul(p({0, 7}), p({7, 5}), false, false));  // empty output
+  auto big = matmul(p({130, 300}), p({300, 170}), false, false);
+  outs.push_back(binary(OpKind::Mul, big, p({170})));
+  return make_graph(ps, outs);
+}
+
+// Every elementwise op of ops.def that accepts `dt`, on two shapes: one that
+// vectorizes (64 floats) and one that does not (37 x 5).
+Graph elementwise_ops(DType dt, std::set<OpKind>* covered) {
+  std::vector<NodeRef> ps, outs;
+  int64_t idx = 0;
+  for (Shape s : {Shape{64}, Shape{37, 5}}) {
+    auto x = param("x" + std::to_string(idx), idx, s, dt);
+    ++idx;
+    auto y = param("y" + std::to_string(idx), idx, s, dt);
+    ++idx;
+    ps.push_back(x);
+    ps.push_back(y);
+    auto c = binary(OpKind::Less, x, y);
+    for (int k = 0; k < kNumOps; ++k) {
+      OpKind op = static_cast<OpKind>(k);
+      if (!is_elementwise(op)) continue;
+      NodeRef n;
+      try {
+        if (op == OpKind::Cast) {
+          n = cast(x, dt == DType::Float32 ? DType::Int32 : DType::Float32);
+        } else if (op == OpKind::Where) {
+          n = where(c, x, y);
+        } else if (op_arity(op) == 1) {
+          n = unary(op, x);
+        } else {
+          n = binary(op, x, y);
+        }
+      } catch (const UserError&) {
+        continue;  // the op does not take this dtype
+      }
+      if (op == OpKind::Identity) n = binary(OpKind::Equal, n, y);  // identity alone folds away
+      outs.push_back(n);
+      if (covered) covered->insert(op);
+    }
+  }
+  return make_graph(ps, outs);
+}
+
+Graph casts() {
+  std::vector<DType> all = {DType::Bool, DType::Int8, DType::UInt8, DType::Int32,
+                            DType::Int64, DType::Float32, DType::Float64};
+  std::vector<NodeRef> ps, outs;
+  for (DType from : all) {
+    auto x = param("x" + std::to_string(ps.size()), static_cast<int64_t>(ps.size()), {33}, from);
+    ps.push_back(x);
+    for (DType to : all)
+      if (to != from) outs.push_back(cast(x, to));
+  }
+  return make_graph(ps, outs);
+}
+
+Graph sources() {
+  auto x = param("x", 0, {7, 9});
+  std::vector<NodeRef> outs;
+  for (OpKind op : {OpKind::RandomUniform, OpKind::RandomNormal, OpKind::TruncatedNormal})
+    for (DType dt : {DType::Float32, DType::Float64}) {
+      auto r = make_node(op, {}, Attrs{{"shape", Shape{1000}}, {"dtype", dt}, {"seed", int64_t{7}}});
+      outs.push_back(binary(OpKind::Add, r, fill(1.0, {}, dt)));
+    }
+  auto iota = make_node(OpKind::Iota, {}, Attrs{{"shape", Shape{7, 9}}, {"dtype", DType::Float32}, {"axis", int64_t{1}}});
+  outs.push_back(binary(OpKind::Mul, x, iota));
+  auto labels = param("labels", 1, {50}, DType::Int64);
+  outs.push_back(make_node(OpKind::OneHot, {labels},
+                           Attrs{{"depth", int64_t{10}}, {"dtype", DType::Float32}, {"on_value", 1.0}, {"off_value", 0.0}}));
+  return make_graph({x, labels}, outs);
+}
+
+// The seed's job: a 784-512-10 MLP with softmax cross-entropy, one SGD (or
+// Adam) step, lowered exactly as jit/compile.cpp lowers a train job.
+struct TrainGraph {
+  Graph g;
+  std::vector<std::pair<std::string, TensorType>> new_variables;
+};
+
+TrainGraph train_step(jit::OptimizerConfig::Kind kind, int64_t batch, int64_t in, int64_t hidden, int64_t classes) {
+  auto images = param("images", 0, {batch, 1, 28, in / 28});
+  auto labels = param("labels", 1, {batch}, DType::Int32);
+  auto w1 = variable("hidden-weight", {hidden, in});
+  auto b1 = variable("hidden-bias", {hidden});
+  auto w2 = variable("output-weight", {classes, hidden});
+  auto b2 = variable("output-bias", {classes});
+  auto x = reshape(images, {batch, in});
+  auto h = unary(OpKind::Relu, binary(OpKind::Add, matmul(x, w1, false, true), b1));
+  auto logits = binary(OpKind::Add, matmul(h, w2, false, true), b2);
+  auto loss = make_node(OpKind::SparseCrossEntropy, {labels, logits});
+  auto step = variable("train-step", {}, DType::Int64);
+  auto lr = cast(fill(0.1, {}, DType::Float64), DType::Float32);
+  jit::OptimizerConfig cfg;
+  cfg.kind = kind;
+  cfg.momentum = 0;
+  cfg.do_bias_correction = true;
+  jit::OptimizerLowering low = jit::lower_optimizer(cfg, {loss}, lr, step, {w1, b1, w2, b2});
+  TrainGraph t;
+  t.g = make_graph({images, labels}, {loss}, low.effects);
+  t.new_variables = low.new_variables;
+  return t;
+}
+
+struct Case {
+  std::string name;
+  Graph graph;
+  std::vector<std::pair<std::string, TensorType>> new_variables;  // train jobs' optimizer state
+};
+
+const std::vector<Case>& suite() {
+  static const std::vector<Case> cases = [] {
+    std::vector<Case> c;
+    c.push_back({"elementwise_chain", parse_graph(kElementwiseChain), {}});
+    c.push_back({"broadcast", parse_graph(kBroadcast), {}});
+    c.push_back({"transposed_read", [] {
+                   auto x = param("x", 0, {64, 96});
+                   return make_graph({x}, {unary(OpKind::Exp, transpose(x, {1, 0}))});
+                 }(), {}});
+    c.push_back({"mlp_softmax", parse_graph(kMlpSoftmax), {}});
+    c.push_back({"softmax", parse_graph(kSoftmax), {}});
+    c.push_back({"cross_entropy_fwd", parse_graph(kCrossEntropy), {}});
+    c.push_back({"cross_entropy_bwd", cross_entropy_backward(), {}});
+    c.push_back({"reduce_axis0", parse_graph(kReduceAxis0), {}});
+    c.push_back({"reductions_by_mapping", reductions_by_mapping(), {}});
+    for (DType dt : {DType::Float32, DType::Float64, DType::Int32})
+      c.push_back({"reductions_" + std::string(dtype_short_name(dt)), reductions_all(dt), {}});
+    c.push_back({"matmul_bias_relu", parse_graph(kMatmulBiasRelu), {}});
+    c.push_back({"matmul_variants", matmul_variants(), {}});
+    for (DType dt : {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::Int8,
+                     DType::UInt8, DType::Bool})
+      c.push_back({"elementwise_" + std::string(dtype_short_name(dt)), elementwise_ops(dt, nullptr), {}});
+    c.push_back({"casts", casts(), {}});
+    c.push_back({"sources", sources(), {}});
+    TrainGraph sgd = train_step(jit::OptimizerConfig::Kind::SGD, 100, 784, 512, 10);
+    c.push_back({"train_step_sgd", sgd.g, sgd.new_variables});
+    TrainGraph adam = train_step(jit::OptimizerConfig::Kind::Adam, 32, 196, 64, 10);
+    c.push_back({"train_step_adam", adam.g, adam.new_variables});
+    return c;
+  }();
+  return cases;
+}
+
+jit::FusedProgram fuse_graph(const Graph& g, const std::string& name) {
+  jit::PassLog log;
+  Graph opt = jit::optimize(g, log);
+  return jit::fuse(opt, name);
+}
+
+jit::FusedProgram fuse_text(const std::string& text) { return fuse_graph(parse_graph(text), "t"); }
+
+nv::CompiledModule compile(const std::vector<codegen::Kernel>& ks, int sm, bool tf32 = false,
+                           bool run_ptxas = false) {
+  nv::CompileOptions o;
+  o.sm = sm;
+  o.allow_tf32 = tf32;
+  o.run_ptxas = run_ptxas;
+  return nv::compile(ks, o);
+}
+
+bool has_matmul(const std::vector<codegen::Kernel>& ks) {
+  for (auto& k : ks)
+    if (k.kind == codegen::Kernel::Kind::MatMul) return true;
+  return false;
+}
+
+// The PTX of one `.entry` (up to the next one).
+std::string entry_text(const std::string& ptx, const std::string& name) {
+  size_t b = ptx.find(".entry " + name + "(");
+  if (b == std::string::npos) return "";
+  size_t e = ptx.find(".entry ", b + 1);
+  return ptx.substr(b, e == std::string::npos ? std::string::npos : e - b);
+}
+
+size_t count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+// Runs fn(i) for i in [0, n) on all cores.
+void parallel_for(size_t n, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> ts;
+  unsigned threads = std::max(2u, std::thread::hardware_concurrency());
+  std::mutex err_mu;
+  std::exception_ptr err;
+  for (unsigned t = 0; t < threads; ++t)
+    ts.emplace_back([&] {
+      for (size_t i; (i = next++) < n;) {
+        try {
+          fn(i);
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(err_mu);
+          if (!err) err = std::current_exception();
+        }
+      }
+    });
+  for (auto& t : ts) t.join();
+  if (err) std::rethrow_exception(err);
+}
+
+// Every module of the suite: each case for sm_80 and sm_90, exact, and with
+// TF32 tensor cores when it has a matmul.
+struct Module {
+  std::string name;
+  int sm;
+  bool tf32;
+  std::vector<std::string> kernels;
+  nv::CompiledModule compiled;
+};
+
+const std::vector<Module>& suite_modules() {
+  static const std::vector<Module> mods = [] {
+    std::vector<Module> out;
+    std::vector<jit::FusedProgram> fused;
+    for (const Case& c : suite()) fused.push_back(fuse_graph(c.graph, c.name));
+    for (size_t i = 0; i < suite().size(); ++i)
+      for (int sm : {80, 90})
+        for (bool tf32 : {false, true}) {
+          if (tf32 && !has_matmul(fused[i].kernels)) continue;
+          Module m{suite()[i].name, sm, tf32, {}, {}};
+          for (auto& k : fused[i].kernels) m.kernels.push_back(k.name);
+          out.push_back(std::move(m));
+        }
+    std::vector<size_t> which;
+    for (size_t i = 0, j = 0; i < suite().size(); ++i)
+      for (; j < out.size() && out[j].name == suite()[i].name; ++j) which.push_back(i);
+    parallel_for(out.size(), [&](size_t j) {
+      out[j].compiled = compile(fused[which[j]].kernels, out[j].sm, out[j].tf32);
+    });
+    return out;
+  }();
+  return mods;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- codegen
+
+TEST(NvptxCodegen, EveryElementwiseOpIsInTheSuite) {
+  std::set<OpKind> covered;
+  for (DType dt : {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::Int8,
+                   DType::UInt8, DType::Bool})
+    elementwise_ops(dt, &covered);
+  for (int k = 0; k < kNumOps; ++k) {
+    OpKind op = static_cast<OpKind>(k);
+    if (is_elementwise(op)) {
+      EXPECT_TRUE(covered.count(op)) << op_name(op) << " is in no GPU test kernel";
+    }
+  }
+}
+
+TEST(NvptxCodegen, GeneratesPtxForEveryKernelOfTheSuite) {
+  size_t kernels = 0;
+  std::map<std::string, size_t> mappings;
+  for (const Module& m : suite_modules()) {
+    const std::string& ptx = m.compiled.ptx;
+    SCOPED_TRACE(m.name + " sm_" + std::to_string(m.sm) + (m.tf32 ? " tf32" : ""));
+    EXPECT_NE(ptx.find(".target sm_" + std::to_string(m.sm)), std::string::npos);
+    EXPECT_EQ(ptx.find(".extern"), std::string::npos) << "unresolved external in the PTX";
+    EXPECT_EQ(ptx.find("__nv_"), std::string::npos) << "a libdevice call was not inlined";
+    ASSERT_EQ(m.compiled.launches.size(), m.kernels.size());
+    for (size_t i = 0; i < m.kernels.size(); ++i) {
+      EXPECT_NE(ptx.find(".visible .entry " + m.kernels[i] + "("), std::string::npos) << m.kernels[i];
+      const nv::KernelLaunch& l = m.compiled.launches[i];
+      EXPECT_EQ(l.symbol, m.kernels[i]);
+      EXPECT_GE(l.grid[0], 1u);
+      EXPECT_TRUE(l.block[0] == 128 || l.block[0] == 256) << l.block[0];
+      ++mappings[l.mapping];
+    }
+    kernels += m.kernels.size();
+  }
+  std::string summary;
+  for (auto& [k, n] : mappings) summary += "  " + k + ": " + std::to_string(n) + "\n";
+  std::printf("[nvptx] %zu modules, %zu kernels; thread mappings:\n%s", suite_modules().size(), kernels,
+              summary.c_str());
+  // Every mapping of the backend is exercised by the suite.
+  for (const char* want : {"elementwise", "elementwise x4", "elementwise x2", "reduce thread", "reduce warp",
+                           "reduce block", "matmul fma 64x64x16", "matmul fma 128x128x8",
+                           "matmul tf32 mma 64x64x16", "matmul tf32 mma 128x128x16"})
+    EXPECT_TRUE(mappings.count(want)) << "no kernel of the suite uses the mapping '" << want << "'";
+}
+
+TEST(NvptxPtxas, AcceptsEveryKernelOfTheSuiteForSm80AndSm90) {
+  std::string ptxas = nv::find_ptxas();
+  if (ptxas.empty()) GTEST_SKIP() << "ptxas not found (install the CUDA toolkit or set FLOWJIT_PTXAS)";
+  const auto& mods = suite_modules();
+  std::vector<nv::PtxasResult> results(mods.size());
+  parallel_for(mods.size(), [&](size_t i) { results[i] = nv::run_ptxas(mods[i].compiled.ptx, mods[i].sm, ptxas); });
+  std::map<int, size_t> accepted, modules;
+  for (size_t i = 0; i < mods.size(); ++i) {
+    EXPECT_TRUE(results[i].ok) << mods[i].name << " sm_" << mods[i].sm << (mods[i].tf32 ? " tf32" : "")
+                               << ": ptxas said:\n" << results[i].log;
+    if (!results[i].ok) continue;
+    EXPECT_FALSE(results[i].cubin.empty());
+    EXPECT_EQ(std::memcmp(results[i].cubin.data(), "\x7f" "ELF", 4), 0) << "a cubin is an ELF file";
+    accepted[mods[i].sm] += mods[i].kernels.size();
+    ++modules[mods[i].sm];
+  }
+  std::printf("[nvptx] ptxas (%s) accepted %zu kernels in %zu modules for sm_80 and %zu kernels in %zu "
+              "modules for sm_90\n",
+              ptxas.c_str(), accepted[80], modules[80], accepted[90], modules[90]);
+}
+
+TEST(NvptxCodegen, PtxVersionFollowsTheTarget) {
+  auto fp = fuse_text(kElementwiseChain);
+  auto m80 = compile(fp.kernels, 80), m90 = compile(fp.kernels, 90);
+  EXPECT_NE(m80.ptx.find(".version 7.0"), std::string::npos);
+  EXPECT_NE(m80.ptx.find(".target sm_80"), std::string::npos);
+  EXPECT_EQ(m80.ptx_version, 70);
+  EXPECT_NE(m90.ptx.find(".version 7.8"), std::string::npos);
+  EXPECT_NE(m90.ptx.find(".target sm_90"), std::string::npos);
+  EXPECT_EQ(m90.ptx_version, 78);
+  EXPECT_NE(m80.target_id, m90.target_id);
+  EXPECT_NE(m80.target_id.find("sm_80"), std::string::npos);
+}
+
+TEST(NvptxGolden, MatmulEpilogueIsFusedIntoTheMatmulKernel) {
+  auto fp = fuse_text(kMatmulBiasRelu);
+  ASSERT_EQ(fp.kernels.size(), 1u) << fp.description;
+  const std::string& name = fp.kernels[0].name;
+  auto m = compile(fp.kernels, 80);
+  std::string k = entry_text(m.ptx, name);
+  ASSERT_FALSE(k.empty()) << m.ptx;
+  EXPECT_EQ(m.launches[0].mapping, "matmul fma 128x128x8");
+  EXPECT_EQ(m.launches[0].grid[0], 2u * 4u);  // 256/128 x 512/128 tiles
+  EXPECT_GE(count(k, "fma.rn.f32"), 64u * 8u) << "the exact path: 8x8 FMAs per thread per k";
+  EXPECT_GE(count(k, "bar.sync"), 2u);
+  EXPECT_NE(k.find(".shared"), std::string::npos);
+  // The epilogue: bias loads, adds and the ReLU select, then the stores.
+  EXPECT_GE(count(k, "add.rn.f32") + count(k, "add.f32"), 64u) << k.substr(0, 4000);
+  EXPECT_GE(count(k, "selp.f32") + count(k, "max.f32"), 64u);
+  EXPECT_GE(count(k, "st.global.f32"), 64u);
+  EXPECT_EQ(k.find("mma.sync"), std::string::npos) << "no tensor cores unless allowed";
+}
+
+TEST(NvptxGolden, TensorCorePathUsesMmaSyncWhenAllowed) {
+  auto fp = fuse_text(kMatmulBiasRelu);
+  for (int sm : {80, 90}) {
+    auto m = compile(fp.kernels, sm, /*tf32=*/true);
+    std::string k = entry_text(m.ptx, fp.kernels[0].name);
+    EXPECT_EQ(m.launches[0].mapping, "matmul tf32 mma 128x128x16");
+    // 8 warps of 64 x 32: 4 x 4 mma tiles per warp and two k-steps per tile.
+    EXPECT_EQ(count(k, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"), 32u) << "sm_" << sm;
+    EXPECT_NE(k.find("cvt.rna.tf32.f32"), std::string::npos);
+    EXPECT_GE(count(k, "selp.f32") + count(k, "max.f32"), 64u) << "the epilogue stays fused";
+  }
+  // Not for float64 or integer matmuls, even when allowed.
+  auto mv = fuse_graph(matmul_variants(), "v");
+  auto m = compile(mv.kernels, 80, true);
+  for (size_t i = 0; i < mv.kernels.size(); ++i) {
+    const auto& k = mv.kernels[i];
+    if (k.kind != codegen::Kernel::Kind::MatMul) continue;
+    bool f32 = k.args[k.mm.a.arg].dtype == DType::Float32;
+    EXPECT_EQ(m.launches[i].mapping.find("tf32") != std::string::npos, f32) << k.name;
+  }
+}
+
+TEST(NvptxGolden, ReductionsUseWarpShufflesAndSharedMemory) {
+  auto sm = fuse_text(kSoftmax);
+  ASSERT_EQ(sm.kernels.size(), 1u) << sm.description;
+  auto m = compile(sm.kernels, 80);
+  EXPECT_EQ(m.launches[0].mapping, "reduce warp");
+  EXPECT_EQ(m.launches[0].grid[0], 13u);  // 100 rows, 8 warps per block
+  std::string k = entry_text(m.ptx, sm.kernels[0].name);
+  EXPECT_GE(count(k, "shfl.sync.bfly.b32"), 10u) << "max and sum, 5 steps each";
+  EXPECT_NE(k.find("max.NaN.f32"), std::string::npos);  // NaN-propagating max
+  EXPECT_EQ(k.find("bar.sync"), std::string::npos) << "a warp needs no barrier";
+
+  auto big = fuse_graph(reductions_by_mapping(), "r");
+  auto mb = compile(big.kernels, 80);
+  bool block_seen = false;
+  for (size_t i = 0; i < big.kernels.size(); ++i) {
+    if (mb.launches[i].mapping != "reduce block") continue;
+    block_seen = true;
+    std::string kb = entry_text(mb.ptx, big.kernels[i].name);
+    EXPECT_NE(kb.find("shfl.sync.bfly.b32"), std::string::npos);
+    EXPECT_NE(kb.find("st.shared"), std::string::npos);
+    EXPECT_NE(kb.find("bar.sync"), std::string::npos);
+    EXPECT_GT(mb.launches[i].static_shared_bytes, 0u);
+  }
+  EXPECT_TRUE(block_seen);
+}
+
+TEST(NvptxGolden, SoftmaxAndCrossEntropyStayOneKernel) {
+  for (const char* text : {kSoftmax, kCrossEntropy}) {
+    auto fp = fuse_text(text);
+    ASSERT_EQ(fp.kernels.size(), 1u) << fp.description;
+    auto m = compile(fp.kernels, 90);
+    EXPECT_EQ(count(m.ptx, ".entry"), 1u);
+    EXPECT_GE(fp.kernels[0].reduce_order.size(), 2u);
+  }
+  auto bwd = fuse_graph(cross_entropy_backward(), "b");
+  ASSERT_EQ(bwd.kernels.size(), 1u) << bwd.description;
+}
+
+TEST(NvptxGolden, LibdeviceIsLinkedAndInlined) {
+  auto fp = fuse_text(kElementwiseChain);
+  auto m = compile(fp.kernels, 80);
+  EXPECT_EQ(m.math_library, "libdevice");
+  EXPECT_EQ(m.ptx.find(".extern"), std::string::npos);
+  EXPECT_EQ(m.ptx.find("__nv_"), std::string::npos) << "__nv_expf / __nv_tanhf inlined";
+  EXPECT_EQ(m.ptx.find("call"), std::string::npos);
+  EXPECT_NE(m.ptx.find("ex2.approx"), std::string::npos) << "libdevice's expf";
+  EXPECT_NE(m.target_id.find("math=libdevice"), std::string::npos);
+  // Every transcendental function of both float types, in one module.
+  auto all = fuse_graph(elementwise_ops(DType::Float64, nullptr), "f64");
+  auto m64 = compile(all.kernels, 90);
+  EXPECT_EQ(m64.ptx.find(".extern"), std::string::npos);
+  EXPECT_EQ(m64.ptx.find("__nv_"), std::string::npos);
+}
+
+TEST(NvptxGolden, BuiltinMathNeedsNoLibdevice) {
+  auto fp = fuse_text(kElementwiseChain);
+  nv::CompileOptions o;
+  o.math = nv::MathLibrary::Builtin;
+  o.run_ptxas = false;
+  auto m = nv::compile(fp.kernels, o);
+  EXPECT_EQ(m.math_library, "builtin");
+  EXPECT_EQ(m.ptx.find("ex2.approx"), std::string::npos) << "flowjit's own polynomials";
+  EXPECT_EQ(m.ptx.find(".extern"), std::string::npos);
+  std::string ptxas = nv::find_ptxas();
+  if (!ptxas.empty()) {
+    auto r = nv::run_ptxas(m.ptx, 80, ptxas);
+    EXPECT_TRUE(r.ok) << r.log;
+  }
+}
+
+TEST(NvptxGolden, ContiguousElementwiseKernelsUse128BitAccesses) {
+  auto fp = fuse_text(kElementwiseChain);
+  auto m = compile(fp.kernels, 80);
+  EXPECT_EQ(m.launches[0].mapping, "elementwise x4");
+  EXPECT_EQ(m.launches[0].grid[0], 1u);  // 250 vectors of 4 in one block
+  EXPECT_NE(m.ptx.find("ld.global.v4.f32"), std::string::npos);
+  EXPECT_NE(m.ptx.find("st.global.v4.f32"), std::string::npos);
+  // Broadcast operands are loaded once per vector and splat.
+  auto bc = fuse_text(kBroadcast);
+  auto mb = compile(bc.kernels, 80);
+  EXPECT_EQ(mb.launches[0].mapping, "elementwise x4");
+  // A transposed read cannot be vectorized.
+  auto tr = fuse_graph(suite()[2].graph, "tr");
+  auto mt = compile(tr.kernels, 80);
+  EXPECT_EQ(mt.launches[0].mapping, "elementwise");
+  EXPECT_EQ(mt.ptx.find(".v4."), std::string::npos);
+}
+
+TEST(NvptxCodegen, OptionErrorsAreUserErrors) {
+  auto fp = fuse_text(kElementwiseChain);
+  nv::CompileOptions o;
+  o.sm = 61;
+  try {
+    nv::compile(fp.kernels, o);
+    FAIL() << "sm_61 accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("sm_61 is not supported"), std::string::npos) << e.what();
+  }
+  o.sm = 80;
+  o.math = nv::MathLibrary::Libdevice;
+  o.libdevice_path = "/nonexistent/libdevice.10.bc";
+  try {
+    nv::compile(fp.kernels, o);
+    FAIL() << "a missing libdevice accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot read libdevice at /nonexistent/libdevice.10.bc"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(NvptxPtxas, RejectedPtxIsReportedNotThrown) {
+  std::string ptxas = nv::find_ptxas();
+  if (ptxas.empty()) GTEST_SKIP() << "ptxas not found (install the CUDA toolkit or set FLOWJIT_PTXAS)";
+  auto r = nv::run_ptxas(".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry k() { bogus; }\n", 80, ptxas);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(r.cubin.empty());
+  EXPECT_NE(r.log.find("bogus"), std::string::npos) << r.log;
+  // compile() with ptxas: a cubin next to the PTX.
+  auto fp = fuse_text(kSoftmax);
+  auto m = compile(fp.kernels, 90, false, /*run_ptxas=*/true);
+  EXPECT_FALSE(m.cubin.empty());
+  EXPECT_EQ(m.ptxas_path, ptxas);
+  EXPECT_GT(m.seconds_ptxas, 0.0);
+}
+
+// ---------------------------------------------------------------- runtime without a driver
+
+TEST(NvptxRuntime, MissingDriverIsAClearUserError) {
+  try {
+    rc::load_driver("libflowjit-no-such-cuda.so.1");
+    FAIL() << "a missing driver loaded";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Runtime);
+    std::string msg = e.what();
+    EXPECT_EQ(msg.rfind(rc::kNoDriverMessage, 0), 0u) << msg;
+    EXPECT_NE(msg.find("libflowjit-no-such-cuda.so.1"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(std::string(rc::kNoDriverMessage),
+            "no CUDA driver: libcuda.so.1 not found; jobs placed on a GPU need an NVIDIA driver");
+  // A library that is not a CUDA driver.
+  try {
+    rc::load_driver("libm.so.6");
+    FAIL() << "libm loaded as a CUDA driver";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("the CUDA driver libm.so.6 lacks cuInit"), std::string::npos) << e.what();
+  }
+  // The process-wide driver: on a machine without one, every entry point
+  // says so (and keeps saying so) without crashing.
+  std::string why;
+  if (rc::driver_available(&why)) GTEST_SKIP() << "a CUDA driver is installed here: " << rc::driver().library;
+  EXPECT_NE(why.find(rc::kNoDriverMessage), std::string::npos) << why;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    EXPECT_THROW(rc::driver(), UserError);
+    try {
+      rc::Device::open(0);
+      FAIL() << "a device opened without a driver";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(rc::kNoDriverMessage), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(rc::device_count(), UserError);
+  }
+}
+
+TEST(NvptxRuntime, RangeAllocatorFirstFitAndCoalescing) {
+  rc::RangeAllocator a(4096, 256);
+  auto x = a.allocate(1), y = a.allocate(300), z = a.allocate(256);
+  ASSERT_TRUE(x && y && z);
+  EXPECT_EQ(*x, 0u);
+  EXPECT_EQ(*y, 256u);  // 300 rounds up to 512
+  EXPECT_EQ(*z, 768u);
+  EXPECT_EQ(a.used(), 1024u);
+  a.release(*y);
+  EXPECT_EQ(*a.allocate(200), 256u);  // first fit reuses the hole
+  a.release(256);
+  a.release(*x);
+  a.release(*z);
+  EXPECT_TRUE(a.empty());
+  EXPECT_EQ(a.largest_free(), 4096u) << "free neighbours merged back into one range";
+  EXPECT_EQ(*a.allocate(4096), 0u);
+  EXPECT_FALSE(a.allocate(1).has_value());
+  EXPECT_THROW(a.release(12345), InternalError);
+  a.release(0);
+  EXPECT_EQ(*a.allocate(0), 0u);
+  EXPECT_EQ(a.used(), 256u) << "a zero-byte request still takes one unit";
+}
+
+// ---------------------------------------------------------------- a SIMT emulator
+
+// Runs GPU kernels on the CPU, so that their numerics are checked without a
+// GPU: the optimized NVPTX module (flowjit's polynomials instead of
+// libdevice) is retargeted to the host, its NVVM intrinsics become calls to
+// the functions below, and each block runs as one fiber per thread
+// (a small stack switch), switched at barriers and warp-synchronous operations. Shared
+// memory is a global of the JIT object (blocks run one after another).
+// Shuffles and mma.sync exchange values through per-thread slots between two
+// warp barriers; mma.sync multiplies the fragments with the layouts of the
+// PTX ISA (the same ones matmul.cpp documents).
+namespace emu {
+
+enum Wait { kRun, kBarrier, kWarpSync };
+constexpr size_t kStackBytes = 256 << 10;
+
+using Entry = void (*)(char* const* args);
+
+// A context switch without ucontext's signal-mask system calls: saves the
+// callee-saved registers, MXCSR and the x87 control word on the stack,
+// stores the stack pointer in *from and resumes the stack `to`.
+#if defined(__x86_64__)
+#define FLOWJIT_HAVE_EMULATOR 1
+extern "C" void flowjit_emu_switch(void** from, void* to);
+asm(R"(
+  .text
+  .globl flowjit_emu_switch
+  .type flowjit_emu_switch, @function
+flowjit_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size flowjit_emu_switch, .-flowjit_emu_switch
+)");
+#else
+extern "C" inline void flowjit_emu_switch(void**, void*) { std::abort(); }  // never called
+#endif
+
+struct Fiber {
+  void* sp = nullptr;
+  Wait wait = kRun;
+  bool done = false;
+};
+
+struct Machine {
+  Entry fn = nullptr;
+  char* const* args = nullptr;
+  unsigned grid = 1, block = 1, cta = 0;
+  int cur = 0;
+  void* sched = nullptr;  // the scheduler's stack pointer while a fiber runs
+  std::vector<Fiber> fibers;
+  std::vector<std::vector<char>> stacks;
+  std::vector<uint32_t> slots;
+  std::vector<std::array<uint32_t, 10>> frags;
+  std::string error;
+};
+Machine* g_m = nullptr;
+std::mutex g_mu;
+
+void yield(Wait w) {
+  Fiber& f = g_m->fibers[g_m->cur];
+  f.wait = w;
+  flowjit_emu_switch(&f.sp, g_m->sched);
+}
+int lane() { return g_m->cur % 32; }
+int warp_base() { return g_m->cur - lane(); }
+
+int32_t tid() { return g_m->cur; }
+int32_t ctaid() { return static_cast<int32_t>(g_m->cta); }
+int32_t ntid() { return static_cast<int32_t>(g_m->block); }
+int32_t nctaid() { return static_cast<int32_t>(g_m->grid); }
+void barrier() { yield(kBarrier); }
+int32_t shfl_i32(int32_t v, int32_t lane_mask) {
+  g_m->slots[g_m->cur] = static_cast<uint32_t>(v);
+  yield(kWarpSync);
+  uint32_t r = g_m->slots[warp_base() + ((lane() ^ lane_mask) & 31)];
+  yield(kWarpSync);
+  return static_cast<int32_t>(r);
+}
+float shfl_f32(float v, int32_t lane_mask) {
+  int32_t b;
+  std::memcpy(&b, &v, 4);
+  b = shfl_i32(b, lane_mask);
+  std::memcpy(&v, &b, 4);
+  return v;
+}
+float bits_f(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+// cvt.rna.tf32.f32: 10 mantissa bits, round to nearest, ties away from zero.
+int32_t tf32_rna(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  if ((b & 0x7f800000u) != 0x7f800000u) b = (b + 0x1000u) & ~0x1fffu;
+  return static_cast<int32_t>(b);
+}
+void mma_tf32(float* out, int32_t a0, int32_t a1, int32_t a2, int32_t a3, int32_t b0, int32_t b1, float c0,
+              float c1, float c2, float c3) {
+  auto& mine = g_m->frags[g_m->cur];
+  float cf[4] = {c0, c1, c2, c3};
+  uint32_t c[4];
+  std::memcpy(c, cf, 16);
+  mine = {uint32_t(a0), uint32_t(a1), uint32_t(a2), uint32_t(a3), uint32_t(b0), uint32_t(b1), c[0], c[1], c[2], c[3]};
+  yield(kWarpSync);
+  int base = warp_base(), g = lane() / 4, t = lane() % 4;
+  auto A = [&](int r, int k) { return bits_f(g_m->frags[base + (r % 8) * 4 + k % 4][(r >= 8) + 2 * (k >= 4)]); };
+  auto B = [&](int k, int n) { return bits_f(g_m->frags[base + n * 4 + k % 4][4 + (k >= 4)]); };
+  int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+  float cs[4] = {c0, c1, c2, c3};
+  for (int q = 0; q < 4; ++q) {
+    float d = cs[q];
+    for (int k = 0; k < 8; ++k) d = std::fma(A(rows[q], k), B(k, cols[q]), d);
+    out[q] = d;
+  }
+  yield(kWarpSync);
+}
+
+[[noreturn]] void fiber_main() {
+  g_m->fn(g_m->args);
+  g_m->fibers[g_m->cur].done = true;
+  void* dead = nullptr;
+  flowjit_emu_switch(&dead, g_m->sched);
+  std::abort();  // a finished fiber is never resumed
+}
+
+// A fresh stack whose first switch "returns" into fiber_main as if called.
+void* new_stack(std::vector<char>& stack) {
+  uintptr_t top = (reinterpret_cast<uintptr_t>(stack.data()) + stack.size()) & ~uintptr_t{15};
+  auto* p = reinterpret_cast<uint64_t*>(top);
+  *--p = 0;                                             // fiber_main's return address (never used)
+  *--p = reinterpret_cast<uint64_t>(&fiber_main);       // popped by the switch's ret
+  for (int i = 0; i < 6; ++i) *--p = 0;                 // rbp rbx r12 r13 r14 r15
+  uint32_t ctl[2] = {0x1f80, 0x37f};  // the default MXCSR and x87 control word
+#if defined(__x86_64__)
+  asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(ctl[0]), "=m"(ctl[1]));
+#endif
+  *--p = (uint64_t{ctl[1]} << 32) | ctl[0];             // MXCSR, x87 control word
+  return p;
+}
+
+// Runs a whole grid. Returns "" or what went wrong (a deadlock).
+double g_seconds = 0;
+std::string run_grid(Entry fn, char* const* args, unsigned grid, unsigned block);
+std::string run(Entry fn, char* const* args, unsigned grid, unsigned block) {
+  auto t0 = std::chrono::steady_clock::now();
+  std::string r = run_grid(fn, args, grid, block);
+  g_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+std::string run_grid(Entry fn, char* const* args, unsigned grid, unsigned block) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  static Machine m;
+  g_m = &m;
+  m.fn = fn;
+  m.args = args;
+  m.grid = grid;
+  m.block = block;
+  m.fibers.assign(block, Fiber());
+  if (m.stacks.size() < block) m.stacks.resize(block, std::vector<char>(kStackBytes));
+  m.slots.assign(block, 0);
+  m.frags.assign(block, {});
+  for (m.cta = 0; m.cta < grid; ++m.cta) {
+    for (unsigned t = 0; t < block; ++t) {
+      Fiber& f = m.fibers[t];
+      f = Fiber();
+      f.sp = new_stack(m.stacks[t]);
+    }
+    while (true) {
+      for (unsigned t = 0; t < block; ++t) {
+        if (m.fibers[t].done || m.fibers[t].wait != kRun) continue;
+        m.cur = static_cast<int>(t);
+        flowjit_emu_switch(&m.sched, m.fibers[t].sp);
+      }
+      unsigned live = 0, at_barrier = 0;
+      bool released = false;
+      for (unsigned w = 0; w < block; w += 32) {
+        unsigned n = 0, sync = 0;
+        for (unsigned t = w; t < std::min(block, w + 32); ++t) {
+          if (m.fibers[t].done) continue;
+          ++n;
+          sync += m.fibers[t].wait == kWarpSync;
+          at_barrier += m.fibers[t].wait == kBarrier;
+        }
+        live += n;
+        if (sync == 0) continue;
+        if (sync != std::min(block, w + 32) - w)
+          return "block " + std::to_string(m.cta) + ": warp " + std::to_string(w / 32) +
+                 " reached a warp-synchronous operation with " + std::to_string(sync) + " of its lanes";
+        for (unsigned t = w; t < w + 32; ++t) m.fibers[t].wait = kRun;
+        released = true;
+      }
+      if (live == 0) break;
+      if (released) continue;
+      if (at_barrier != live)
+        return "block " + std::to_string(m.cta) + ": deadlock (" + std::to_string(at_barrier) + " of " +
+               std::to_string(live) + " live threads at a barrier)";
+      for (auto& f : m.fibers) f.wait = kRun;
+    }
+  }
+  return "";
+}
+
+// The host IR of a GPU module: NVVM intrinsics replaced by the functions
+// above, kernels made C functions, and `<kernel>.emu(ptr args)` wrappers.
+std::string host_ir(const std::string& gpu_ir, std::string* unsupported) {
+  llvm::LLVMContext ctx;
+  llvm::SMDiagnostic diag;
+  auto buf = llvm::MemoryBuffer::getMemBuffer(gpu_ir, "gpu.ll", false);
+  std::unique_ptr<llvm::Module> m = llvm::parseIR(buf->getMemBufferRef(), diag, ctx);
+  if (!m) {
+    *unsupported = "cannot parse the GPU module: " + diag.getMessage().str();
+    return "";
+  }
+  m->setTargetTriple("");
+  m->setDataLayout("");
+  if (auto* md = m->getNamedMetadata("nvvm.annotations")) m->eraseNamedMetadata(md);
+  auto* i32 = llvm::Type::getInt32Ty(ctx);
+  auto* f32 = llvm::Type::getFloatTy(ctx);
+  auto* ptr = llvm::PointerType::get(ctx, 0);
+  auto host = [&](void* fn, llvm::Type* ret, std::vector<llvm::Type*> params) {
+    auto* fty = llvm::FunctionType::get(ret, params, false);
+    auto* addr = llvm::ConstantExpr::getIntToPtr(
+        llvm::ConstantInt::get(llvm::Type::getInt64Ty(ctx), reinterpret_cast<uint64_t>(fn)), ptr);
+    return llvm::FunctionCallee(fty, addr);
+  };
+  std::vector<llvm::Function*> kernels;
+  for (llvm::Function& f : *m) {
+    f.removeFnAttr("target-cpu");
+    f.removeFnAttr("target-features");
+    if (f.getCallingConv() == llvm::CallingConv::PTX_Kernel) {
+      f.setCallingConv(llvm::CallingConv::C);
+      kernels.push_back(&f);
+    }
+  }
+  std::vector<llvm::Function*> intrinsics;
+  for (llvm::Function& f : *m)
+    if (f.getName().starts_with("llvm.nvvm.")) intrinsics.push_back(&f);
+  for (llvm::Function* f : intrinsics) {
+    std::string name = f->getName().str();
+    std::vector<llvm::CallInst*> calls;
+    for (llvm::User* u : f->users())
+      if (auto* c = llvm::dyn_cast<llvm::CallInst>(u)) calls.push_back(c);
+    for (llvm::CallInst* c : calls) {
+      llvm::IRBuilder<> b(c);
+      llvm::Value* r = nullptr;
+      auto arg = [&](unsigned i) { return c->getArgOperand(i); };
+      if (name == "llvm.nvvm.read.ptx.sreg.tid.x") {
+        r = b.CreateCall(host(reinterpret_cast<void*>(tid), i32, {}));
+      } else if (name == "llvm.nvvm.read.ptx.sreg.ctaid.x") {
+        r = b.CreateCall(host(reinterpret_cast<void*>(ctaid), i32, {}));
+      } else if (name == "llvm.nvvm.read.ptx.sreg.ntid.x") {
+        r = b.CreateCall(host(reinterpret_cast<void*>(ntid), i32, {}));
+      } else if (name == "llvm.nvvm.read.ptx.sreg.nctaid.x") {
+        r = b.CreateCall(host(reinterpret_cast<void*>(nctaid), i32, {}));
+      } else if (name == "llvm.nvvm.barrier0") {
+        b.CreateCall(host(reinterpret_cast<void*>(barrier), b.getVoidTy(), {}));
+      } else if (name == "llvm.nvvm.shfl.sync.bfly.i32") {
+        r = b.CreateCall(host(reinterpret_cast<void*>(shfl_i32), i32, {i32, i32}), {arg(1), arg(2)});
+      } else if (name == "llvm.nvvm.shfl.sync.bfly.f32") {
+        r = b.CreateCall(host(reinterpret_cast<void*>(shfl_f32), f32, {f32, i32}), {arg(1), arg(2)});
+      } else if (name == "llvm.nvvm.f2tf32.rna") {
+        r = b.CreateCall(host(reinterpret_cast<void*>(tf32_rna), i32, {f32}), {arg(0)});
+      } else if (name == "llvm.nvvm.mma.m16n8k8.row.col.tf32") {
+        llvm::IRBuilder<> eb(&c->getFunction()->getEntryBlock(), c->getFunction()->getEntryBlock().begin());
+        auto* out = eb.CreateAlloca(llvm::ArrayType::get(f32, 4));
+        std::vector<llvm::Value*> args = {out};
+        for (unsigned i = 0; i < 10; ++i) args.push_back(arg(i));
+        b.CreateCall(host(reinterpret_cast<void*>(mma_tf32), b.getVoidTy(),
+                          {ptr, i32, i32, i32, i32, i32, i32, f32, f32, f32, f32}),
+                     args);
+        r = llvm::PoisonValue::get(c->getType());
+        for (unsigned q = 0; q < 4; ++q)
+          r = b.CreateInsertValue(r, b.CreateLoad(f32, b.CreateConstGEP2_32(out->getAllocatedType(), out, 0, q)), {q});
+      } else {
+        *unsupported += name + " ";
+        continue;
+      }
+      if (r) c->replaceAllUsesWith(r);
+      c->eraseFromParent();
+    }
+  }
+  if (!unsupported->empty()) return "";
+  for (llvm::Function* k : kernels) {
+    auto* w = llvm::Function::Create(llvm::FunctionType::get(llvm::Type::getVoidTy(ctx), {ptr}, false),
+                                     llvm::Function::ExternalLinkage, k->getName() + ".emu", *m);
+    llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx, "entry", w));
+    std::vector<llvm::Value*> args;
+    for (unsigned i = 0; i < k->arg_size(); ++i)
+      args.push_back(b.CreateLoad(k->getArg(i)->getType(), b.CreateConstGEP1_64(ptr, w->getArg(0), i)));
+    b.CreateCall(k, args);
+    b.CreateRetVoid();
+  }
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  m->print(os, nullptr);
+  return text;
+}
+
+}  // namespace emu
+
+// ---------------------------------------------------------------- a fake driver
+
+// A CUDA driver whose device memory is host memory and whose kernel launches
+// run the CPU backend's code for the same kernels. It checks the runtime's
+// plumbing (staging, argument resolution, launch order, variables updated in
+// place, completion by events) and lets the tests inject driver failures.
+namespace fake {
+
+struct Launch {
+  std::string symbol;
+  unsigned grid[3], block[3], shared;
+  std::vector<rc::CUdeviceptr> args;
+};
+
+struct CpuKernel {
+  runtime::KernelFn fn = nullptr;
+  int64_t range = 1;
+  size_t nargs = 0;
+};
+
+struct EmuKernel {
+  emu::Entry fn = nullptr;
+  size_t nargs = 0;
+};
+
+struct Gpu {
+  int sm = 80;
+  // Kernels run by the SIMT emulator, by the PTX of their module (kernel
+  // names are unique within a module only).
+  std::map<std::string, std::map<std::string, EmuKernel>> emu;
+  std::vector<std::string> emu_errors;
+  uint64_t alloc_limit = ~0ull;
+  bool fail_module = false;
+  int not_ready = 0;
+  bool last_image_was_cubin = false;
+  struct Module {
+    std::vector<std::string> symbols;
+    const std::map<std::string, EmuKernel>* emu = nullptr;
+  };
+  std::vector<Module> modules;  // CUmodule i + 1
+  std::vector<std::pair<std::string, const EmuKernel*>> functions;  // CUfunction i + 1
+  std::map<std::string, CpuKernel> cpu;
+  std::vector<Launch> launches;
+  std::set<void*> device_blocks, host_blocks;
+  int current = 0, retained = 0;
+  std::vector<char> scratch = std::vector<char>(64 << 20);
+};
+Gpu& gpu() {
+  static Gpu g;
+  return g;
+}
+// The fake is thread-safe: tests run cases concurrently.
+std::recursive_mutex g_mu;
+#define FAKE_LOCK std::lock_guard<std::recursive_mutex> fake_lock_(g_mu)
+
+using rc::CUresult;
+CUresult ok() { return rc::kCudaSuccess; }
+CUresult init(unsigned) { return ok(); }
+CUresult error_string(CUresult e, const char** s) {
+  switch (e) {
+    case rc::kCudaErrorOutOfMemory: *s = "out of memory"; break;
+    case rc::kCudaErrorInvalidImage: *s = "device kernel image is invalid"; break;
+    case rc::kCudaErrorNotFound: *s = "named symbol not found"; break;
+    case rc::kCudaErrorNotReady: *s = "device not ready"; break;
+    default: *s = "unknown error";
+  }
+  return ok();
+}
+CUresult error_name(CUresult e, const char** s) {
+  switch (e) {
+    case rc::kCudaErrorOutOfMemory: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case rc::kCudaErrorInvalidImage: *s = "CUDA_ERROR_INVALID_IMAGE"; break;
+    case rc::kCudaErrorNotFound: *s = "CUDA_ERROR_NOT_FOUND"; break;
+    case rc::kCudaErrorNotReady: *s = "CUDA_ERROR_NOT_READY"; break;
+    default: *s = "CUDA_ERROR_UNKNOWN";
+  }
+  return ok();
+}
+CUresult driver_version(int* v) { *v = 13000; return ok(); }
+CUresult device_count(int* n) { *n = 1; return ok(); }
+CUresult device_get(rc::CUdevice* d, int ordinal) {
+  *d = ordinal;
+  return ordinal == 0 ? ok() : rc::kCudaErrorInvalidValue;
+}
+CUresult device_name(char* name, int len, rc::CUdevice) {
+  std::snprintf(name, static_cast<size_t>(len), "Fake GPU");
+  return ok();
+}
+CUresult device_attribute(int* v, int attr, rc::CUdevice) {
+  switch (attr) {
+    case rc::kAttrComputeCapabilityMajor: *v = gpu().sm / 10; break;
+    case rc::kAttrComputeCapabilityMinor: *v = gpu().sm % 10; break;
+    case rc::kAttrMultiprocessorCount: *v = 4; break;
+    case rc::kAttrMaxThreadsPerBlock: *v = 1024; break;
+    default: *v = 0;
+  }
+  return ok();
+}
+CUresult total_mem(size_t* b, rc::CUdevice) { *b = size_t{1} << 30; return ok(); }
+CUresult retain(rc::CUcontext* c, rc::CUdevice) {
+  FAKE_LOCK;
+  *c = reinterpret_cast<rc::CUcontext>(&gpu());
+  ++gpu().retained;
+  return ok();
+}
+CUresult release(rc::CUdevice) { FAKE_LOCK; --gpu().retained; return ok(); }
+CUresult push(rc::CUcontext) { FAKE_LOCK; ++gpu().current; return ok(); }
+CUresult pop(rc::CUcontext* c) { FAKE_LOCK; --gpu().current; if (c) *c = nullptr; return ok(); }
+CUresult ctx_sync() { return ok(); }
+CUresult stream_create(rc::CUstream* s, unsigned) { *s = reinterpret_cast<rc::CUstream>(0x5); return ok(); }
+CUresult stream_destroy(rc::CUstream) { return ok(); }
+CUresult stream_sync(rc::CUstream) { return ok(); }
+CUresult mem_alloc(rc::CUdeviceptr* p, size_t bytes) {
+  FAKE_LOCK;
+  if (bytes > gpu().alloc_limit) return rc::kCudaErrorOutOfMemory;
+  void* m = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  std::memset(m, 0xab, bytes);  // uninitialized device memory is not zero
+  gpu().device_blocks.insert(m);
+  *p = reinterpret_cast<rc::CUdeviceptr>(m);
+  return ok();
+}
+CUresult mem_free(rc::CUdeviceptr p) {
+  FAKE_LOCK;
+  void* m = reinterpret_cast<void*>(p);
+  if (!gpu().device_blocks.erase(m)) return rc::kCudaErrorInvalidValue;
+  std::free(m);
+  return ok();
+}
+CUresult host_alloc(void** p, size_t bytes) {
+  FAKE_LOCK;
+  *p = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  gpu().host_blocks.insert(*p);
+  return ok();
+}
+CUresult host_free(void* p) {
+  FAKE_LOCK;
+  if (!gpu().host_blocks.erase(p)) return rc::kCudaErrorInvalidValue;
+  std::free(p);
+  return ok();
+}
+CUresult h2d(rc::CUdeviceptr d, const void* s, size_t n, rc::CUstream) { std::memcpy(reinterpret_cast<void*>(d), s, n); return ok(); }
+CUresult d2h(void* d, rc::CUdeviceptr s, size_t n, rc::CUstream) { std::memcpy(d, reinterpret_cast<void*>(s), n); return ok(); }
+CUresult d2d(rc::CUdeviceptr d, rc::CUdeviceptr s, size_t n, rc::CUstream) {
+  std::memcpy(reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n);
+  return ok();
+}
+CUresult module_load(rc::CUmodule* m, const void* image, unsigned n, int* opts, void** vals) {
+  FAKE_LOCK;
+  const char* p = static_cast<const char*>(image);
+  gpu().last_image_was_cubin = std::memcmp(p, "\x7f" "ELF", 4) == 0;
+  if (gpu().fail_module) {
+    for (unsigned i = 0; i < n; ++i)
+      if (opts[i] == rc::kJitErrorLogBuffer) std::strcpy(static_cast<char*>(vals[i]), "fake JIT: bad PTX at line 1");
+    return rc::kCudaErrorInvalidImage;
+  }
+  Gpu::Module mod;
+  if (gpu().last_image_was_cubin) {
+    for (auto& [name, k] : gpu().cpu) mod.symbols.push_back(name);
+  } else {
+    std::string text(p);
+    std::regex entry(R"(\.entry (\w+)\()");
+    for (std::sregex_iterator it(text.begin(), text.end(), entry), end; it != end; ++it)
+      mod.symbols.push_back((*it)[1]);
+    auto e = gpu().emu.find(text);
+    if (e != gpu().emu.end()) mod.emu = &e->second;
+  }
+  gpu().modules.push_back(mod);
+  *m = reinterpret_cast<rc::CUmodule>(static_cast<uintptr_t>(gpu().modules.size()));
+  return ok();
+}
+CUresult module_unload(rc::CUmodule) { return ok(); }
+CUresult get_function(rc::CUfunction* f, rc::CUmodule m, const char* name) {
+  FAKE_LOCK;
+  auto& mod = gpu().modules.at(reinterpret_cast<uintptr_t>(m) - 1);
+  if (std::find(mod.symbols.begin(), mod.symbols.end(), name) == mod.symbols.end()) return rc::kCudaErrorNotFound;
+  const EmuKernel* e = nullptr;
+  if (mod.emu) e = &mod.emu->at(name);
+  gpu().functions.emplace_back(name, e);
+  *f = reinterpret_cast<rc::CUfunction>(static_cast<uintptr_t>(gpu().functions.size()));
+  return ok();
+}
+CUresult set_attribute(rc::CUfunction, int, int) { return ok(); }
+CUresult launch(rc::CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                unsigned shared, rc::CUstream, void** params, void**) {
+  std::unique_lock<std::recursive_mutex> lock(g_mu);
+  auto [name, emu_kernel] = gpu().functions.at(reinterpret_cast<uintptr_t>(f) - 1);
+  Launch l{name, {gx, gy, gz}, {bx, by, bz}, shared, {}};
+  if (emu_kernel) {
+    EmuKernel k = *emu_kernel;
+    std::vector<char*> args;
+    for (size_t i = 0; i < k.nargs; ++i) args.push_back(reinterpret_cast<char*>(*static_cast<rc::CUdeviceptr*>(params[i])));
+    lock.unlock();  // other threads compile meanwhile; the emulator runs one grid at a time
+    std::string err = emu::run(k.fn, args.data(), gx * gy * gz, bx * by * bz);
+    lock.lock();
+    if (!err.empty()) gpu().emu_errors.push_back(name + ": " + err);
+    gpu().launches.push_back(l);
+    return ok();
+  }
+  auto it = gpu().cpu.find(name);
+  if (it != gpu().cpu.end()) {
+    std::vector<char*> args;
+    for (size_t i = 0; i < it->second.nargs; ++i) {
+      l.args.push_back(*static_cast<rc::CUdeviceptr*>(params[i]));
+      args.push_back(reinterpret_cast<char*>(l.args.back()));
+    }
+    it->second.fn(args.data(), 0, it->second.range, gpu().scratch.data());
+  }
+  gpu().launches.push_back(l);
+  return ok();
+}
+CUresult event_create(rc::CUevent* e, unsigned) { *e = reinterpret_cast<rc::CUevent>(0x9); return ok(); }
+CUresult event_destroy(rc::CUevent) { return ok(); }
+CUresult event_record(rc::CUevent, rc::CUstream) { return ok(); }
+CUresult event_query(rc::CUevent) {
+  FAKE_LOCK;
+  if (gpu().not_ready > 0) {
+    --gpu().not_ready;
+    return rc::kCudaErrorNotReady;
+  }
+  return ok();
+}
+CUresult event_sync(rc::CUevent) { return ok(); }
+
+const rc::DriverApi& api() {
+  static const rc::DriverApi a = [] {
+    rc::DriverApi d;
+    d.cuInit = init;
+    d.cuGetErrorString = error_string;
+    d.cuGetErrorName = error_name;
+    d.cuDriverGetVersion = driver_version;
+    d.cuDeviceGetCount = device_count;
+    d.cuDeviceGet = device_get;
+    d.cuDeviceGetName = device_name;
+    d.cuDeviceGetAttribute = device_attribute;
+    d.cuDeviceTotalMem = total_mem;
+    d.cuDevicePrimaryCtxRetain = retain;
+    d.cuDevicePrimaryCtxRelease = release;
+    d.cuCtxPushCurrent = push;
+    d.cuCtxPopCurrent = pop;
+    d.cuCtxSynchronize = ctx_sync;
+    d.cuStreamCreate = stream_create;
+    d.cuStreamDestroy = stream_destroy;
+    d.cuStreamSynchronize = stream_sync;
+    d.cuMemAlloc = mem_alloc;
+    d.cuMemFree = mem_free;
+    d.cuMemAllocHost = host_alloc;
+    d.cuMemFreeHost = host_free;
+    d.cuMemcpyHtoDAsync = h2d;
+    d.cuMemcpyDtoHAsync = d2h;
+    d.cuMemcpyDtoDAsync = d2d;
+    d.cuModuleLoadDataEx = module_load;
+    d.cuModuleUnload = module_unload;
+    d.cuModuleGetFunction = get_function;
+    d.cuFuncSetAttribute = set_attribute;
+    d.cuLaunchKernel = launch;
+    d.cuEventCreate = event_create;
+    d.cuEventDestroy = event_destroy;
+    d.cuEventRecord = event_record;
+    d.cuEventQuery = event_query;
+    d.cuEventSynchronize = event_sync;
+    d.library = "fake";
+    return d;
+  }();
+  return a;
+}
+
+}  // namespace fake
+
+namespace {
+
+void fill_deterministic(void* p, const TensorType& t, uint32_t seed) {
+  std::mt19937 g(seed);
+  int64_t n = t.numel();
+  switch (t.dtype) {
+    case DType::Float32: {
+      std::normal_distribution<float> d(0.f, 0.1f);
+      for (int64_t i = 0; i < n; ++i) static_cast<float*>(p)[i] = d(g);
+      break;
+    }
+    case DType::Float64: {
+      std::normal_distribution<double> d(0., 0.1);
+      for (int64_t i = 0; i < n; ++i) static_cast<double*>(p)[i] = d(g);
+      break;
+    }
+    default:
+      std::memset(p, 0, static_cast<size_t>(t.bytes()));
+  }
+}
+
+// The GPU side of a job, as the wiring would do it: fuse, PTX (+ cubin), and
+// a CudaExecutable with the launches codegen chose.
+struct GpuJob {
+  jit::FusedProgram fp;
+  nv::CompiledModule mod;
+  std::unique_ptr<rc::CudaExecutable> exec;
+};
+
+int codegen_sm(int device_sm) {
+  int best = 80;
+  for (int s : {70, 72, 75, 80, 86, 87, 89, 90})
+    if (s <= device_sm) best = s;
+  return best;
+}
+
+// Set while the fake device runs GPU kernels in the SIMT emulator.
+bool g_emulate = false;
+
+// Makes the fake driver run `mod`'s kernels in the emulator.
+void emu_register(const nv::CompiledModule& mod, const std::vector<codegen::Kernel>& kernels) {
+  static std::vector<std::shared_ptr<codegen::cpu::LoadedCode>> keep;
+  std::string unsupported;
+  std::string text = emu::host_ir(mod.llvm_ir, &unsupported);
+  ASSERT_TRUE(unsupported.empty()) << "the emulator lacks " << unsupported;
+  codegen::cpu::CompiledObject obj = codegen::cpu::compile_ir_text(text);
+  std::vector<std::string> syms;
+  for (auto& k : kernels) syms.push_back(k.name + ".emu");
+  keep.push_back(codegen::cpu::load(obj.object, syms));
+  std::lock_guard<std::recursive_mutex> lock(fake::g_mu);
+  for (size_t i = 0; i < kernels.size(); ++i)
+    fake::gpu().emu[mod.ptx][kernels[i].name] = {reinterpret_cast<emu::Entry>(keep.back()->address(i)), kernels[i].args.size()};
+}
+
+GpuJob gpu_job(const Graph& g, const std::shared_ptr<rc::Device>& dev, bool tf32, bool run_ptxas = true) {
+  GpuJob j;
+  j.fp = fuse_graph(g, "t");
+  int sm = codegen_sm(dev->info().sm);
+  if (g_emulate) {
+    nv::CompileOptions o;
+    o.sm = sm;
+    o.allow_tf32 = tf32;
+    o.run_ptxas = false;
+    o.math = nv::MathLibrary::Builtin;
+    o.want_llvm_ir = true;
+    j.mod = nv::compile(j.fp.kernels, o);
+    emu_register(j.mod, j.fp.kernels);
+  } else {
+    j.mod = compile(j.fp.kernels, sm, tf32, run_ptxas);
+  }
+  std::vector<rc::GpuLaunch> ls;
+  for (auto& l : j.mod.launches) {
+    rc::GpuLaunch r;
+    r.symbol = l.symbol;
+    std::copy(l.grid, l.grid + 3, r.grid);
+    std::copy(l.block, l.block + 3, r.block);
+    r.shared_bytes = l.shared_bytes;
+    ls.push_back(r);
+  }
+  rc::GpuImage image{j.mod.ptx, j.mod.cubin, sm};
+  j.exec = std::make_unique<rc::CudaExecutable>(dev, j.fp.plan, ls, image);
+  return j;
+}
+
+}  // namespace
+
+TEST(NvptxRuntime, FakeDriverRunsATrainStepLikeTheCpu) {
+  fake::gpu() = fake::Gpu();
+  TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, 8, 56, 16, 10);
+  // CPU reference.
+  runtime::VariableStore cpu_store, gpu_store;
+  auto fp_probe = fuse_graph(t.g, "t");
+  for (auto* store : {&cpu_store, &gpu_store})
+    for (auto& [name, type] : fp_probe.plan.variables) {
+      auto* v = store->get_or_create(name, type, true);
+      fill_deterministic(v->ptr(), type, static_cast<uint32_t>(std::hash<std::string>()(name)));
+    }
+  jit::JobDescription job;
+  job.name = "t";
+  job.graph = t.g;
+  jit::CompiledJob cj = jit::compile_job(job, jit::CompileSettings{}, cpu_store);
+  {
+    // The fake GPU runs the CPU code of the same kernels.
+    codegen::cpu::CompiledObject obj = codegen::cpu::compile(fp_probe.kernels, {});
+    std::vector<std::string> syms;
+    for (auto& l : obj.launches) syms.push_back(l.symbol);
+    static std::shared_ptr<codegen::cpu::LoadedCode> code;
+    code = codegen::cpu::load(obj.object, syms);
+    for (size_t i = 0; i < syms.size(); ++i)
+      fake::gpu().cpu[syms[i]] = {reinterpret_cast<runtime::KernelFn>(code->address(i)), obj.launches[i].range,
+                                  fp_probe.kernels[i].args.size()};
+  }
+  {
+    auto dev = rc::Device::open(0, &fake::api());
+    EXPECT_EQ(dev->info().str(), "Fake GPU (sm_80, 4 SMs, 1 GiB)");
+    GpuJob gj = gpu_job(t.g, dev, false);
+    EXPECT_EQ(gj.exec->loaded_from(), gj.mod.cubin.empty() ? "ptx (driver JIT for sm_80)" : "cubin sm_80");
+    EXPECT_EQ(fake::gpu().last_image_was_cubin, !gj.mod.cubin.empty());
+    rc::DeviceVariables dv(dev);
+    gj.exec->bind_variables(gpu_store, dv);
+    std::vector<float> images(8 * 56);
+    std::vector<int32_t> labels(8);
+    float loss_cpu[8], loss_gpu[8];
+    for (int step = 0; step < 3; ++step) {
+      fill_deterministic(images.data(), {DType::Float32, {8, 56}}, 100 + step);
+      for (int i = 0; i < 8; ++i) labels[i] = (i * 7 + step) % 10;
+      const void* ins[] = {images.data(), labels.data()};
+      void* out_cpu[] = {loss_cpu};
+      void* out_gpu[] = {loss_gpu};
+      cj.executable->run(ins, out_cpu);
+      gj.exec->run(ins, out_gpu);
+      for (int i = 0; i < 8; ++i) EXPECT_EQ(loss_gpu[i], loss_cpu[i]) << "step " << step << " row " << i;
+    }
+    // Launch records: every kernel, in plan order, with codegen's grids.
+    size_t per_run = gj.fp.plan.launches.size();
+    ASSERT_EQ(fake::gpu().launches.size(), 3 * per_run);
+    for (size_t i = 0; i < per_run; ++i) {
+      const fake::Launch& l = fake::gpu().launches[2 * per_run + i];
+      EXPECT_EQ(l.symbol, gj.fp.plan.launches[i].symbol);
+      EXPECT_EQ(l.grid[0], gj.mod.launches[i].grid[0]);
+      EXPECT_EQ(l.block[0], gj.mod.launches[i].block[0]);
+      EXPECT_EQ(l.args, gj.exec->kernel_args(i));
+    }
+    // The device holds the trained variables; the host copy is stale until downloaded.
+    auto* w = gpu_store.find("hidden-weight");
+    auto* w_cpu = cpu_store.find("hidden-weight");
+    EXPECT_NE(std::memcmp(w->ptr(), w_cpu->ptr(), static_cast<size_t>(w->type.bytes())), 0);
+    dv.download_all(gpu_store);
+    for (auto* v : cpu_store.all()) {
+      auto* g = gpu_store.find(v->name);
+      EXPECT_EQ(std::memcmp(v->ptr(), g->ptr(), static_cast<size_t>(v->type.bytes())), 0) << v->name;
+    }
+    EXPECT_EQ(fake::gpu().current, 0) << "every context push is popped";
+  }
+  EXPECT_TRUE(fake::gpu().device_blocks.empty()) << "device memory returned to the driver";
+  EXPECT_TRUE(fake::gpu().host_blocks.empty()) << "pinned memory returned to the driver";
+  EXPECT_EQ(fake::gpu().retained, 0) << "the primary context is released";
+}
+
+TEST(NvptxRuntime, FakeDriverFailuresNameTheCall) {
+  fake::gpu() = fake::Gpu();
+  auto dev = rc::Device::open(0, &fake::api());
+  Graph g = parse_graph(kSoftmax);
+  auto expect_error = [&](const std::function<void()>& fn, const std::vector<std::string>& parts) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error";
+    } catch (const UserError& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Runtime);
+      for (auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  };
+  // Out of device memory.
+  fake::gpu().alloc_limit = 1 << 20;
+  dev->set_chunk_bytes(4 << 20);
+  expect_error([&] { gpu_job(g, dev, false, false); },
+               {"CUDA driver call cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY: out of memory",
+                "allocating 4194304 bytes on Fake GPU"});
+  fake::gpu().alloc_limit = ~0ull;
+  // The driver rejects the image: its JIT log is in the message.
+  fake::gpu().fail_module = true;
+  expect_error([&] { gpu_job(g, dev, false, false); },
+               {"cuModuleLoadDataEx failed: CUDA_ERROR_INVALID_IMAGE: device kernel image is invalid",
+                "as PTX on Fake GPU", "driver log: fake JIT: bad PTX at line 1"});
+  fake::gpu().fail_module = false;
+  // A kernel the image lacks.
+  {
+    auto fp = fuse_graph(g, "t");
+    std::vector<rc::GpuLaunch> ls(1);
+    ls[0].symbol = fp.plan.launches[0].symbol;
+    expect_error([&] { rc::CudaExecutable(dev, fp.plan, ls, rc::GpuImage{".version 7.0\n", {}, 0}); },
+                 {"cuModuleGetFunction failed: CUDA_ERROR_NOT_FOUND: named symbol not found",
+                  "kernel '" + ls[0].symbol + "' of job 't'"});
+    EXPECT_THROW(rc::CudaExecutable(dev, fp.plan, {}, rc::GpuImage{}), InternalError) << "launch count";
+  }
+  // A device that does not exist.
+  try {
+    rc::Device::open(1, &fake::api());
+    ADD_FAILURE() << "GPU 1 opened";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "GPU 1 does not exist: the CUDA driver sees 1 device");
+  }
+  // Completion is observed with the event; a second submit must wait.
+  GpuJob j = gpu_job(g, dev, false, false);
+  std::vector<float> x(1000, 1.f), y(1000);
+  const void* ins[] = {x.data()};
+  void* outs[] = {y.data()};
+  fake::gpu().not_ready = 2;
+  j.exec->submit(ins);
+  EXPECT_TRUE(j.exec->in_flight());
+  EXPECT_FALSE(j.exec->done());
+  EXPECT_FALSE(j.exec->done());
+  EXPECT_THROW(j.exec->submit(ins), InternalError);
+  EXPECT_TRUE(j.exec->done());
+  j.exec->finish(outs);
+  EXPECT_FALSE(j.exec->in_flight());
+  // Variables the session no longer has.
+  TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, 4, 28, 8, 10);
+  GpuJob tj = gpu_job(t.g, dev, false, false);
+  runtime::VariableStore empty;
+  rc::DeviceVariables dv(dev);
+  try {
+    tj.exec->bind_variables(empty, dv);
+    ADD_FAILURE() << "bound to missing variables";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("which no longer exists in the session"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(tj.exec->submit(ins), InternalError) << "run before bind_variables";
+}
+
+TEST(NvptxRuntime, LaunchListRoundTripsAndRejectsDamage) {
+  std::vector<rc::GpuLaunch> ls(2);
+  ls[0].symbol = "k0_exp";
+  ls[0].grid[0] = 13;
+  ls[0].block[0] = 256;
+  ls[1].symbol = "k1_matmul";
+  ls[1].grid[0] = 8;
+  ls[1].grid[2] = 2;
+  ls[1].block[0] = 128;
+  ls[1].shared_bytes = 65536;
+  std::string text = rc::serialize_launches(ls);
+  auto back = rc::deserialize_launches(text);
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(rc::serialize_launches(back), text);
+  EXPECT_EQ(back[1].shared_bytes, 65536u);
+  for (std::string bad : {"gpulaunch k0 1 1\n", "launch k0 1 1 1 256 1 1 0\n", "gpulaunch k0 0 1 1 256 1 1 0\n",
+                          "gpulaunch k0 1 1 1 256 1 1 0 extra\n"})
+    EXPECT_THROW(rc::deserialize_launches(bad), UserError) << bad;
+}
+
+// ---------------------------------------------------------------- on a GPU
+
+namespace {
+
+bool gpu_required() {
+  const char* v = std::getenv("FLOWJIT_REQUIRE_GPU");
+  return v && *v && std::string(v) != "0";
+}
+
+// Device 0, opened once; null with the reason when there is none.
+std::shared_ptr<rc::Device> real_gpu(std::string* why) {
+  static std::string reason;
+  static std::shared_ptr<rc::Device> dev = [] {
+    std::shared_ptr<rc::Device> d;
+    if (!rc::driver_available(&reason)) return d;
+    try {
+      if (rc::device_count() == 0) {
+        reason = "the CUDA driver sees no GPU";
+        return d;
+      }
+      d = rc::Device::open(0);
+    } catch (const UserError& e) {
+      reason = e.what();
+    }
+    return d;
+  }();
+  *why = reason;
+  return dev;
+}
+
+#define FLOWJIT_NEED_GPU(dev)                                                                  \
+  std::string why_gpu_;                                                                       \
+  auto dev = real_gpu(&why_gpu_);                                                             \
+  if (!dev) {                                                                                 \
+    if (gpu_required()) FAIL() << "FLOWJIT_REQUIRE_GPU is set but there is no GPU: " << why_gpu_; \
+    GTEST_SKIP() << "no GPU: " << why_gpu_;                                                   \
+  }
+
+void random_input(void* p, const TensorType& t, bool labels, uint32_t seed) {
+  std::mt19937 g(seed);
+  int64_t n = t.numel();
+  std::uniform_real_distribution<double> u(-2, 2);
+  std::uniform_int_distribution<int> ints(labels || t.dtype == DType::UInt8 ? 0 : -5, labels ? 9 : 5);
+  for (int64_t i = 0; i < n; ++i) {
+    switch (t.dtype) {
+      case DType::Float32: static_cast<float*>(p)[i] = static_cast<float>(u(g)); break;
+      case DType::Float64: static_cast<double*>(p)[i] = u(g); break;
+      case DType::Int32: static_cast<int32_t*>(p)[i] = ints(g); break;
+      case DType::Int64: static_cast<int64_t*>(p)[i] = ints(g); break;
+      case DType::Int8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(ints(g)); break;
+      case DType::UInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(ints(g)); break;
+      case DType::Bool: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(g() & 1); break;
+    }
+  }
+}
+
+struct Result {
+  std::vector<std::vector<char>> outputs;
+  std::map<std::string, std::vector<char>> variables;
+};
+
+// Runs `c` `steps` times on the CPU (reference) or the GPU from the same
+// inputs and variables; returns the last outputs and the final variables.
+Result run_case(const Case& c, const std::shared_ptr<rc::Device>& dev, bool tf32, int steps) {
+  auto fp = fuse_graph(c.graph, c.name);
+  runtime::VariableStore store;
+  auto vars = fp.plan.variables;
+  for (auto& nv : c.new_variables) vars.push_back(nv);
+  for (auto& [name, type] : vars) {
+    auto* v = store.get_or_create(name, type, true);
+    fill_deterministic(v->ptr(), type, static_cast<uint32_t>(std::hash<std::string>()(name)));
+  }
+  std::vector<std::vector<char>> ins(fp.plan.inputs.size());
+  Result r;
+  for (auto& t : fp.plan.outputs) r.outputs.emplace_back(static_cast<size_t>(t.bytes()));
+  std::vector<const void*> in_ptrs;
+  std::vector<void*> out_ptrs;
+  for (auto& o : r.outputs) out_ptrs.push_back(o.data());
+  std::function<void()> run;
+  jit::CompiledJob cj;
+  GpuJob gj;
+  std::unique_ptr<rc::DeviceVariables> dv;
+  if (!dev) {
+    jit::JobDescription job;
+    job.name = c.name;
+    job.graph = c.graph;
+    cj = jit::compile_job(job, jit::CompileSettings{}, store);
+    run = [&] { cj.executable->run(in_ptrs.data(), out_ptrs.data()); };
+  } else {
+    gj = gpu_job(c.graph, dev, tf32);
+    dv = std::make_unique<rc::DeviceVariables>(dev);
+    gj.exec->bind_variables(store, *dv);
+    run = [&] { gj.exec->run(in_ptrs.data(), out_ptrs.data()); };
+  }
+  for (int s = 0; s < steps; ++s) {
+    in_ptrs.clear();
+    for (size_t i = 0; i < ins.size(); ++i) {
+      const TensorType& t = fp.plan.inputs[i];
+      ins[i].assign(static_cast<size_t>(std::max<int64_t>(t.bytes(), 1)), 0);
+      std::string pname = fp.graph.params[i]->attrs().get_str("name");
+      random_input(ins[i].data(), t, pname == "labels" || pname == "y", static_cast<uint32_t>(1000 * s + i));
+      in_ptrs.push_back(ins[i].data());
+    }
+    run();
+  }
+  if (dv) dv->download_all(store);
+  for (auto* v : store.all()) r.variables[v->name].assign(v->ptr(), v->ptr() + v->type.bytes());
+  return r;
+}
+
+// Mismatches of `got` against `want` (NaN matches NaN, infinities match exactly).
+std::string compare(const std::vector<char>& got, const std::vector<char>& want, const TensorType& t,
+                    double rtol, double atol, double atol_rms = 0) {
+  int64_t n = t.numel(), bad = 0;
+  std::string first;
+  if (atol_rms > 0) {
+    // Reduced-precision products: the error scales with the typical magnitude.
+    double ss = 0;
+    int64_t cnt = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      double w = t.dtype == DType::Float32 ? reinterpret_cast<const float*>(want.data())[i]
+                                           : reinterpret_cast<const double*>(want.data())[i];
+      if (std::isfinite(w)) ss += w * w, ++cnt;
+    }
+    atol += atol_rms * std::sqrt(ss / std::max<int64_t>(cnt, 1));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    double g, w;
+    switch (t.dtype) {
+      case DType::Float32: g = reinterpret_cast<const float*>(got.data())[i]; w = reinterpret_cast<const float*>(want.data())[i]; break;
+      case DType::Float64: g = reinterpret_cast<const double*>(got.data())[i]; w = reinterpret_cast<const double*>(want.data())[i]; break;
+      case DType::Int32: g = reinterpret_cast<const int32_t*>(got.data())[i]; w = reinterpret_cast<const int32_t*>(want.data())[i]; break;
+      case DType::Int64: g = static_cast<double>(reinterpret_cast<const int64_t*>(got.data())[i]); w = static_cast<double>(reinterpret_cast<const int64_t*>(want.data())[i]); break;
+      case DType::Int8: g = reinterpret_cast<const int8_t*>(got.data())[i]; w = reinterpret_cast<const int8_t*>(want.data())[i]; break;
+      default: g = reinterpret_cast<const uint8_t*>(got.data())[i]; w = reinterpret_cast<const uint8_t*>(want.data())[i]; break;
+    }
+    bool same = (std::isnan(g) && std::isnan(w)) || g == w ||
+                (ir::is_float(t.dtype) && std::isfinite(w) && std::fabs(g - w) <= atol + rtol * std::fabs(w));
+    if (!same && bad++ == 0) first = "element " + std::to_string(i) + ": got " + std::to_string(g) + ", want " + std::to_string(w);
+  }
+  return bad ? std::to_string(bad) + " of " + std::to_string(n) + " differ; first " + first : "";
+}
+
+void expect_gpu_matches(const Case& c, const std::shared_ptr<rc::Device>& dev, bool tf32, int steps,
+                        const Result& want) {
+  Result got = run_case(c, dev, tf32, steps);
+  bool train = !c.graph.effects.empty();
+  double rtol = tf32 ? 2e-2 : train ? 1e-4 : 2e-5, atol = tf32 ? 5e-3 : train ? 1e-5 : 1e-5;
+  auto fp = fuse_graph(c.graph, c.name);
+  for (size_t i = 0; i < want.outputs.size(); ++i) {
+    const TensorType& t = fp.plan.outputs[i];
+    double rt = t.dtype == DType::Float64 && !tf32 ? 1e-12 : rtol, at = t.dtype == DType::Float64 && !tf32 ? 1e-12 : atol;
+    std::string d = compare(got.outputs[i], want.outputs[i], t, rt, at, tf32 && ir::is_float(t.dtype) ? 5e-3 : 0);
+    EXPECT_TRUE(d.empty()) << c.name << (tf32 ? " (tf32)" : "") << " output " << i << " " << t.str() << ": " << d;
+  }
+  for (auto& [name, bytes] : want.variables) {
+    TensorType t;
+    for (auto& [n, ty] : fp.plan.variables) if (n == name) t = ty;
+    for (auto& [n, ty] : c.new_variables) if (n == name) t = ty;
+    std::string d = compare(got.variables[name], bytes, t, rtol, atol, tf32 && ir::is_float(t.dtype) ? 5e-3 : 0);
+    EXPECT_TRUE(d.empty()) << c.name << (tf32 ? " (tf32)" : "") << " variable " << name << ": " << d;
+  }
+}
+
+// Checks the GPU (exact, then with TF32 when the case has a matmul) against
+// the CPU reference.
+void expect_gpu_matches_cpu(const Case& c, const std::shared_ptr<rc::Device>& dev, int steps) {
+  Result want = run_case(c, nullptr, false, steps);
+  expect_gpu_matches(c, dev, false, steps, want);
+  // Not Adam: its first updates are +-lr whatever the gradient's size, so a
+  // TF32 rounding that flips a tiny gradient's sign moves a weight by 2 lr.
+  if (has_matmul(fuse_graph(c.graph, c.name).kernels) && c.name != "train_step_adam")
+    expect_gpu_matches(c, dev, true, steps, want);
+}
+
+}  // namespace
+
+TEST(NvptxDevice, DriverAndDeviceArePresent) {
+  FLOWJIT_NEED_GPU(dev);
+  std::printf("[nvptx] %s, driver %s, codegen for sm_%d\n", dev->info().str().c_str(), rc::driver().library.c_str(),
+              codegen_sm(dev->info().sm));
+  EXPECT_GE(dev->info().sm, 70);
+}
+
+TEST(NvptxDevice, EveryCaseMatchesTheCpu) {
+  FLOWJIT_NEED_GPU(dev);
+  parallel_for(suite().size(), [&](size_t i) {
+    const Case& c = suite()[i];
+    SCOPED_TRACE(c.name);
+    expect_gpu_matches_cpu(c, dev, c.graph.effects.empty() ? 1 : 3);
+  });
+}
+
+TEST(NvptxDevice, AsyncRunsCompleteThroughEvents) {
+  FLOWJIT_NEED_GPU(dev);
+  GpuJob j = gpu_job(parse_graph(kElementwiseChain), dev, false);
+  std::vector<float> x(1000), y(1000), want(1000);
+  for (int i = 0; i < 1000; ++i) {
+    x[i] = 0.002f * static_cast<float>(i) - 1.f;
+    want[i] = std::tanh(std::exp(x[i]) * x[i]) - x[i];
+  }
+  const void* ins[] = {x.data()};
+  void* outs[] = {y.data()};
+  j.exec->submit(ins);
+  while (!j.exec->done()) std::this_thread::yield();
+  j.exec->finish(outs);
+  for (int i = 0; i < 1000; ++i) EXPECT_NEAR(y[i], want[i], 1e-5) << i;
+}
+
+// The GPU kernels themselves, run by the SIMT emulator behind the GPU
+// runtime (fake driver), against the CPU backend: every case of the suite,
+// exact and with TF32 tensor cores.
+TEST(NvptxEmulated, EveryCaseMatchesTheCpu) {
+#ifndef FLOWJIT_HAVE_EMULATOR
+  GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+#endif
+  fake::gpu() = fake::Gpu();
+  auto dev = rc::Device::open(0, &fake::api());
+  g_emulate = true;
+  std::vector<const Case*> cases;
+  // Dtypes that repeat what another case covers, to keep the test short.
+  std::set<std::string> skip = {"reductions_f32", "elementwise_i32", "elementwise_i64", "elementwise_u8"};
+  for (const Case& c : suite())
+    if (!skip.count(c.name)) cases.push_back(&c);
+  auto t0 = std::chrono::steady_clock::now();
+  parallel_for(cases.size(), [&](size_t i) {
+    const Case& c = *cases[i];
+    SCOPED_TRACE(c.name);
+    bool train = !c.graph.effects.empty();
+    expect_gpu_matches_cpu(c, dev, train ? 2 : 1);
+  });
+  std::printf("[emu] %zu cases in %.2fs (emulating %.2fs)\n", cases.size(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), emu::g_seconds);
+  g_emulate = false;
+  for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
+  size_t emulated = 0;
+  for (auto& [ptx, ks] : fake::gpu().emu) emulated += ks.size();
+  EXPECT_GT(emulated, 300u) << "kernels run by the emulator";
+  std::printf("[emu] %zu kernels in %zu modules ran in the emulator\n", emulated, fake::gpu().emu.size());
+}
