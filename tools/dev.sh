@@ -58,7 +58,7 @@ case "${1:-}" in
   test) setup; run_tests ;;
   bench)
     setup
-    "$PY" -m pip install -q --disable-pip-version-check torch jax jaxlib || log "torch/jax not installable: their columns are skipped"
+    "$PY" -m pip install -q --disable-pip-version-check torch jax jaxlib threadpoolctl || log "torch/jax not installable: their columns are skipped"
     exec "$PY" benchmarks/run_all.py ;;
   *) echo "usage: tools/dev.sh {setup|train|test|bench}" >&2; exit 2 ;;
 esac

@@ -1,0 +1,99 @@
+"""Runs every benchmark in one process, prints one table with the ratios
+measured in this run, and checks the [perf] issue's targets (PASS/MISS).
+
+    python benchmarks/run_all.py        (or: tools/dev.sh bench)
+
+Each bench_*.py also runs alone. Benchmarks are run by hand, never by CI.
+"""
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common as C  # noqa: E402
+
+
+def _find(rows, bench, case=None, impl=None):
+    for r in rows:
+        if r["bench"] == bench and (case is None or r["case"] == case) and (impl is None or r["impl"] == impl):
+            return r
+    return None
+
+
+def _val(r, key="best"):
+    return None if r is None else r.get(key)
+
+
+def check_targets(rows):
+    """[(target, status, detail)] with status PASS, MISS or SKIP."""
+    out = []
+
+    def add(name, ok, detail):
+        out.append((name, "SKIP" if ok is None else ("PASS" if ok else "MISS"), detail))
+
+    mm = "1024^3 a@b"
+    fj = _val(_find(rows, "matmul", mm, "flowjit"))
+    pct = _val(_find(rows, "matmul", mm, "flowjit"), "pct_peak")
+    npy = _val(_find(rows, "matmul", mm, "numpy"))
+    add("matmul 1024^3 >= 70% of FMA peak", None if pct is None else pct >= 70,
+        f"{pct:.0f}% of peak ({fj:.0f} GFLOP/s)" if pct is not None else "no figure")
+    add("matmul 1024^3 faster than numpy", None if fj is None or npy is None else fj > npy,
+        f"flowjit {fj:.0f} vs numpy {npy:.0f} GFLOP/s" if fj and npy else "no figure")
+
+    case = "mlp 784-512-10 b100"
+    t_fj = _val(_find(rows, "train_step", case, "flowjit"))
+    t_torch = _val(_find(rows, "train_step", case, "torch eager"))
+    jax_times = [t for t in (_val(_find(rows, "train_step", case, "jax.jit")),
+                             _val(_find(rows, "train_step", case, "jax.jit async"))) if t]
+    t_jax = min(jax_times) if jax_times else None
+    add("train step faster than PyTorch eager", None if t_torch is None else t_fj < t_torch,
+        f"flowjit {t_fj:.2f} vs torch eager {t_torch:.2f} ms/step" if t_torch else "torch not installed")
+    add("train step faster than JAX jit", None if t_jax is None else t_fj < t_jax,
+        f"flowjit {t_fj:.2f} vs jax.jit {t_jax:.2f} ms/step (the faster JAX variant)"
+        if t_jax else "jax not installed")
+
+    r = _find(rows, "elementwise", "chain of 8 ops, 16M", "flowjit")
+    add("fused chain >= 70% of copy bandwidth",
+        None if r is None else (r["pct_copy"] >= 70 and r["kernels"] == 1),
+        f"{r['pct_copy']:.0f}% ({r['best']:.1f} GB/s), {r['kernels']} kernel(s)" if r else "no figure")
+
+    r = _find(rows, "overhead", None, "flowjit")
+    add("per-call overhead <= 10 us", None if r is None else r["median"] <= 10,
+        f"{r['median']:.2f} us/call (median)" if r else "no figure")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                    help="wait up to SECONDS for a quiet machine (CPUs <= 25%% busy) before starting; "
+                         "the machine is shared, and other builds disturb every figure")
+    args = ap.parse_args()
+    C.fair_env()
+    m = C.header()
+    if args.wait > 0:
+        C.wait_for_quiet(0.25, args.wait)
+    la0 = C.print_load("(start)")
+    import bench_elementwise
+    import bench_matmul
+    import bench_overhead
+    import bench_train_step
+    rows = []
+    t0 = time.perf_counter()
+    for mod in (bench_matmul, bench_train_step, bench_elementwise, bench_overhead):
+        t = time.perf_counter()
+        print(f"\n# running {mod.__name__} ...", flush=True)
+        rows.extend(mod.run())
+        print(f"# {mod.__name__}: {time.perf_counter() - t:.0f} s", flush=True)
+    la1 = C.print_load("(end)")
+    C.print_rows(rows, f"all benchmarks ({time.perf_counter() - t0:.0f} s; load average "
+                       f"{la0[0]:.2f} at start, {la1[0]:.2f} at end, {m['cpus']} cpus)")
+    print("\n== targets")
+    for name, status, detail in check_targets(rows):
+        print(f"{status:4}  {name:40}  {detail}")
+
+
+if __name__ == "__main__":
+    main()
