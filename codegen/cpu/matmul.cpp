@@ -71,7 +71,10 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   }
   int64_t col_blocks = std::max<int64_t>(1, ceil_div(mm.n, nc_max)), row_groups = 1;
   int64_t max_row_groups = ceil_div(mm.m, bl.mr), max_col_blocks = ceil_div(mm.n, bl.nr);
-  int64_t want = t.threads;
+  // One task per thread, but not for matmuls too small to pay for a fork
+  // (about a megaflop per task).
+  double flops = 2.0 * mm.m * mm.n * mm.k * mm.batch;
+  int64_t want = std::max<int64_t>(1, std::min<int64_t>(t.threads, static_cast<int64_t>(flops / 1.5e6)));
   while (mm.batch * row_groups * col_blocks < want) {
     bool can_cols = col_blocks < max_col_blocks;
     bool can_rows = row_groups < max_row_groups;

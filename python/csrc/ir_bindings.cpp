@@ -74,7 +74,9 @@ py::dtype to_numpy_dtype(ir::DType t) {
 bool numpy_dtype_matches(const py::dtype& d, ir::DType t) {
   char k = d.kind();
   int sz = static_cast<int>(d.itemsize());
-  if (!d.attr("isnative").cast<bool>()) return false;
+  // Native byte order: '=' (native), '|' (not applicable) or '<' here.
+  char order = d.byteorder();
+  if (order == '>') return false;
   switch (t) {
     case ir::DType::Bool: return k == 'b';
     case ir::DType::Int8: return k == 'i' && sz == 1;

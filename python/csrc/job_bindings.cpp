@@ -88,6 +88,7 @@ class CompiledJobPy {
     s.sync_before_call();  // sees every queued update, raises every earlier error
     std::vector<py::array> outs = allocate_outputs();
     std::vector<void*> out_ptrs;
+    out_ptrs.reserve(outs.size());
     for (auto& o : outs) out_ptrs.push_back(o.mutable_data());
     {
       py::gil_scoped_release release;
