@@ -12,6 +12,27 @@ namespace flowjit::codegen {
 
 using llvm::Value;
 
+void emit_for(llvm::IRBuilderBase& b, Value* lo, Value* hi, Value* step,
+              const std::function<void(Value*)>& body, const char* name) {
+  llvm::Function* f = b.GetInsertBlock()->getParent();
+  llvm::LLVMContext& c = b.getContext();
+  llvm::BasicBlock* pre = b.GetInsertBlock();
+  auto* header = llvm::BasicBlock::Create(c, std::string(name) + ".head", f);
+  auto* bodyb = llvm::BasicBlock::Create(c, std::string(name) + ".body", f);
+  auto* exit = llvm::BasicBlock::Create(c, std::string(name) + ".exit", f);
+  b.CreateBr(header);
+  b.SetInsertPoint(header);
+  llvm::PHINode* iv = b.CreatePHI(lo->getType(), 2, name);
+  iv->addIncoming(lo, pre);
+  b.CreateCondBr(b.CreateICmpSLT(iv, hi), bodyb, exit);
+  b.SetInsertPoint(bodyb);
+  body(iv);
+  Value* next = b.CreateAdd(iv, step, std::string(name) + ".next", true, true);
+  iv->addIncoming(next, b.GetInsertBlock());
+  b.CreateBr(header);
+  b.SetInsertPoint(exit);
+}
+
 llvm::Type* reg_type(llvm::LLVMContext& c, DType t) {
   switch (t) {
     case DType::Bool: return llvm::Type::getInt1Ty(c);

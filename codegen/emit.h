@@ -9,6 +9,7 @@
 
 #include <llvm/IR/IRBuilder.h>
 
+#include <functional>
 #include <map>
 #include <vector>
 
@@ -27,6 +28,11 @@ class MathProvider {
   virtual llvm::Value* random(llvm::IRBuilderBase& b, OpKind op, llvm::Value* counter,
                               uint64_t seed, llvm::Type* type) = 0;
 };
+
+// for (iv = lo; iv < hi; iv += step) body(iv), iv of lo's type; leaves the
+// builder after the loop. Shared by every backend's loop structure.
+void emit_for(llvm::IRBuilderBase& b, llvm::Value* lo, llvm::Value* hi, llvm::Value* step,
+              const std::function<void(llvm::Value*)>& body, const char* name = "i");
 
 llvm::Type* reg_type(llvm::LLVMContext& c, DType t);  // i1 for bool
 llvm::Type* mem_type(llvm::LLVMContext& c, DType t);  // i8 for bool

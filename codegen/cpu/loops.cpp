@@ -24,23 +24,7 @@ using llvm::Value;
 
 void emit_for(llvm::IRBuilderBase& b, Value* lo, Value* hi, int64_t step,
               const std::function<void(Value*)>& body, const char* name) {
-  llvm::Function* f = b.GetInsertBlock()->getParent();
-  llvm::LLVMContext& c = b.getContext();
-  llvm::BasicBlock* pre = b.GetInsertBlock();
-  auto* header = llvm::BasicBlock::Create(c, std::string(name) + ".head", f);
-  auto* bodyb = llvm::BasicBlock::Create(c, std::string(name) + ".body", f);
-  auto* exit = llvm::BasicBlock::Create(c, std::string(name) + ".exit", f);
-  b.CreateBr(header);
-  b.SetInsertPoint(header);
-  llvm::PHINode* iv = b.CreatePHI(b.getInt64Ty(), 2, name);
-  iv->addIncoming(lo, pre);
-  b.CreateCondBr(b.CreateICmpSLT(iv, hi), bodyb, exit);
-  b.SetInsertPoint(bodyb);
-  body(iv);
-  Value* next = b.CreateAdd(iv, b.getInt64(step), std::string(name) + ".next", true, true);
-  iv->addIncoming(next, b.GetInsertBlock());
-  b.CreateBr(header);
-  b.SetInsertPoint(exit);
+  codegen::emit_for(b, lo, hi, b.getInt64(step), body, name);
 }
 
 void emit_vector_for(llvm::IRBuilderBase& b, Value* lo, Value* hi, int lanes,

@@ -43,10 +43,7 @@ void barrier(llvm::IRBuilderBase& b);
 // shfl.sync.bfly over the full warp for any scalar of at most 64 bits.
 llvm::Value* shuffle_xor(llvm::IRBuilderBase& b, llvm::Value* v, int lane_mask);
 
-// for (iv = lo; iv < hi; iv += step) body(iv), on i64 or i32 values (the
-// type of lo). Leaves the builder after the loop.
-void emit_for(llvm::IRBuilderBase& b, llvm::Value* lo, llvm::Value* hi, llvm::Value* step,
-              const std::function<void(llvm::Value*)>& body, const char* name = "i");
+using codegen::emit_for;  // the shared loop builder (codegen/emit.h)
 
 // Splits a linear index over `extents` (row-major) into one i64 per extent.
 // Uses 32-bit arithmetic when the product of the extents fits.
