@@ -9,7 +9,6 @@
 #include <llvm/IR/Verifier.h>
 #include <llvm/IRReader/IRReader.h>
 #include <llvm/MC/TargetRegistry.h>
-#include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/SourceMgr.h>
 #include <llvm/Support/TargetSelect.h>
@@ -25,6 +24,7 @@
 
 #include "codegen/cpu/cpu_codegen.h"
 #include "codegen/cpu/mathlib.h"
+#include "codegen/llvm_util.h"
 #include "ir/error.h"
 
 namespace flowjit::codegen::cpu {
@@ -122,36 +122,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-std::string module_text(const llvm::Module& m) {
-  std::string s;
-  llvm::raw_string_ostream os(s);
-  m.print(os, nullptr);
-  return s;
-}
-
-// The O3 pipeline, tuned for the target machine.
-void optimize_module(llvm::Module& m, llvm::TargetMachine& tm_ref) {
-  llvm::TargetMachine* tm = &tm_ref;
-  {
-    llvm::LoopAnalysisManager lam;
-    llvm::FunctionAnalysisManager fam;
-    llvm::CGSCCAnalysisManager cgam;
-    llvm::ModuleAnalysisManager mam;
-    llvm::PipelineTuningOptions pto;
-    pto.LoopUnrolling = true;
-    pto.LoopVectorization = true;
-    pto.SLPVectorization = true;
-    llvm::PassBuilder pb(tm, pto);
-    pb.registerModuleAnalyses(mam);
-    pb.registerCGSCCAnalyses(cgam);
-    pb.registerFunctionAnalyses(fam);
-    pb.registerLoopAnalyses(lam);
-    pb.crossRegisterProxies(lam, fam, cgam, mam);
-    llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
-    mpm.run(m, mam);
-  }
-}
-
 std::string emit_file(llvm::Module& m, llvm::TargetMachine& tm, llvm::CodeGenFileType type) {
   llvm::SmallVector<char, 0> buf;
   llvm::raw_svector_ostream os(buf);
@@ -235,7 +205,7 @@ CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions&
   out.seconds_emit = seconds_since(t0);
 
   auto t1 = std::chrono::steady_clock::now();
-  optimize_module(m, *tm);
+  optimize_module(m, *tm, /*slp=*/true);
   out.seconds_optimize = seconds_since(t1);
   if (opts.want_llvm_ir) out.llvm_ir = module_text(m);
 
@@ -257,7 +227,7 @@ CompiledObject compile_ir_text(const std::string& llvm_ir) {
   auto tm = make_target_machine(host_target());
   m->setTargetTriple(host_target().triple);
   m->setDataLayout(tm->createDataLayout());
-  optimize_module(*m, *tm);
+  optimize_module(*m, *tm, /*slp=*/true);
   CompiledObject out;
   std::string obj = emit_file(*m, *tm, llvm::CodeGenFileType::ObjectFile);
   out.object.assign(obj.begin(), obj.end());

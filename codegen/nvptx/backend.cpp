@@ -4,7 +4,6 @@
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/MC/TargetRegistry.h>
-#include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/Target/TargetOptions.h>
@@ -13,6 +12,7 @@
 #include <mutex>
 #include <regex>
 
+#include "codegen/llvm_util.h"
 #include "codegen/nvptx/nvptx_codegen.h"
 #include "ir/error.h"
 
@@ -58,31 +58,6 @@ std::unique_ptr<llvm::TargetMachine> make_target_machine(int sm) {
                                          std::nullopt, llvm::CodeGenOptLevel::Aggressive);
   FJ_CHECK(tm != nullptr, "cannot create an NVPTX target machine for sm_", sm);
   return std::unique_ptr<llvm::TargetMachine>(tm);
-}
-
-// O3 with the target's callbacks (NVVMReflect resolves libdevice's
-// __nvvm_reflect queries at the pipeline start).
-void optimize_module(llvm::Module& m, llvm::TargetMachine& tm) {
-  llvm::LoopAnalysisManager lam;
-  llvm::FunctionAnalysisManager fam;
-  llvm::CGSCCAnalysisManager cgam;
-  llvm::ModuleAnalysisManager mam;
-  llvm::PipelineTuningOptions pto;
-  llvm::PassBuilder pb(&tm, pto);
-  pb.registerModuleAnalyses(mam);
-  pb.registerCGSCCAnalyses(cgam);
-  pb.registerFunctionAnalyses(fam);
-  pb.registerLoopAnalyses(lam);
-  pb.crossRegisterProxies(lam, fam, cgam, mam);
-  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
-  mpm.run(m, mam);
-}
-
-std::string module_text(const llvm::Module& m) {
-  std::string s;
-  llvm::raw_string_ostream os(s);
-  m.print(os, nullptr);
-  return s;
 }
 
 int parse_ptx_version(const std::string& ptx) {
@@ -141,7 +116,7 @@ CompiledModule compile(const std::vector<Kernel>& kernels, const CompileOptions&
   out.seconds_emit = seconds_since(t0);
 
   auto t1 = std::chrono::steady_clock::now();
-  optimize_module(m, *tm);
+  optimize_module(m, *tm, /*slp=*/false);
   out.seconds_optimize = seconds_since(t1);
   for (llvm::Function& f : m)
     if (f.isDeclaration() && !f.isIntrinsic() && !f.use_empty())

@@ -1,0 +1,21 @@
+// LLVM helpers shared by the backends: the optimization pipeline and module text.
+#pragma once
+
+#include <string>
+
+namespace llvm {
+class Module;
+class TargetMachine;
+}  // namespace llvm
+
+namespace flowjit::codegen {
+
+// LLVM's O3 module pipeline with the target's own callbacks registered (for
+// NVPTX, NVVMReflect resolves libdevice's queries). `slp` enables the SLP
+// vectorizer on top of the loop vectorizer.
+void optimize_module(llvm::Module& m, llvm::TargetMachine& tm, bool slp);
+
+// The module as LLVM IR text.
+std::string module_text(const llvm::Module& m);
+
+}  // namespace flowjit::codegen
