@@ -120,6 +120,7 @@ std::string strides_str(const std::vector<int64_t>& s) {
 }  // namespace
 
 std::string describe_kernel(const Kernel& k) {
+  if (k.kind == Kernel::Kind::Collective) return "kernel " + k.name + " (" + k.summary + ")\n";
   std::ostringstream os;
   os << "kernel " << k.name << " " << (k.kind == Kernel::Kind::MatMul ? "matmul" : "loop")
      << " domain=" << ir::shape_str(k.domain);

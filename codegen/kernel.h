@@ -87,7 +87,9 @@ struct KernelArg {
 };
 
 struct Kernel {
-  enum class Kind : uint8_t { Loop, MatMul };
+  // Collective: no code; the runtime runs the collective that `name`
+  // describes (runtime/collective_step.h) with args {operand, result}.
+  enum class Kind : uint8_t { Loop, MatMul, Collective };
 
   std::string name;  // symbol name, unique within a module
   Kind kind = Kind::Loop;

@@ -296,6 +296,27 @@ TensorType infer_type(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attr
       (void)attrs.get_float("off_value");
       return {dt, s};
     }
+    case OpKind::AllReduce:
+    case OpKind::AllGather:
+    case OpKind::ReduceScatter:
+    case OpKind::LocalSlice: {
+      const TensorType& x = in(inputs, 0);
+      int64_t parts = attrs.get_int("parts");
+      FJ_USER_CHECK(parts >= 1, kValue, name, ": parts must be >= 1, got ", parts);
+      if (op == OpKind::AllReduce) return x;
+      FJ_USER_CHECK(x.rank() >= 1, kValue, name, ": needs rank >= 1, got ", x.str());
+      int axis = norm_axis(name, attrs.get_int("axis"), x.rank());
+      attrs.set("axis", static_cast<int64_t>(axis));
+      Shape s = x.shape;
+      if (op == OpKind::AllGather) {
+        s[axis] *= parts;
+      } else {
+        FJ_USER_CHECK(s[axis] % parts == 0, kValue, name, ": dimension ", axis, " of ", x.str(),
+                      " does not split into ", parts, " equal parts");
+        s[axis] /= parts;
+      }
+      return {x.dtype, s};
+    }
     case OpKind::Assign: {
       const NodeRef& var = inputs[0];
       FJ_CHECK(var->op() == OpKind::Variable, "assign: first operand must be a variable");

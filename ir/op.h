@@ -30,6 +30,7 @@ enum OpTrait : uint32_t {
   kCompare = 1u << 8,         // elementwise comparison producing bool
   kTranscendental = 1u << 9,  // costs a polynomial evaluation per element
   kCheap = 1u << 10,          // recomputed in every consumer instead of stored
+  kCollective = 1u << 11,     // communicates between the devices of a distributed job
 };
 
 enum class GradKind : uint8_t { Rule, Zero, None };
@@ -47,5 +48,6 @@ inline bool is_view(OpKind k) { return has_trait(k, kView); }
 inline bool is_source(OpKind k) { return has_trait(k, kSource); }
 inline bool is_composite(OpKind k) { return has_trait(k, kComposite); }
 inline bool is_effect(OpKind k) { return has_trait(k, kEffect); }
+inline bool is_collective(OpKind k) { return has_trait(k, kCollective); }
 
 }  // namespace flowjit::ir

@@ -15,7 +15,9 @@
 #include "jit/build_info.h"
 #include "jit/cache.h"
 #include "jit/fusion.h"
+#include "ir/verifier.h"
 #include "jit/pipeline.h"
+#include <map>
 
 namespace flowjit::jit {
 
@@ -192,6 +194,22 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
 
   auto t_passes = std::chrono::steady_clock::now();
   Graph opt = optimize(g, log);
+  for (auto& p : g.params) out.logical_inputs.push_back(p->type());
+  for (auto& o : g.outputs) out.logical_outputs.push_back(o->type());
+  if (job.distribution.parts > 1) {
+    auto t0 = std::chrono::steady_clock::now();
+    out.distributed = distribute(opt, job.distribution);
+    opt = out.distributed->local;
+    verify_or_throw(opt, "distribute");
+    log.stage("distribute", since(t0),
+              std::to_string(job.distribution.parts) + " devices, " +
+                  std::to_string(out.distributed->collectives) + " collectives");
+    if (settings.debug >= 2)
+      std::fprintf(stderr, "[flowjit] %s over %d devices, boxing:\n%s", job.name.c_str(),
+                   job.distribution.parts, out.distributed->description.c_str());
+    log.dump("distributed", print_graph(opt, PrintOptions{true}) + "\nboxing:\n" +
+                                out.distributed->description);
+  }
   out.ir_optimized = print_graph(opt);
 
   auto t_fuse = std::chrono::steady_clock::now();
@@ -207,8 +225,16 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   out.seconds_passes = since(t_passes);
 
   runtime::Plan plan = fp.plan;
+  // Collective launches have no code: the runtime runs them.
   std::vector<std::string> symbols;
-  for (auto& l : plan.launches) symbols.push_back(l.symbol);
+  std::vector<size_t> coded;  // launch index of each generated kernel
+  std::vector<codegen::Kernel> code_kernels;
+  for (size_t i = 0; i < plan.launches.size(); ++i) {
+    if (fp.kernels[i].kind == codegen::Kernel::Kind::Collective) continue;
+    symbols.push_back(plan.launches[i].symbol);
+    coded.push_back(i);
+    code_kernels.push_back(fp.kernels[i]);
+  }
   const bool keep_llvm_ir = settings.debug >= 3 || settings.keep_text || !settings.dump_dir.empty();
 
   // The disk cache: everything that decides the generated code is in the key.
@@ -244,7 +270,7 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
     co.module_name = job.name;
     co.want_llvm_ir = keep_llvm_ir || cache.has_value();  // the cache keeps it for `show`
     co.want_assembly = settings.debug >= 4;
-    codegen::cpu::CompiledObject obj = codegen::cpu::compile(fp.kernels, co);
+    codegen::cpu::CompiledObject obj = codegen::cpu::compile(code_kernels, co);
     log.stage("llvm emit", obj.seconds_emit);
     log.stage("llvm optimize", obj.seconds_optimize);
     log.stage("llvm codegen", obj.seconds_codegen, std::to_string(obj.object.size()) + " bytes");
@@ -255,25 +281,80 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
     log.dump("llvm", obj.llvm_ir);
     if (!obj.assembly.empty()) log.dump("asm", obj.assembly);
 
-    for (size_t i = 0; i < plan.launches.size(); ++i) {
-      plan.launches[i].range = obj.launches[i].range;
-      plan.launches[i].grain = obj.launches[i].grain;
-      plan.launches[i].scratch_bytes = obj.launches[i].scratch_bytes;
+    for (size_t j = 0; j < coded.size(); ++j) {
+      runtime::Launch& l = plan.launches[coded[j]];
+      l.range = obj.launches[j].range;
+      l.grain = obj.launches[j].grain;
+      l.scratch_bytes = obj.launches[j].scratch_bytes;
     }
     auto t_load = std::chrono::steady_clock::now();
     code = codegen::cpu::load(obj.object, symbols);
     log.stage("load", since(t_load));
     if (cache) store_in_cache(*cache, out, job, plan, obj, since(t_start), log);
   }
-  std::vector<runtime::KernelFn> fns;
-  for (size_t i = 0; i < symbols.size(); ++i)
-    fns.push_back(reinterpret_cast<runtime::KernelFn>(code->address(i)));
+  std::vector<runtime::KernelFn> fns(plan.launches.size(), nullptr);
+  for (size_t j = 0; j < coded.size(); ++j)
+    fns[coded[j]] = reinterpret_cast<runtime::KernelFn>(code->address(j));
   out.seconds_codegen = since(t_cg);
+  out.fns = fns;
+  out.code = code;
   out.executable = std::make_shared<runtime::Executable>(plan, std::move(fns), code);
-  out.executable->bind_variables(store);
+  if (!out.distributed) out.executable->bind_variables(store);
   out.seconds_total = since(t_start);
   log.stage("total", out.seconds_total);
   return out;
+}
+
+std::shared_ptr<runtime::DistributedExecutable> make_distributed(
+    const CompiledJob& job, runtime::VariableStore& host,
+    const std::vector<runtime::VariableStore*>& device_stores,
+    std::shared_ptr<runtime::Communicator> comm, int first_rank, bool several_processes) {
+  FJ_CHECK(job.distributed.has_value(), "make_distributed on a single-device job");
+  const DistributedGraph& dg = *job.distributed;
+  const runtime::Plan& plan = job.executable->plan();
+  const int n = static_cast<int>(device_stores.size());
+  auto slot = [](const Sbp& s, const TensorType& logical, const TensorType& local) {
+    runtime::DeviceSlot d;
+    d.kind = s.kind == Sbp::Local   ? runtime::DeviceSlot::PerDevice
+             : s == Sbp::S(0)       ? runtime::DeviceSlot::Rows
+                                    : runtime::DeviceSlot::Whole;
+    FJ_CHECK(s.kind != Sbp::Split || s.axis == 0, "results split along an axis other than 0");
+    FJ_CHECK(s.kind != Sbp::Partial, "partial results are reduced before they are returned");
+    d.type = d.kind == runtime::DeviceSlot::PerDevice ? local : logical;
+    return d;
+  };
+  std::vector<runtime::DeviceSlot> ins, outs;
+  for (size_t i = 0; i < dg.params.size(); ++i)
+    ins.push_back(slot(dg.params[i], job.logical_inputs[i], plan.inputs[i]));
+  for (size_t i = 0; i < dg.outputs.size(); ++i)
+    outs.push_back(slot(dg.outputs[i], job.logical_outputs[i], plan.outputs[i]));
+  // Device copies of every variable, then one executable per device.
+  std::map<std::string, std::pair<Sbp, TensorType>> layout;
+  for (auto& [name, sbp, type] : dg.variables) layout[name] = {sbp, type};
+  std::vector<runtime::VariableStorage*> host_vars;
+  for (auto& [name, local_type] : plan.variables) {
+    runtime::VariableStorage* h = host.find(name);
+    FJ_USER_CHECK(h != nullptr, ErrorKind::Runtime, "job '", plan.job_name, "' uses variable '",
+                  name, "', which no longer exists in the session");
+    auto it = layout.find(name);
+    FJ_CHECK(it != layout.end(), "variable without a layout: ", name);
+    int axis = it->second.first.kind == Sbp::Split ? it->second.first.axis : -1;
+    std::vector<runtime::VariableStorage*> locals;
+    for (int d = 0; d < n; ++d)
+      locals.push_back(device_stores[d]->get_or_create(name, local_type, h->trainable));
+    runtime::attach_replicas(*h, axis, comm->size(), first_rank, locals);
+    host_vars.push_back(h);
+  }
+  std::vector<std::shared_ptr<runtime::Executable>> devices;
+  for (int d = 0; d < n; ++d) {
+    auto e = std::make_shared<runtime::Executable>(plan, job.fns, job.code);
+    e->bind_variables(*device_stores[d]);
+    devices.push_back(std::move(e));
+  }
+  return std::make_shared<runtime::DistributedExecutable>(std::move(devices), std::move(comm),
+                                                          first_rank, std::move(ins),
+                                                          std::move(outs), std::move(host_vars),
+                                                          several_processes);
 }
 
 }  // namespace flowjit::jit

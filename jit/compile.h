@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "jit/distribute.h"
 #include "jit/optimizer.h"
+#include "runtime/distributed.h"
 #include "runtime/executable.h"
 #include "runtime/variables.h"
 
@@ -28,6 +30,8 @@ struct JobDescription {
   std::vector<ir::NodeRef> trainable;  // trainable variables the job reads
   std::string source;                  // "file.py:12" of the job function
   std::string signature;               // the placeholder signature, for the cache
+  // parts > 1: compile the per-device graph of a job spread over devices.
+  DistributeOptions distribution;
 };
 
 struct CompileSettings {
@@ -43,7 +47,13 @@ struct CompileSettings {
 };
 
 struct CompiledJob {
+  // Single-device jobs: bound to the session store. Distributed jobs: the
+  // per-device program, unbound; make_distributed instantiates the devices.
   std::shared_ptr<runtime::Executable> executable;
+  std::vector<runtime::KernelFn> fns;
+  std::shared_ptr<void> code;
+  std::optional<DistributedGraph> distributed;  // layouts, for distributed jobs
+  std::vector<ir::TensorType> logical_inputs, logical_outputs;
   std::string ir_traced;      // before optimization
   std::string ir_optimized;   // after the pipeline
   std::string fusion_plan;    // kernels and what they compute
@@ -61,5 +71,13 @@ struct CompiledJob {
 // `store` (zero-filled) and binding the executable to the store.
 CompiledJob compile_job(const JobDescription& job, const CompileSettings& settings,
                         runtime::VariableStore& store);
+
+// The devices of this process for a distributed job: device d runs as
+// global rank first_rank + d with its variables in device_stores[d], copies
+// or pieces of the session's (`host`).
+std::shared_ptr<runtime::DistributedExecutable> make_distributed(
+    const CompiledJob& job, runtime::VariableStore& host,
+    const std::vector<runtime::VariableStore*>& device_stores,
+    std::shared_ptr<runtime::Communicator> comm, int first_rank, bool several_processes);
 
 }  // namespace flowjit::jit

@@ -54,7 +54,8 @@ bool is_buffer_leaf(const NodeRef& n) {
 }
 
 bool is_compute(const NodeRef& n) {
-  return is_elementwise(n->op()) || is_reduce(n->op()) || n->op() == OpKind::MatMul;
+  return is_elementwise(n->op()) || is_reduce(n->op()) || n->op() == OpKind::MatMul ||
+         is_collective(n->op());
 }
 
 struct View {
@@ -209,8 +210,10 @@ class Fuser {
 
   static NodeRef identity(const NodeRef& n) { return make_node(OpKind::Identity, {n}, {}, n->loc()); }
 
+  // Collectives write only their own buffer: a result or an assigned value
+  // is copied out of it by a kernel.
   static bool needs_identity_for_store(const NodeRef& n) {
-    return !is_compute(n) || is_duplicable(n);
+    return !is_compute(n) || is_duplicable(n) || is_collective(n->op());
   }
 
   Graph materialize(const Graph& g) {
@@ -222,6 +225,9 @@ class Fuser {
         if (!is_contiguous_view(in[0])) in[0] = identity(in[0]);
       } else if (n->op() == OpKind::Assign) {
         if (needs_identity_for_store(in[1])) in[1] = identity(in[1]);
+      } else if (is_collective(n->op())) {
+        // The runtime reads the operand as one contiguous buffer.
+        if (!is_buffer_leaf(in[0]) && !is_compute(in[0])) in[0] = identity(in[0]);
       }
       return Node::with_inputs(n, std::move(in));
     });
@@ -270,6 +276,8 @@ class Fuser {
         for (auto& x : n->inputs()) must_store_.insert(resolve_view(x)->base.get());
       } else if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) {
         if (auto v = resolve_view(n->input(0))) must_store_.insert(v->base.get());
+      } else if (is_collective(n->op())) {
+        must_store_.insert(n->input(0).get());
       }
     }
   }
@@ -300,7 +308,9 @@ class Fuser {
     for (auto it = topo_.rbegin(); it != topo_.rend(); ++it) {
       const NodeRef& n = *it;
       if (!is_compute(n) || group_of_.count(n.get())) continue;
-      if (is_duplicable(n) && !output_of_.count(n.get()) && !assigns_.count(n.get())) continue;
+      if (is_duplicable(n) && !output_of_.count(n.get()) && !assigns_.count(n.get()) &&
+          !must_store_.count(n.get()))
+        continue;
       new_group(n);
     }
   }
@@ -354,6 +364,7 @@ class Fuser {
     std::unordered_map<const Node*, std::pair<NodeRef, std::vector<DimMap>>> pending;
     auto push_operands = [&](const NodeRef& n, const DimMap& m) {
       if (n->op() == OpKind::MatMul) return;  // operands are read by the matmul itself
+      if (is_collective(n->op())) return;     // and by the collective
       if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) return;
       for (size_t i = 0; i < n->inputs().size(); ++i) {
         const NodeRef& o = n->input(i);
@@ -795,7 +806,51 @@ class Fuser {
     out.description = desc.str();
   }
 
+  // A collective's launch: no kernel code, args {operand, result}, the
+  // collective's description in the name (runtime/collective_step.h).
+  Built build_collective(Group& g) {
+    Built b;
+    Kernel& k = b.k;
+    const NodeRef& c = g.root;
+    const NodeRef& x = c->input(0);
+    k.kind = Kernel::Kind::Collective;
+    k.domain = c->shape();
+    k.reduced.assign(c->rank(), false);
+    KernelBuilder kb(*this, g, b);
+    Storage in_st;
+    if (x->op() == OpKind::Variable) {
+      in_st = {Storage::Variable, variable_index(x)};
+      b.var_reads.push_back(x->attrs().get_str("name"));
+    } else {
+      in_st = storage_of(x.get());
+    }
+    b.reads.push_back(x.get());
+    kb.arg_for(x.get(), in_st, x->dtype(), x->type().numel(), false);
+    FJ_CHECK(storage_.count(c.get()), "collective result without storage");
+    kb.arg_for(c.get(), storage_[c.get()], c->dtype(), c->type().numel(), true);
+    // [outer][parts][inner] around the axis: inner counts the elements of one
+    // device's piece per outer index.
+    int64_t parts = c->attrs().get_int("parts");
+    int64_t outer = 1, inner = c->type().numel();
+    if (c->op() != OpKind::AllReduce) {
+      int axis = static_cast<int>(c->attrs().get_int("axis"));
+      const Shape& piece = c->op() == OpKind::AllGather ? x->shape() : c->shape();
+      outer = 1;
+      for (int d = 0; d < axis; ++d) outer *= piece[d];
+      inner = 1;
+      for (size_t d = axis; d < piece.size(); ++d) inner *= piece[d];
+    }
+    std::string op(op_name(c->op()));
+    k.name = "@k" + std::to_string(g.id) + "." + op + "." + std::string(dtype_short_name(c->dtype())) +
+             ".p" + std::to_string(parts) + ".o" + std::to_string(outer) + ".i" + std::to_string(inner);
+    k.summary = op + " " + x->type().str() + " -> " + c->type().str() + " over " +
+                std::to_string(parts) + " devices";
+    b.computes.push_back(c.get());
+    return b;
+  }
+
   Built build_group(Group& g, const std::set<std::string>& deferred, std::set<std::string>& hazards) {
+    if (is_collective(g.root->op())) return build_collective(g);
     Built b;
     Kernel& k = b.k;
     k.name = kernel_name(static_cast<int>(g.id), g);

@@ -179,6 +179,10 @@ class Lowering {
         for (size_t i = 0; i < gs.size(); ++i) grads[i] = add(grads[i], gs[i]);
       }
     }
+    if (cfg_.mirrored_parts > 1)
+      for (auto& g : grads)
+        g = mul(make_node(OpKind::AllReduce, {g}, Attrs{{"parts", int64_t{cfg_.mirrored_parts}}}, g->loc()),
+                k(1.0 / cfg_.mirrored_parts, g));
     if (cfg_.loss_scale_factor != 1)
       for (auto& g : grads) g = mul(g, k(1.0 / cfg_.loss_scale_factor, g));
     if (cfg_.clip_norm > 0 && !grads.empty()) {

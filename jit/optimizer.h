@@ -35,6 +35,10 @@ struct OptimizerConfig {
   double clip_norm = 0;  // grad_clipping.by_global_norm; 0 disables
   double loss_scale_factor = 1;
   std::vector<std::string> variables;  // restrict updates to these; empty = all trainable
+  // The mirrored view over this many devices: each device's gradients are
+  // averaged over all devices (all_reduce / parts) before the update, so
+  // replicated variables stay equal (PyTorch DDP's rule).
+  int mirrored_parts = 0;
 };
 
 struct OptimizerLowering {

@@ -10,10 +10,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <sstream>
 
 #include "ir/error.h"
+#include "runtime/distributed.h"
 
 namespace flowjit::runtime {
 
@@ -193,9 +195,50 @@ bool profiling_enabled() {
 
 std::vector<Executable::LaunchProfile> Executable::profile() const { return profile_; }
 
+CollectiveStep CollectiveStep::parse(const std::string& symbol) {
+  // @k<id>.<op>.<dtype>.p<parts>.o<outer>.i<inner>
+  std::vector<std::string> f;
+  std::stringstream ss(symbol);
+  std::string item;
+  while (std::getline(ss, item, '.')) f.push_back(item);
+  if (f.size() != 6 || f[3].size() < 2 || f[4].size() < 2 || f[5].size() < 2 || f[3][0] != 'p' ||
+      f[4][0] != 'o' || f[5][0] != 'i')
+    bad_plan("bad collective '" + symbol + "'");
+  CollectiveStep c{};
+  if (f[1] == "all_reduce") c.op = Op::AllReduce;
+  else if (f[1] == "all_gather") c.op = Op::AllGather;
+  else if (f[1] == "reduce_scatter") c.op = Op::ReduceScatter;
+  else if (f[1] == "local_slice") c.op = Op::LocalSlice;
+  else bad_plan("unknown collective '" + f[1] + "'");
+  auto dt = ir::dtype_from_short_name(f[2]);
+  if (!dt) bad_plan("bad dtype in '" + symbol + "'");
+  c.dtype = *dt;
+  try {
+    c.parts = std::stoll(f[3].substr(1));
+    c.outer = std::stoll(f[4].substr(1));
+    c.inner = std::stoll(f[5].substr(1));
+  } catch (const std::exception&) {
+    bad_plan("bad number in '" + symbol + "'");
+  }
+  if (c.parts < 1 || c.outer < 0 || c.inner < 0) bad_plan("bad sizes in '" + symbol + "'");
+  return c;
+}
+
 Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<void> code_owner)
     : plan_(std::move(plan)), fns_(std::move(fns)), code_owner_(std::move(code_owner)) {
   FJ_CHECK(fns_.size() == plan_.launches.size(), "one function per launch");
+  for (auto& l : plan_.launches) {
+    if (is_collective_symbol(l.symbol)) {
+      FJ_USER_CHECK(l.args.size() == 2, ErrorKind::Value, "corrupt compiled plan: collective ",
+                    l.symbol, " needs 2 buffers");
+      collective_index_.push_back(static_cast<int>(collectives_.size()));
+      collectives_.push_back(CollectiveStep::parse(l.symbol));
+    } else {
+      collective_index_.push_back(-1);
+    }
+  }
+  if (std::all_of(collective_index_.begin(), collective_index_.end(), [](int i) { return i < 0; }))
+    collective_index_.clear();
   arena_ = allocate_aligned(static_cast<size_t>(plan_.arena_bytes));
   size_t total = 0;
   for (auto& l : plan_.launches) {
@@ -206,8 +249,40 @@ Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<voi
   for (auto& l : plan_.launches) profile_.push_back({l.symbol, 0, 0.0});
 }
 
+void Executable::set_device(std::shared_ptr<Communicator> comm, int rank) {
+  comm_ = std::move(comm);
+  rank_ = rank;
+}
+
+void Executable::run_collective(size_t li, char* const* args) {
+  const CollectiveStep& c = collectives_[collective_index_[li]];
+  FJ_USER_CHECK(comm_ != nullptr, ErrorKind::Runtime, "job '", plan_.job_name,
+                "' has collectives but runs without devices to exchange data with");
+  FJ_USER_CHECK(comm_->size() == c.parts, ErrorKind::Runtime, "job '", plan_.job_name,
+                "' was compiled for ", c.parts, " devices but runs on ", comm_->size());
+  size_t es = static_cast<size_t>(ir::dtype_bytes(c.dtype));
+  switch (c.op) {
+    case CollectiveStep::Op::AllReduce:
+      comm_->all_reduce(rank_, args[0], args[1], c.inner, c.dtype);
+      break;
+    case CollectiveStep::Op::AllGather:
+      comm_->all_gather(rank_, args[0], args[1], c.outer, c.inner * static_cast<int64_t>(es));
+      break;
+    case CollectiveStep::Op::ReduceScatter:
+      comm_->reduce_scatter(rank_, args[0], args[1], c.outer, c.inner, c.dtype);
+      break;
+    case CollectiveStep::Op::LocalSlice: {
+      size_t piece = static_cast<size_t>(c.inner) * es;
+      for (int64_t o = 0; o < c.outer; ++o)
+        std::memcpy(args[1] + o * piece, args[0] + (o * c.parts + rank_) * piece, piece);
+      break;
+    }
+  }
+}
+
 void Executable::bind_variables(VariableStore& store) {
   variable_ptrs_.clear();
+  variable_storages_.clear();
   for (auto& [name, type] : plan_.variables) {
     VariableStorage* v = store.find(name);
     FJ_USER_CHECK(v != nullptr, ErrorKind::Runtime, "job '", plan_.job_name,
@@ -216,6 +291,7 @@ void Executable::bind_variables(VariableStore& store) {
     FJ_USER_CHECK(v->type == type, ErrorKind::Value, "job '", plan_.job_name, "' expects variable '",
                   name, "' as ", type.str(), " but the session holds ", v->type.str());
     variable_ptrs_.push_back(v->ptr());
+    variable_storages_.push_back(v);
   }
   bound_ = true;
 }
@@ -227,6 +303,17 @@ char* Executable::scratch_for(int thread, int64_t bytes) {
 
 void Executable::run(const void* const* inputs, void* const* outputs) {
   FJ_CHECK(bound_ || plan_.variables.empty(), "executable run before bind_variables");
+  // Variables that distributed jobs also use: read the newest value, and
+  // let the devices pick up what this run writes.
+  struct HostWrites {
+    std::vector<VariableStorage*>& vars;
+    ~HostWrites() {
+      for (VariableStorage* v : vars)
+        if (v->replicas) mark_host_written(*v);
+    }
+  } host_writes{variable_storages_};
+  for (VariableStorage* v : variable_storages_)
+    if (v->replicas) sync_host(*v);
   // Resolve every launch's arguments.
   for (size_t li = 0; li < plan_.launches.size(); ++li) {
     const Launch& l = plan_.launches[li];
@@ -260,6 +347,10 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
     const Launch& l = plan_.launches[li];
     char* const* args = argbuf_.data() + arg_start_[li];
     KernelFn fn = fns_[li];
+    if (!collective_index_.empty() && collective_index_[li] >= 0) {
+      run_collective(li, args);
+      continue;
+    }
     if (l.range <= 0) continue;
     const bool prof = profiling_enabled();
     auto t0 = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};

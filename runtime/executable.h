@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ir/types.h"
+#include "runtime/collective.h"
 #include "runtime/memory.h"
 #include "runtime/variables.h"
 
@@ -42,6 +43,18 @@ struct Launch {
   std::string summary;  // what the kernel computes, for dumps
 };
 
+// A launch whose symbol starts with '@' runs a collective instead of code:
+// "@k3.all_gather.f32.p2.o4.i128" (op, dtype, parts, and the [outer][inner]
+// element counts of one device's piece, see runtime/collective.h).
+struct CollectiveStep {
+  enum class Op : uint8_t { AllReduce, AllGather, ReduceScatter, LocalSlice } op;
+  ir::DType dtype;
+  int64_t parts = 1, outer = 1, inner = 1;
+  // Throws UserError(Value) on a malformed symbol.
+  static CollectiveStep parse(const std::string& symbol);
+};
+inline bool is_collective_symbol(const std::string& s) { return !s.empty() && s[0] == '@'; }
+
 struct Plan {
   std::string job_name;
   std::vector<ir::TensorType> inputs;
@@ -58,7 +71,8 @@ struct Plan {
 
 class Executable {
  public:
-  // `fns[i]` is the code of plan.launches[i]; `code_owner` keeps it alive.
+  // `fns[i]` is the code of plan.launches[i] (null for collectives);
+  // `code_owner` keeps it alive.
   Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<void> code_owner);
 
   const Plan& plan() const { return plan_; }
@@ -74,6 +88,13 @@ class Executable {
 
   std::string debug_name() const { return plan_.job_name; }
 
+  // The device this executable is in a distributed job: collectives go
+  // through `comm` as `rank`. Required when the plan has collectives.
+  void set_device(std::shared_ptr<Communicator> comm, int rank);
+  bool has_collectives() const { return !collective_index_.empty(); }
+  // The storages bound by bind_variables, in plan order.
+  const std::vector<VariableStorage*>& bound_variables() const { return variable_storages_; }
+
   // Per-launch wall time, collected when FLOWJIT_PROFILE=1 is set.
   struct LaunchProfile {
     std::string symbol;
@@ -88,7 +109,14 @@ class Executable {
   Plan plan_;
   std::vector<KernelFn> fns_;
   std::shared_ptr<void> code_owner_;
+  void run_collective(size_t li, char* const* args);
+
   std::vector<char*> variable_ptrs_;
+  std::vector<VariableStorage*> variable_storages_;
+  std::vector<CollectiveStep> collectives_;
+  std::vector<int> collective_index_;  // per launch: index into collectives_, or -1
+  std::shared_ptr<Communicator> comm_;
+  int rank_ = 0;
   AlignedBuffer arena_;
   std::vector<char*> argbuf_;      // per-launch resolved argument arrays, concatenated
   std::vector<size_t> arg_start_;  // start of launch i in argbuf_

@@ -67,12 +67,71 @@ class CompiledJobPy {
  public:
   explicit CompiledJobPy(jit::CompiledJob job) : job_(std::move(job)) {
     const auto& plan = job_.executable->plan();
-    for (auto& t : plan.inputs) {
+    Session& s = Session::get();
+    if (job_.distributed) {
+      FJ_CHECK(s.communicator() != nullptr, "distributed job without configured devices");
+      std::lock_guard<std::mutex> lock(s.run_mutex());
+      dist_ = jit::make_distributed(job_, s.store(), s.device_stores(), s.communicator(),
+                                    s.first_rank(), s.several_processes());
+      int n = dist_->num_devices();
+      for (auto& slot : dist_->inputs())
+        for (int d = 0; d < (slot.kind == runtime::DeviceSlot::PerDevice ? n : 1); ++d)
+          in_types_.push_back(slot.type);
+      for (auto& slot : dist_->outputs()) {
+        int k = slot.kind == runtime::DeviceSlot::PerDevice ? n : 1;
+        for (int d = 0; d < k; ++d) out_types_.push_back(slot.type);
+        out_groups_.push_back(slot.kind == runtime::DeviceSlot::PerDevice ? k : 0);
+      }
+    } else {
+      in_types_ = plan.inputs;
+      out_types_ = plan.outputs;
+      out_groups_.assign(plan.outputs.size(), 0);
+    }
+    for (auto& t : in_types_) {
       in_dtypes_.push_back(to_numpy_dtype(t.dtype));
       in_nums_.push_back(in_dtypes_.back().num());
     }
-    for (auto& t : plan.outputs) out_dtypes_.push_back(to_numpy_dtype(t.dtype));
-    generation_ = Session::get().generation();
+    for (auto& t : out_types_) out_dtypes_.push_back(to_numpy_dtype(t.dtype));
+    generation_ = s.generation();
+  }
+
+  // Per result: 0 for one array, n for a list of one array per device.
+  const std::vector<int>& output_groups() const { return out_groups_; }
+  bool distributed() const { return dist_ != nullptr; }
+  // What FLOWJIT_PROFILE measured: device 0 of a distributed job.
+  const runtime::Executable& profiled() const { return dist_ ? dist_->device(0) : *job_.executable; }
+  std::string distribution() const {
+    if (!job_.distributed) return "";
+    std::string out;
+    const auto& dg = *job_.distributed;
+    for (size_t i = 0; i < dg.params.size(); ++i) out += "input " + std::to_string(i) + ": " + dg.params[i].str() + "\n";
+    for (size_t i = 0; i < dg.outputs.size(); ++i) out += "output " + std::to_string(i) + ": " + dg.outputs[i].str() + "\n";
+    for (auto& [name, sbp, type] : dg.variables) out += "variable " + name + ": " + sbp.str() + "\n";
+    out += "boxing:\n" + dg.description;
+    return out;
+  }
+
+  // Runs on the calling thread (the caller holds the run mutex).
+  static void run_on(const std::shared_ptr<runtime::Executable>& exe,
+                     const std::shared_ptr<runtime::DistributedExecutable>& dist,
+                     const void* const* ins, void* const* outs) {
+    if (dist) dist->run(ins, outs);
+    else exe->run(ins, outs);
+  }
+
+  py::list group_results(const std::vector<py::array>& outs) const {
+    py::list result;
+    size_t i = 0;
+    for (int g : out_groups_) {
+      if (g == 0) {
+        result.append(outs[i++]);
+      } else {
+        py::list per_device;
+        for (int d = 0; d < g; ++d) per_device.append(outs[i++]);
+        result.append(per_device);
+      }
+    }
+    return result;
   }
 
   // Runs when `args` match the compiled signature exactly (arrays of the
@@ -93,11 +152,9 @@ class CompiledJobPy {
     {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(s.run_mutex());
-      job_.executable->run(ins.data(), out_ptrs.data());
+      run_on(job_.executable, dist_, ins.data(), out_ptrs.data());
     }
-    py::list result(outs.size());
-    for (size_t i = 0; i < outs.size(); ++i) result[i] = outs[i];
-    return std::move(result);
+    return group_results(outs);
   }
 
   // Queues a run; `deliver(list_of_outputs)` runs on the callback thread.
@@ -111,7 +168,7 @@ class CompiledJobPy {
     auto copies = std::make_shared<std::vector<runtime::AlignedBuffer>>();
     auto in_ptrs = std::make_shared<std::vector<const void*>>();
     for (size_t i = 0; i < ins.size(); ++i) {
-      size_t bytes = static_cast<size_t>(plan.inputs[i].bytes());
+      size_t bytes = static_cast<size_t>(in_types_[i].bytes());
       copies->push_back(runtime::allocate_aligned(bytes));
       std::memcpy(copies->back().get(), ins[i], bytes);
       in_ptrs->push_back(copies->back().get());
@@ -125,25 +182,35 @@ class CompiledJobPy {
     }
     refs->objs.push_back(deliver);
     auto exe = job_.executable;
+    auto dist = dist_;
     std::string name = plan.job_name;
+    std::vector<int> groups = out_groups_;
     Session& s = Session::get();
-    s.submit([exe, copies, in_ptrs, out_ptrs, refs, name]() mutable {
+    s.submit([exe, dist, copies, in_ptrs, out_ptrs, refs, name, groups]() mutable {
       Session& ss = Session::get();
       std::exception_ptr err;
       try {
         std::lock_guard<std::mutex> lock(ss.run_mutex());
-        exe->run(in_ptrs->data(), out_ptrs->data());
+        run_on(exe, dist, in_ptrs->data(), out_ptrs->data());
       } catch (...) {
         err = std::current_exception();
       }
       copies.reset();
-      ss.deliver([refs, err, name]() mutable {
+      ss.deliver([refs, err, name, groups]() mutable {
         py::gil_scoped_acquire gil;
         try {
           if (err) rethrow_as_python(err);
-          size_t n = refs->objs.size() - 1;
-          py::list outs(n);
-          for (size_t i = 0; i < n; ++i) outs[i] = refs->objs[i];
+          py::list outs;
+          size_t i = 0;
+          for (int g : groups) {
+            if (g == 0) {
+              outs.append(refs->objs[i++]);
+            } else {
+              py::list per_device;
+              for (int d = 0; d < g; ++d) per_device.append(refs->objs[i++]);
+              outs.append(per_device);
+            }
+          }
           refs->objs.back()(outs);
         } catch (py::error_already_set& e) {
           record_async_error(e, name);
@@ -167,20 +234,19 @@ class CompiledJobPy {
   }
 
   bool convert_inputs(const py::tuple& args, std::vector<const void*>& ins, std::vector<py::object>& keep) {
-    const auto& plan = job_.executable->plan();
-    size_t n = plan.inputs.size();
+    size_t n = in_types_.size();
     if (args.size() != n) return false;
     ins.resize(n);
     for (size_t i = 0; i < n; ++i) {
       py::handle h = args[i];
       if (!py::isinstance<py::array>(h)) return false;
       auto a = py::reinterpret_borrow<py::array>(h);
-      if (a.dtype().num() != in_nums_[i] || !numpy_dtype_matches(a.dtype(), plan.inputs[i].dtype)) return false;
-      const ir::Shape& want = plan.inputs[i].shape;
+      if (a.dtype().num() != in_nums_[i] || !numpy_dtype_matches(a.dtype(), in_types_[i].dtype)) return false;
+      const ir::Shape& want = in_types_[i].shape;
       if (a.ndim() != static_cast<py::ssize_t>(want.size())) return false;
       for (size_t d = 0; d < want.size(); ++d)
         if (a.shape(d) != want[d]) return false;
-      bool aligned = (reinterpret_cast<uintptr_t>(a.data()) % ir::dtype_bytes(plan.inputs[i].dtype)) == 0;
+      bool aligned = (reinterpret_cast<uintptr_t>(a.data()) % ir::dtype_bytes(in_types_[i].dtype)) == 0;
       if (!(a.flags() & py::array::c_style) || !aligned) {
         // Other layouts are copied into a C-contiguous array first.
         py::array c = py::array::ensure(a, py::array::c_style);
@@ -194,10 +260,9 @@ class CompiledJobPy {
   }
 
   std::vector<py::array> allocate_outputs() {
-    const auto& plan = job_.executable->plan();
     std::vector<py::array> outs;
-    for (size_t i = 0; i < plan.outputs.size(); ++i) {
-      const ir::Shape& s = plan.outputs[i].shape;
+    for (size_t i = 0; i < out_types_.size(); ++i) {
+      const ir::Shape& s = out_types_[i].shape;
       std::vector<py::ssize_t> shape(s.begin(), s.end());
       outs.emplace_back(out_dtypes_[i], shape);
     }
@@ -205,6 +270,9 @@ class CompiledJobPy {
   }
 
   jit::CompiledJob job_;
+  std::shared_ptr<runtime::DistributedExecutable> dist_;
+  std::vector<ir::TensorType> in_types_, out_types_;  // one per array passed or returned
+  std::vector<int> out_groups_;
   std::vector<py::dtype> in_dtypes_, out_dtypes_;
   std::vector<int> in_nums_;
   uint64_t generation_;
@@ -237,13 +305,16 @@ void register_jobs(py::module_& m) {
       .def("profile",
            [](const CompiledJobPy& j) {
              std::vector<std::tuple<std::string, int64_t, double>> out;
-             for (auto& p : j.job().executable->profile()) out.emplace_back(p.symbol, p.calls, p.seconds);
+             for (auto& p : j.profiled().profile()) out.emplace_back(p.symbol, p.calls, p.seconds);
              return out;
            })
       .def_property_readonly("arena_bytes",
                              [](const CompiledJobPy& j) { return j.job().executable->plan().arena_bytes; })
       .def_property_readonly("num_kernels",
                              [](const CompiledJobPy& j) { return j.job().executable->plan().launches.size(); })
+      .def_property_readonly("distributed", &CompiledJobPy::distributed)
+      .def_property_readonly("distribution", &CompiledJobPy::distribution)
+      .def_property_readonly("output_groups", &CompiledJobPy::output_groups)
       .def_property_readonly("from_disk_cache", [](const CompiledJobPy& j) { return j.job().from_disk_cache; })
       .def_property_readonly("cache_key", [](const CompiledJobPy& j) { return j.job().cache_key; })
       .def_property_readonly("warnings", [](const CompiledJobPy& j) { return j.job().warnings; })
@@ -261,7 +332,7 @@ void register_jobs(py::module_& m) {
          const std::vector<PyNode>& outputs, const std::vector<PyNode>& effects,
          const std::vector<PyNode>& losses, py::object lr, py::object step,
          const std::vector<PyNode>& trainable, py::object optimizer, const std::string& source,
-         const std::string& signature, py::dict settings) {
+         const std::string& signature, py::dict settings, py::object distribution) {
         jit::JobDescription job;
         job.name = name;
         job.train = train;
@@ -276,6 +347,15 @@ void register_jobs(py::module_& m) {
         if (!optimizer.is_none()) job.optimizer = optimizer_from_dict(optimizer.cast<py::dict>());
         job.source = source;
         job.signature = signature;
+        if (!distribution.is_none()) {
+          py::dict d = distribution.cast<py::dict>();
+          job.distribution.parts = d["parts"].cast<int>();
+          job.distribution.mirrored = d["mirrored"].cast<bool>();
+          job.distribution.split_vars = d["split_vars"].cast<std::map<std::string, int>>();
+          job.distribution.whole_outputs = d["whole_outputs"].cast<bool>();
+          if (job.optimizer && job.distribution.mirrored)
+            job.optimizer->mirrored_parts = job.distribution.parts;
+        }
         jit::CompileSettings s = jit::CompileSettings::from_environment();
         if (settings.contains("keep_text")) s.keep_text = settings["keep_text"].cast<bool>();
         Session& sess = Session::get();
@@ -290,11 +370,14 @@ void register_jobs(py::module_& m) {
         // never errors; they stay readable on the result too.
         for (const std::string& w : cj.warnings)
           if (PyErr_WarnEx(cache_warning(), w.c_str(), 1) != 0) throw py::error_already_set();
+        if (cj.distributed)
+          for (const std::string& w : cj.distributed->warnings)
+            if (PyErr_WarnEx(PyExc_UserWarning, w.c_str(), 1) != 0) throw py::error_already_set();
         return std::make_shared<CompiledJobPy>(std::move(cj));
       },
       py::arg("name"), py::arg("train"), py::arg("params"), py::arg("outputs"), py::arg("effects"),
       py::arg("losses"), py::arg("lr"), py::arg("step"), py::arg("trainable"), py::arg("optimizer"),
-      py::arg("source"), py::arg("signature"), py::arg("settings"));
+      py::arg("source"), py::arg("signature"), py::arg("settings"), py::arg("distribution") = py::none());
 }
 
 }  // namespace flowjit::python

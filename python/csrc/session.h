@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/collective.h"
 #include "runtime/variables.h"
 #include "runtime/work_queue.h"
 
@@ -57,6 +58,17 @@ class Session {
   void raise_pending();
   bool has_pending_work();
 
+  // The devices of this process for distributed jobs: `local` devices, the
+  // first of global rank `first_rank`, joined by `comm` (of comm->size()
+  // ranks over every process). Each device has its own variable store.
+  void configure_devices(int local, std::shared_ptr<runtime::Communicator> comm, int first_rank,
+                         bool several_processes);
+  int local_devices() const { return static_cast<int>(device_stores_.size()); }
+  std::vector<runtime::VariableStore*> device_stores();
+  std::shared_ptr<runtime::Communicator> communicator() const { return comm_; }
+  int first_rank() const { return first_rank_; }
+  bool several_processes() const { return several_processes_; }
+
   void clear();      // waits for work, drops variables, bumps generation
   void shutdown();   // at interpreter exit: finishes work, stops threads
 
@@ -70,6 +82,10 @@ class Session {
   void enqueue_callback(runtime::WorkQueue::Task task);
 
   runtime::VariableStore store_;
+  std::vector<std::unique_ptr<runtime::VariableStore>> device_stores_;
+  std::shared_ptr<runtime::Communicator> comm_;
+  int first_rank_ = 0;
+  bool several_processes_ = false;
   std::mutex run_mu_;
   std::atomic<uint64_t> generation_{1};
   std::mutex threads_mu_;

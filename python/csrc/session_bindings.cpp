@@ -11,6 +11,7 @@
 #include "jit/cache.h"
 #include "python/csrc/bindings.h"
 #include "python/csrc/session.h"
+#include "runtime/distributed.h"
 #include "runtime/executable.h"
 
 namespace flowjit::python {
@@ -203,9 +204,33 @@ void Session::raise_pending() {
   throw py::error_already_set();
 }
 
+void Session::configure_devices(int local, std::shared_ptr<runtime::Communicator> comm,
+                                int first_rank, bool several_processes) {
+  wait_jobs();
+  std::lock_guard<std::mutex> lock(run_mu_);
+  // Variables distributed over the old devices come back to the host first.
+  for (auto* v : store_.all()) {
+    runtime::sync_host(*v);
+    v->replicas.reset();
+  }
+  device_stores_.clear();
+  for (int d = 0; d < local; ++d) device_stores_.push_back(std::make_unique<runtime::VariableStore>());
+  comm_ = std::move(comm);
+  first_rank_ = first_rank;
+  several_processes_ = several_processes;
+  generation_.fetch_add(1);  // compiled jobs were bound to the old devices
+}
+
+std::vector<runtime::VariableStore*> Session::device_stores() {
+  std::vector<runtime::VariableStore*> out;
+  for (auto& s : device_stores_) out.push_back(s.get());
+  return out;
+}
+
 void Session::clear() {
   sync();
   store_.clear();
+  for (auto& s : device_stores_) s->clear();
   generation_.fetch_add(1);
 }
 
@@ -243,6 +268,7 @@ py::array variable_value(const std::string& name) {
   py::array out(to_numpy_dtype(v->type.dtype), shape);
   Session::get().wait_jobs();
   std::lock_guard<std::mutex> lock(Session::get().run_mutex());
+  runtime::sync_host(*v);
   std::memcpy(out.mutable_data(), v->ptr(), static_cast<size_t>(v->type.bytes()));
   return out;
 }
@@ -261,12 +287,32 @@ void set_variable_value(const std::string& name, const py::array& value) {
   Session::get().wait_jobs();
   std::lock_guard<std::mutex> lock(Session::get().run_mutex());
   std::memcpy(v->ptr(), c.data(), static_cast<size_t>(v->type.bytes()));
+  runtime::mark_host_written(*v);
   v->initialized = true;
 }
 
 }  // namespace
 
 void register_session(py::module_& m) {
+  m.def(
+      "configure_devices",
+      [](int local) {
+        FJ_USER_CHECK(local >= 1, ErrorKind::Value, "at least one device is needed, got ", local);
+        Session& s = Session::get();
+        if (s.local_devices() == local && s.communicator() && !s.several_processes()) return;
+        s.configure_devices(local, runtime::make_thread_communicator(local), 0, false);
+      },
+      py::arg("local"));
+  m.def("device_info", [] {
+    Session& s = Session::get();
+    py::dict d;
+    d["local_devices"] = s.local_devices();
+    d["ranks"] = s.communicator() ? s.communicator()->size() : 0;
+    d["first_rank"] = s.first_rank();
+    d["several_processes"] = s.several_processes();
+    d["communicator"] = s.communicator() ? s.communicator()->describe() : std::string();
+    return d;
+  });
   m.def("variable_names", [] {
     std::vector<std::string> out;
     for (auto* v : default_store().all()) out.push_back(v->name);

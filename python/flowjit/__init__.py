@@ -24,7 +24,7 @@ from ._variables import (constant_initializer, get_all_variables, get_variable, 
                          random_uniform_initializer, truncated_normal, truncated_normal_initializer,
                          variance_scaling_initializer, xavier_normal_initializer,
                          xavier_uniform_initializer, zeros_initializer)
-from . import config, data, distribute, layers, math, nn, optimizer, scope  # noqa: F401
+from . import config, data, distribute, env, layers, math, nn, optimizer, scope  # noqa: F401
 from . import checkpoint, train  # noqa: F401
 
 float = float32  # noqa: A001 - OneFlow's names

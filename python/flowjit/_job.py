@@ -8,7 +8,7 @@ import typing
 
 import numpy as np
 
-from . import _C, _async, _dtypes, _ops, _trace
+from . import _C, _async, _devices, _dtypes, _ops, _trace
 from . import typing as tp
 from ._blob import Blob
 
@@ -105,6 +105,7 @@ class JobBuilder:
         self.variables = {}  # name -> (blob, trainable)
         self.pending = {}    # name -> (shape, dtype, initializer, seed, trainable)
         self.minimize = None  # (optimizer, [loss blobs], loc)
+        self.split_vars = {}  # name -> declared split axis (flow.distribute.split)
         self.finished = False
         self._counts = {}
 
@@ -128,7 +129,22 @@ class JobBuilder:
         self.params.append(node)
         return Blob(node, self, name)
 
-    def variable(self, name, shape, dtype, initializer, trainable, seed, loc):
+    def variable(self, name, shape, dtype, initializer, trainable, seed, loc, distribute=None):
+        if distribute is not None:
+            from . import distribute as _dist
+            if not isinstance(distribute, _dist.Distribute):
+                _trace.fail(TypeError, f"get_variable: distribute of '{name}' must be flow.distribute."
+                            f"split(axis), broadcast() or auto(), got {distribute!r}", loc)
+            if distribute.kind == "split":
+                axis = distribute.axis + len(shape) if distribute.axis < 0 else distribute.axis
+                if not 0 <= axis < len(shape):
+                    _trace.fail(ValueError, f"get_variable: '{name}' has shape {shape} but is declared "
+                                f"{distribute!r}", loc)
+                prev = self.split_vars.get(name)
+                if prev is not None and prev != axis:
+                    _trace.fail(ValueError, f"get_variable: '{name}' is declared split({prev}) and "
+                                f"split({axis}) in the same job", loc)
+                self.split_vars[name] = axis
         if name in self.variables:
             blob, _ = self.variables[name]
             if blob.shape != shape or blob.dtype is not dtype:
@@ -272,8 +288,36 @@ def _describe(v):
     return type(v).__name__
 
 
-def _builder_for(template):
-    """A function from the flat list of output arrays to the result structure."""
+def _check_result_groups(job, template, groups):
+    """Per-device results (mirrored view) must be annotated tp.ListNumpy."""
+    it = iter(groups)
+
+    def walk(t):
+        k = t[0]
+        if k == "one":
+            if next(it):
+                raise TypeError(f"job '{job}': in the mirrored view a result computed from per-device "
+                                "inputs has one value per device; annotate it tp.ListNumpy")
+        elif k == "list1":
+            next(it)
+        elif k == "listlist":
+            for _ in range(t[1]):
+                if next(it):
+                    raise NotImplementedError(f"job '{job}': tp.ListListNumpy results in the mirrored "
+                                              "view with several devices are not supported yet")
+        elif k in ("tuple", "list"):
+            for s in t[1]:
+                walk(s)
+        elif k == "dict":
+            for _, s in t[1]:
+                walk(s)
+
+    walk(template)
+
+
+def _builder_for(template, devices=1):
+    """A function from the list of results (an array, or a list of one array
+    per device) to the result structure."""
     kind = template[0]
     if kind == "one":
         return lambda outs: outs[0]
@@ -285,7 +329,10 @@ def _builder_for(template):
         if k == "one":
             return next(it)
         if k == "list1":
-            return [next(it)]
+            v = next(it)
+            # A value that does not depend on per-device inputs is the same on
+            # every device.
+            return v if isinstance(v, list) else [v] * devices
         if k == "listlist":
             return [[next(it) for _ in range(t[1])]]
         if k == "none":
@@ -464,6 +511,7 @@ class JobFunction:
                                  "at most the bound)")
 
     def _call_slow(self, args):
+        _devices.ensure_configured()
         gen = _C.session_generation()
         if self._generation != gen:
             self._cache.clear()
@@ -507,9 +555,11 @@ class JobFunction:
                 index += 1
             elif ph.kind == "ListNumpy":
                 shapes = [next(it) for _ in k]
-                if len(shapes) != 1:
-                    raise NotImplementedError(f"job '{self._name}': ListNumpy with several devices needs "
-                                              "the mirrored view, which is not supported yet")
+                if len(set(shapes)) != 1:
+                    raise NotImplementedError(
+                        f"job '{self._name}': parameter '{pname}' got arrays of different shapes "
+                        f"{shapes} for the devices; the devices of a mirrored job share one compiled "
+                        "program, so every device's array needs the same shape")
                 blobs.append(builder.placeholder(index, pname, shapes[0], ph.dtype))
                 index += 1
             else:
@@ -544,10 +594,13 @@ class JobFunction:
             trainable = [b._node for n, (b, t) in sorted(builder.variables.items())
                          if t and (names is None or n in names)]
         sig = ";".join(f"{ph.kind}:{ph.dtype.name}{k}" for (_, ph), k in zip(self._params, key))
+        dist = _devices.distribution(self._name, self._config, builder, self._params)
         job = _C.compile_job(self._name, self._type == "train", builder.params, [o._node for o in outs],
                              [], losses, lr, step, trainable, opt, self._source, sig,
-                             {"keep_text": bool(os.environ.get("FLOWJIT_KEEP_TEXT"))})
-        compiled = _Compiled(job, _builder_for(template))
+                             {"keep_text": bool(os.environ.get("FLOWJIT_KEEP_TEXT"))}, dist)
+        per_device = _C.device_info()["local_devices"] if dist and dist["mirrored"] else 1
+        _check_result_groups(self._name, template, list(job.output_groups))
+        compiled = _Compiled(job, _builder_for(template, per_device))
         self._cache[key] = compiled
         if self._numpy_only:
             self._fast = compiled

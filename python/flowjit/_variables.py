@@ -255,7 +255,7 @@ def get_variable(name, shape=None, dtype=None, initializer=None, regularizer=Non
     if seed is None:
         seed = random_seed
     return b.variable(name, tuple(int(d) for d in shape), dt, initializer, trainable,
-                      _derived_seed(name, seed), loc)
+                      _derived_seed(name, seed), loc, distribute)
 
 
 # ---------------------------------------------------------------- session access

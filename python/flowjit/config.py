@@ -17,9 +17,6 @@ def cpu_device_num(n):
     n = _count("cpu_device_num", n)
     if n < 1:
         raise ValueError("config.cpu_device_num: at least one CPU device is needed")
-    if n > 1:
-        raise NotImplementedError("config.cpu_device_num: several CPU devices (data and model "
-                                  "parallelism) are not implemented yet; use 1")
     _settings["cpu_device_num"] = n
 
 

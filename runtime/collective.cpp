@@ -1,0 +1,159 @@
+// The in-process communicator: ranks are threads of this process that read
+// each other's buffers directly. Each collective is: publish the buffers,
+// barrier, every rank computes its own share (a disjoint part of every
+// output), barrier.
+#include "runtime/collective.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "ir/error.h"
+
+namespace flowjit::runtime {
+
+namespace {
+
+template <class T>
+void add_into(void* dst, const void* src, int64_t n) {
+  T* d = static_cast<T*>(dst);
+  const T* s = static_cast<const T*>(src);
+  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] + s[i]);
+}
+
+}  // namespace
+
+void accumulate(void* dst, const void* src, int64_t count, ir::DType dtype) {
+  using ir::DType;
+  switch (dtype) {
+    case DType::Bool: {
+      auto* d = static_cast<uint8_t*>(dst);
+      auto* s = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < count; ++i) d[i] = (d[i] | s[i]) ? 1 : 0;
+      return;
+    }
+    case DType::Int8: return add_into<int8_t>(dst, src, count);
+    case DType::UInt8: return add_into<uint8_t>(dst, src, count);
+    case DType::Int32: return add_into<int32_t>(dst, src, count);
+    case DType::Int64: return add_into<int64_t>(dst, src, count);
+    case DType::Float32: return add_into<float>(dst, src, count);
+    case DType::Float64: return add_into<double>(dst, src, count);
+  }
+  FJ_CHECK(false, "accumulate: unknown dtype");
+}
+
+namespace {
+
+class ThreadCommunicator final : public Communicator {
+ public:
+  explicit ThreadCommunicator(int ranks) : n_(ranks), in_(ranks), out_(ranks) {}
+
+  int size() const override { return n_; }
+  std::string describe() const override { return std::to_string(n_) + " threads"; }
+
+  void all_reduce(int rank, const void* in, void* out, int64_t count, ir::DType dtype) override {
+    publish(rank, in, out);
+    // Rank r owns elements [lo, hi): it sums them over all ranks in rank
+    // order into a private block, then writes that block to every output.
+    int64_t per = (count + n_ - 1) / n_;
+    int64_t lo = std::min<int64_t>(count, per * rank), hi = std::min<int64_t>(count, lo + per);
+    size_t es = static_cast<size_t>(ir::dtype_bytes(dtype));
+    std::vector<char> sum(static_cast<size_t>(hi - lo) * es);
+    if (hi > lo) {
+      std::memcpy(sum.data(), static_cast<const char*>(in_[0]) + lo * es, sum.size());
+      for (int q = 1; q < n_; ++q)
+        accumulate(sum.data(), static_cast<const char*>(in_[q]) + lo * es, hi - lo, dtype);
+    }
+    // Everyone has read every input before any output (which may alias an
+    // input) is written.
+    wait(rank);
+    if (hi > lo)
+      for (int q = 0; q < n_; ++q) std::memcpy(static_cast<char*>(out_[q]) + lo * es, sum.data(), sum.size());
+    wait(rank);
+  }
+
+  void all_gather(int rank, const void* in, void* out, int64_t outer, int64_t inner_bytes) override {
+    publish(rank, in, out);
+    // Rank r writes its own block into every output.
+    const char* src = static_cast<const char*>(in);
+    for (int q = 0; q < n_; ++q) {
+      char* dst = static_cast<char*>(out_[q]);
+      for (int64_t o = 0; o < outer; ++o)
+        std::memcpy(dst + (o * n_ + rank) * inner_bytes, src + o * inner_bytes, static_cast<size_t>(inner_bytes));
+    }
+    wait(rank);
+  }
+
+  void reduce_scatter(int rank, const void* in, void* out, int64_t outer, int64_t inner,
+                      ir::DType dtype) override {
+    publish(rank, in, out);
+    // Rank r computes its own output from block r of every input.
+    size_t es = static_cast<size_t>(ir::dtype_bytes(dtype));
+    std::vector<char> sum(static_cast<size_t>(outer * inner) * es);
+    for (int64_t o = 0; o < outer; ++o) {
+      char* d = sum.data() + o * inner * es;
+      std::memcpy(d, static_cast<const char*>(in_[0]) + (o * n_ + rank) * inner * es, inner * es);
+      for (int q = 1; q < n_; ++q)
+        accumulate(d, static_cast<const char*>(in_[q]) + (o * n_ + rank) * inner * es, inner, dtype);
+    }
+    wait(rank);  // out may alias in
+    std::memcpy(out, sum.data(), sum.size());
+    wait(rank);
+  }
+
+  void barrier(int rank) override { wait(rank); }
+
+  void abort(const std::string& why) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_.empty()) aborted_ = why.empty() ? "a device failed" : why;
+    cv_.notify_all();
+  }
+
+ private:
+  void publish(int rank, const void* in, void* out) {
+    FJ_CHECK(rank >= 0 && rank < n_, "communicator rank out of range");
+    in_[rank] = in;
+    out_[rank] = out;
+    wait(rank);
+  }
+
+  // A reusable barrier that gives up when the communicator is aborted.
+  void wait(int) {
+    std::unique_lock<std::mutex> lock(mu_);
+    check_aborted();
+    uint64_t gen = generation_;
+    if (++arrived_ == n_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != gen || !aborted_.empty(); });
+    if (generation_ == gen) check_aborted();
+  }
+
+  void check_aborted() {
+    if (!aborted_.empty())
+      throw_user(ErrorKind::Runtime, "a collective was aborted: ", aborted_);
+  }
+
+  int n_;
+  std::vector<const void*> in_;
+  std::vector<void*> out_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  std::string aborted_;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_thread_communicator(int ranks) {
+  FJ_CHECK(ranks >= 1, "a communicator needs at least one rank");
+  return std::make_shared<ThreadCommunicator>(ranks);
+}
+
+}  // namespace flowjit::runtime

@@ -1,0 +1,50 @@
+// Collectives: the communication a job spread over several devices does.
+//
+// A Communicator joins `size()` ranks; a rank is one device. One process may
+// hold several ranks (its local devices), each calling from its own thread;
+// ranks of other processes are reached over Gloo (runtime/gloo_communicator).
+// Every call is collective: all ranks make the same calls in the same order
+// with the same sizes. Reductions add in rank order, so every rank gets
+// bit-identical results.
+//
+// Failure: a rank that throws (or a peer process that dies) aborts the
+// communicator; every rank blocked in, or later entering, a collective throws
+// UserError(Runtime) with the first reason instead of waiting forever.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ir/types.h"
+
+namespace flowjit::runtime {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int size() const = 0;
+  virtual std::string describe() const = 0;  // "2 threads", "gloo: 2 processes x 1 device"
+
+  // out[i] = sum over ranks of in[i], `count` elements of `dtype` (Bool: or).
+  // `in` and `out` may be the same buffer.
+  virtual void all_reduce(int rank, const void* in, void* out, int64_t count, ir::DType dtype) = 0;
+  // in: [outer][inner_bytes]; out: [outer][size()][inner_bytes], rank r's
+  // block at position r (the gather of a tensor split along one axis).
+  virtual void all_gather(int rank, const void* in, void* out, int64_t outer, int64_t inner_bytes) = 0;
+  // in: [outer][size()][inner] elements; out[o][i] = sum over ranks q of
+  // in_q[o][rank][i] (the scatter of a partial sum along one axis).
+  virtual void reduce_scatter(int rank, const void* in, void* out, int64_t outer, int64_t inner,
+                              ir::DType dtype) = 0;
+  virtual void barrier(int rank) = 0;
+  // Makes every rank blocked in, or later entering, a collective throw.
+  virtual void abort(const std::string& why) = 0;
+};
+
+// `ranks` devices of this process, exchanging through shared memory.
+std::shared_ptr<Communicator> make_thread_communicator(int ranks);
+
+// dst[i] += src[i] for `count` elements (Bool: |=). Shared by communicators.
+void accumulate(void* dst, const void* src, int64_t count, ir::DType dtype);
+
+}  // namespace flowjit::runtime

@@ -1,0 +1,281 @@
+// Running a job on several devices; keeping variables' device copies in step.
+#include "runtime/distributed.h"
+
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <mutex>
+
+#include "ir/error.h"
+
+namespace flowjit::runtime {
+
+// ---------------------------------------------------------------- workers
+
+// Devices 1..n-1 of a job, each a thread that waits for the next run.
+class DeviceWorkers {
+ public:
+  explicit DeviceWorkers(int devices) : n_(devices), errors_(devices) {
+    for (int d = 1; d < n_; ++d) threads_.emplace_back([this, d] { loop(d); });
+  }
+  ~DeviceWorkers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  // Runs fn(d) for every device, device 0 on this thread. Rethrows the
+  // first device's error (by device order) after all have finished.
+  template <class Fn>
+  void run_all(Fn&& fn, Communicator& comm) {
+    std::function<void(int)> task = [&](int d) {
+      try {
+        fn(d);
+      } catch (...) {
+        errors_[d] = std::current_exception();
+        std::string why = "device " + std::to_string(d) + " failed";
+        try {
+          std::rethrow_exception(errors_[d]);
+        } catch (const std::exception& e) {
+          why += ": " + std::string(e.what());
+        } catch (...) {
+        }
+        comm.abort(why);  // unblocks the devices waiting for this one
+      }
+    };
+    for (auto& e : errors_) e = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      task_ = &task;
+      pending_ = n_ - 1;
+      ++round_;
+    }
+    cv_.notify_all();
+    task(0);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      done_cv_.wait(lock, [&] { return pending_ == 0; });
+      task_ = nullptr;
+    }
+    for (auto& e : errors_)
+      if (e) std::rethrow_exception(e);
+  }
+
+ private:
+  void loop(int d) {
+    uint64_t seen = 0;
+    while (true) {
+      std::function<void(int)>* task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || round_ != seen; });
+        if (stop_) return;
+        seen = round_;
+        task = task_;
+      }
+      (*task)(d);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (--pending_ == 0) done_cv_.notify_all();
+      }
+    }
+  }
+
+  int n_;
+  std::vector<std::thread> threads_;
+  std::vector<std::exception_ptr> errors_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  std::function<void(int)>* task_ = nullptr;
+  int pending_ = 0;
+  uint64_t round_ = 0;
+  bool stop_ = false;
+};
+
+// ---------------------------------------------------------------- variables
+
+namespace {
+
+// [outer][parts][inner] bytes around the split axis of `t`.
+void split_geometry(const ir::TensorType& t, int axis, int parts, int64_t& outer, int64_t& piece) {
+  outer = 1;
+  for (int d = 0; d < axis; ++d) outer *= t.shape[d];
+  int64_t inner = 1;
+  for (int d = axis; d < t.rank(); ++d) inner *= t.shape[d];
+  piece = inner / parts * ir::dtype_bytes(t.dtype);
+}
+
+void copy_piece(const VariableStorage& host, const Replicas& r, int d, bool to_host) {
+  char* local = r.local[d]->ptr();
+  if (r.split_axis < 0) {
+    size_t bytes = static_cast<size_t>(host.type.bytes());
+    if (to_host) std::memcpy(host.ptr(), local, bytes);
+    else std::memcpy(local, host.ptr(), bytes);
+    return;
+  }
+  int64_t outer, piece;
+  split_geometry(host.type, r.split_axis, r.parts, outer, piece);
+  int g = r.first_rank + d;
+  for (int64_t o = 0; o < outer; ++o) {
+    char* h = host.ptr() + (o * r.parts + g) * piece;
+    char* l = local + o * piece;
+    if (to_host) std::memcpy(h, l, static_cast<size_t>(piece));
+    else std::memcpy(l, h, static_cast<size_t>(piece));
+  }
+}
+
+void push_to_devices(VariableStorage& host) {
+  Replicas& r = *host.replicas;
+  if (!r.devices_stale) return;
+  for (size_t d = 0; d < r.local.size(); ++d) copy_piece(host, r, static_cast<int>(d), false);
+  r.devices_stale = false;
+}
+
+}  // namespace
+
+void attach_replicas(VariableStorage& host, int split_axis, int parts, int first_rank,
+                     std::vector<VariableStorage*> local) {
+  if (host.replicas) {
+    Replicas& r = *host.replicas;
+    FJ_USER_CHECK(r.split_axis == split_axis && r.parts == parts, ErrorKind::Value, "variable '",
+                  host.name, "' is used by jobs that lay it out differently over the devices (",
+                  r.split_axis < 0 ? std::string("broadcast") : "split(" + std::to_string(r.split_axis) + ")",
+                  " before, ",
+                  split_axis < 0 ? std::string("broadcast") : "split(" + std::to_string(split_axis) + ")",
+                  " now); declare the same distribute= wherever it is used");
+    return;
+  }
+  auto r = std::make_unique<Replicas>();
+  r->split_axis = split_axis;
+  r->parts = parts;
+  r->first_rank = first_rank;
+  r->local = std::move(local);
+  r->devices_stale = true;
+  host.replicas = std::move(r);
+}
+
+void sync_host(VariableStorage& host) {
+  if (!host.replicas || !host.replicas->host_stale) return;
+  Replicas& r = *host.replicas;
+  if (r.split_axis < 0) {
+    copy_piece(host, r, 0, true);
+  } else {
+    FJ_CHECK(static_cast<int>(r.local.size()) == r.parts,
+             "split variable pieces of other processes are gathered after each run");
+    for (size_t d = 0; d < r.local.size(); ++d) copy_piece(host, r, static_cast<int>(d), true);
+  }
+  r.host_stale = false;
+}
+
+void mark_host_written(VariableStorage& host) {
+  if (!host.replicas) return;
+  host.replicas->devices_stale = true;
+  host.replicas->host_stale = false;
+}
+
+// ---------------------------------------------------------------- runs
+
+DistributedExecutable::DistributedExecutable(std::vector<std::shared_ptr<Executable>> devices,
+                                             std::shared_ptr<Communicator> comm, int first_rank,
+                                             std::vector<DeviceSlot> inputs,
+                                             std::vector<DeviceSlot> outputs,
+                                             std::vector<VariableStorage*> host_vars,
+                                             bool several_processes)
+    : devices_(std::move(devices)),
+      comm_(std::move(comm)),
+      first_rank_(first_rank),
+      inputs_(std::move(inputs)),
+      outputs_(std::move(outputs)),
+      host_vars_(std::move(host_vars)),
+      several_processes_(several_processes) {
+  FJ_CHECK(!devices_.empty(), "a distributed job needs devices");
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    devices_[d]->set_device(comm_, first_rank_ + static_cast<int>(d));
+    std::vector<AlignedBuffer> discard;
+    for (size_t o = 0; o < outputs_.size(); ++o) {
+      bool needed = d > 0 && outputs_[o].kind == DeviceSlot::Whole;
+      discard.push_back(needed ? allocate_aligned(static_cast<size_t>(outputs_[o].type.bytes()))
+                               : AlignedBuffer());
+    }
+    discard_.push_back(std::move(discard));
+  }
+  workers_ = std::make_unique<DeviceWorkers>(num_devices());
+}
+
+DistributedExecutable::~DistributedExecutable() = default;
+
+size_t DistributedExecutable::num_input_pointers() const {
+  size_t n = 0;
+  for (auto& s : inputs_) n += s.kind == DeviceSlot::PerDevice ? devices_.size() : 1;
+  return n;
+}
+
+size_t DistributedExecutable::num_output_pointers() const {
+  size_t n = 0;
+  for (auto& s : outputs_) n += s.kind == DeviceSlot::PerDevice ? devices_.size() : 1;
+  return n;
+}
+
+void DistributedExecutable::run(const void* const* inputs, void* const* outputs) {
+  for (VariableStorage* v : host_vars_) push_to_devices(*v);
+  const int n = num_devices();
+  const int parts = comm_->size();
+  // Per device pointer tables.
+  std::vector<std::vector<const void*>> ins(n);
+  std::vector<std::vector<void*>> outs(n);
+  auto rows_offset = [&](const ir::TensorType& t, int rank) {
+    return t.bytes() / parts * rank;
+  };
+  size_t p = 0;
+  for (auto& s : inputs_) {
+    for (int d = 0; d < n; ++d) {
+      const char* base = static_cast<const char*>(inputs[p + (s.kind == DeviceSlot::PerDevice ? d : 0)]);
+      if (s.kind == DeviceSlot::Rows) base += rows_offset(s.type, first_rank_ + d);
+      ins[d].push_back(base);
+    }
+    p += s.kind == DeviceSlot::PerDevice ? n : 1;
+  }
+  p = 0;
+  for (size_t o = 0; o < outputs_.size(); ++o) {
+    const DeviceSlot& s = outputs_[o];
+    for (int d = 0; d < n; ++d) {
+      char* base = static_cast<char*>(outputs[p + (s.kind == DeviceSlot::PerDevice ? d : 0)]);
+      if (s.kind == DeviceSlot::Rows) base += rows_offset(s.type, first_rank_ + d);
+      if (s.kind == DeviceSlot::Whole && d > 0) base = discard_[d][o].get();
+      outs[d].push_back(base);
+    }
+    p += s.kind == DeviceSlot::PerDevice ? n : 1;
+  }
+  workers_->run_all(
+      [&](int d) {
+        devices_[d]->run(ins[d].data(), outs[d].data());
+        if (!several_processes_) return;
+        // Split variables: every process needs every piece on the host.
+        for (size_t i = 0; i < host_vars_.size(); ++i) {
+          VariableStorage* h = host_vars_[i];
+          const Replicas& r = *h->replicas;
+          if (r.split_axis < 0) continue;
+          int64_t outer, piece;
+          split_geometry(h->type, r.split_axis, r.parts, outer, piece);
+          std::vector<char> scratch;
+          char* dst = h->ptr();
+          if (d > 0) {
+            scratch.resize(static_cast<size_t>(h->type.bytes()));
+            dst = scratch.data();
+          }
+          comm_->all_gather(first_rank_ + d, r.local[d]->ptr(), dst, outer, piece);
+        }
+      },
+      *comm_);
+  for (VariableStorage* v : host_vars_) {
+    Replicas& r = *v->replicas;
+    r.devices_stale = false;
+    r.host_stale = !(several_processes_ && r.split_axis >= 0);
+  }
+}
+
+}  // namespace flowjit::runtime

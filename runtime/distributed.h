@@ -1,0 +1,83 @@
+// A job spread over several devices: one Executable per device of this
+// process, all compiled from the same per-device graph (jit/distribute),
+// run concurrently (device 0 on the caller's thread, the others on their
+// own worker threads) and joined by a Communicator.
+//
+// Inputs and outputs are the job's logical values: a Whole slot is the same
+// buffer on every device (results: device 0 writes it), a Rows slot is split
+// along its first dimension (device of global rank g reads or writes rows
+// [g*n/parts, (g+1)*n/parts) in place, no copies), and a PerDevice slot
+// (mirrored view) has one buffer per device of this process.
+//
+// Variables: each device has its own copy or piece (VariableStorage::
+// replicas). The session's value is scattered to the devices before a run
+// when it is newer, and gathered back only when something on the host reads
+// it (sync_host) — except split variables over several processes, whose
+// pieces are gathered after every run that may change them (the pieces of
+// other processes cannot be fetched later without all processes taking part).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/collective.h"
+#include "runtime/executable.h"
+
+namespace flowjit::runtime {
+
+struct DeviceSlot {
+  enum Kind : uint8_t { Whole, Rows, PerDevice } kind = Whole;
+  ir::TensorType type;  // logical (Whole, Rows) or per-device (PerDevice)
+};
+
+class DeviceWorkers;
+
+class DistributedExecutable {
+ public:
+  // `devices[d]` runs as global rank first_rank + d; its variables are
+  // bound to per-device storages that carry `replicas` of host storages in
+  // `host_vars` (same order as the plan's variables).
+  DistributedExecutable(std::vector<std::shared_ptr<Executable>> devices,
+                        std::shared_ptr<Communicator> comm, int first_rank,
+                        std::vector<DeviceSlot> inputs, std::vector<DeviceSlot> outputs,
+                        std::vector<VariableStorage*> host_vars, bool several_processes);
+  ~DistributedExecutable();
+
+  int num_devices() const { return static_cast<int>(devices_.size()); }
+  const std::vector<DeviceSlot>& inputs() const { return inputs_; }
+  const std::vector<DeviceSlot>& outputs() const { return outputs_; }
+  // Pointers per slot: one for Whole and Rows, num_devices() for PerDevice.
+  size_t num_input_pointers() const;
+  size_t num_output_pointers() const;
+  const Executable& device(int d) const { return *devices_[d]; }
+  const Communicator& communicator() const { return *comm_; }
+  std::string job_name() const { return devices_[0]->plan().job_name; }
+
+  // Not reentrant (callers serialize runs, like Executable::run).
+  void run(const void* const* inputs, void* const* outputs);
+
+ private:
+  std::vector<std::shared_ptr<Executable>> devices_;
+  std::shared_ptr<Communicator> comm_;
+  int first_rank_;
+  std::vector<DeviceSlot> inputs_, outputs_;
+  std::vector<VariableStorage*> host_vars_;
+  bool several_processes_;
+  std::vector<std::vector<AlignedBuffer>> discard_;  // per device: outputs nobody reads
+  std::unique_ptr<DeviceWorkers> workers_;
+};
+
+// Creates (or checks) the device copies of `host` for a distributed job.
+// Throws UserError when the variable is already distributed differently.
+void attach_replicas(VariableStorage& host, int split_axis, int parts, int first_rank,
+                     std::vector<VariableStorage*> local);
+// Makes host.data current: gathers from this process's devices when they
+// hold newer values.
+void sync_host(VariableStorage& host);
+// The host value was written (load_variables, a single-device job): the
+// devices get it before their next run.
+void mark_host_written(VariableStorage& host);
+
+}  // namespace flowjit::runtime
