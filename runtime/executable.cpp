@@ -347,12 +347,18 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
     const Launch& l = plan_.launches[li];
     char* const* args = argbuf_.data() + arg_start_[li];
     KernelFn fn = fns_[li];
+    const bool prof = profiling_enabled();
     if (!collective_index_.empty() && collective_index_[li] >= 0) {
+      auto t0 = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       run_collective(li, args);
+      if (prof) {
+        profile_[li].calls += 1;
+        profile_[li].seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
       continue;
     }
     if (l.range <= 0) continue;
-    const bool prof = profiling_enabled();
     auto t0 = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     struct Record {
       bool on;
