@@ -12,6 +12,7 @@
 #include "python/csrc/bindings.h"
 #include "python/csrc/session.h"
 #include "runtime/distributed.h"
+#include "runtime/gloo_communicator.h"
 #include "runtime/executable.h"
 
 namespace flowjit::python {
@@ -303,6 +304,27 @@ void register_session(py::module_& m) {
         s.configure_devices(local, runtime::make_thread_communicator(local), 0, false);
       },
       py::arg("local"));
+  m.def(
+      "configure_processes",
+      [](int local, int rank, int processes, const std::string& addr, int port, double timeout) {
+        FJ_USER_CHECK(local >= 1, ErrorKind::Value, "at least one device is needed, got ", local);
+        runtime::GlooOptions o;
+        o.process_rank = rank;
+        o.num_processes = processes;
+        o.local_devices = local;
+        o.master_addr = addr;
+        o.port = port;
+        o.timeout_seconds = timeout;
+        o.tag = "session";
+        std::shared_ptr<runtime::Communicator> comm;
+        {
+          py::gil_scoped_release release;  // the rendezvous waits for the other processes
+          comm = runtime::make_gloo_communicator(o);
+        }
+        Session::get().configure_devices(local, std::move(comm), rank * local, processes > 1);
+      },
+      py::arg("local"), py::arg("rank"), py::arg("processes"), py::arg("addr"), py::arg("port"),
+      py::arg("timeout"));
   m.def("device_info", [] {
     Session& s = Session::get();
     py::dict d;

@@ -1,0 +1,45 @@
+"""One process of a multi-process test (tests/python/test_multiprocess.py):
+trains the seed MLP for a few steps on synthetic data and saves the loss and
+the variables. Its role comes from FLOWJIT_* environment variables; the
+same script runs in every process, as in OneFlow."""
+import os
+import sys
+
+import numpy as np
+
+import flowjit as flow
+import flowjit.typing as tp
+
+BATCH = 100
+
+
+def main(out, local, split, steps, exit_after):
+    flow.config.cpu_device_num(local)
+
+    @flow.global_function(type="train")
+    def train_job(images: tp.Numpy.Placeholder((BATCH, 1, 28, 28), dtype=flow.float),
+                  labels: tp.Numpy.Placeholder((BATCH,), dtype=flow.int32)) -> tp.Numpy:
+        initializer = flow.truncated_normal(0.1)
+        reshape = flow.reshape(images, [images.shape[0], -1])
+        hidden = flow.layers.dense(reshape, 512, activation=flow.nn.relu,
+                                   kernel_initializer=initializer, name="hidden")
+        logits = flow.layers.dense(hidden, 10, kernel_initializer=initializer, name="output",
+                                   model_distribute=flow.distribute.split(axis=0) if split else None)
+        loss = flow.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0.9).minimize(loss)
+        return loss
+
+    rng = np.random.default_rng(7)
+    losses = []
+    for step in range(steps):
+        if step == exit_after:
+            os._exit(3)  # a process that dies without a word
+        x = rng.random((BATCH, 1, 28, 28), dtype=np.float32)
+        y = rng.integers(0, 10, BATCH).astype(np.int32)
+        losses.append(train_job(x, y))
+    np.savez(out, losses=np.stack(losses), **{k: np.asarray(v) for k, v in flow.get_all_variables().items()})
+
+
+if __name__ == "__main__":
+    out, local, split, steps, exit_after = sys.argv[1:6]
+    main(out, int(local), split == "split", int(steps), int(exit_after))
