@@ -118,6 +118,8 @@ void store_in_cache(DiskCache& cache, CompiledJob& out, const JobDescription& jo
   e.signature = job.signature;
   e.source = job.source;
   e.target = codegen::cpu::host_target_id();
+  if (job.distribution.parts > 1)  // the per-device program of a distributed job
+    e.target += " x" + std::to_string(job.distribution.parts) + (job.distribution.mirrored ? " mirrored" : " devices");
   e.llvm_version = llvm_version();
   e.build_id = flowjit_build_id() + "+" + loaded_binary_id();
   e.version = flowjit_version();

@@ -1064,16 +1064,33 @@ class Fuser {
         if (w != writer.end()) edge(static_cast<int>(i), w->second);
       }
     }
-    std::priority_queue<std::pair<int, int>, std::vector<std::pair<int, int>>, std::greater<>> ready;
+    // Collectives go after all other ready work, and then all ready
+    // collectives go at once, so that those ready together (the gradients of
+    // a backward pass) become adjacent launches the runtime sends as one
+    // bucket: one exchange instead of one per variable. Synchronous
+    // collectives gain nothing from starting earlier.
+    using Queue = std::priority_queue<std::pair<int, int>, std::vector<std::pair<int, int>>, std::greater<>>;
+    Queue ready, collectives;
+    auto push = [&](int i) {
+      const Node* r = groups_[i]->root.get();
+      (is_collective(r->op()) ? collectives : ready).push({pos_[r], i});
+    };
     for (size_t i = 0; i < n; ++i)
-      if (indeg[i] == 0) ready.push({pos_[groups_[i]->root.get()], static_cast<int>(i)});
+      if (indeg[i] == 0) push(static_cast<int>(i));
     order.clear();
-    while (!ready.empty()) {
-      int i = ready.top().second;
-      ready.pop();
+    auto take = [&](Queue& q) {
+      int i = q.top().second;
+      q.pop();
       order.push_back(i);
       for (int s : succ[i])
-        if (--indeg[s] == 0) ready.push({pos_[groups_[s]->root.get()], s});
+        if (--indeg[s] == 0) push(s);
+    };
+    while (!ready.empty() || !collectives.empty()) {
+      if (!ready.empty()) {
+        take(ready);
+      } else {
+        while (!collectives.empty()) take(collectives);
+      }
     }
     return order.size() == n;
   }

@@ -44,33 +44,74 @@ void accumulate(void* dst, const void* src, int64_t count, ir::DType dtype) {
   FJ_CHECK(false, "accumulate: unknown dtype");
 }
 
+void Communicator::all_reduce_many(int rank, const std::vector<Buffer>& buffers, ir::DType dtype) {
+  if (buffers.size() == 1) return all_reduce(rank, buffers[0].in, buffers[0].out, buffers[0].count, dtype);
+  size_t es = static_cast<size_t>(ir::dtype_bytes(dtype));
+  int64_t total = 0;
+  for (auto& b : buffers) total += b.count;
+  std::vector<char> pack(static_cast<size_t>(total) * es);
+  size_t at = 0;
+  for (auto& b : buffers) {
+    std::memcpy(pack.data() + at, b.in, static_cast<size_t>(b.count) * es);
+    at += static_cast<size_t>(b.count) * es;
+  }
+  all_reduce(rank, pack.data(), pack.data(), total, dtype);
+  at = 0;
+  for (auto& b : buffers) {
+    std::memcpy(b.out, pack.data() + at, static_cast<size_t>(b.count) * es);
+    at += static_cast<size_t>(b.count) * es;
+  }
+}
+
 namespace {
 
 class ThreadCommunicator final : public Communicator {
  public:
-  explicit ThreadCommunicator(int ranks) : n_(ranks), in_(ranks), out_(ranks) {}
+  explicit ThreadCommunicator(int ranks) : n_(ranks), in_(ranks), out_(ranks), lists_(ranks) {}
 
   int size() const override { return n_; }
   std::string describe() const override { return std::to_string(n_) + " threads"; }
 
   void all_reduce(int rank, const void* in, void* out, int64_t count, ir::DType dtype) override {
     publish(rank, in, out);
-    // Rank r owns elements [lo, hi): it sums them over all ranks in rank
-    // order into a private block, then writes that block to every output.
+    // Rank r owns elements [lo, hi) of every buffer: no other rank reads or
+    // writes them, so it can sum them in rank order straight into rank 0's
+    // output (elementwise, so an output that is its own input is fine) and
+    // copy that to the other outputs without a barrier in between.
     int64_t per = (count + n_ - 1) / n_;
     int64_t lo = std::min<int64_t>(count, per * rank), hi = std::min<int64_t>(count, lo + per);
     size_t es = static_cast<size_t>(ir::dtype_bytes(dtype));
-    std::vector<char> sum(static_cast<size_t>(hi - lo) * es);
     if (hi > lo) {
-      std::memcpy(sum.data(), static_cast<const char*>(in_[0]) + lo * es, sum.size());
+      char* sum = static_cast<char*>(out_[0]) + lo * es;
+      const char* first = static_cast<const char*>(in_[0]) + lo * es;
+      if (sum != first) std::memcpy(sum, first, static_cast<size_t>(hi - lo) * es);
       for (int q = 1; q < n_; ++q)
-        accumulate(sum.data(), static_cast<const char*>(in_[q]) + lo * es, hi - lo, dtype);
+        accumulate(sum, static_cast<const char*>(in_[q]) + lo * es, hi - lo, dtype);
+      for (int q = 1; q < n_; ++q)
+        std::memcpy(static_cast<char*>(out_[q]) + lo * es, sum, static_cast<size_t>(hi - lo) * es);
     }
-    // Everyone has read every input before any output (which may alias an
-    // input) is written.
     wait(rank);
-    if (hi > lo)
-      for (int q = 0; q < n_; ++q) std::memcpy(static_cast<char*>(out_[q]) + lo * es, sum.data(), sum.size());
+  }
+
+  // Every rank publishes its buffer list; rank r reduces its share of each
+  // buffer as in all_reduce; one barrier at each end for the whole bucket.
+  void all_reduce_many(int rank, const std::vector<Buffer>& buffers, ir::DType dtype) override {
+    lists_[rank] = &buffers;
+    wait(rank);
+    size_t es = static_cast<size_t>(ir::dtype_bytes(dtype));
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      int64_t count = buffers[b].count;
+      int64_t per = (count + n_ - 1) / n_;
+      int64_t lo = std::min<int64_t>(count, per * rank), hi = std::min<int64_t>(count, lo + per);
+      if (hi <= lo) continue;
+      char* sum = static_cast<char*>((*lists_[0])[b].out) + lo * es;
+      const char* first = static_cast<const char*>((*lists_[0])[b].in) + lo * es;
+      if (sum != first) std::memcpy(sum, first, static_cast<size_t>(hi - lo) * es);
+      for (int q = 1; q < n_; ++q)
+        accumulate(sum, static_cast<const char*>((*lists_[q])[b].in) + lo * es, hi - lo, dtype);
+      for (int q = 1; q < n_; ++q)
+        std::memcpy(static_cast<char*>((*lists_[q])[b].out) + lo * es, sum, static_cast<size_t>(hi - lo) * es);
+    }
     wait(rank);
   }
 
@@ -142,6 +183,7 @@ class ThreadCommunicator final : public Communicator {
   int n_;
   std::vector<const void*> in_;
   std::vector<void*> out_;
+  std::vector<const std::vector<Buffer>*> lists_;
   std::mutex mu_;
   std::condition_variable cv_;
   int arrived_ = 0;

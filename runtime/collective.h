@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ir/types.h"
 
@@ -36,6 +37,14 @@ class Communicator {
   // in_q[o][rank][i] (the scatter of a partial sum along one axis).
   virtual void reduce_scatter(int rank, const void* in, void* out, int64_t outer, int64_t inner,
                               ir::DType dtype) = 0;
+  // Several all_reduces of one dtype as one exchange (a bucket). The
+  // default packs them into one buffer around all_reduce.
+  struct Buffer {
+    const void* in;
+    void* out;
+    int64_t count;
+  };
+  virtual void all_reduce_many(int rank, const std::vector<Buffer>& buffers, ir::DType dtype);
   virtual void barrier(int rank) = 0;
   // Makes every rank blocked in, or later entering, a collective throw.
   virtual void abort(const std::string& why) = 0;

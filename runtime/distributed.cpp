@@ -1,6 +1,9 @@
 // Running a job on several devices; keeping variables' device copies in step.
 #include "runtime/distributed.h"
 
+#include <tbb/task_arena.h>
+
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
@@ -13,10 +16,15 @@ namespace flowjit::runtime {
 
 // ---------------------------------------------------------------- workers
 
-// Devices 1..n-1 of a job, each a thread that waits for the next run.
+// Devices 1..n-1 of a job, each a thread that waits for the next run. Every
+// device runs its kernels in its own TBB arena with an equal share of the
+// threads, so that devices do not steal each other's kernel chunks (a device
+// waiting in a collective would otherwise also wait for chunks it took).
 class DeviceWorkers {
  public:
   explicit DeviceWorkers(int devices) : n_(devices), errors_(devices) {
+    int share = std::max(1, num_threads() / n_);
+    for (int d = 0; d < n_; ++d) arenas_.push_back(std::make_unique<tbb::task_arena>(share));
     for (int d = 1; d < n_; ++d) threads_.emplace_back([this, d] { loop(d); });
   }
   ~DeviceWorkers() {
@@ -34,7 +42,7 @@ class DeviceWorkers {
   void run_all(Fn&& fn, Communicator& comm) {
     std::function<void(int)> task = [&](int d) {
       try {
-        fn(d);
+        arenas_[d]->execute([&] { fn(d); });
       } catch (...) {
         errors_[d] = std::current_exception();
         std::string why = "device " + std::to_string(d) + " failed";
@@ -86,6 +94,7 @@ class DeviceWorkers {
   }
 
   int n_;
+  std::vector<std::unique_ptr<tbb::task_arena>> arenas_;
   std::vector<std::thread> threads_;
   std::vector<std::exception_ptr> errors_;
   std::mutex mu_;

@@ -239,6 +239,53 @@ Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<voi
   }
   if (std::all_of(collective_index_.begin(), collective_index_.end(), [](int i) { return i < 0; }))
     collective_index_.clear();
+  // Buckets: runs of all_reduce launches of one dtype whose buffers do not
+  // overlap (a later member's result may reuse an earlier member's operand
+  // memory; a bucket reads and writes them all at once).
+  size_t nl = plan_.launches.size();
+  bucket_.assign(collective_index_.empty() ? 0 : nl, {});
+  bucketed_.assign(bucket_.size(), false);
+  auto all_reduce_at = [&](size_t li) -> const CollectiveStep* {
+    if (collective_index_.empty() || collective_index_[li] < 0) return nullptr;
+    const CollectiveStep& c = collectives_[collective_index_[li]];
+    return c.op == CollectiveStep::Op::AllReduce ? &c : nullptr;
+  };
+  struct Range {
+    int64_t lo, hi;
+  };
+  for (size_t li = 0; li < bucket_.size(); ++li) {
+    const CollectiveStep* c = all_reduce_at(li);
+    if (!c) continue;
+    std::vector<Range> ranges;
+    auto add = [&](size_t l) {
+      const CollectiveStep& s = collectives_[collective_index_[l]];
+      int64_t bytes = s.inner * ir::dtype_bytes(s.dtype);
+      for (const BufferRef& r : plan_.launches[l].args)
+        if (r.kind == BufferKind::Arena) ranges.push_back({r.offset_bytes, r.offset_bytes + bytes});
+    };
+    auto overlaps = [&](size_t l) {
+      const CollectiveStep& s = collectives_[collective_index_[l]];
+      int64_t bytes = s.inner * ir::dtype_bytes(s.dtype);
+      for (const BufferRef& r : plan_.launches[l].args) {
+        if (r.kind != BufferKind::Arena) continue;
+        for (const Range& x : ranges)
+          if (r.offset_bytes < x.hi && x.lo < r.offset_bytes + bytes) return true;
+      }
+      return false;
+    };
+    bucket_[li].push_back(li);
+    add(li);
+    size_t next = li + 1;
+    while (next < nl) {
+      const CollectiveStep* d = all_reduce_at(next);
+      if (!d || d->dtype != c->dtype || overlaps(next)) break;
+      bucket_[li].push_back(next);
+      bucketed_[next] = true;
+      add(next);
+      ++next;
+    }
+    li = next - 1;
+  }
   arena_ = allocate_aligned(static_cast<size_t>(plan_.arena_bytes));
   size_t total = 0;
   for (auto& l : plan_.launches) {
@@ -255,7 +302,20 @@ void Executable::set_device(std::shared_ptr<Communicator> comm, int rank) {
 }
 
 void Executable::run_collective(size_t li, char* const* args) {
+  if (bucketed_[li]) return;  // ran with its bucket
   const CollectiveStep& c = collectives_[collective_index_[li]];
+  if (bucket_[li].size() > 1) {
+    FJ_USER_CHECK(comm_ != nullptr && comm_->size() == c.parts, ErrorKind::Runtime, "job '",
+                  plan_.job_name, "' was compiled for ", c.parts, " devices but runs on ",
+                  comm_ ? comm_->size() : 1);
+    std::vector<Communicator::Buffer> bufs;
+    for (size_t m : bucket_[li]) {
+      char* const* a = argbuf_.data() + arg_start_[m];
+      bufs.push_back({a[0], a[1], collectives_[collective_index_[m]].inner});
+    }
+    comm_->all_reduce_many(rank_, bufs, c.dtype);
+    return;
+  }
   FJ_USER_CHECK(comm_ != nullptr, ErrorKind::Runtime, "job '", plan_.job_name,
                 "' has collectives but runs without devices to exchange data with");
   FJ_USER_CHECK(comm_->size() == c.parts, ErrorKind::Runtime, "job '", plan_.job_name,

@@ -115,6 +115,11 @@ class Executable {
   std::vector<VariableStorage*> variable_storages_;
   std::vector<CollectiveStep> collectives_;
   std::vector<int> collective_index_;  // per launch: index into collectives_, or -1
+  // Adjacent all_reduces of one dtype run as one bucket: bucket_[li] lists
+  // the launches of the bucket that starts at li; later members are empty
+  // and marked in bucketed_.
+  std::vector<std::vector<size_t>> bucket_;
+  std::vector<bool> bucketed_;
   std::shared_ptr<Communicator> comm_;
   int rank_ = 0;
   AlignedBuffer arena_;
