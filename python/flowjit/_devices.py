@@ -35,13 +35,30 @@ def _placement_devices(job, placement):
     return sum(len(devs) for _, devs in placement.devices)
 
 
+def _job_placement(job, config, builder):
+    """The one placement of a job: function_config's default, a scope around
+    the call, or scopes inside the body (all the same device set)."""
+    from . import scope
+    found = set(builder.placements)
+    if scope.current_placement() is not None:
+        found.add(scope.current_placement())
+    if len(found) > 1:
+        raise NotImplementedError(
+            f"job '{job}' places ops on different devices ({', '.join(sorted(map(repr, found)))}); "
+            "placing parts of one job on different devices (pipelining) is not supported yet: "
+            "a job runs on one device set")
+    if found:
+        return next(iter(found))
+    return config.get("default_placement_scope")
+
+
 def distribution(job, config, builder, params):
     """The `distribution` argument of _C.compile_job, or None for one device."""
     from . import scope
     local = local_device_count()
     rank, procs = process_info()
     parts = local * procs
-    placement = config.get("default_placement_scope")
+    placement = _job_placement(job, config, builder)
     if placement is not None:
         want = _placement_devices(job, placement)
         if want == 1:

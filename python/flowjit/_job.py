@@ -106,6 +106,7 @@ class JobBuilder:
         self.pending = {}    # name -> (shape, dtype, initializer, seed, trainable)
         self.minimize = None  # (optimizer, [loss blobs], loc)
         self.split_vars = {}  # name -> declared split axis (flow.distribute.split)
+        self.placements = []  # flow.scope.placement scopes entered while tracing
         self.finished = False
         self._counts = {}
 

@@ -39,8 +39,21 @@ class Placement:
     def __repr__(self):
         return f"flow.scope.placement({self.device_tag!r}, {self.devices!r})"
 
+    def key(self):
+        return self.device_tag, tuple((m, tuple(d)) for m, d in self.devices)
+
+    def __eq__(self, o):
+        return isinstance(o, Placement) and o.key() == self.key()
+
+    def __hash__(self):
+        return hash(self.key())
+
     def __enter__(self):
         _stack.append(self)
+        from . import _trace
+        b = _trace.current()
+        if b is not None:  # a placement inside a job body places the job
+            b.placements.append(self)
         return self
 
     def __exit__(self, *exc):

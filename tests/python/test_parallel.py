@@ -319,6 +319,41 @@ def test_placement_on_all_devices_is_the_default():
     assert job.compiled_jobs()[0].distributed
 
 
+def test_placement_scope_in_the_job_body():
+    flow.config.cpu_device_num(2)
+
+    @flow.global_function(type="predict")
+    def job(x: tp.Numpy.Placeholder((4,), dtype=flow.float)) -> tp.Numpy:
+        with flow.scope.placement("cpu", "0:0"):
+            return x + 1
+
+    np.testing.assert_allclose(job(np.zeros(4, np.float32)), np.ones(4))
+    assert not job.compiled_jobs()[0].distributed
+
+    @flow.global_function(type="predict")
+    def mixed(x: tp.Numpy.Placeholder((4,), dtype=flow.float)) -> tp.Numpy:
+        with flow.scope.placement("cpu", "0:0"):
+            y = x + 1
+        with flow.scope.placement("cpu", "0:0-1"):
+            return y * 2
+
+    with pytest.raises(NotImplementedError, match="different devices"):
+        mixed(np.zeros(4, np.float32))
+
+
+def test_placement_over_a_list_of_machines_counts_their_devices():
+    flow.config.cpu_device_num(2)
+    cfg = flow.function_config()
+    cfg.default_placement_scope(flow.scope.placement("cpu", ["0:0-1", "1:0-1"]))
+
+    @flow.global_function(type="predict", function_config=cfg)
+    def job(x: tp.Numpy.Placeholder((4,), dtype=flow.float)) -> tp.Numpy:
+        return x + 1
+
+    with pytest.raises(NotImplementedError, match=r"placed on 4 devices .* has 2 \(2 per process x 1"):
+        job(np.zeros(4, np.float32))
+
+
 def test_bad_distribute_argument():
     flow.config.cpu_device_num(2)
 
