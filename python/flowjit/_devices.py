@@ -76,8 +76,5 @@ def distribution(job, config, builder, params):
                 raise NotImplementedError(
                     f"job '{job}': parameter '{name}' is a {ph.kind} placeholder, but in the mirrored view "
                     f"over {parts} devices every input is per device: use tp.ListNumpy.Placeholder")
-        if procs > 1:
-            raise NotImplementedError(f"job '{job}': the mirrored view over several processes is not "
-                                      "supported yet; use the consistent view")
     return {"parts": parts, "mirrored": mirrored, "split_vars": dict(builder.split_vars),
             "whole_outputs": procs > 1}

@@ -13,12 +13,20 @@ import flowjit.typing as tp
 BATCH = 100
 
 
-def main(out, local, split, steps, exit_after):
+def main(out, local, mode, steps, exit_after):
     flow.config.cpu_device_num(local)
+    split, mirrored = mode == "split", mode == "mirrored"
+    rank, world = int(os.environ.get("FLOWJIT_RANK", "0")), int(os.environ.get("FLOWJIT_WORLD_SIZE", "1"))
+    devices = local * world
+    cfg = flow.function_config()
+    if mirrored:
+        cfg.default_logical_view(flow.scope.mirrored_view())
+    per = BATCH // devices if mirrored else BATCH
+    Input = tp.ListNumpy if mirrored else tp.Numpy
 
-    @flow.global_function(type="train")
-    def train_job(images: tp.Numpy.Placeholder((BATCH, 1, 28, 28), dtype=flow.float),
-                  labels: tp.Numpy.Placeholder((BATCH,), dtype=flow.int32)) -> tp.Numpy:
+    @flow.global_function(type="train", function_config=cfg)
+    def train_job(images: Input.Placeholder((per, 1, 28, 28), dtype=flow.float),
+                  labels: Input.Placeholder((per,), dtype=flow.int32)) -> Input:
         initializer = flow.truncated_normal(0.1)
         reshape = flow.reshape(images, [images.shape[0], -1])
         hidden = flow.layers.dense(reshape, 512, activation=flow.nn.relu,
@@ -36,10 +44,15 @@ def main(out, local, split, steps, exit_after):
             os._exit(3)  # a process that dies without a word
         x = rng.random((BATCH, 1, 28, 28), dtype=np.float32)
         y = rng.integers(0, 10, BATCH).astype(np.int32)
-        losses.append(train_job(x, y))
-    np.savez(out, losses=np.stack(losses), **{k: np.asarray(v) for k, v in flow.get_all_variables().items()})
+        if mirrored:  # this process's devices take their rows of the batch
+            mine = slice(rank * local, (rank + 1) * local)
+            loss = train_job(np.split(x, devices)[mine], np.split(y, devices)[mine])
+            losses.append(np.concatenate(loss))
+        else:
+            losses.append(train_job(x, y))
+    np.savez(out, losses=np.stack(losses) if not mirrored else np.zeros(1), **{k: np.asarray(v) for k, v in flow.get_all_variables().items()})
 
 
 if __name__ == "__main__":
-    out, local, split, steps, exit_after = sys.argv[1:6]
-    main(out, int(local), split == "split", int(steps), int(exit_after))
+    out, local, mode, steps, exit_after = sys.argv[1:6]
+    main(out, int(local), mode, int(steps), int(exit_after))
