@@ -363,3 +363,35 @@ def test_bad_distribute_argument():
 
     with pytest.raises(TypeError, match="distribute of 'v' must be flow.distribute"):
         job(np.zeros(4, np.float32))
+
+
+def test_checkpoint_of_a_two_device_run_loads_on_one_device(tmp_path, single_device):
+    """Saved after 2 of 4 steps on 2 devices (second layer split), loaded on
+    1 device, the last 2 steps end where the single-device run ends."""
+    flow.clear_default_session()
+    flow.config.cpu_device_num(2)
+
+    def make():
+        @flow.global_function(type="train")
+        def train_job(images: tp.Numpy.Placeholder((BATCH, 1, 28, 28), dtype=flow.float),
+                      labels: tp.Numpy.Placeholder((BATCH,), dtype=flow.int32)) -> tp.Numpy:
+            loss = flow.nn.sparse_softmax_cross_entropy_with_logits(labels, mlp(images, True))
+            flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss)
+            return loss
+        return train_job
+
+    job = make()
+    data = seed_data()
+    for x, y in data[:2]:
+        job(x, y)
+    ckpt = flow.train.CheckPoint()
+    ckpt.save(str(tmp_path / "ckpt"))
+    flow.clear_default_session()
+    flow.config.cpu_device_num(1)
+    job = make()
+    job(*data[0])  # creates the variables; the checkpoint overwrites them
+    ckpt.load(str(tmp_path / "ckpt"))
+    for x, y in data[2:]:
+        job(x, y)
+    got = {k: np.array(v) for k, v in flow.get_all_variables().items()}
+    assert_same_variables(got, single_device[1])
