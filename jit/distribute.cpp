@@ -157,6 +157,13 @@ class Distributor {
     if (to.kind == Sbp::Broadcast) {
       r = from.kind == Sbp::Partial ? collective(OpKind::AllReduce, v.local, 0, n)
                                     : collective(OpKind::AllGather, v.local, from.axis, n);
+    } else if (from.kind == Sbp::Broadcast && (n->op() == OpKind::Fill ||
+                                               (n->op() == OpKind::Iota &&
+                                                n->attrs().get_int("axis") != to.axis))) {
+      // A constant's piece is the same constant, smaller: no slice needed.
+      Attrs a = n->attrs();
+      a.set("shape", split_shape(n->shape(), to.axis, p_));
+      r = make_node(n->op(), {}, a, n->loc());
     } else if (from.kind == Sbp::Broadcast) {
       r = collective(OpKind::LocalSlice, v.local, to.axis, n);
     } else if (from.kind == Sbp::Partial) {
