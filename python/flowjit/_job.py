@@ -564,6 +564,11 @@ class JobFunction:
                 blobs.append(builder.placeholder(index, pname, shapes[0], ph.dtype))
                 index += 1
             else:
+                if len(k) > 1:
+                    raise NotImplementedError(
+                        f"job '{self._name}': parameter '{pname}' is a tp.ListListNumpy placeholder over "
+                        f"{len(k)} devices; several devices take tp.ListNumpy (mirrored view) or "
+                        "tp.Numpy (consistent view) placeholders")
                 inner = []
                 for i, _ in enumerate(k[0]):
                     inner.append(builder.placeholder(index, f"{pname}_{i}", next(it), ph.dtype))

@@ -395,3 +395,14 @@ def test_checkpoint_of_a_two_device_run_loads_on_one_device(tmp_path, single_dev
         job(x, y)
     got = {k: np.array(v) for k, v in flow.get_all_variables().items()}
     assert_same_variables(got, single_device[1])
+
+
+def test_list_list_numpy_over_several_devices_is_refused():
+    flow.config.cpu_device_num(2)
+
+    @flow.global_function(type="predict")
+    def job(xs: tp.ListListNumpy.Placeholder((4,), dtype=flow.float)) -> tp.Numpy:
+        return xs[0] + 1
+
+    with pytest.raises(NotImplementedError, match="ListListNumpy placeholder over 2 devices"):
+        job([[np.zeros(4, np.float32)], [np.zeros(4, np.float32)]])
