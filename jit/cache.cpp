@@ -509,13 +509,25 @@ class FileLock {
 
 // The payload files of an entry, in the order they are written.
 std::vector<std::pair<const char*, std::string_view>> payload(const CacheEntry& e) {
-  return {{"object.o", std::string_view(e.object.data(), e.object.size())},
-          {"plan.txt", e.plan},
-          {"ir_traced.txt", e.ir_traced},
-          {"ir_optimized.txt", e.ir_optimized},
-          {"fusion.txt", e.fusion_plan},
-          {"kernels.txt", e.kernels},
-          {"llvm.ll", e.llvm_ir}};
+  std::vector<std::pair<const char*, std::string_view>> files = {
+      {"object.o", std::string_view(e.object.data(), e.object.size())},
+      {"plan.txt", e.plan},
+      {"ir_traced.txt", e.ir_traced},
+      {"ir_optimized.txt", e.ir_optimized},
+      {"fusion.txt", e.fusion_plan},
+      {"kernels.txt", e.kernels},
+      {"llvm.ll", e.llvm_ir}};
+  for (auto& [name, data] : e.extra_files) files.emplace_back(name.c_str(), data);
+  return files;
+}
+
+// Extra file names stay plain file names inside the entry directory.
+bool is_extra_name(const std::string& name) {
+  if (name.empty() || name[0] == '.' || name == "meta.json") return false;
+  for (char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'))
+      return false;
+  return true;
 }
 
 Json string_array(const std::vector<std::string>& v) {
@@ -666,7 +678,7 @@ std::string DiskCache::unique_tmp_name(const std::string& what) const {
 }
 
 DiskCache::Found DiskCache::lookup(const std::string& key, bool want_llvm_ir, CacheHit& hit,
-                                   std::string& why) {
+                                   std::string& why, const std::vector<std::string>& extra) {
   const std::string path = entry_dir(key);
   auto damaged = [&](const std::string& what) {
     // A directory that vanished meanwhile was evicted by someone else.
@@ -708,6 +720,11 @@ DiskCache::Found DiskCache::lookup(const std::string& key, bool want_llvm_ir, Ca
   if (!(problem = read_checked("plan.txt", hit.plan)).empty()) return damaged(problem);
   if (want_llvm_ir && !(problem = read_checked("llvm.ll", hit.llvm_ir)).empty())
     return damaged(problem);
+  hit.extra.clear();
+  for (const std::string& name : extra) {
+    hit.extra.emplace_back();
+    if (!(problem = read_checked(name.c_str(), hit.extra.back())).empty()) return damaged(problem);
+  }
   hit.object.assign(object.begin(), object.end());
   hit.hits = static_cast<int64_t>(number_or(meta.get("hits"), 0));
   return Found::Hit;
@@ -736,6 +753,8 @@ void DiskCache::touch(const std::string& key) {
 
 DiskCache::Stored DiskCache::store(const CacheEntry& e, std::string& why) {
   FJ_CHECK(is_key(e.key), "bad cache key '", e.key, "'");
+  for (auto& [name, data] : e.extra_files)
+    FJ_CHECK(is_extra_name(name), "bad extra cache file name '", name, "'");
   const std::string final_dir = entry_dir(e.key);
   if (is_dir(final_dir)) return Stored::AlreadyPresent;
   if (!make_dirs(dir_ + "/tmp", why) || !make_dirs(dir_ + "/" + e.key.substr(0, 2), why))

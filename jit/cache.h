@@ -13,6 +13,9 @@
 //       fusion.txt             the fusion plan (which values in which kernel)
 //       kernels.txt            loop-level kernel descriptions
 //       llvm.ll                the optimized LLVM IR (for `flowjit-cache show`)
+//       ...                    files of a target's own (CacheEntry::extra_files);
+//                              GPU entries: kernels.ptx, launches.txt, and the
+//                              cubin (empty without ptxas) as object.o
 //   <dir>/tmp/                 private staging directories and entries being
 //                              deleted
 //   <dir>/lock                 taken (flock) while evicting
@@ -60,6 +63,9 @@ struct CacheEntry {
   std::vector<char> object;
   std::string plan;
   std::string ir_traced, ir_optimized, fusion_plan, kernels, llvm_ir;
+  // More payload files, written, listed and checksummed like the others
+  // (names: letters, digits, '.', '_', '-').
+  std::vector<std::pair<std::string, std::string>> extra_files;
   // metadata
   std::string job_name, signature, source, target;
   std::string llvm_version, build_id, version;
@@ -75,6 +81,7 @@ struct CacheHit {
   std::vector<char> object;
   std::string plan;
   std::string llvm_ir;  // only when asked for
+  std::vector<std::string> extra;  // the extra files asked for, in that order
   int64_t hits = 0;     // before this one
 };
 
@@ -91,7 +98,9 @@ class DiskCache {
   // Reads the entry for `key`. A damaged entry (unparsable metadata, a
   // missing file, a size or checksum mismatch) is removed and `why` says
   // what was wrong.
-  Found lookup(const std::string& key, bool want_llvm_ir, CacheHit& hit, std::string& why);
+  // `extra`: names of CacheEntry::extra_files that must be present too.
+  Found lookup(const std::string& key, bool want_llvm_ir, CacheHit& hit, std::string& why,
+               const std::vector<std::string>& extra = {});
 
   // Counts a use: hits += 1, last_used = now. Best effort (a read-only cache
   // is not an error).

@@ -226,6 +226,11 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   log.dump("fusion", fp.description + "\n" + out.kernels);
   out.seconds_passes = since(t_passes);
 
+  if (settings.target.is_gpu()) {
+    compile_for_gpu(job, settings, fp, store, out, log, t_start);
+    return out;
+  }
+
   runtime::Plan plan = fp.plan;
   // Collective launches have no code: the runtime runs them.
   std::vector<std::string> symbols;

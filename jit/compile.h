@@ -2,13 +2,19 @@
 //
 //   trace -> (train: autodiff + optimizer) -> passes -> fusion + memory
 //         -> disk cache lookup -> codegen (LLVM, ORC) -> Executable
+//
+// A job placed on a GPU (CompileSettings::target) shares everything up to
+// fusion, then takes jit/compile_gpu.cpp: disk cache lookup -> codegen
+// (LLVM NVPTX -> PTX, ptxas -> cubin) -> runtime::cuda::CudaExecutable.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "codegen/nvptx/backend.h"
 #include "ir/graph.h"
 #include "jit/distribute.h"
 #include "jit/optimizer.h"
@@ -16,9 +22,32 @@
 #include "runtime/executable.h"
 #include "runtime/variables.h"
 
+namespace flowjit::runtime::cuda {
+class Device;
+class DeviceVariables;
+class CudaExecutable;
+}  // namespace flowjit::runtime::cuda
+
 namespace flowjit::jit {
 
-// What the tracer hands to the compiler.
+struct FusedProgram;
+struct PassLog;
+
+// The device a job's kernels are generated for and run on.
+struct Target {
+  enum class Kind : uint8_t { Cpu, Gpu };
+  Kind kind = Kind::Cpu;
+  // Gpu: the device, and the copies of the session's variables on it, which
+  // the executable binds (both required).
+  std::shared_ptr<runtime::cuda::Device> gpu;
+  std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables;
+  int sm = 0;  // 0: the newest SM flowjit supports that the device runs (gpu_codegen_sm)
+  bool allow_tf32 = false;  // tensor cores for float32 matmuls (Python: FLOWJIT_ALLOW_TF32=1)
+  codegen::nvptx::MathLibrary math = codegen::nvptx::MathLibrary::Auto;
+  bool run_ptxas = true;  // a cubin when ptxas is found, else the driver compiles the PTX
+  bool is_gpu() const { return kind == Kind::Gpu; }
+};
+
 struct JobDescription {
   std::string name;
   bool train = false;
@@ -43,13 +72,16 @@ struct CompileSettings {
   int64_t cache_max_bytes = 0;  // FLOWJIT_CACHE_MAX_BYTES (0: default bound, -1: unparsable)
   bool keep_text = false;    // keep IR/LLVM text on the result even without debug
   bool fuse = true;          // FLOWJIT_DISABLE_FUSION=1 turns fusion off (tests)
+  Target target;             // the CPU unless the job is placed on a GPU
   static CompileSettings from_environment();
 };
 
 struct CompiledJob {
   // Single-device jobs: bound to the session store. Distributed jobs: the
   // per-device program, unbound; make_distributed instantiates the devices.
-  std::shared_ptr<runtime::Executable> executable;
+  std::shared_ptr<runtime::Executable> executable;  // null for GPU jobs
+  // GPU jobs: the executable, bound to the store and the target's variables.
+  std::shared_ptr<runtime::cuda::CudaExecutable> gpu_executable;
   std::vector<runtime::KernelFn> fns;
   std::shared_ptr<void> code;
   std::optional<DistributedGraph> distributed;  // layouts, for distributed jobs
@@ -59,18 +91,41 @@ struct CompiledJob {
   std::string fusion_plan;    // kernels and what they compute
   std::string kernels;        // loop-level kernel descriptions
   std::string llvm_ir;        // optimized LLVM IR (kept with debug >= 3 or keep_text)
-  std::string assembly;       // with debug >= 4
+  std::string assembly;       // with debug >= 4 (GPU jobs: the PTX, also with keep_text)
   std::vector<std::pair<std::string, ir::TensorType>> new_variables;
   double seconds_passes = 0, seconds_codegen = 0, seconds_total = 0;
   bool from_disk_cache = false;
   std::string cache_key;
   std::vector<std::string> warnings;  // e.g. a cache that could not be written
+  std::string gpu_loaded_from;        // GPU jobs: "cubin sm_90" or "ptx (driver JIT ...)"
+  // The launch plan, of whichever executable the job has.
+  const runtime::Plan& plan() const;
 };
 
 // Compiles `job`, creating the optimizer-state variables it introduces in
 // `store` (zero-filled) and binding the executable to the store.
 CompiledJob compile_job(const JobDescription& job, const CompileSettings& settings,
                         runtime::VariableStore& store);
+
+// The GPU half of compile_job (jit/compile_gpu.cpp), after fusion: the disk
+// cache (PTX, cubin and launch list, under a key whose target names nvptx
+// and the SM), NVPTX codegen on a miss, then a CudaExecutable on
+// settings.target.gpu bound to `store`. UserError(NotImplemented) for a job
+// spread over several devices (several GPUs need NCCL collectives).
+void compile_for_gpu(const JobDescription& job, const CompileSettings& settings,
+                     const FusedProgram& fp, runtime::VariableStore& store, CompiledJob& out,
+                     PassLog& log, std::chrono::steady_clock::time_point t_start);
+
+// The SM flowjit generates code for on a device of compute capability
+// `device_sm` (x 10): the newest supported one not above it (PTX of an older
+// SM runs on newer GPUs through the driver). 0 when the device is older than
+// every supported SM.
+int gpu_codegen_sm(int device_sm);
+
+// The disk-cache target of GPU code: "nvptx64-nvidia-cuda;sm_90;tf32=0;
+// math=libdevice:<sha256 prefix>;ptxas=<path or none>". Resolves `math` and
+// finds libdevice and ptxas as codegen will.
+std::string gpu_target_id(const Target& t, int sm);
 
 // The devices of this process for a distributed job: device d runs as
 // global rank first_rank + d with its variables in device_stores[d], copies

@@ -168,6 +168,9 @@ void attach_replicas(VariableStorage& host, int split_axis, int parts, int first
 }
 
 void sync_host(VariableStorage& host) {
+  // A GPU copy and the CPU devices' replicas are never both newer than the
+  // host: every run first brings the host up to date (runtime/cuda).
+  if (host.device_copies) host.device_copies->sync_host(host);
   if (!host.replicas || !host.replicas->host_stale) return;
   Replicas& r = *host.replicas;
   if (r.split_axis < 0) {
@@ -181,6 +184,7 @@ void sync_host(VariableStorage& host) {
 }
 
 void mark_host_written(VariableStorage& host) {
+  if (host.device_copies) host.device_copies->host_written();
   if (!host.replicas) return;
   host.replicas->devices_stale = true;
   host.replicas->host_stale = false;
@@ -230,7 +234,11 @@ size_t DistributedExecutable::num_output_pointers() const {
 }
 
 void DistributedExecutable::run(const void* const* inputs, void* const* outputs) {
-  for (VariableStorage* v : host_vars_) push_to_devices(*v);
+  for (VariableStorage* v : host_vars_) {
+    // A GPU job wrote it last: its value goes through the host to the devices.
+    if (v->device_copies && v->device_copies->sync_host(*v)) v->replicas->devices_stale = true;
+    push_to_devices(*v);
+  }
   const int n = num_devices();
   const int parts = comm_->size();
   // Per device pointer tables.

@@ -27,6 +27,20 @@ struct Replicas {
   bool devices_stale = true;   // `data` holds newer values than the devices
 };
 
+// Copies of a variable in memory the host cannot address (GPUs: runtime/cuda,
+// DeviceVariables), set when a GPU job binds the variable. sync_host and
+// mark_host_written (runtime/distributed.h) call it, so that every host read
+// of `data` sees the newest value and every host write reaches the devices.
+struct DeviceCopies {
+  virtual ~DeviceCopies() = default;
+  // Copies the newest device value into host.data when a device holds one;
+  // returns whether it did.
+  virtual bool sync_host(VariableStorage& host) = 0;
+  // host.data was written (or something on the host side will write it):
+  // every device copy is stale until it is uploaded again.
+  virtual void host_written() = 0;
+};
+
 struct VariableStorage {
   std::string name;
   ir::TensorType type;
@@ -34,6 +48,7 @@ struct VariableStorage {
   bool initialized = false;
   AlignedBuffer data;  // type.bytes() bytes; the address never changes
   std::unique_ptr<Replicas> replicas;  // set when a distributed job uses it
+  std::unique_ptr<DeviceCopies> device_copies;  // set when a GPU job uses it
   char* ptr() const { return data.get(); }
 };
 

@@ -7,6 +7,7 @@
 #include "ir/error.h"
 #include "jit/compile.h"
 #include "python/csrc/bindings.h"
+#include "python/csrc/gpu_bindings.h"
 #include "python/csrc/session.h"
 #include "runtime/memory.h"
 
@@ -65,9 +66,18 @@ struct PyRefs {
 
 class CompiledJobPy {
  public:
-  explicit CompiledJobPy(jit::CompiledJob job) : job_(std::move(job)) {
-    const auto& plan = job_.executable->plan();
+  // `writes_variables`: the job has assigns (train steps, initializers).
+  // `gpu_variables`: a GPU job's variable copies, kept alive with the job.
+  CompiledJobPy(jit::CompiledJob job, bool writes_variables,
+                std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables = nullptr)
+      : job_(std::move(job)), writes_(writes_variables), gpu_variables_(std::move(gpu_variables)) {
+    const auto& plan = job_.plan();
     Session& s = Session::get();
+    if (job_.gpu_executable) gpu_ = std::make_shared<GpuRunner>(job_.gpu_executable);
+    // The session's storages of the job's variables: a host run brings their
+    // GPU copies back first (distributed jobs bind per-device storages).
+    for (auto& [name, type] : plan.variables)
+      if (runtime::VariableStorage* v = s.store().find(name)) host_vars_.push_back(v);
     if (job_.distributed) {
       FJ_CHECK(s.communicator() != nullptr, "distributed job without configured devices");
       std::lock_guard<std::mutex> lock(s.run_mutex());
@@ -98,8 +108,14 @@ class CompiledJobPy {
   // Per result: 0 for one array, n for a list of one array per device.
   const std::vector<int>& output_groups() const { return out_groups_; }
   bool distributed() const { return dist_ != nullptr; }
-  // What FLOWJIT_PROFILE measured: device 0 of a distributed job.
-  const runtime::Executable& profiled() const { return dist_ ? dist_->device(0) : *job_.executable; }
+  // What FLOWJIT_PROFILE measured: device 0 of a distributed job; nothing
+  // for a GPU job (its launches are timed by the device, not the host).
+  const runtime::Executable* profiled() const {
+    return dist_ ? &dist_->device(0) : job_.executable.get();
+  }
+  std::string device() const {
+    return gpu_ ? "gpu:" + std::to_string(gpu_->executable().device()->info().ordinal) : "cpu";
+  }
   std::string distribution() const {
     if (!job_.distributed) return "";
     std::string out;
@@ -111,10 +127,19 @@ class CompiledJobPy {
     return out;
   }
 
-  // Runs on the calling thread (the caller holds the run mutex).
+  // Runs on the calling thread (the caller holds the run mutex). Variables
+  // that GPU jobs also use come back to the host first and are stale on
+  // the GPUs after a run that writes.
   static void run_on(const std::shared_ptr<runtime::Executable>& exe,
                      const std::shared_ptr<runtime::DistributedExecutable>& dist,
+                     const std::vector<runtime::VariableStorage*>& host_vars, bool writes,
                      const void* const* ins, void* const* outs) {
+    before_host_run(host_vars);
+    struct After {
+      const std::vector<runtime::VariableStorage*>& vars;
+      bool writes;
+      ~After() { after_host_run(vars, writes); }  // a failed run may have written some
+    } after{host_vars, writes};
     if (dist) dist->run(ins, outs);
     else exe->run(ins, outs);
   }
@@ -152,7 +177,8 @@ class CompiledJobPy {
     {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(s.run_mutex());
-      run_on(job_.executable, dist_, ins.data(), out_ptrs.data());
+      if (gpu_) gpu_->run(ins.data(), out_ptrs.data());
+      else run_on(job_.executable, dist_, host_vars_, writes_, ins.data(), out_ptrs.data());
     }
     return group_results(outs);
   }
@@ -164,7 +190,7 @@ class CompiledJobPy {
     std::vector<py::object> keep;
     if (!convert_inputs(args, ins, keep)) return false;
     check_generation();
-    const auto& plan = job_.executable->plan();
+    const auto& plan = job_.plan();
     auto copies = std::make_shared<std::vector<runtime::AlignedBuffer>>();
     auto in_ptrs = std::make_shared<std::vector<const void*>>();
     for (size_t i = 0; i < ins.size(); ++i) {
@@ -183,41 +209,38 @@ class CompiledJobPy {
     refs->objs.push_back(deliver);
     auto exe = job_.executable;
     auto dist = dist_;
+    auto gpu = gpu_;
+    auto host_vars = host_vars_;
+    bool writes = writes_;
     std::string name = plan.job_name;
     std::vector<int> groups = out_groups_;
     Session& s = Session::get();
-    s.submit([exe, dist, copies, in_ptrs, out_ptrs, refs, name, groups]() mutable {
+    s.submit([exe, dist, gpu, host_vars, writes, copies, in_ptrs, out_ptrs, refs, name,
+              groups]() mutable {
       Session& ss = Session::get();
       std::exception_ptr err;
+      std::shared_ptr<GpuRunner::Ticket> ticket;
       try {
         std::lock_guard<std::mutex> lock(ss.run_mutex());
-        run_on(exe, dist, in_ptrs->data(), out_ptrs->data());
+        // A GPU run is only enqueued here: the worker goes on with the next
+        // job while the GPU computes.
+        if (gpu) ticket = gpu->submit(in_ptrs->data(), *out_ptrs);
+        else run_on(exe, dist, host_vars, writes, in_ptrs->data(), out_ptrs->data());
       } catch (...) {
         err = std::current_exception();
       }
       copies.reset();
-      ss.deliver([refs, err, name, groups]() mutable {
-        py::gil_scoped_acquire gil;
-        try {
-          if (err) rethrow_as_python(err);
-          py::list outs;
-          size_t i = 0;
-          for (int g : groups) {
-            if (g == 0) {
-              outs.append(refs->objs[i++]);
-            } else {
-              py::list per_device;
-              for (int d = 0; d < g; ++d) per_device.append(refs->objs[i++]);
-              outs.append(per_device);
-            }
+      ss.deliver([gpu, ticket, refs, err, name, groups]() mutable {
+        // The callback thread waits for the GPU run's event (without the
+        // GIL), so its results arrive in call order with everything else.
+        if (!err && ticket) {
+          try {
+            gpu->complete(ticket);
+          } catch (...) {
+            err = std::current_exception();
           }
-          refs->objs.back()(outs);
-        } catch (py::error_already_set& e) {
-          record_async_error(e, name);
-        } catch (...) {
-          record_async_error(std::current_exception(), name);
         }
-        refs->objs.clear();
+        deliver_results(*refs, err, name, groups);
       });
     });
     return true;
@@ -226,9 +249,36 @@ class CompiledJobPy {
   const jit::CompiledJob& job() const { return job_; }
 
  private:
+  // On the callback thread: the outputs (refs.objs, then the deliver
+  // function last) to the callback, or the run's error for the next sync.
+  static void deliver_results(PyRefs& refs, std::exception_ptr err, const std::string& name,
+                              const std::vector<int>& groups) {
+    py::gil_scoped_acquire gil;
+    try {
+      if (err) rethrow_as_python(err);
+      py::list outs;
+      size_t i = 0;
+      for (int g : groups) {
+        if (g == 0) {
+          outs.append(refs.objs[i++]);
+        } else {
+          py::list per_device;
+          for (int d = 0; d < g; ++d) per_device.append(refs.objs[i++]);
+          outs.append(per_device);
+        }
+      }
+      refs.objs.back()(outs);
+    } catch (py::error_already_set& e) {
+      record_async_error(e, name);
+    } catch (...) {
+      record_async_error(std::current_exception(), name);
+    }
+    refs.objs.clear();
+  }
+
   void check_generation() {
     if (generation_ != Session::get().generation())
-      throw_user(ErrorKind::Runtime, "job '", job_.executable->plan().job_name,
+      throw_user(ErrorKind::Runtime, "job '", job_.plan().job_name,
                  "' was compiled before flow.clear_default_session(); call the job function again "
                  "to recompile it");
   }
@@ -270,6 +320,10 @@ class CompiledJobPy {
   }
 
   jit::CompiledJob job_;
+  bool writes_;
+  std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables_;
+  std::shared_ptr<GpuRunner> gpu_;
+  std::vector<runtime::VariableStorage*> host_vars_;
   std::shared_ptr<runtime::DistributedExecutable> dist_;
   std::vector<ir::TensorType> in_types_, out_types_;  // one per array passed or returned
   std::vector<int> out_groups_;
@@ -301,17 +355,22 @@ void register_jobs(py::module_& m) {
       .def_property_readonly("kernels", [](const CompiledJobPy& j) { return j.job().kernels; })
       .def_property_readonly("llvm_ir", [](const CompiledJobPy& j) { return j.job().llvm_ir; })
       .def_property_readonly("assembly", [](const CompiledJobPy& j) { return j.job().assembly; })
-      .def_property_readonly("plan", [](const CompiledJobPy& j) { return j.job().executable->plan().describe(); })
+      .def_property_readonly("plan",
+                             [](const CompiledJobPy& j) { return j.job().plan().describe(); })
       .def("profile",
            [](const CompiledJobPy& j) {
              std::vector<std::tuple<std::string, int64_t, double>> out;
-             for (auto& p : j.profiled().profile()) out.emplace_back(p.symbol, p.calls, p.seconds);
+             if (const runtime::Executable* e = j.profiled())
+               for (auto& p : e->profile()) out.emplace_back(p.symbol, p.calls, p.seconds);
              return out;
            })
       .def_property_readonly("arena_bytes",
-                             [](const CompiledJobPy& j) { return j.job().executable->plan().arena_bytes; })
+                             [](const CompiledJobPy& j) { return j.job().plan().arena_bytes; })
       .def_property_readonly("num_kernels",
-                             [](const CompiledJobPy& j) { return j.job().executable->plan().launches.size(); })
+                             [](const CompiledJobPy& j) { return j.job().plan().launches.size(); })
+      .def_property_readonly("device", &CompiledJobPy::device)
+      .def_property_readonly("gpu_loaded_from",
+                             [](const CompiledJobPy& j) { return j.job().gpu_loaded_from; })
       .def_property_readonly("distributed", &CompiledJobPy::distributed)
       .def_property_readonly("distribution", &CompiledJobPy::distribution)
       .def_property_readonly("output_groups", &CompiledJobPy::output_groups)
@@ -358,12 +417,19 @@ void register_jobs(py::module_& m) {
         }
         jit::CompileSettings s = jit::CompileSettings::from_environment();
         if (settings.contains("keep_text")) s.keep_text = settings["keep_text"].cast<bool>();
+        // "device": "cpu" (the default) or "gpu" with "gpu": its ordinal.
+        std::string device =
+            settings.contains("device") ? settings["device"].cast<std::string>() : "cpu";
+        FJ_USER_CHECK(device == "cpu" || device == "gpu", ErrorKind::Value, "job '", name,
+                      "': device must be \"cpu\" or \"gpu\", got \"", device, "\"");
+        int gpu_ordinal = settings.contains("gpu") ? settings["gpu"].cast<int>() : 0;
         Session& sess = Session::get();
         sess.wait_jobs();
         jit::CompiledJob cj;
         {
           py::gil_scoped_release release;
           std::lock_guard<std::mutex> lock(sess.run_mutex());
+          if (device == "gpu") set_gpu_target(s, gpu_ordinal);
           cj = jit::compile_job(job, s, sess.store());
         }
         // Cache problems (damaged entry, unwritable directory) are warnings,
@@ -373,7 +439,8 @@ void register_jobs(py::module_& m) {
         if (cj.distributed)
           for (const std::string& w : cj.distributed->warnings)
             if (PyErr_WarnEx(PyExc_UserWarning, w.c_str(), 1) != 0) throw py::error_already_set();
-        return std::make_shared<CompiledJobPy>(std::move(cj));
+        bool writes = job.train || !job.graph.effects.empty();
+        return std::make_shared<CompiledJobPy>(std::move(cj), writes, s.target.gpu_variables);
       },
       py::arg("name"), py::arg("train"), py::arg("params"), py::arg("outputs"), py::arg("effects"),
       py::arg("losses"), py::arg("lr"), py::arg("step"), py::arg("trainable"), py::arg("optimizer"),

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "python/csrc/bindings.h"
+#include "python/csrc/gpu_bindings.h"
 
 namespace py = pybind11;
 
@@ -14,4 +15,5 @@ PYBIND11_MODULE(_C, m) {
   flowjit::python::register_ir(m);
   flowjit::python::register_jobs(m);
   flowjit::python::register_session(m);
+  flowjit::python::register_gpu(m);
 }

@@ -1,6 +1,10 @@
 """The devices a job runs on: flow.config's device count, flow.env's
 processes, the job's placement and logical view, turned into the
-`distribution` the compiler takes (see jit/distribute.h)."""
+`distribution` the compiler takes (see jit/distribute.h), and the device
+(CPU, or one GPU) it is compiled for."""
+import warnings
+import weakref
+
 from . import _C
 
 
@@ -30,9 +34,74 @@ def ensure_configured():
 
 def _placement_devices(job, placement):
     if placement.device_tag == "gpu":
-        raise NotImplementedError(f"job '{job}' is placed on \"gpu\", but GPU placement from Python is "
-                                  "not available yet; place it on \"cpu\"")
+        _gpu_ordinal(job, placement)  # one GPU per job, or a clear error
+        return 1
     return sum(len(devs) for _, devs in placement.devices)
+
+
+def _gpu_ordinal(job, placement):
+    """The GPU a job placed on "gpu" runs on; errors name what is not supported."""
+    from . import config
+    devices = [(m, d) for m, devs in placement.devices for d in devs]
+    if len(devices) != 1:
+        raise NotImplementedError(
+            f"job '{job}' is placed on {len(devices)} GPUs ({placement!r}), but several GPUs per job "
+            "need NCCL collectives, which flowjit does not have yet; place it on one GPU, e.g. "
+            "flow.scope.placement(\"gpu\", \"0:0\")")
+    machine, ordinal = devices[0]
+    rank, procs = process_info()
+    if procs > 1:
+        raise NotImplementedError(
+            f"job '{job}' is placed on a GPU in a session over {procs} processes (flow.env), but GPUs "
+            "across processes need NCCL collectives, which flowjit does not have yet")
+    if machine != 0:
+        raise ValueError(f"job '{job}' is placed on machine {machine} ({placement!r}), but this session "
+                         "runs on one machine, 0; use flow.scope.placement(\"gpu\", \"0:<gpu>\")")
+    configured = config._settings["gpu_device_num"]
+    if configured and ordinal >= configured:
+        raise ValueError(f"job '{job}' is placed on GPU {ordinal} ({placement!r}), but "
+                         f"flow.config.gpu_device_num({configured}) configures GPU"
+                         f"{' 0' if configured == 1 else f's 0 to {configured - 1}'}")
+    return ordinal
+
+
+# Per function config, the jobs already warned that they fell back to the CPU.
+_fallback_warned = weakref.WeakKeyDictionary()
+
+
+def job_target(job, config, builder, params):
+    """The device settings of _C.compile_job: {} for the CPU, {"device": "gpu",
+    "gpu": ordinal} for a job placed on a GPU that can run there. A GPU that
+    cannot be used (no driver, no such GPU) raises RuntimeError saying why,
+    or, with function_config.allow_cpu_fallback(True), warns once and runs
+    the job on the CPU."""
+    from . import config as _config
+    placement = _job_placement(job, config, builder)
+    if placement is None or placement.device_tag != "gpu":
+        return {}
+    ordinal = _gpu_ordinal(job, placement)
+    lists = [name for name, ph in params if ph.kind != "Numpy"]
+    if lists and _config.device_count() != 1:
+        raise NotImplementedError(
+            f"job '{job}' is placed on one GPU, but parameter '{lists[0]}' is a list placeholder, which "
+            f"takes one array per device: flow.config.cpu_device_num({_config.device_count()}) asks for "
+            f"{_config.device_count()}; use flow.config.cpu_device_num(1) with jobs on a GPU")
+    status = _C.gpu_status(ordinal)
+    if status["available"]:
+        return {"device": "gpu", "gpu": ordinal}
+    reason = status["reason"]
+    if not config.get("allow_cpu_fallback", False):
+        raise RuntimeError(
+            f"job '{job}' is placed on GPU {ordinal} ({placement!r}) but cannot run there: {reason}. "
+            "Run it where an NVIDIA GPU and driver are, place it on \"cpu\", or let it fall back "
+            "with function_config.allow_cpu_fallback(True)")
+    warned = _fallback_warned.setdefault(config, set())
+    if job not in warned:
+        warned.add(job)
+        warnings.warn(f"job '{job}' is placed on GPU {ordinal} but runs on the CPU: {reason} "
+                      "(function_config.allow_cpu_fallback(True))", RuntimeWarning,
+                      stacklevel=5)  # job_target < _compile < _call_slow < __call__ < the call
+    return {}
 
 
 def _job_placement(job, config, builder):

@@ -21,7 +21,7 @@ class FunctionConfig:
     """Settings of a job function (OneFlow's flow.function_config())."""
 
     _SETTINGS = ("default_data_type", "default_logical_view", "default_placement_scope",
-                 "default_distribute_strategy", "recompile_limit")
+                 "default_distribute_strategy", "recompile_limit", "allow_cpu_fallback")
     # OneFlow settings that flowjit does not implement, with the reason.
     _ONEFLOW_ONLY = {
         "enable_inplace": "flowjit plans memory reuse itself",
@@ -65,6 +65,14 @@ class FunctionConfig:
         if not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"function_config.recompile_limit: expected a positive int, got {n!r}")
         self._values["recompile_limit"] = int(n)
+        return self
+
+    def allow_cpu_fallback(self, flag=True):
+        """A job placed on a GPU runs on the CPU (with one warning) where the GPU
+        cannot be used (no CUDA driver, no such GPU), instead of raising."""
+        if not isinstance(flag, bool):
+            raise TypeError(f"function_config.allow_cpu_fallback: expected True or False, got {flag!r}")
+        self._values["allow_cpu_fallback"] = flag
         return self
 
     def get(self, key, default=None):
@@ -601,9 +609,10 @@ class JobFunction:
                          if t and (names is None or n in names)]
         sig = ";".join(f"{ph.kind}:{ph.dtype.name}{k}" for (_, ph), k in zip(self._params, key))
         dist = _devices.distribution(self._name, self._config, builder, self._params)
+        settings = {"keep_text": bool(os.environ.get("FLOWJIT_KEEP_TEXT"))}
+        settings.update(_devices.job_target(self._name, self._config, builder, self._params))
         job = _C.compile_job(self._name, self._type == "train", builder.params, [o._node for o in outs],
-                             [], losses, lr, step, trainable, opt, self._source, sig,
-                             {"keep_text": bool(os.environ.get("FLOWJIT_KEEP_TEXT"))}, dist)
+                             [], losses, lr, step, trainable, opt, self._source, sig, settings, dist)
         per_device = _C.device_info()["local_devices"] if dist and dist["mirrored"] else 1
         _check_result_groups(self._name, template, list(job.output_groups))
         compiled = _Compiled(job, _builder_for(template, per_device))

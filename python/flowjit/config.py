@@ -21,17 +21,22 @@ def cpu_device_num(n):
 
 
 def gpu_device_num(n):
-    """GPU devices per machine."""
-    n = _count("gpu_device_num", n)
-    if n > 0:
-        raise NotImplementedError("config.gpu_device_num: the GPU backend is not implemented yet; jobs "
-                                  "run on the CPU (gpu_device_num(0))")
-    _settings["gpu_device_num"] = n
+    """GPUs per machine that jobs may be placed on (flow.scope.placement("gpu", "0:0")).
+
+    Jobs still run on the CPU unless they are placed on a GPU; 0 (the default)
+    configures none, and then a GPU placement is checked against the driver
+    only. Whether the GPUs exist is checked when a job placed on one is first
+    called (no driver or no GPU: RuntimeError, or the CPU with
+    function_config.allow_cpu_fallback(True)), so this may be set on any
+    machine.
+    """
+    _settings["gpu_device_num"] = _count("gpu_device_num", n)
 
 
 def device_count():
-    """Devices a mirrored placeholder expects one array for."""
-    return _settings["gpu_device_num"] or _settings["cpu_device_num"]
+    """Devices a mirrored placeholder expects one array for: the CPU devices,
+    where jobs run unless placed on a GPU (a job placed on a GPU runs on one)."""
+    return _settings["cpu_device_num"]
 
 
 def cpu_threads(n):

@@ -1,10 +1,12 @@
 // CudaExecutable: module loading, device buffers, staged runs tracked by events.
 #include "runtime/cuda/executable.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
 #include "ir/error.h"
+#include "runtime/distributed.h"
 
 namespace flowjit::runtime::cuda {
 
@@ -45,59 +47,203 @@ std::vector<GpuLaunch> deserialize_launches(const std::string& text) {
 
 // ---------------------------------------------------------------- variables
 
-DeviceVariables::Entry& DeviceVariables::entry(const VariableStorage& v) {
+struct DeviceVariables::Slot {
+  ir::TensorType type;
+  DeviceBuffer buf;
+  std::shared_ptr<Device> device;
+  bool current = false;             // holds the newest value (alone, or with the host)
+  VariableStorage* owner = nullptr;  // null once the variable is gone (session cleared)
+};
+
+namespace {
+
+using Slot = DeviceVariables::Slot;
+
+void copy_to_device(Slot& s, const VariableStorage& v) {
+  if (v.type.bytes() == 0) return;
+  const Device& d = *s.device;
+  Device::Scope scope(d);
+  const size_t bytes = static_cast<size_t>(v.type.bytes());
+  const std::string context = "uploading variable '" + v.name + "' to " + d.info().str();
+  const DriverApi& api = d.api();
+  check(api, api.cuMemcpyHtoDAsync(s.buf.ptr(), v.ptr(), bytes, d.stream()), "cuMemcpyHtoDAsync",
+        context);
+  check(api, api.cuStreamSynchronize(d.stream()), "cuStreamSynchronize", context);
+}
+
+void copy_to_host(const Slot& s, VariableStorage& v) {
+  if (v.type.bytes() == 0) return;
+  const Device& d = *s.device;
+  Device::Scope scope(d);
+  // On the stream of the runs: the copy waits for the kernels that write v.
+  const size_t bytes = static_cast<size_t>(v.type.bytes());
+  const std::string context = "downloading variable '" + v.name + "' from " + d.info().str();
+  const DriverApi& api = d.api();
+  check(api, api.cuMemcpyDtoHAsync(v.ptr(), s.buf.ptr(), bytes, d.stream()), "cuMemcpyDtoHAsync",
+        context);
+  check(api, api.cuStreamSynchronize(d.stream()), "cuStreamSynchronize", context);
+}
+
+// VariableStorage::device_copies of a variable that GPU jobs use: which of
+// the host and the GPU copies hold the newest value. At most one GPU copy
+// is newer than the host: a run on another GPU first brings the value over
+// through the host.
+class GpuCopies final : public DeviceCopies {
+ public:
+  ~GpuCopies() override {
+    for (auto& w : slots)
+      if (auto s = w.lock()) s->owner = nullptr;
+  }
+
+  bool sync_host(VariableStorage& host) override {
+    if (host_current) return false;
+    for (auto& w : slots) {
+      auto s = w.lock();
+      if (s && s->current) {
+        copy_to_host(*s, host);
+        host_current = true;
+        return true;
+      }
+    }
+    host_current = true;  // reported once; the host value is what remains
+    throw_user(ErrorKind::Runtime, "variable '", host.name, "': its newest value was on a GPU "
+               "whose device copies were released before it was brought back to the host");
+  }
+
+  void host_written() override {
+    host_current = true;
+    for (auto& w : slots)
+      if (auto s = w.lock()) s->current = false;
+  }
+
+  // Makes `s` the only copy with the newest value.
+  void device_written(Slot& s) {
+    host_current = false;
+    for (auto& w : slots)
+      if (auto o = w.lock()) o->current = o.get() == &s;
+  }
+
+  void add(const std::shared_ptr<Slot>& s) {
+    slots.erase(std::remove_if(slots.begin(), slots.end(), [](auto& w) { return w.expired(); }),
+                slots.end());
+    slots.push_back(s);
+  }
+
+  bool host_current = true;
+  std::vector<std::weak_ptr<Slot>> slots;  // one per GPU holding a copy
+};
+
+GpuCopies& gpu_copies(VariableStorage& v) {
+  if (!v.device_copies) v.device_copies = std::make_unique<GpuCopies>();
+  auto* c = dynamic_cast<GpuCopies*>(v.device_copies.get());
+  FJ_CHECK(c != nullptr, "variable '", v.name, "' has device copies of another kind");
+  return *c;
+}
+
+}  // namespace
+
+DeviceVariables::~DeviceVariables() {
+  // A value only this device holds goes back to the host first, so that
+  // releasing a GPU's copies never loses what its runs computed.
+  for (auto& [name, s] : vars_) {
+    if (!s->owner || !s->current) continue;
+    auto* c = dynamic_cast<GpuCopies*>(s->owner->device_copies.get());
+    if (!c || c->host_current) continue;
+    try {
+      c->sync_host(*s->owner);
+    } catch (...) {  // nothing to report from a destructor
+    }
+  }
+}
+
+std::shared_ptr<Slot> DeviceVariables::slot(VariableStorage& v, bool* created) {
+  *created = false;
   auto it = vars_.find(v.name);
   if (it != vars_.end()) {
-    FJ_USER_CHECK(it->second.type == v.type, ErrorKind::Value, "variable '", v.name, "' is ",
-                  v.type.str(), " on the host but ", it->second.type.str(), " on the GPU");
-    return it->second;
+    if (it->second->owner == &v) {
+      FJ_CHECK(it->second->type == v.type, "variable '", v.name, "' is ", v.type.str(),
+               " on the host but ", it->second->type.str(), " on the GPU");
+      return it->second;
+    }
+    // A copy of an earlier variable of this name (the session was cleared
+    // and the name reused): its value means nothing now.
+    vars_.erase(it);
   }
-  Entry e{v.type, DeviceBuffer(d_, static_cast<uint64_t>(v.type.bytes()))};
-  if (v.type.bytes() > 0) {
-    Device::Scope s(*d_);
-    FLOWJIT_CU(d_->api(), cuMemcpyHtoDAsync, e.buf.ptr(), v.ptr(), static_cast<size_t>(v.type.bytes()),
-               d_->stream());
-    FLOWJIT_CU(d_->api(), cuStreamSynchronize, d_->stream());
-  }
-  return vars_.emplace(v.name, std::move(e)).first->second;
+  auto s = std::make_shared<Slot>();
+  s->type = v.type;
+  s->buf = DeviceBuffer(d_, static_cast<uint64_t>(std::max<int64_t>(v.type.bytes(), 1)));
+  s->device = d_;
+  s->owner = &v;
+  // The newest value, wherever it is (another GPU, CPU devices), via the host.
+  runtime::sync_host(v);
+  copy_to_device(*s, v);
+  s->current = true;
+  gpu_copies(v).add(s);
+  *created = true;
+  return vars_.emplace(v.name, s).first->second;
 }
 
-CUdeviceptr DeviceVariables::get(const VariableStorage& v) {
+CUdeviceptr DeviceVariables::get(VariableStorage& v) {
   std::lock_guard<std::mutex> lock(mu_);
-  return entry(v).buf.ptr();
+  bool created;
+  return slot(v, &created)->buf.ptr();
 }
 
-void DeviceVariables::upload(const VariableStorage& v) {
+CUdeviceptr DeviceVariables::prepare(VariableStorage& v) {
   std::lock_guard<std::mutex> lock(mu_);
-  bool existed = vars_.count(v.name) > 0;
-  Entry& e = entry(v);
-  if (!existed || v.type.bytes() == 0) return;  // entry() just uploaded it
-  Device::Scope s(*d_);
-  FLOWJIT_CU(d_->api(), cuMemcpyHtoDAsync, e.buf.ptr(), v.ptr(), static_cast<size_t>(v.type.bytes()),
-             d_->stream());
-  FLOWJIT_CU(d_->api(), cuStreamSynchronize, d_->stream());
+  bool created;
+  auto s = slot(v, &created);
+  if (!s->current) {
+    runtime::sync_host(v);
+    copy_to_device(*s, v);
+    s->current = true;
+  }
+  return s->buf.ptr();
+}
+
+void DeviceVariables::written(VariableStorage& v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool created;
+  auto s = slot(v, &created);
+  gpu_copies(v).device_written(*s);
+  // The CPU devices of distributed jobs get the value through the host.
+  if (v.replicas) {
+    v.replicas->devices_stale = true;
+    v.replicas->host_stale = false;
+  }
+}
+
+void DeviceVariables::upload(VariableStorage& v) {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool created;
+  auto s = slot(v, &created);
+  if (created) return;  // slot() just uploaded it
+  gpu_copies(v).host_written();
+  copy_to_device(*s, v);
+  s->current = true;
 }
 
 void DeviceVariables::download(VariableStorage& v) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = vars_.find(v.name);
-  if (it == vars_.end() || v.type.bytes() == 0) return;
-  FJ_USER_CHECK(it->second.type == v.type, ErrorKind::Value, "variable '", v.name, "' is ",
-                v.type.str(), " on the host but ", it->second.type.str(), " on the GPU");
-  Device::Scope s(*d_);
-  FLOWJIT_CU(d_->api(), cuMemcpyDtoHAsync, v.ptr(), it->second.buf.ptr(),
-             static_cast<size_t>(v.type.bytes()), d_->stream());
-  FLOWJIT_CU(d_->api(), cuStreamSynchronize, d_->stream());
+  if (v.device_copies) v.device_copies->sync_host(v);
 }
 
 void DeviceVariables::download_all(VariableStore& store) {
   for (VariableStorage* v : store.all())
-    if (has(v->name)) download(*v);
+    if (has(*v)) download(*v);
 }
 
-bool DeviceVariables::has(const std::string& name) const {
+bool DeviceVariables::has(const VariableStorage& v) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return vars_.count(name) > 0;
+  auto it = vars_.find(v.name);
+  return it != vars_.end() && it->second->owner == &v;
+}
+
+bool DeviceVariables::holds_newest(const VariableStorage& v) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = vars_.find(v.name);
+  if (it == vars_.end() || it->second->owner != &v || !it->second->current) return false;
+  auto* c = dynamic_cast<const GpuCopies*>(v.device_copies.get());
+  return c && !c->host_current;
 }
 
 // ---------------------------------------------------------------- executable
@@ -135,15 +281,27 @@ void CudaExecutable::load_and_allocate(const GpuImage& image) {
   void* values[] = {error_log.data(), reinterpret_cast<void*>(error_log.size() - 1), info_log.data(),
                     reinterpret_cast<void*>(info_log.size() - 1)};
   CUresult r = api.cuModuleLoadDataEx(&module_, data, 4, options, values);
+  std::string cubin_rejected;
+  if (r != kCudaSuccess && use_cubin && !image.ptx.empty()) {
+    // A cubin from a toolkit newer than the driver can be refused where the
+    // PTX is not: the driver compiles that instead.
+    cubin_rejected = error_text(api, r);
+    use_cubin = false;
+    module_ = nullptr;
+    std::fill(error_log.begin(), error_log.end(), 0);
+    r = api.cuModuleLoadDataEx(&module_, ptx_z.c_str(), 4, options, values);
+  }
   if (r != kCudaSuccess) {
     std::string log = error_log.data();
     check(api, r, "cuModuleLoadDataEx",
           "loading the kernels of job '" + plan_.job_name + "' as " +
               (use_cubin ? "a cubin for sm_" + std::to_string(image.cubin_sm) : std::string("PTX")) +
-              " on " + d_->info().str() + (log.empty() ? "" : "; driver log: " + log));
+              " on " + d_->info().str() + (log.empty() ? "" : "; driver log: " + log) +
+              (cubin_rejected.empty() ? "" : "; the cubin was rejected too: " + cubin_rejected));
   }
   loaded_from_ = use_cubin ? "cubin sm_" + std::to_string(image.cubin_sm)
                            : "ptx (driver JIT for sm_" + std::to_string(d_->info().sm) + ")";
+  if (!cubin_rejected.empty()) loaded_from_ += " after the cubin was rejected: " + cubin_rejected;
   for (const GpuLaunch& l : launches_) {
     CUfunction f = nullptr;
     check(api, api.cuModuleGetFunction(&f, module_, l.symbol.c_str()), "cuModuleGetFunction",
@@ -180,6 +338,7 @@ void CudaExecutable::load_and_allocate(const GpuImage& image) {
   arg_ptrs_.resize(total);
   for (size_t i = 0; i < total; ++i) arg_ptrs_[i] = &arg_values_[i];
   variables_.assign(plan_.variables.size(), 0);
+  host_variables_.assign(plan_.variables.size(), nullptr);
   resolve_args();
 }
 
@@ -227,7 +386,9 @@ void CudaExecutable::bind_variables(VariableStore& host, DeviceVariables& dev) {
     FJ_USER_CHECK(v->type == type, ErrorKind::Value, "job '", plan_.job_name, "' expects variable '",
                   name, "' as ", type.str(), " but the session holds ", v->type.str());
     variables_[i] = dev.get(*v);
+    host_variables_[i] = v;
   }
+  device_variables_ = &dev;
   resolve_args();
   bound_ = true;
 }
@@ -244,6 +405,14 @@ void CudaExecutable::submit(const void* const* inputs) {
   const DriverApi& api = d_->api();
   Device::Scope scope(*d_);
   CUstream s = d_->stream();
+  // Variables written on the host (or on another GPU) since the last run.
+  bool moved = false;
+  for (size_t i = 0; i < host_variables_.size(); ++i) {
+    CUdeviceptr p = device_variables_->prepare(*host_variables_[i]);
+    moved |= p != variables_[i];
+    variables_[i] = p;
+  }
+  if (moved) resolve_args();
   for (size_t i = 0; i < inputs_.size(); ++i) {
     size_t n = static_cast<size_t>(plan_.inputs[i].bytes());
     if (n == 0) continue;
@@ -272,6 +441,9 @@ void CudaExecutable::submit(const void* const* inputs) {
   }
   FLOWJIT_CU(api, cuEventRecord, done_, s);
   in_flight_ = true;
+  // Host reads download after the kernels (same stream), whenever they come.
+  if (writes_variables_)
+    for (VariableStorage* v : host_variables_) device_variables_->written(*v);
 }
 
 bool CudaExecutable::done() {

@@ -6,13 +6,15 @@
 // image (PTX, and a cubin when ptxas made one for this device's SM). Every
 // buffer lives on the device for the executable's life: the arena, one
 // buffer per input and output, and the variables' device copies
-// (DeviceVariables, shared by the executables of a session). A run copies
+// (DeviceVariables, shared by the executables of a session, kept coherent
+// with the host through VariableStorage::device_copies). A run copies
 // the inputs into pinned staging and then to the device, launches every
 // kernel in order on the device's stream, copies the outputs back to
 // staging and records an event; completion is observed with the event
 // (done() polls, finish() waits), never by synchronizing the device.
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,6 +32,10 @@ struct GpuLaunch {
   uint32_t grid[3] = {1, 1, 1};
   uint32_t block[3] = {1, 1, 1};
   uint32_t shared_bytes = 0;  // dynamic shared memory
+  bool operator==(const GpuLaunch& o) const {
+    return symbol == o.symbol && std::equal(grid, grid + 3, o.grid) &&
+           std::equal(block, block + 3, o.block) && shared_bytes == o.shared_bytes;
+  }
 };
 
 // Text form for the disk cache: one "gpulaunch sym gx gy gz bx by bz shared"
@@ -43,31 +49,52 @@ struct GpuImage {
   int cubin_sm = 0;
 };
 
-// Device copies of a session's variables, by name. A copy is created (and
-// uploaded from the host storage) the first time an executable binds the
-// variable; train jobs then update it in place on the device. download()
-// brings values back for the host (checkpoints, reads from Python), upload()
-// pushes host changes (initializers, checkpoint loads). Both are synchronous.
+// Device copies of a session's variables on one GPU, by name. A copy is
+// created (and the newest value uploaded) the first time an executable binds
+// the variable; the variable's VariableStorage::device_copies then tracks
+// which of the host and its GPU copies hold the newest value:
+//  * before a GPU run, prepare() uploads the copy when it is stale (after a
+//    host write, or a run on another GPU, whose value comes via the host);
+//  * after a run that may write variables, written() makes this copy the
+//    newest: host reads (runtime::sync_host: checkpoints, reads from Python,
+//    CPU jobs) download it first, lazily;
+//  * host writes (runtime::mark_host_written: initializers, checkpoint loads,
+//    set from Python) make every GPU copy stale.
+// Copies live as long as this object (their memory goes back to the device
+// with it). Callers serialize the uses of one variable, as they serialize
+// runs (the session's run mutex); transfers are ordered on the device's
+// stream after the kernels already queued there, and are synchronous.
 class DeviceVariables {
  public:
   explicit DeviceVariables(std::shared_ptr<Device> d) : d_(std::move(d)) {}
-  CUdeviceptr get(const VariableStorage& v);
-  void upload(const VariableStorage& v);
+  ~DeviceVariables();
+  DeviceVariables(const DeviceVariables&) = delete;
+  DeviceVariables& operator=(const DeviceVariables&) = delete;
+
+  // The device address of v's copy, creating it (with the newest value).
+  CUdeviceptr get(VariableStorage& v);
+  // Before a run: makes the copy current (uploads when stale); its address.
+  CUdeviceptr prepare(VariableStorage& v);
+  // After a run that may have written v on this device.
+  void written(VariableStorage& v);
+  // Pushes the host value to this device (the host value becomes the newest).
+  void upload(VariableStorage& v);
+  // Makes the host value current (downloads when a GPU holds a newer one).
   void download(VariableStorage& v);
   void download_all(VariableStore& store);
-  bool has(const std::string& name) const;
+  bool has(const VariableStorage& v) const;
+  // Whether this device holds a newer value of v than the host.
+  bool holds_newest(const VariableStorage& v) const;
   const std::shared_ptr<Device>& device() const { return d_; }
 
+  struct Slot;  // one variable's copy on this device (executable.cpp)
+
  private:
-  struct Entry {
-    ir::TensorType type;
-    DeviceBuffer buf;
-  };
-  Entry& entry(const VariableStorage& v);  // requires mu_
+  std::shared_ptr<Slot> slot(VariableStorage& v, bool* created);  // requires mu_
 
   std::shared_ptr<Device> d_;
   mutable std::mutex mu_;
-  std::map<std::string, Entry> vars_;
+  std::map<std::string, std::shared_ptr<Slot>> vars_;
 };
 
 class CudaExecutable {
@@ -87,12 +114,18 @@ class CudaExecutable {
   const std::string& loaded_from() const { return loaded_from_; }
 
   // As Executable::bind_variables (same checks and messages), then points
-  // the kernels at the device copies in `dev`.
+  // the kernels at the device copies in `dev`, which must outlive the runs.
   void bind_variables(VariableStore& host, DeviceVariables& dev);
+  // Whether a run may write variables (train steps, assigns): then each run
+  // makes the device copies the newest values. Predict jobs leave the host
+  // current, so reading their variables never downloads. Default: true.
+  void set_writes_variables(bool w) { writes_variables_ = w; }
+  bool writes_variables() const { return writes_variables_; }
+  const std::shared_ptr<Device>& device() const { return d_; }
 
   // Stages the inputs (host addresses, C-contiguous; the caller may reuse
-  // them when submit returns) and enqueues the whole run. One run may be in
-  // flight per executable.
+  // them when submit returns), brings the variables' device copies up to
+  // date and enqueues the whole run. One run may be in flight per executable.
   void submit(const void* const* inputs);
   bool done();                        // the run's event has completed
   void finish(void* const* outputs);  // waits for the event, copies the outputs out
@@ -119,6 +152,9 @@ class CudaExecutable {
   DeviceBuffer arena_;
   std::vector<DeviceBuffer> inputs_, outputs_;
   std::vector<CUdeviceptr> variables_;
+  std::vector<VariableStorage*> host_variables_;  // bound, in plan order
+  DeviceVariables* device_variables_ = nullptr;
+  bool writes_variables_ = true;
   PinnedBuffer staging_;
   std::vector<size_t> stage_in_, stage_out_;  // offsets into staging_
   std::vector<CUdeviceptr> arg_values_;       // every launch's parameters, concatenated

@@ -3,8 +3,11 @@
 // lowered to PTX for sm_80 and sm_90 and assembled by ptxas; golden checks
 // on the PTX of representative kernels; the CUDA runtime's error paths with
 // the driver missing, and its logic against a fake driver that runs the CPU
-// kernels; NvptxEmulated runs the GPU kernels themselves in a SIMT emulator
-// on the CPU and compares them with the CPU backend. The NvptxDevice tests
+// kernels; NvptxCompile drives jit::compile_job's GPU path (NVPTX codegen,
+// the disk cache's PTX/cubin entries, CudaExecutable, variable copies kept
+// coherent with the host) through that fake driver; NvptxEmulated runs the
+// GPU kernels themselves in a SIMT emulator on the CPU and compares them
+// with the CPU backend. The NvptxDevice tests
 // compare GPU results with the CPU on a real GPU and skip (visibly) without
 // one; FLOWJIT_REQUIRE_GPU=1 turns the skips into failures (tools/gpu_check.sh
 // sets it).
@@ -15,6 +18,7 @@
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/SourceMgr.h>
 #include <llvm/Support/raw_ostream.h>
+#include <unistd.h>
 
 #include <array>
 #include <chrono>
@@ -22,12 +26,15 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <random>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "codegen/cpu/backend.h"
@@ -35,6 +42,7 @@
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "jit/autodiff.h"
+#include "jit/cache.h"
 #include "jit/compile.h"
 #include "jit/fusion.h"
 #include "jit/optimizer.h"
@@ -43,6 +51,7 @@
 #include "runtime/cuda/driver_api.h"
 #include "runtime/cuda/executable.h"
 #include "runtime/cuda/range_allocator.h"
+#include "runtime/distributed.h"
 
 using namespace flowjit;
 using namespace flowjit::ir;
@@ -1079,6 +1088,7 @@ struct Gpu {
   std::vector<std::string> emu_errors;
   uint64_t alloc_limit = ~0ull;
   bool fail_module = false;
+  bool fail_cubin = false;  // refuse cubins only (an image newer than the driver)
   int not_ready = 0;
   bool last_image_was_cubin = false;
   struct Module {
@@ -1196,7 +1206,7 @@ CUresult module_load(rc::CUmodule* m, const void* image, unsigned n, int* opts, 
   FAKE_LOCK;
   const char* p = static_cast<const char*>(image);
   gpu().last_image_was_cubin = std::memcmp(p, "\x7f" "ELF", 4) == 0;
-  if (gpu().fail_module) {
+  if (gpu().fail_module || (gpu().fail_cubin && gpu().last_image_was_cubin)) {
     for (unsigned i = 0; i < n; ++i)
       if (opts[i] == rc::kJitErrorLogBuffer) std::strcpy(static_cast<char*>(vals[i]), "fake JIT: bad PTX at line 1");
     return rc::kCudaErrorInvalidImage;
@@ -1564,6 +1574,360 @@ TEST(NvptxRuntime, LaunchListRoundTripsAndRejectsDamage) {
     EXPECT_THROW(rc::deserialize_launches(bad), UserError) << bad;
 }
 
+// ---------------------------------------------------------------- compile_job on a GPU
+
+// jit::compile_job with a GPU target: the whole path (passes, fusion, disk
+// cache, NVPTX codegen, ptxas, CudaExecutable, variable copies) behind the
+// fake driver, which runs the CPU code of the same kernels.
+namespace {
+
+struct GpuTempDir {
+  std::string path;
+  GpuTempDir() {
+    static std::atomic<int> n{0};
+    path = (std::filesystem::temp_directory_path() /
+            ("flowjit-gpu-cache-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++)))
+               .string();
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~GpuTempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+// Makes the fake GPU run the CPU code of `fp`'s kernels, by symbol.
+void fake_runs_cpu_code_of(const jit::FusedProgram& fp) {
+  static std::vector<std::shared_ptr<codegen::cpu::LoadedCode>> keep;
+  codegen::cpu::CompiledObject obj = codegen::cpu::compile(fp.kernels, {});
+  std::vector<std::string> syms;
+  for (auto& l : obj.launches) syms.push_back(l.symbol);
+  keep.push_back(codegen::cpu::load(obj.object, syms));
+  std::lock_guard<std::recursive_mutex> lock(fake::g_mu);
+  for (size_t i = 0; i < syms.size(); ++i)
+    fake::gpu().cpu[syms[i]] = {reinterpret_cast<runtime::KernelFn>(keep.back()->address(i)),
+                                obj.launches[i].range, fp.kernels[i].args.size()};
+}
+
+void fill_store(runtime::VariableStore& store, const jit::FusedProgram& fp) {
+  for (auto& [name, type] : fp.plan.variables) {
+    auto* v = store.get_or_create(name, type, true);
+    fill_deterministic(v->ptr(), type, static_cast<uint32_t>(std::hash<std::string>()(name)));
+  }
+}
+
+jit::CompileSettings gpu_settings(const std::shared_ptr<rc::Device>& dev,
+                                  const std::string& cache_dir) {
+  jit::CompileSettings s;
+  s.cache_dir = cache_dir;
+  s.target.kind = jit::Target::Kind::Gpu;
+  s.target.gpu = dev;
+  s.target.gpu_variables = std::make_shared<rc::DeviceVariables>(dev);
+  return s;
+}
+
+jit::JobDescription train_job(const TrainGraph& t) {
+  jit::JobDescription job;
+  job.name = "t";
+  job.graph = t.g;
+  job.signature = "Numpy:float32((8, 1, 28, 2),);Numpy:int32((8,),)";
+  return job;
+}
+
+// One train step's loss of `run` on fixed inputs.
+using RunFn = std::function<void(const void* const*, void* const*)>;
+std::vector<float> step_loss(const RunFn& run, int step) {
+  std::vector<float> images(8 * 56), loss(8);
+  std::vector<int32_t> labels(8);
+  fill_deterministic(images.data(), {DType::Float32, {8, 56}}, 100 + step);
+  for (int i = 0; i < 8; ++i) labels[i] = (i * 7 + step) % 10;
+  const void* ins[] = {images.data(), labels.data()};
+  void* outs[] = {loss.data()};
+  run(ins, outs);
+  return loss;
+}
+
+bool same_bytes(const runtime::VariableStorage& a, const runtime::VariableStorage& b) {
+  return a.type == b.type &&
+         std::memcmp(a.ptr(), b.ptr(), static_cast<size_t>(a.type.bytes())) == 0;
+}
+
+std::string file_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST(NvptxCompile, GpuTargetRunsTheJobLikeTheCpuWithCoherentVariables) {
+  fake::gpu() = fake::Gpu();
+  TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, 8, 56, 16, 10);
+  jit::FusedProgram fp = fuse_graph(t.g, "t");
+  fake_runs_cpu_code_of(fp);
+  runtime::VariableStore cpu_store, gpu_store;
+  fill_store(cpu_store, fp);
+  fill_store(gpu_store, fp);
+  jit::JobDescription job = train_job(t);
+  jit::CompiledJob cpu = jit::compile_job(job, jit::CompileSettings{}, cpu_store);
+  auto run_cpu = [&](const void* const* i, void* const* o) { cpu.executable->run(i, o); };
+  {
+    auto dev = rc::Device::open(0, &fake::api());
+    jit::CompileSettings s = gpu_settings(dev, "");
+    jit::CompiledJob gpu = jit::compile_job(job, s, gpu_store);
+    ASSERT_NE(gpu.gpu_executable, nullptr);
+    EXPECT_EQ(gpu.executable, nullptr) << "no CPU code for a GPU job";
+    EXPECT_EQ(gpu.plan().launches.size(), fp.plan.launches.size());
+    EXPECT_EQ(gpu.fusion_plan, fp.description) << "the same kernels as on the CPU";
+    bool cubin = !nv::find_ptxas().empty();
+    EXPECT_EQ(gpu.gpu_loaded_from, cubin ? "cubin sm_80" : "ptx (driver JIT for sm_80)");
+    EXPECT_TRUE(gpu.gpu_executable->writes_variables());
+    auto run_gpu = [&](const void* const* i, void* const* o) { gpu.gpu_executable->run(i, o); };
+    for (int step = 0; step < 3; ++step)
+      EXPECT_EQ(step_loss(run_gpu, step), step_loss(run_cpu, step)) << "step " << step;
+
+    // The GPU holds the trained weights; the host gets them when it reads.
+    auto* w = gpu_store.find("hidden-weight");
+    auto* w_cpu = cpu_store.find("hidden-weight");
+    EXPECT_TRUE(s.target.gpu_variables->holds_newest(*w));
+    EXPECT_FALSE(same_bytes(*w, *w_cpu)) << "downloaded before anything read it";
+    runtime::sync_host(*w);  // what a read from Python (or a CPU job) does first
+    EXPECT_TRUE(same_bytes(*w, *w_cpu));
+    EXPECT_FALSE(s.target.gpu_variables->holds_newest(*w));
+
+    // A host write (a checkpoint load) reaches the GPU before its next run.
+    for (auto* v : {w, w_cpu}) {
+      runtime::sync_host(*v);
+      fill_deterministic(v->ptr(), v->type, 4242);
+      runtime::mark_host_written(*v);
+    }
+    EXPECT_EQ(step_loss(run_gpu, 3), step_loss(run_cpu, 3));
+    for (auto* v : cpu_store.all()) {
+      auto* g = gpu_store.find(v->name);
+      runtime::sync_host(*g);
+      EXPECT_TRUE(same_bytes(*g, *v)) << v->name;
+    }
+    EXPECT_EQ(fake::gpu().current, 0) << "every context push is popped";
+  }
+  EXPECT_TRUE(fake::gpu().device_blocks.empty()) << "device memory returned to the driver";
+  EXPECT_TRUE(fake::gpu().host_blocks.empty()) << "pinned memory returned to the driver";
+  EXPECT_EQ(fake::gpu().retained, 0) << "the primary context is released";
+}
+
+TEST(NvptxCompile, PredictJobsOnTheGpuLeaveTheHostCurrent) {
+  fake::gpu() = fake::Gpu();
+  auto x = param("x", 0, {8, 5});
+  auto w = variable("w", {7, 5});
+  Graph pg = make_graph({x}, {unary(OpKind::Exp, matmul(x, w, false, true))});
+  jit::FusedProgram fp = fuse_graph(pg, "p");
+  fake_runs_cpu_code_of(fp);
+  runtime::VariableStore store;
+  fill_store(store, fp);
+  auto dev = rc::Device::open(0, &fake::api());
+  jit::CompileSettings s = gpu_settings(dev, "");
+  jit::JobDescription job;
+  job.name = "p";
+  job.graph = pg;
+  jit::CompiledJob cj = jit::compile_job(job, s, store);
+  EXPECT_FALSE(cj.gpu_executable->writes_variables());
+  std::vector<float> xs(40, 0.5f), y(56), want(56);
+  const void* ins[] = {xs.data()};
+  void* outs[] = {y.data()};
+  cj.gpu_executable->run(ins, outs);
+  auto* v = store.find("w");
+  EXPECT_FALSE(s.target.gpu_variables->holds_newest(*v)) << "a predict job writes no variable";
+  const float* wv = reinterpret_cast<const float*>(v->ptr());
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < 7; ++j) {
+      double acc = 0;
+      for (int k = 0; k < 5; ++k) acc += 0.5 * wv[j * 5 + k];
+      EXPECT_NEAR(y[i * 7 + j], std::exp(acc), 1e-5 * std::exp(acc));
+    }
+  // A host write reaches the GPU copy before the next run.
+  fill_deterministic(v->ptr(), v->type, 7);
+  runtime::mark_host_written(*v);
+  cj.gpu_executable->run(ins, outs);
+  for (int j = 0; j < 7; ++j) {
+    double acc = 0;
+    for (int k = 0; k < 5; ++k) acc += 0.5 * wv[j * 5 + k];
+    EXPECT_NEAR(y[j], std::exp(acc), 1e-5 * std::exp(acc)) << "uploaded after the host write";
+  }
+}
+
+TEST(NvptxCompile, GpuCodeRoundTripsTheDiskCache) {
+  fake::gpu() = fake::Gpu();
+  GpuTempDir tmp;
+  TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, 8, 56, 16, 10);
+  jit::FusedProgram fp = fuse_graph(t.g, "t");
+  fake_runs_cpu_code_of(fp);
+  jit::JobDescription job = train_job(t);
+  bool cubin = !nv::find_ptxas().empty();
+  auto dev = rc::Device::open(0, &fake::api());
+
+  runtime::VariableStore store1, store2;
+  fill_store(store1, fp);
+  fill_store(store2, fp);
+  jit::CompileSettings s1 = gpu_settings(dev, tmp.path);
+  jit::CompiledJob first = jit::compile_job(job, s1, store1);
+  EXPECT_FALSE(first.from_disk_cache);
+  ASSERT_EQ(first.cache_key.size(), 64u);
+  EXPECT_TRUE(first.warnings.empty()) << first.warnings[0];
+
+  // The entry: the cubin as object.o, the PTX and the launch list, checksummed.
+  jit::DiskCache cache(tmp.path, 0);
+  jit::CacheHit hit;
+  std::string why;
+  ASSERT_EQ(cache.lookup(first.cache_key, true, hit, why, {"kernels.ptx", "launches.txt"}),
+            jit::DiskCache::Found::Hit) << why;
+  ASSERT_EQ(hit.extra.size(), 2u);
+  EXPECT_NE(hit.extra[0].find(".entry " + fp.plan.launches[0].symbol + "("), std::string::npos);
+  auto launches = rc::deserialize_launches(hit.extra[1]);
+  ASSERT_EQ(launches.size(), fp.plan.launches.size());
+  EXPECT_EQ(launches, first.gpu_executable->launches());
+  EXPECT_EQ(hit.object.empty(), !cubin);
+  if (cubin) {
+    EXPECT_EQ(std::string(hit.object.data(), 4), "\x7f" "ELF");
+  }
+  EXPECT_NE(hit.llvm_ir.find("nvptx64-nvidia-cuda"), std::string::npos);
+  std::string meta = file_text(cache.entry_dir(first.cache_key) + "/meta.json");
+  EXPECT_NE(meta.find("nvptx64-nvidia-cuda;sm_80;ptx"), std::string::npos) << meta;
+  EXPECT_NE(meta.find(cubin ? ";cubin=yes" : ";cubin=none"), std::string::npos) << meta;
+  EXPECT_NE(meta.find("kernels.ptx"), std::string::npos);
+
+  // The same job again: from the cache, and it runs the same.
+  jit::CompileSettings s2 = gpu_settings(dev, tmp.path);
+  jit::CompiledJob second = jit::compile_job(job, s2, store2);
+  EXPECT_TRUE(second.from_disk_cache);
+  EXPECT_EQ(second.cache_key, first.cache_key);
+  EXPECT_EQ(second.gpu_loaded_from, first.gpu_loaded_from);
+  EXPECT_EQ(second.gpu_executable->launches(), first.gpu_executable->launches());
+  auto run1 = [&](const void* const* i, void* const* o) { first.gpu_executable->run(i, o); };
+  auto run2 = [&](const void* const* i, void* const* o) { second.gpu_executable->run(i, o); };
+  for (int step = 0; step < 2; ++step) EXPECT_EQ(step_loss(run2, step), step_loss(run1, step));
+
+  // Other targets are other keys: the CPU, and another SM.
+  runtime::VariableStore cpu_store;
+  fill_store(cpu_store, fp);
+  jit::CompileSettings cs;
+  cs.cache_dir = tmp.path;
+  jit::CompiledJob on_cpu = jit::compile_job(job, cs, cpu_store);
+  EXPECT_NE(on_cpu.cache_key, first.cache_key);
+  {
+    std::lock_guard<std::recursive_mutex> lock(fake::g_mu);
+    fake::gpu().sm = 90;
+  }
+  auto dev90 = rc::Device::open(0, &fake::api());
+  runtime::VariableStore store3;
+  fill_store(store3, fp);
+  jit::CompiledJob sm90 = jit::compile_job(job, gpu_settings(dev90, tmp.path), store3);
+  EXPECT_FALSE(sm90.from_disk_cache);
+  EXPECT_NE(sm90.cache_key, first.cache_key);
+  EXPECT_EQ(sm90.gpu_loaded_from, cubin ? "cubin sm_90" : "ptx (driver JIT for sm_90)");
+  std::string meta90 = file_text(cache.entry_dir(sm90.cache_key) + "/meta.json");
+  EXPECT_NE(meta90.find("nvptx64-nvidia-cuda;sm_90;"), std::string::npos) << meta90;
+  EXPECT_EQ(jit::gpu_target_id(s1.target, 80).rfind("nvptx64-nvidia-cuda;sm_80;tf32=0;math=", 0),
+            0u);
+
+  // A damaged launch list is found, dropped and recompiled, with a warning.
+  {
+    std::string path = cache.entry_dir(first.cache_key) + "/launches.txt";
+    std::string text = file_text(path);
+    text[text.find(' ') + 1] ^= 1;
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+  }
+  runtime::VariableStore store4;
+  fill_store(store4, fp);
+  jit::CompiledJob again = jit::compile_job(job, gpu_settings(dev, tmp.path), store4);
+  EXPECT_FALSE(again.from_disk_cache);
+  ASSERT_EQ(again.warnings.size(), 1u);
+  EXPECT_NE(again.warnings[0].find("was damaged (launches.txt fails its SHA-256 checksum)"),
+            std::string::npos) << again.warnings[0];
+  jit::CompiledJob healed = jit::compile_job(job, gpu_settings(dev, tmp.path), store4);
+  EXPECT_TRUE(healed.from_disk_cache) << "the recompiled code was stored again";
+}
+
+TEST(NvptxCompile, VariablesMoveBetweenGpusThroughTheHost) {
+  fake::gpu() = fake::Gpu();
+  TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, 8, 56, 16, 10);
+  jit::FusedProgram fp = fuse_graph(t.g, "t");
+  fake_runs_cpu_code_of(fp);
+  runtime::VariableStore cpu_store, gpu_store;
+  fill_store(cpu_store, fp);
+  fill_store(gpu_store, fp);
+  jit::JobDescription job = train_job(t);
+  jit::CompiledJob cpu = jit::compile_job(job, jit::CompileSettings{}, cpu_store);
+  auto run_cpu = [&](const void* const* i, void* const* o) { cpu.executable->run(i, o); };
+  auto dev = rc::Device::open(0, &fake::api());
+  // Two sets of copies stand for two GPUs: the same job on each, one store.
+  jit::CompileSettings sa = gpu_settings(dev, ""), sb = gpu_settings(dev, "");
+  jit::CompiledJob a = jit::compile_job(job, sa, gpu_store);
+  auto b = std::make_unique<jit::CompiledJob>(jit::compile_job(job, sb, gpu_store));
+  auto run_a = [&](const void* const* i, void* const* o) { a.gpu_executable->run(i, o); };
+  auto run_b = [&](const void* const* i, void* const* o) { b->gpu_executable->run(i, o); };
+  EXPECT_EQ(step_loss(run_a, 0), step_loss(run_cpu, 0));
+  EXPECT_EQ(step_loss(run_b, 1), step_loss(run_cpu, 1)) << "B starts from what A trained";
+  EXPECT_EQ(step_loss(run_a, 2), step_loss(run_cpu, 2)) << "A continues from what B trained";
+  EXPECT_EQ(step_loss(run_b, 3), step_loss(run_cpu, 3));
+  auto* w = gpu_store.find("output-weight");
+  EXPECT_TRUE(sb.target.gpu_variables->holds_newest(*w));
+  EXPECT_FALSE(sa.target.gpu_variables->holds_newest(*w));
+  // Releasing the copies that hold the newest values brings them home first.
+  b.reset();
+  sb.target.gpu_variables.reset();
+  for (auto* v : cpu_store.all()) EXPECT_TRUE(same_bytes(*gpu_store.find(v->name), *v)) << v->name;
+  EXPECT_EQ(step_loss(run_a, 4), step_loss(run_cpu, 4)) << "A uploads the host's newer value";
+}
+
+TEST(NvptxCompile, ARejectedCubinFallsBackToThePtx) {
+  if (nv::find_ptxas().empty()) GTEST_SKIP() << "ptxas not found: no cubin to reject";
+  fake::gpu() = fake::Gpu();
+  fake::gpu().fail_cubin = true;
+  Graph g = parse_graph(kElementwiseChain);
+  jit::FusedProgram fp = fuse_graph(g, "t");
+  fake_runs_cpu_code_of(fp);
+  auto dev = rc::Device::open(0, &fake::api());
+  runtime::VariableStore store;
+  jit::JobDescription job;
+  job.name = "t";
+  job.graph = g;
+  jit::CompiledJob cj = jit::compile_job(job, gpu_settings(dev, ""), store);
+  EXPECT_EQ(cj.gpu_loaded_from,
+            "ptx (driver JIT for sm_80) after the cubin was rejected: CUDA_ERROR_INVALID_IMAGE: "
+            "device kernel image is invalid");
+  EXPECT_FALSE(fake::gpu().last_image_was_cubin);
+  std::vector<float> x(1000), y(1000);
+  for (int i = 0; i < 1000; ++i) x[i] = 0.002f * static_cast<float>(i) - 1.f;
+  const void* ins[] = {x.data()};
+  void* outs[] = {y.data()};
+  cj.gpu_executable->run(ins, outs);
+  for (int i = 0; i < 1000; i += 97)
+    EXPECT_NEAR(y[i], std::tanh(std::exp(x[i]) * x[i]) - x[i], 1e-5) << i;
+}
+
+TEST(NvptxCompile, SeveralDevicesOnAGpuAreNotImplemented) {
+  fake::gpu() = fake::Gpu();
+  auto dev = rc::Device::open(0, &fake::api());
+  runtime::VariableStore store;
+  jit::JobDescription job;
+  job.name = "t";
+  job.graph = parse_graph(kElementwiseChain);
+  job.distribution.parts = 2;
+  try {
+    jit::compile_job(job, gpu_settings(dev, ""), store);
+    ADD_FAILURE() << "compiled for two GPUs";
+  } catch (const UserError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::NotImplemented);
+    EXPECT_NE(std::string(e.what()).find("several GPUs per job need NCCL collectives"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(jit::gpu_codegen_sm(90), 90);
+  EXPECT_EQ(jit::gpu_codegen_sm(100), 90) << "newer GPUs run sm_90 PTX";
+  EXPECT_EQ(jit::gpu_codegen_sm(61), 0) << "older than every supported SM";
+}
+
 // ---------------------------------------------------------------- on a GPU
 
 namespace {
@@ -1803,4 +2167,59 @@ TEST(NvptxEmulated, EveryCaseMatchesTheCpu) {
   for (auto& [ptx, ks] : fake::gpu().emu) emulated += ks.size();
   EXPECT_GT(emulated, 300u) << "kernels run by the emulator";
   std::printf("[emu] %zu kernels in %zu modules ran in the emulator\n", emulated, fake::gpu().emu.size());
+}
+
+// compile_job's GPU path with the GPU kernels themselves run by the SIMT
+// emulator (the fake driver finds them by their PTX), against the CPU.
+TEST(NvptxEmulated, CompileJobOnTheGpuMatchesTheCpu) {
+#ifndef FLOWJIT_HAVE_EMULATOR
+  GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+#endif
+  fake::gpu() = fake::Gpu();
+  TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, 8, 56, 16, 10);
+  jit::FusedProgram fp = fuse_graph(t.g, "t");
+  // The module compile_job will make (same kernels, same options), for the emulator.
+  nv::CompileOptions o;
+  o.module_name = "t";
+  o.sm = 80;
+  o.run_ptxas = false;
+  o.math = nv::MathLibrary::Builtin;
+  o.want_llvm_ir = true;
+  nv::CompiledModule mod = nv::compile(fp.kernels, o);
+  emu_register(mod, fp.kernels);
+  runtime::VariableStore cpu_store, gpu_store;
+  fill_store(cpu_store, fp);
+  fill_store(gpu_store, fp);
+  jit::JobDescription job = train_job(t);
+  jit::CompiledJob cpu = jit::compile_job(job, jit::CompileSettings{}, cpu_store);
+  auto dev = rc::Device::open(0, &fake::api());
+  jit::CompileSettings s = gpu_settings(dev, "");
+  s.target.run_ptxas = false;
+  s.target.math = nv::MathLibrary::Builtin;
+  jit::CompiledJob gpu = jit::compile_job(job, s, gpu_store);
+  EXPECT_EQ(gpu.gpu_loaded_from, "ptx (driver JIT for sm_80)");
+  size_t launches_before = fake::gpu().launches.size();
+  auto run_cpu = [&](const void* const* i, void* const* o) { cpu.executable->run(i, o); };
+  auto run_gpu = [&](const void* const* i, void* const* o) { gpu.gpu_executable->run(i, o); };
+  TensorType loss_t{DType::Float32, {8}};
+  for (int step = 0; step < 2; ++step) {
+    std::vector<float> want = step_loss(run_cpu, step), got = step_loss(run_gpu, step);
+    auto bytes = [](std::vector<float>& f) {
+      char* p = reinterpret_cast<char*>(f.data());
+      return std::vector<char>(p, p + 8 * sizeof(float));
+    };
+    std::vector<char> w = bytes(want), g = bytes(got);
+    std::string d = compare(g, w, loss_t, 1e-4, 1e-5);
+    EXPECT_TRUE(d.empty()) << "step " << step << ": " << d;
+  }
+  EXPECT_EQ(fake::gpu().launches.size() - launches_before, 2 * fp.plan.launches.size());
+  for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
+  for (auto* v : cpu_store.all()) {
+    auto* g = gpu_store.find(v->name);
+    runtime::sync_host(*g);
+    std::vector<char> gb(g->ptr(), g->ptr() + g->type.bytes());
+    std::vector<char> wb(v->ptr(), v->ptr() + v->type.bytes());
+    std::string d = compare(gb, wb, v->type, 1e-4, 1e-5);
+    EXPECT_TRUE(d.empty()) << v->name << ": " << d;
+  }
 }

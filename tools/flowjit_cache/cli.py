@@ -1,7 +1,8 @@
 """flowjit-cache: inspect, check and trim flowjit's disk kernel cache.
 
     flowjit-cache list [--job NAME] [--target TEXT] [--json]
-    flowjit-cache show KEY [--ir-before] [--ir] [--fusion] [--kernels] [--plan] [--llvm] [--asm] [--all]
+    flowjit-cache show KEY [--ir-before] [--ir] [--fusion] [--kernels] [--plan] [--llvm] [--ptx]
+                       [--launches] [--asm] [--all]
     flowjit-cache stats [--json]
     flowjit-cache verify [--remove]
     flowjit-cache gc [--max-bytes N] [--dry-run]
@@ -30,7 +31,10 @@ _SECTIONS = (
     ("kernels", "kernels.txt", "kernels"),
     ("plan", "plan.txt", "launch plan"),
     ("llvm", "llvm.ll", "LLVM IR (optimized)"),
+    ("ptx", "kernels.ptx", "PTX (GPU entries)"),
+    ("launches", "launches.txt", "GPU launches (symbol, grid x y z, block x y z, dynamic shared bytes)"),
 )
+_GPU_ONLY = ("ptx", "launches")
 _DEFAULT_SECTIONS = ("ir_before", "ir", "fusion", "kernels")
 
 
@@ -124,7 +128,7 @@ def _header(e, style):
                   f"LLVM {m.get('llvm_version', '?')}"),
         ("kernels", str(m.get("num_kernels", "?"))),
         ("arena", f"{fmt.human_bytes(m.get('arena_bytes', 0))} ({m.get('arena_bytes', 0)} bytes)"),
-        ("object", fmt.human_bytes(files.get("object.o", {}).get("bytes", 0))),
+        ("cubin" if e.is_gpu else "object", fmt.human_bytes(files.get("object.o", {}).get("bytes", 0))),
         ("size", fmt.human_bytes(e.bytes)),
         ("compile", f"{fmt.human_seconds(m.get('compile_seconds'))} "
                     f"(LLVM {fmt.human_seconds(m.get('codegen_seconds'))})"),
@@ -144,6 +148,10 @@ def _section(title, body, style):
 
 def _target_summary(target):
     parts = target.split(";")
+    if target.startswith("nvptx") and len(parts) >= 2:
+        # nvptx64-nvidia-cuda;sm_90;ptx78;tf32=0;math=libdevice;cubin=yes
+        rest = [f"PTX {p[3:-1]}.{p[-1]}" if p.startswith("ptx") and p[3:].isdigit() else p for p in parts[2:]]
+        return ", ".join([parts[0], parts[1]] + rest)
     if len(parts) < 3:
         return target
     enabled = [f for f in parts[2].split(",") if f.startswith("+")]
@@ -156,7 +164,7 @@ def cmd_show(cache, args, style):
         raise CacheError(f"entry {e.key[:12]} is damaged: {e.error} (run `flowjit-cache verify --remove`)")
     chosen = [flag for flag, _, _ in _SECTIONS if getattr(args, flag)]
     if args.all:
-        chosen = [flag for flag, _, _ in _SECTIONS]
+        chosen = [flag for flag, _, _ in _SECTIONS if e.is_gpu or flag not in _GPU_ONLY]
     elif not chosen and not args.asm:
         chosen = list(_DEFAULT_SECTIONS)
     parts = [] if args.no_header else [_header(e, style)]
@@ -169,9 +177,16 @@ def cmd_show(cache, args, style):
         except (OSError, ValueError) as exc:
             parts.append(_section(title, style(f"(unavailable: {exc})", "red"), style))
             status = 1
-    if args.all:
+    if args.all and not e.is_gpu:
         parts.append(_section("target features", e.get("target", "?").split(";")[-1].replace(",", " "), style))
-    if args.asm or args.all:
+    if (args.asm or args.all) and e.is_gpu:
+        if "ptx" not in chosen:  # a GPU entry's assembly is its PTX
+            try:
+                parts.append(_section("PTX", e.text("kernels.ptx"), style))
+            except (OSError, ValueError) as exc:
+                parts.append(_section("PTX", style(f"(unavailable: {exc})", "red"), style))
+                status = 1
+    elif args.asm or args.all:
         try:
             from flowjit import _C  # the only use of the compiler: LLVM IR -> assembly
             asm = _C.assembly_from_ir(e.text("llvm.ll"))
@@ -294,6 +309,10 @@ def cmd_clear(cache, args, style):
 
 def _target_diff(a, b):
     pa, pb = a.split(";"), b.split(";")
+    if a.startswith("nvptx") and b.startswith("nvptx"):
+        # GPU targets are name=value settings after the triple and the SM.
+        return [f"{x or '-'} vs {y or '-'}" for x, y in
+                zip(pa + [""] * (len(pb) - len(pa)), pb + [""] * (len(pa) - len(pb))) if x != y]
     notes = []
     if pa[:1] != pb[:1]:
         notes.append(f"triple {pa[0]} vs {pb[0]}")
@@ -411,7 +430,7 @@ def _explain(differs):
     if any(d in differs for d in ("flowjit version", "flowjit build", "LLVM version")):
         reasons.append("flowjit or LLVM changed, so every key changed")
     if "target" in differs:
-        reasons.append("the entries were compiled for different CPUs")
+        reasons.append("the entries were compiled for different CPUs or GPUs")
     if not reasons and "traced IR" in differs:
         reasons.append("the job body traced to a different graph (code, config or a variable changed)")
     if not reasons and ("optimized IR" in differs or "fusion plan" in differs):
@@ -446,7 +465,10 @@ def _parser():
     s.add_argument("--kernels", action="store_true", help="kernel descriptions")
     s.add_argument("--plan", action="store_true", help="the launch plan")
     s.add_argument("--llvm", action="store_true", help="the optimized LLVM IR")
-    s.add_argument("--asm", action="store_true", help="assembly for this host (from the LLVM IR)")
+    s.add_argument("--ptx", action="store_true", help="the PTX (GPU entries)")
+    s.add_argument("--launches", action="store_true", help="the GPU launch list (GPU entries)")
+    s.add_argument("--asm", action="store_true",
+                   help="assembly for this host from the LLVM IR (GPU entries: the PTX)")
     s.add_argument("--all", action="store_true", help="every section")
     s.add_argument("--no-header", action="store_true", help="omit the summary")
     s.set_defaults(fn=cmd_show)

@@ -17,6 +17,13 @@ import time
 _KEY = re.compile(r"^[0-9a-f]{64}$")
 FILES = ("object.o", "plan.txt", "ir_traced.txt", "ir_optimized.txt", "fusion.txt", "kernels.txt",
          "llvm.ll")
+# GPU entries (target nvptx64-...) also hold the PTX and the launch list; their
+# object.o is the cubin, empty when ptxas was not found.
+GPU_FILES = ("kernels.ptx", "launches.txt")
+
+
+def is_gpu_target(target):
+    return (target or "").startswith("nvptx")
 DEFAULT_MAX_BYTES = 1 << 30
 
 
@@ -94,6 +101,10 @@ class Entry:
         return self.get("signature") or "()"
 
     @property
+    def is_gpu(self):
+        return is_gpu_target(self.get("target", ""))
+
+    @property
     def target_short(self):
         """'x86_64-pc-linux-gnu;sapphirerapids;+avx,...' -> 'x86_64/sapphirerapids'."""
         return short_target(self.get("target", ""))
@@ -125,7 +136,7 @@ class Entry:
         out = []
         if self.meta.get("format") != 1:
             out.append(f"unknown format {self.meta.get('format')!r}")
-        for name in FILES:
+        for name in FILES + (GPU_FILES if self.is_gpu else ()):
             if name not in self.meta["files"]:
                 out.append(f"{name} is not listed in meta.json")
         for name in self.meta["files"]:
@@ -138,7 +149,15 @@ class Entry:
         if out:
             return out
         obj = self.read("object.o", verify=False)
-        if obj[:4] != b"\x7fELF":
+        if self.is_gpu:
+            if obj and obj[:4] != b"\x7fELF":
+                out.append("object.o (the cubin) is not an ELF image")
+            why = launches_problem(self.text("launches.txt", verify=False), self.meta.get("num_kernels"))
+            if why:
+                out.append(f"launches.txt: {why}")
+            if ".entry " not in self.text("kernels.ptx", verify=False):
+                out.append("kernels.ptx has no kernel (.entry)")
+        elif obj[:4] != b"\x7fELF":
             out.append("object.o is not an ELF object")
         why = plan_problem(self.text("plan.txt", verify=False), self.meta.get("num_kernels"))
         if why:
@@ -155,6 +174,18 @@ def short_target(target):
     if len(parts) >= 2:
         return f"{parts[0].split('-')[0]}/{parts[1]}"
     return target or "?"
+
+
+def launches_problem(text, num_kernels=None):
+    """A light check of a GPU launch list (runtime/cuda serialize_launches); None when it looks whole."""
+    lines = [ln for ln in text.splitlines() if ln]
+    for ln in lines:
+        words = ln.split(" ")
+        if len(words) != 9 or words[0] != "gpulaunch" or not all(w.isdigit() for w in words[2:]):
+            return f"bad line {ln!r}"
+    if num_kernels is not None and len(lines) != num_kernels:
+        return f"{len(lines)} launches, meta.json says {num_kernels} kernels"
+    return None
 
 
 def plan_problem(text, num_kernels=None):

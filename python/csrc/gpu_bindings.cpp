@@ -1,0 +1,189 @@
+// Bindings: the session's GPUs (discovery, the devices jobs are placed on,
+// their variable copies) and the runs of GPU jobs.
+#include "python/csrc/gpu_bindings.h"
+
+#include <pybind11/stl.h>
+
+#include <cstdlib>
+#include <map>
+#include <string>
+
+#include "ir/error.h"
+#include "python/csrc/bindings.h"
+#include "python/csrc/session.h"
+#include "runtime/cuda/device.h"
+#include "runtime/cuda/driver_api.h"
+#include "runtime/distributed.h"
+
+namespace flowjit::python {
+
+namespace rc = runtime::cuda;
+
+namespace {
+
+struct SessionGpu {
+  std::shared_ptr<rc::Device> device;
+  std::shared_ptr<rc::DeviceVariables> variables;
+  uint64_t generation = 0;
+};
+
+std::mutex g_gpus_mu;
+
+// Never destroyed: releasing contexts and device memory from static
+// destructors would call a driver that may already be torn down at exit.
+std::map<int, SessionGpu>& session_gpus() {
+  static auto* gpus = new std::map<int, SessionGpu>();
+  return *gpus;
+}
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  std::string s = v ? v : "";
+  return !(s.empty() || s == "0" || s == "false" || s == "no" || s == "off");
+}
+
+// Why GPU `ordinal` cannot be used, or "" when it can (without opening it).
+std::string gpu_problem(int ordinal) {
+  std::string why;
+  if (!rc::driver_available(&why)) return why;
+  int n = rc::device_count();
+  if (n == 0) return "the CUDA driver (" + rc::driver().library + ") sees no GPU";
+  if (ordinal < 0 || ordinal >= n)
+    return "GPU " + std::to_string(ordinal) + " does not exist: the CUDA driver sees " +
+           std::to_string(n) +
+           (n == 1 ? " GPU (GPU 0)" : " GPUs (GPU 0 to " + std::to_string(n - 1) + ")");
+  return "";
+}
+
+py::dict info_dict(const rc::DeviceInfo& d) {
+  py::dict out;
+  out["ordinal"] = d.ordinal;
+  out["name"] = d.name;
+  out["sm"] = d.sm;
+  out["codegen_sm"] = jit::gpu_codegen_sm(d.sm);
+  out["multiprocessors"] = d.multiprocessors;
+  out["total_bytes"] = d.total_bytes;
+  out["description"] = d.str();
+  return out;
+}
+
+}  // namespace
+
+void set_gpu_target(jit::CompileSettings& s, int ordinal) {
+  FJ_USER_CHECK(ordinal >= 0, ErrorKind::Value, "GPU ordinal must be non-negative, got ", ordinal);
+  std::string why = gpu_problem(ordinal);
+  if (!why.empty()) throw_user(ErrorKind::Runtime, why);
+  std::lock_guard<std::mutex> lock(g_gpus_mu);
+  SessionGpu& g = session_gpus()[ordinal];
+  if (!g.device) g.device = rc::Device::open(ordinal);
+  uint64_t generation = Session::get().generation();
+  if (!g.variables || g.generation != generation) {
+    // The jobs of an earlier generation keep the old copies alive while
+    // they exist; they never run again (they recompile).
+    g.variables = std::make_shared<rc::DeviceVariables>(g.device);
+    g.generation = generation;
+  }
+  s.target.kind = jit::Target::Kind::Gpu;
+  s.target.gpu = g.device;
+  s.target.gpu_variables = g.variables;
+  s.target.allow_tf32 = env_flag("FLOWJIT_ALLOW_TF32");
+}
+
+void before_host_run(const std::vector<runtime::VariableStorage*>& vars) {
+  for (runtime::VariableStorage* v : vars)
+    if (v->device_copies) runtime::sync_host(*v);
+}
+
+void after_host_run(const std::vector<runtime::VariableStorage*>& vars, bool writes) {
+  if (!writes) return;
+  for (runtime::VariableStorage* v : vars)
+    if (v->device_copies) v->device_copies->host_written();
+}
+
+// ---------------------------------------------------------------- runs
+
+std::shared_ptr<GpuRunner::Ticket> GpuRunner::submit(const void* const* inputs,
+                                                     std::vector<void*> outputs) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The previous run of this job still owns the staging buffers.
+  if (in_flight_) finish_locked(*in_flight_);
+  auto t = std::make_shared<Ticket>();
+  t->outputs = std::move(outputs);
+  exe_->submit(inputs);
+  in_flight_ = t;
+  return t;
+}
+
+void GpuRunner::finish_locked(Ticket& t) {
+  try {
+    exe_->finish(t.outputs.data());
+  } catch (...) {
+    t.error = std::current_exception();  // belongs to that run, reported with its results
+  }
+  t.done = true;
+  in_flight_.reset();
+}
+
+void GpuRunner::complete(const std::shared_ptr<Ticket>& t) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!t->done) {
+      FJ_CHECK(in_flight_ == t, "a GPU run completed out of order");
+      finish_locked(*t);
+    }
+  }
+  if (t->error) std::rethrow_exception(t->error);
+}
+
+void GpuRunner::run(const void* const* inputs, void* const* outputs) {
+  size_t n = exe_->plan().outputs.size();
+  complete(submit(inputs, std::vector<void*>(outputs, outputs + n)));
+}
+
+// ---------------------------------------------------------------- module
+
+void register_gpu(py::module_& m) {
+  m.def(
+      "gpu_status",
+      [](int ordinal) {
+        // Never raises: the Python layer turns the reason into its error
+        // (or a warning, with CPU fallback).
+        py::dict d;
+        std::string why;
+        {
+          py::gil_scoped_release release;
+          why = gpu_problem(ordinal);
+        }
+        d["available"] = why.empty();
+        d["reason"] = why;
+        d["ordinal"] = ordinal;
+        return d;
+      },
+      py::arg("ordinal") = 0,
+      "Whether GPU `ordinal` can run jobs; 'reason' says why not (no driver, no GPU).");
+  m.def(
+      "gpu_devices",
+      [] {
+        std::string why;
+        if (!rc::driver_available(&why)) throw_user(ErrorKind::Runtime, why);
+        py::list out;
+        for (const rc::DeviceInfo& d : rc::list_devices()) out.append(info_dict(d));
+        return out;
+      },
+      "The GPUs the CUDA driver sees (RuntimeError without a driver).");
+  m.def(
+      "gpu_variable_on_device",
+      [](const std::string& name, int ordinal) {
+        // For tests: whether GPU `ordinal` holds a newer value of the
+        // variable than the host (a read would download it).
+        runtime::VariableStorage* v = default_store().find(name);
+        if (!v) throw_user(ErrorKind::Value, "no variable named '", name, "' in the session");
+        std::lock_guard<std::mutex> lock(g_gpus_mu);
+        auto it = session_gpus().find(ordinal);
+        return it != session_gpus().end() && it->second.variables &&
+               it->second.variables->holds_newest(*v);
+      },
+      py::arg("name"), py::arg("ordinal") = 0);
+}
+
+}  // namespace flowjit::python
