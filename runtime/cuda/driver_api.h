@@ -50,6 +50,29 @@ constexpr int kJitInfoLogBuffer = 3;           // CU_JIT_INFO_LOG_BUFFER
 constexpr int kJitInfoLogBufferSizeBytes = 4;  // CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES
 constexpr int kJitErrorLogBuffer = 5;          // CU_JIT_ERROR_LOG_BUFFER
 constexpr int kJitErrorLogBufferSizeBytes = 6; // CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES
+constexpr int kMemoryTypeDevice = 2;           // CU_MEMORYTYPE_DEVICE
+
+// A strided (2D) copy, cuda.h's CUDA_MEMCPY2D field for field: `Height` rows
+// of `WidthInBytes`, rows `srcPitch` / `dstPitch` bytes apart. The NCCL
+// communicator uses it to move blocks between [outer][ranks][inner] and the
+// rank-major layout NCCL works in (checked against cuda.h in nccl_abi_check.cpp).
+struct CUarray_st;
+using CUarray = CUarray_st*;
+struct CUDA_MEMCPY2D {
+  size_t srcXInBytes = 0, srcY = 0;
+  int srcMemoryType = 0;  // an enum in cuda.h
+  const void* srcHost = nullptr;
+  CUdeviceptr srcDevice = 0;
+  CUarray srcArray = nullptr;
+  size_t srcPitch = 0;
+  size_t dstXInBytes = 0, dstY = 0;
+  int dstMemoryType = 0;
+  void* dstHost = nullptr;
+  CUdeviceptr dstDevice = 0;
+  CUarray dstArray = nullptr;
+  size_t dstPitch = 0;
+  size_t WidthInBytes = 0, Height = 0;
+};
 
 // X(member, ABI symbol, return type, parameters)
 #define FLOWJIT_CUDA_DRIVER_FUNCTIONS(X)                                                          \
@@ -80,6 +103,8 @@ constexpr int kJitErrorLogBufferSizeBytes = 6; // CU_JIT_ERROR_LOG_BUFFER_SIZE_B
     (void* dst, CUdeviceptr src, size_t bytes, CUstream stream))                                  \
   X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", CUresult,                                          \
     (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))                            \
+  X(cuMemcpy2DAsync, "cuMemcpy2DAsync_v2", CUresult,                                              \
+    (const CUDA_MEMCPY2D* copy, CUstream stream))                                                 \
   X(cuModuleLoadDataEx, "cuModuleLoadDataEx", CUresult,                                           \
     (CUmodule * module, const void* image, unsigned num_options, int* options, void** values))     \
   X(cuModuleUnload, "cuModuleUnload", CUresult, (CUmodule module))                                \
