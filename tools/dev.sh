@@ -47,7 +47,7 @@ run_tests() {
   log "ctest"
   (cd "$FLOWJIT_BUILD_DIR" && ctest --output-on-failure -j "$(nproc)")
   log "pytest"
-  "$PY" -m pytest -q tests/python
+  "$PY" -m pytest -q -rs tests/python
   log "pytest (slow: end-to-end training to accuracy)"
   "$PY" -m pytest -q -m slow tests/python
 }
