@@ -14,6 +14,11 @@ BATCH = 100
 
 
 def main(out, local, mode, steps, exit_after):
+    if os.environ.get("MP_WORKER_ONEFLOW_ENV"):  # OneFlow's form instead of FLOWJIT_WORLD_SIZE
+        world = int(os.environ.pop("FLOWJIT_WORLD_SIZE"))
+        flow.env.machine([{"addr": "127.0.0.1"}] * world)
+        flow.env.ctrl_port(int(os.environ.pop("FLOWJIT_MASTER_PORT")))
+        os.environ["FLOWJIT_WORLD_SIZE"] = str(world)  # read back below for the data split only
     flow.config.cpu_device_num(local)
     split, mirrored = mode == "split", mode == "mirrored"
     rank, world = int(os.environ.get("FLOWJIT_RANK", "0")), int(os.environ.get("FLOWJIT_WORLD_SIZE", "1"))

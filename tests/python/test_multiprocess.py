@@ -23,7 +23,7 @@ def free_port():
 
 
 def launch(tmp_path, world, local=1, split=True, exit_after=-1, sizes=None, timeout=20, tag="r",
-           mode=None):
+           mode=None, extra_env=None):
     port = free_port()
     procs = []
     for rank in range(world):
@@ -31,6 +31,7 @@ def launch(tmp_path, world, local=1, split=True, exit_after=-1, sizes=None, time
         env.update(FLOWJIT_WORLD_SIZE=str(sizes[rank] if sizes else world), FLOWJIT_RANK=str(rank),
                    FLOWJIT_MASTER_ADDR="127.0.0.1", FLOWJIT_MASTER_PORT=str(port),
                    FLOWJIT_TIMEOUT=str(timeout))
+        env.update(extra_env or {})
         out = str(tmp_path / f"{tag}{rank}.npz")
         ea = exit_after if rank == world - 1 else -1
         procs.append((subprocess.Popen([sys.executable, WORKER, out, str(local), mode or ("split" if split else "dp"),
@@ -65,6 +66,26 @@ def check_same(results, want, losses=True):
 
 def test_two_processes_match_one(tmp_path, one_process):
     check_same(launch(tmp_path, 2), one_process)
+
+
+def test_oneflow_env_machine_and_ctrl_port(tmp_path, one_process):
+    check_same(launch(tmp_path, 2, extra_env={"MP_WORKER_ONEFLOW_ENV": "1"}), one_process)
+
+
+def test_env_settings_are_checked(monkeypatch):
+    import flowjit as flow
+    with pytest.raises(ValueError, match="ctrl_port"):
+        flow.env.ctrl_port(0)
+    with pytest.raises(ValueError, match="env.machine"):
+        flow.env.machine([])
+    monkeypatch.setenv("FLOWJIT_WORLD_SIZE", "2")
+    monkeypatch.delenv("FLOWJIT_RANK", raising=False)
+    from flowjit import env
+    with pytest.raises(ValueError, match="FLOWJIT_RANK"):
+        env._process_rank()
+    monkeypatch.setenv("FLOWJIT_RANK", "5")
+    with pytest.raises(ValueError, match="outside 0..1"):
+        env._process_rank()
 
 
 def test_two_processes_of_two_devices_data_parallel(tmp_path, one_process):
