@@ -14,6 +14,7 @@
 #include "ir/printer.h"
 #include "jit/build_info.h"
 #include "jit/cache.h"
+#include "jit/compile_internal.h"
 #include "jit/fusion.h"
 #include "ir/verifier.h"
 #include "jit/pipeline.h"
@@ -104,22 +105,32 @@ void store_in_cache(DiskCache& cache, CompiledJob& out, const JobDescription& jo
                     const runtime::Plan& plan, const codegen::cpu::CompiledObject& obj,
                     double compile_seconds, PassLog& log) {
   if (is_unwritable_cache(cache.dir())) return;
-  auto t0 = std::chrono::steady_clock::now();
+  CacheEntry e = detail::common_cache_entry(out, job, plan, compile_seconds);
+  e.object = obj.object;
+  e.llvm_ir = obj.llvm_ir;
+  e.target = codegen::cpu::host_target_id();
+  if (job.distribution.parts > 1)  // the per-device program of a distributed job
+    e.target += " x" + std::to_string(job.distribution.parts) +
+                (job.distribution.mirrored ? " mirrored" : " devices");
+  e.codegen_seconds = obj.seconds_emit + obj.seconds_optimize + obj.seconds_codegen;
+  detail::publish_cache_entry(cache, e, out, log);
+}
+}  // namespace
+
+namespace detail {
+
+CacheEntry common_cache_entry(const CompiledJob& out, const JobDescription& job,
+                              const runtime::Plan& plan, double compile_seconds) {
   CacheEntry e;
   e.key = out.cache_key;
-  e.object = obj.object;
   e.plan = plan.serialize();
   e.ir_traced = out.ir_traced;
   e.ir_optimized = out.ir_optimized;
   e.fusion_plan = out.fusion_plan;
   e.kernels = out.kernels;
-  e.llvm_ir = obj.llvm_ir;
   e.job_name = job.name;
   e.signature = job.signature;
   e.source = job.source;
-  e.target = codegen::cpu::host_target_id();
-  if (job.distribution.parts > 1)  // the per-device program of a distributed job
-    e.target += " x" + std::to_string(job.distribution.parts) + (job.distribution.mirrored ? " mirrored" : " devices");
   e.llvm_version = llvm_version();
   e.build_id = flowjit_build_id() + "+" + loaded_binary_id();
   e.version = flowjit_version();
@@ -128,7 +139,11 @@ void store_in_cache(DiskCache& cache, CompiledJob& out, const JobDescription& jo
   e.arena_bytes = plan.arena_bytes;
   e.num_kernels = static_cast<int64_t>(plan.launches.size());
   e.compile_seconds = compile_seconds;
-  e.codegen_seconds = obj.seconds_emit + obj.seconds_optimize + obj.seconds_codegen;
+  return e;
+}
+
+void publish_cache_entry(DiskCache& cache, const CacheEntry& e, CompiledJob& out, PassLog& log) {
+  auto t0 = std::chrono::steady_clock::now();
   std::string why;
   switch (cache.store(e, why)) {
     case DiskCache::Stored::Published:
@@ -154,7 +169,8 @@ void store_in_cache(DiskCache& cache, CompiledJob& out, const JobDescription& jo
               std::to_string(evicted) + " least recently used entries (bound " +
                   std::to_string(cache.max_bytes()) + " bytes)");
 }
-}  // namespace
+
+}  // namespace detail
 
 CompileSettings CompileSettings::from_environment() {
   CompileSettings s;

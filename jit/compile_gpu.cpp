@@ -23,6 +23,7 @@
 #include "jit/build_info.h"
 #include "jit/cache.h"
 #include "jit/compile.h"
+#include "jit/compile_internal.h"
 #include "jit/fusion.h"
 #include "jit/pipeline.h"
 #include "jit/sha256.h"
@@ -178,58 +179,17 @@ void store_in_cache(DiskCache& cache, CompiledJob& out, const JobDescription& jo
                     const nv::CompiledModule& mod, const std::vector<rc::GpuLaunch>& launches,
                     double compile_seconds, PassLog& log) {
   if (is_unwritable_cache(cache.dir())) return;
-  auto t0 = std::chrono::steady_clock::now();
-  CacheEntry e;
-  e.key = out.cache_key;
+  CacheEntry e = detail::common_cache_entry(out, job, plan, compile_seconds);
   e.object = mod.cubin;
-  e.plan = plan.serialize();
-  e.ir_traced = out.ir_traced;
-  e.ir_optimized = out.ir_optimized;
-  e.fusion_plan = out.fusion_plan;
-  e.kernels = out.kernels;
   e.llvm_ir = mod.llvm_ir;
   e.extra_files = {{kPtxFile, mod.ptx}, {kLaunchesFile, rc::serialize_launches(launches)}};
-  e.job_name = job.name;
-  e.signature = job.signature;
-  e.source = job.source;
   // The key's target, with the PTX version and whether a cubin came along.
   size_t after_sm = target.find(';', target.find(";sm_") + 1);
   e.target = target.substr(0, after_sm) + ";ptx" + std::to_string(mod.ptx_version) +
              target.substr(after_sm) + ";cubin=" + (mod.cubin.empty() ? "none" : "yes");
-  e.llvm_version = llvm_version();
-  e.build_id = flowjit_build_id() + "+" + loaded_binary_id();
-  e.version = flowjit_version();
-  for (auto& t : plan.inputs) e.inputs.push_back(t.str());
-  for (auto& t : plan.outputs) e.outputs.push_back(t.str());
-  e.arena_bytes = plan.arena_bytes;
-  e.num_kernels = static_cast<int64_t>(plan.launches.size());
-  e.compile_seconds = compile_seconds;
   e.codegen_seconds =
       mod.seconds_emit + mod.seconds_optimize + mod.seconds_codegen + mod.seconds_ptxas;
-  std::string why;
-  switch (cache.store(e, why)) {
-    case DiskCache::Stored::Published:
-      log.stage("disk cache store", since(t0), short_key(e.key) + " published in " + cache.dir());
-      break;
-    case DiskCache::Stored::AlreadyPresent:
-      log.stage("disk cache store", since(t0),
-                short_key(e.key) + " already present (kept that one)");
-      return;
-    case DiskCache::Stored::Failed:
-      log.stage("disk cache store", since(t0), "failed: " + why);
-      if (note_unwritable_cache(cache.dir()))
-        out.warnings.push_back(
-            "flowjit: the kernel cache in " + cache.dir() + " cannot be written (" + why +
-            "); compiled kernels are kept in memory only (set FLOWJIT_CACHE_DIR to a "
-            "writable directory, or FLOWJIT_DISABLE_CACHE=1)");
-      return;
-  }
-  auto t_evict = std::chrono::steady_clock::now();
-  int evicted = cache.evict(e.key);
-  if (evicted > 0)
-    log.stage("disk cache evict", since(t_evict),
-              std::to_string(evicted) + " least recently used entries (bound " +
-                  std::to_string(cache.max_bytes()) + " bytes)");
+  detail::publish_cache_entry(cache, e, out, log);
 }
 
 }  // namespace
