@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -32,8 +33,17 @@ void PassLog::dump(const std::string& stage, const std::string& text) {
   if (dump_dir.empty()) return;
   char prefix[16];
   std::snprintf(prefix, sizeof prefix, "%03d", dump_counter++);
-  std::ofstream f(dump_dir + "/" + job + "." + prefix + "." + stage + ".txt");
+  // The directory is made on first use; a dump that cannot be written is
+  // reported once instead of silently missing.
+  std::error_code ec;
+  std::filesystem::create_directories(dump_dir, ec);
+  std::string path = dump_dir + "/" + job + "." + prefix + "." + stage + ".txt";
+  std::ofstream f(path);
   f << text;
+  if (!f && !dump_failed) {
+    dump_failed = true;
+    std::fprintf(stderr, "[flowjit] FLOWJIT_DUMP_DIR: cannot write %s\n", path.c_str());
+  }
 }
 
 Graph optimize(const Graph& input, PassLog& log) {

@@ -20,6 +20,7 @@ struct PassLog {
   void stage(const std::string& name, double seconds, const std::string& detail = "");
   void dump(const std::string& stage, const std::string& text);
   int dump_counter = 0;
+  bool dump_failed = false;  // reported once per job
 };
 
 // Runs the passes in order, verifying the IR after each one:
