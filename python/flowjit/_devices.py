@@ -32,6 +32,25 @@ def ensure_configured():
         _C.configure_devices(local)
 
 
+_splits = {"generation": None, "axes": {}}
+
+
+def _session_splits(job, builder):
+    """Declared splits are the variable's, not the job's: a job that uses a
+    variable without distribute= (an eval job) lays it out as the job that
+    declared it did. Two different declarations are an error."""
+    gen = _C.session_generation()
+    if _splits["generation"] != gen:
+        _splits.update(generation=gen, axes={})
+    axes = _splits["axes"]
+    for name, axis in builder.split_vars.items():
+        if axes.get(name, axis) != axis:
+            raise ValueError(f"job '{job}': variable '{name}' is declared split({axis}) but another job "
+                             f"declared it split({axes[name]}); a variable has one layout per session")
+    axes.update(builder.split_vars)
+    return {name: axes[name] for name in builder.variables if name in axes}
+
+
 def _placement_devices(job, placement):
     if placement.device_tag == "gpu":
         _gpu_ordinal(job, placement)  # one GPU per job, or a clear error
@@ -145,5 +164,5 @@ def distribution(job, config, builder, params):
                 raise NotImplementedError(
                     f"job '{job}': parameter '{name}' is a {ph.kind} placeholder, but in the mirrored view "
                     f"over {parts} devices every input is per device: use tp.ListNumpy.Placeholder")
-    return {"parts": parts, "mirrored": mirrored, "split_vars": dict(builder.split_vars),
+    return {"parts": parts, "mirrored": mirrored, "split_vars": _session_splits(job, builder),
             "whole_outputs": procs > 1}

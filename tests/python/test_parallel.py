@@ -406,3 +406,31 @@ def test_list_list_numpy_over_several_devices_is_refused():
 
     with pytest.raises(NotImplementedError, match="ListListNumpy placeholder over 2 devices"):
         job([[np.zeros(4, np.float32)], [np.zeros(4, np.float32)]])
+
+
+def test_an_eval_job_without_distribute_uses_the_declared_split():
+    flow.config.cpu_device_num(2)
+
+    @flow.global_function(type="train")
+    def train_job(x: tp.Numpy.Placeholder((4, 4), dtype=flow.float)) -> tp.Numpy:
+        w = flow.get_variable("w", shape=(4, 4), initializer=flow.ones_initializer(),
+                              distribute=flow.distribute.split(0))
+        loss = flow.math.reduce_mean(flow.matmul(x, w))
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss)
+        return loss
+
+    @flow.global_function(type="predict")
+    def eval_job(x: tp.Numpy.Placeholder((4, 4), dtype=flow.float)) -> tp.Numpy:
+        return flow.matmul(x, flow.get_variable("w", shape=(4, 4)))
+
+    @flow.global_function(type="predict")
+    def other_split(x: tp.Numpy.Placeholder((4, 4), dtype=flow.float)) -> tp.Numpy:
+        return flow.matmul(x, flow.get_variable("w", shape=(4, 4), distribute=flow.distribute.split(1)))
+
+    x = np.ones((4, 4), np.float32)
+    train_job(x)
+    w = flow.get_all_variables()["w"]
+    np.testing.assert_allclose(eval_job(x), x @ w, rtol=1e-6)
+    assert "variable w: S(0)" in eval_job.compiled_jobs()[0].distribution
+    with pytest.raises(ValueError, match="one layout per session"):
+        other_split(x)
