@@ -403,8 +403,30 @@ class GlooCommunicator final : public Communicator {
   // The leader's steps: read slots_[*].in, write slots_[*].out. Every input
   // is copied out before any output is written, since they may alias.
 
+  // Every process gathers every rank's input and adds them in rank order
+  // itself. Gloo's allgather is several times faster here than its alltoall
+  // (16 bytes: 60 vs 350 us; 0.8 MB: 0.34 vs 0.43-0.7 ms on loopback), and
+  // for two processes it receives no more bytes than the alltoall scheme.
+  void reduce_all_by_gather(int64_t count, ir::DType dtype) {
+    const size_t es = static_cast<size_t>(ir::dtype_bytes(dtype));
+    const size_t piece = static_cast<size_t>(count) * es;  // one rank's input
+    acc_.resize(static_cast<size_t>(P_) * L_ * piece);
+    for (int l = 0; l < L_; ++l)
+      std::memcpy(acc_.data() + (static_cast<size_t>(p_) * L_ + l) * piece,
+                  slots_[static_cast<size_t>(l)].in, piece);
+    allgather_in_place(acc_.data(), acc_.size());
+    char* out0 = static_cast<char*>(slots_[0].out);
+    std::memcpy(out0, acc_.data(), piece);
+    for (int r = 1; r < P_ * L_; ++r) accumulate(out0, acc_.data() + static_cast<size_t>(r) * piece, count, dtype);
+    for (int l = 1; l < L_; ++l) std::memcpy(slots_[static_cast<size_t>(l)].out, out0, piece);
+  }
+
   void reduce_all(int64_t count, ir::DType dtype) {
     if (count <= 0) return;
+    // Small exchanges are latency-bound and two processes move the same bytes
+    // either way: gather. Large ones over more processes: alltoall + allgather.
+    if (P_ > 1 && (P_ == 2 || count * ir::dtype_bytes(dtype) * L_ <= (64 << 10)))
+      return reduce_all_by_gather(count, dtype);
     const size_t es = static_cast<size_t>(ir::dtype_bytes(dtype));
     const int64_t chunk = (count + P_ - 1) / P_;  // elements process q reduces: chunk q
     const size_t chunk_bytes = static_cast<size_t>(chunk) * es;
