@@ -477,8 +477,34 @@ class GlooCommunicator final : public Communicator {
     for (int l = 1; l < L_; ++l) std::memcpy(slots_[static_cast<size_t>(l)].out, out0, O * R * B);
   }
 
+  // As reduce_all_by_gather: every process gathers all inputs whole and adds
+  // its own devices' blocks in rank order.
+  void scatter_reduce_by_gather(int64_t outer, int64_t inner, ir::DType dtype) {
+    const size_t es = static_cast<size_t>(ir::dtype_bytes(dtype));
+    const size_t O = static_cast<size_t>(outer), I = static_cast<size_t>(inner);
+    const size_t R = static_cast<size_t>(P_) * L_;
+    const size_t whole = O * R * I * es;  // one rank's input: [O][R][I]
+    acc_.resize(R * whole);
+    for (int l = 0; l < L_; ++l)
+      std::memcpy(acc_.data() + (static_cast<size_t>(p_) * L_ + l) * whole,
+                  slots_[static_cast<size_t>(l)].in, whole);
+    allgather_in_place(acc_.data(), acc_.size());
+    for (int l = 0; l < L_; ++l) {
+      size_t g = static_cast<size_t>(p_) * L_ + l;
+      char* out = static_cast<char*>(slots_[static_cast<size_t>(l)].out);
+      for (size_t o = 0; o < O; ++o) {
+        char* dst = out + o * I * es;
+        std::memcpy(dst, acc_.data() + (o * R + g) * I * es, I * es);
+        for (size_t r = 1; r < R; ++r)
+          accumulate(dst, acc_.data() + r * whole + (o * R + g) * I * es, inner, dtype);
+      }
+    }
+  }
+
   void scatter_reduce(int64_t outer, int64_t inner, ir::DType dtype) {
     if (outer <= 0 || inner <= 0) return;
+    if (P_ > 1 && (P_ == 2 || outer * inner * P_ * L_ * ir::dtype_bytes(dtype) * L_ <= (64 << 10)))
+      return scatter_reduce_by_gather(outer, inner, dtype);
     const size_t es = static_cast<size_t>(ir::dtype_bytes(dtype));
     const size_t O = static_cast<size_t>(outer), I = static_cast<size_t>(inner);
     const size_t L = static_cast<size_t>(L_), R = static_cast<size_t>(P_) * L;
