@@ -70,6 +70,15 @@ struct Ops {
   Value* clamp(Value* v, double lo, double hi) const {
     return call(llvm::Intrinsic::minnum, call(llvm::Intrinsic::maxnum, v, c(lo)), c(hi));
   }
+  // min(v, hi) and max(v, lo) that return a NaN v unchanged: `lo > v ? lo : v` is
+  // one minps/maxps on x86 (which returns its second operand on NaN), where
+  // maxnum/minnum would turn NaN into the bound.
+  Value* min_keep_nan(Value* v, double hi) const {
+    return b.CreateSelect(b.CreateFCmpOLT(c(hi), v), c(hi), v);
+  }
+  Value* max_keep_nan(Value* v, double lo) const {
+    return b.CreateSelect(b.CreateFCmpOGT(c(lo), v), c(lo), v);
+  }
   Value* to_bits(Value* v) const { return b.CreateBitCast(v, it); }
   Value* from_bits(Value* v) const { return b.CreateBitCast(v, ft); }
   Value* is_nan(Value* v) const { return b.CreateFCmpUNO(v, v); }
@@ -88,28 +97,52 @@ struct Ops {
 };
 
 // ---------------------------------------------------------------- exp
-// exp(x): 1. k = roundeven(x / ln2), r = x - k ln2 with ln2 split in two so that
-// the first fma is exact (Cody-Waite), |r| <= ln2/2 + tiny. 2. e^r = 1 + r +
-// r^2 P(r). 3. Scale by 2^k as 2^(k/2) * 2^(k - k/2): each factor is normal for
-// every k in range, so results near overflow and subnormal results are rounded
-// once. x is clamped first so that k fits and the scale saturates to inf or 0
-// by itself. Error: float 1.02 ulp, double 0.97 ulp.
-Value* exp_impl(const Ops& o, Value* x) {
-  const bool d = o.f64;
-  Value* xc = d ? o.clamp(x, -746.0, 710.0) : o.clamp(x, -104.0, 89.0);
+// float exp(x), about 17 vector instructions:
+// 1. x is clamped to [-104, 89] by min/max that keep NaN (so no NaN select is
+//    needed: NaN flows through the arithmetic). t = fma(x, log2e, S) with the
+//    shifter S = 1.5 * 2^23 + 126 rounds x log2e to the nearest integer k in the
+//    low mantissa bits of t (ties to even) and k = t - S exactly.
+// 2. r = x - k ln2 by two fmas (Cody-Waite, ln2 = hi + lo), |r| <= ln2/2 + 1e-5.
+// 3. 2 e^r by a degree-6 polynomial (constant term 2; relative minimax error
+//    2e-9 on [-0.34675, 0.34675]): 6 fmas.
+// 4. The scale 2^(k-1) is the bits of t shifted left by 23 (the low 9 bits of t
+//    hold k + 126; the factor 2 is in the polynomial so k = 128 stays finite and
+//    the product rounds to inf by itself above ln(FLT_MAX)). For x < -64, which
+//    covers every result below 2^-126, the scale gets an exponent 32 higher and
+//    the product one more multiply by 2^-32 (exact for normal results), so
+//    subnormal results are rounded once and underflow reaches 0.
+// Error: 1.06 ulp over every input in [-104, 89].
+Value* exp_f32(const Ops& o, Value* x) {
+  constexpr double kShift = 0x1.8p23 + 126;
+  Value* xc = o.max_keep_nan(o.min_keep_nan(x, 89.0), -104.0);
+  Value* t = o.fma(xc, o.c(0x1.715476p+0), o.c(kShift));
+  Value* k = o.b.CreateFSub(t, o.c(kShift));
+  Value* r = o.fma(k, o.c(-0x1.62e430p-1), xc);
+  r = o.fma(k, o.c(0x1.05c610p-29), r);
+  Value* p2 = o.horner(r, {0x1.6ae6e0p-9, 0x1.1267d8p-6, 0x1.555824p-4, 0x1.555418p-2,
+                           0x1.fffffcp-1, 0x1.0p+1, 2.0});
+  Value* tiny = o.b.CreateFCmpOLT(x, o.c(-64.0));
+  Value* sbits = o.b.CreateShl(o.to_bits(t), 23);
+  sbits = o.b.CreateSelect(tiny, o.b.CreateAdd(sbits, o.i(32u << 23)), sbits);
+  Value* res = o.b.CreateFMul(p2, o.from_bits(sbits));
+  return o.b.CreateSelect(tiny, o.b.CreateFMul(res, o.c(0x1p-32)), res);
+}
+
+// double exp(x): 1. k = roundeven(x / ln2), r = x - k ln2 with ln2 split in two
+// so that the first fma is exact (Cody-Waite), |r| <= ln2/2 + tiny. 2. e^r =
+// 1 + r + r^2 P(r). 3. Scale by 2^k as 2^(k/2) * 2^(k - k/2): each factor is
+// normal for every k in range, so results near overflow and subnormal results
+// are rounded once. x is clamped first so that k fits and the scale saturates
+// to inf or 0 by itself. Error: 0.97 ulp.
+Value* exp_f64(const Ops& o, Value* x) {
+  Value* xc = o.clamp(x, -746.0, 710.0);
   Value* k = o.call(llvm::Intrinsic::roundeven, o.b.CreateFMul(xc, o.c(0x1.71547652b82fep+0)));
-  Value* r = o.fma(k, o.c(d ? -0x1.62e42fefa39efp-1 : -0x1.62e430p-1), xc);
-  r = o.fma(k, o.c(d ? -0x1.abc9e3b39803fp-56 : 0x1.05c610p-29), r);
-  Value* p;
-  if (d) {
-    // Taylor series to degree 13: truncation error < 2^-57 for |r| <= 0.35.
-    p = o.horner(r, {1.0 / 6227020800, 1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880,
-                     1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5});
-  } else {
-    // Cephes expf: P of degree 5.
-    p = o.horner(r, {1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-                     1.6666665459e-1, 5.0000001201e-1});
-  }
+  Value* r = o.fma(k, o.c(-0x1.62e42fefa39efp-1), xc);
+  r = o.fma(k, o.c(-0x1.abc9e3b39803fp-56), r);
+  // Taylor series to degree 13: truncation error < 2^-57 for |r| <= 0.35.
+  Value* p = o.horner(r, {1.0 / 6227020800, 1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800,
+                          1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24,
+                          1.0 / 6, 0.5});
   Value* er = o.b.CreateFAdd(o.fma(p, o.b.CreateFMul(r, r), r), o.c(1.0));
   Value* ki = o.b.CreateFPToSI(k, o.it);
   Value* k1 = o.b.CreateAShr(ki, 1);
@@ -117,6 +150,8 @@ Value* exp_impl(const Ops& o, Value* x) {
   Value* res = o.b.CreateFMul(o.b.CreateFMul(er, o.pow2(k1)), o.pow2(k2));
   return o.b.CreateSelect(o.is_nan(x), x, res);
 }
+
+Value* exp_impl(const Ops& o, Value* x) { return o.f64 ? exp_f64(o, x) : exp_f32(o, x); }
 
 // ---------------------------------------------------------------- log
 // Splits x = 2^e * m with m in [sqrt(1/2), sqrt(2)) by integer ops on the bits
@@ -227,31 +262,58 @@ Value* sincos_impl(const Ops& o, Value* x, int quarter_turns) {
 }
 
 // ---------------------------------------------------------------- tanh, sigmoid
-// tanh(x) = sign(x) tanh(|x|). For |x| < 0.625 an odd minimax form
-// |x| + |x| z P(z), z = x^2 (Cephes tanhf: degree-4 polynomial; Cephes tanh:
-// rational 2/3), which keeps relative accuracy for tiny x; above it
-// 1 - 2 / (e^(2|x|) + 1), which saturates to 1 by itself. Error: float 1.33 ulp,
-// double 1.24 ulp.
-Value* tanh_impl(const Ops& o, Value* x) {
+// float tanh(x) = sign(x) tanh(a), a = min(|x|, 10) (the min keeps NaN), from
+// one expm1 and one division, no select: with E = e^(-2a),
+// tanh(a) = (1 - E) / (1 + E) = m / d, m = E - 1, d = -(1 + E). m keeps relative
+// accuracy for tiny a (m = -2a exactly there, so tanh(x) = x) and the quotient
+// saturates to 1 by itself (tanh(10) rounds to 1).
+// 1. k = round(-2a log2e) by the shifter as in exp_f32 (the low bits of t hold
+//    k + 128, so t << 23 is s2 = 2^(k+1)); h = a + k ln2/2 by two fmas, so that
+//    -2a = k ln2 - 2h, |h| <= ln2/4 + tiny.
+// 2. g = (1 - e^(-2h)) / 2 = h + h^2 P(h), P of degree 4 (a degree-6 relative
+//    minimax for expm1 on [-0.34675, 0.34675], error 1.3e-8, rescaled by powers
+//    of -2); the leading h is added last, so g is rounded about once.
+// 3. E = 2^k (1 - 2g): m = fma(-s2, g, 2^k - 1) and d = fma(s2, g, -1 - 2^k),
+//    each rounded once from g (2^k - 1 is exact for k >= -24; d is not
+//    derived from the rounded m, which would double m's error near tanh = 1).
+// About 20 vector instructions plus the division. Error: 1.93 ulp over every
+// input (the three roundings of m, d and the quotient, worst near |x| = 0.5).
+Value* tanh_f32(const Ops& o, Value* x) {
+  constexpr double kShift = 0x1.8p23 + 128;
+  Value* a = o.min_keep_nan(o.call(llvm::Intrinsic::fabs, x), 10.0);
+  Value* t = o.fma(a, o.c(-0x1.715476p+1), o.c(kShift));
+  Value* k = o.b.CreateFSub(t, o.c(kShift));
+  Value* h = o.fma(k, o.c(0x1.62e430p-2), a);
+  h = o.fma(k, o.c(-0x1.05c610p-30), h);
+  Value* p = o.horner(h, {-0x1.6bebfep-5, 0x1.1227b0p-3, -0x1.555674p-2, 0x1.5554b0p-1,
+                          -0x1.fffffep-1});
+  Value* g = o.fma(p, o.b.CreateFMul(h, h), h);
+  Value* s2 = o.from_bits(o.b.CreateShl(o.to_bits(t), 23));
+  Value* ns2 = o.b.CreateFNeg(s2);
+  Value* m = o.fma(ns2, g, o.fma(s2, o.c(0.5), o.c(-1.0)));
+  Value* d = o.fma(s2, g, o.fma(s2, o.c(-0.5), o.c(-1.0)));
+  return o.call(llvm::Intrinsic::copysign, o.b.CreateFDiv(m, d), x);
+}
+
+// double tanh(x) = sign(x) tanh(|x|). For |x| < 0.625 the odd form
+// |x| + |x| z P(z)/Q(z), z = x^2 (Cephes tanh: rational 2/3), which keeps
+// relative accuracy for tiny x; above it 1 - 2 / (e^(2|x|) + 1), which saturates
+// to 1 by itself. Error: 1.24 ulp.
+Value* tanh_f64(const Ops& o, Value* x) {
   Value* ax = o.call(llvm::Intrinsic::fabs, x);
   Value* z = o.b.CreateFMul(ax, ax);
-  Value* pz;
-  if (o.f64) {
-    Value* p = o.horner(
-        z, {-9.64399179425052238628e-1, -9.92877231001918586564e1, -1.61468768441708447952e3});
-    Value* q = o.horner(
-        z, {1.0, 1.12811678491632931402e2, 2.23548839060100448583e3, 4.84406305325125486048e3});
-    pz = o.b.CreateFDiv(p, q);
-  } else {
-    pz = o.horner(z, {-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
-                      -3.33332819422e-1});
-  }
-  Value* small = o.fma(o.b.CreateFMul(ax, z), pz, ax);
+  Value* p = o.horner(
+      z, {-9.64399179425052238628e-1, -9.92877231001918586564e1, -1.61468768441708447952e3});
+  Value* q = o.horner(
+      z, {1.0, 1.12811678491632931402e2, 2.23548839060100448583e3, 4.84406305325125486048e3});
+  Value* small = o.fma(o.b.CreateFMul(ax, z), o.b.CreateFDiv(p, q), ax);
   Value* e2 = exp_impl(o, o.b.CreateFMul(ax, o.c(2.0)));
   Value* large = o.b.CreateFSub(o.c(1.0), o.b.CreateFDiv(o.c(2.0), o.b.CreateFAdd(e2, o.c(1.0))));
   Value* res = o.b.CreateSelect(o.b.CreateFCmpOLT(ax, o.c(0.625)), small, large);
   return o.call(llvm::Intrinsic::copysign, res, x);
 }
+
+Value* tanh_impl(const Ops& o, Value* x) { return o.f64 ? tanh_f64(o, x) : tanh_f32(o, x); }
 
 // sigmoid(x) = num / (1 + e) with e = e^-|x| and num = 1 for x >= 0, e for
 // x < 0: e never overflows and the x < 0 branch keeps relative accuracy down to
@@ -259,7 +321,7 @@ Value* tanh_impl(const Ops& o, Value* x) {
 // (1 - d) + e is exact, and the quotient q = num / d is corrected once,
 // s = q + (num - q d - q d_err) / (1 + e), with 1 / (1 + e) ~ q (x >= 0) or 1 - q
 // (x < 0). Error: 0.5 ulp plus exp's error scaled by at most 1; measured float
-// 1.48 ulp, double 1.31 ulp.
+// 1.49 ulp, double 1.31 ulp.
 Value* sigmoid_impl(const Ops& o, Value* x) {
   Value* e = exp_impl(o, o.b.CreateFNeg(o.call(llvm::Intrinsic::fabs, x)));
   Value* pos = o.b.CreateFCmpOGE(x, o.c(0.0));
