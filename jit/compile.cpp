@@ -23,11 +23,10 @@
 namespace flowjit::jit {
 
 using namespace ir;
+using detail::since;
+using detail::short_key;
 
 namespace {
-double since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
@@ -37,7 +36,6 @@ bool env_flag(const char* name) {
   for (auto& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return !(v.empty() || v == "0" || v == "false" || v == "no" || v == "off");
 }
-std::string short_key(const std::string& key) { return key.substr(0, 12); }
 
 bool same_launches(const runtime::Plan& a, const runtime::Plan& b) {
   if (a.job_name != b.job_name || a.inputs != b.inputs || a.outputs != b.outputs ||
@@ -76,20 +74,7 @@ std::shared_ptr<codegen::cpu::LoadedCode> load_cached(DiskCache& cache, const st
       found = DiskCache::Found::Damaged;
     }
   }
-  if (found == DiskCache::Found::Damaged) {
-    std::error_code ec;
-    bool gone = !std::filesystem::exists(cache.entry_dir(key), ec);
-    out.warnings.push_back("flowjit: the disk-cache entry " + short_key(key) + " of job '" +
-                           fresh.job_name + "' in " + cache.dir() + " was damaged (" + why + "); " +
-                           (gone ? "it was removed" : "it could not be removed") +
-                           " and the job is recompiled");
-    log.stage("disk cache damaged", since(t0), short_key(key) + ": " + why);
-    return nullptr;
-  }
-  if (found == DiskCache::Found::Miss) {
-    log.stage("disk cache miss", since(t0), short_key(key) + " in " + cache.dir());
-    return nullptr;
-  }
+  if (detail::note_cache_miss(found, why, cache, key, fresh.job_name, out, log, t0)) return nullptr;
   cache.touch(key);
   out.from_disk_cache = true;
   out.llvm_ir = std::move(hit.llvm_ir);
@@ -118,6 +103,26 @@ void store_in_cache(DiskCache& cache, CompiledJob& out, const JobDescription& jo
 }  // namespace
 
 namespace detail {
+
+bool note_cache_miss(DiskCache::Found found, const std::string& why, DiskCache& cache,
+                     const std::string& key, const std::string& job_name, CompiledJob& out,
+                     PassLog& log, std::chrono::steady_clock::time_point t0) {
+  if (found == DiskCache::Found::Damaged) {
+    std::error_code ec;
+    bool gone = !std::filesystem::exists(cache.entry_dir(key), ec);
+    out.warnings.push_back("flowjit: the disk-cache entry " + short_key(key) + " of job '" +
+                           job_name + "' in " + cache.dir() + " was damaged (" + why + "); " +
+                           (gone ? "it was removed" : "it could not be removed") +
+                           " and the job is recompiled");
+    log.stage("disk cache damaged", since(t0), short_key(key) + ": " + why);
+    return true;
+  }
+  if (found == DiskCache::Found::Miss) {
+    log.stage("disk cache miss", since(t0), short_key(key) + " in " + cache.dir());
+    return true;
+  }
+  return false;
+}
 
 CacheEntry common_cache_entry(const CompiledJob& out, const JobDescription& job,
                               const runtime::Plan& plan, double compile_seconds) {

@@ -35,13 +35,11 @@ namespace flowjit::jit {
 namespace nv = codegen::nvptx;
 namespace rc = runtime::cuda;
 using namespace ir;
+using detail::since;
+using detail::short_key;
 
 namespace {
 
-double since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-std::string short_key(const std::string& key) { return key.substr(0, 12); }
 
 constexpr const char* kPtxFile = "kernels.ptx";
 constexpr const char* kLaunchesFile = "launches.txt";
@@ -148,20 +146,7 @@ bool load_cached(DiskCache& cache, const std::string& key, const runtime::Plan& 
       found = DiskCache::Found::Damaged;
     }
   }
-  if (found == DiskCache::Found::Damaged) {
-    std::error_code ec;
-    bool gone = !std::filesystem::exists(cache.entry_dir(key), ec);
-    out.warnings.push_back("flowjit: the disk-cache entry " + short_key(key) + " of job '" +
-                           plan.job_name + "' in " + cache.dir() + " was damaged (" + why + "); " +
-                           (gone ? "it was removed" : "it could not be removed") +
-                           " and the job is recompiled");
-    log.stage("disk cache damaged", since(t0), short_key(key) + ": " + why);
-    return false;
-  }
-  if (found == DiskCache::Found::Miss) {
-    log.stage("disk cache miss", since(t0), short_key(key) + " in " + cache.dir());
-    return false;
-  }
+  if (detail::note_cache_miss(found, why, cache, key, plan.job_name, out, log, t0)) return false;
   cache.touch(key);
   out.from_disk_cache = true;
   out.llvm_ir = std::move(hit.llvm_ir);

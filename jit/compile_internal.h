@@ -2,6 +2,7 @@
 // share: filling a disk-cache entry and publishing it.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include "jit/cache.h"
@@ -9,6 +10,18 @@
 #include "jit/pipeline.h"
 
 namespace flowjit::jit::detail {
+
+inline double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+inline std::string short_key(const std::string& key) { return key.substr(0, 12); }
+
+// A lookup that found nothing usable: logs the miss, or for a damaged entry
+// (already removed by the caller when it could) warns once on `out` that the
+// job is recompiled. Returns true when `found` is not a hit.
+bool note_cache_miss(DiskCache::Found found, const std::string& why, DiskCache& cache,
+                     const std::string& key, const std::string& job_name, CompiledJob& out,
+                     PassLog& log, std::chrono::steady_clock::time_point t0);
 
 // The fields every entry has: key, plan, IR texts, job, build and plan
 // facts. The caller adds the code (object, llvm_ir, extra files), target and
