@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/cpp/test_util.h"
 #include "ir/printer.h"
 #include "jit/cache.h"
 #include "jit/compile.h"
@@ -25,22 +26,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory under the system temp dir, removed at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    static std::atomic<int> n{0};
-    path = (fs::temp_directory_path() /
-            ("flowjit-cache-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++)))
-               .string();
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using TempDir = flowjit::testing::TempDir;
 
 std::string slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/cpp/test_util.h"
 #include "ir/error.h"
 #include "runtime/collective.h"
 #include "runtime/gloo_communicator.h"
@@ -56,22 +57,7 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
-// A fresh directory under the system temp dir, removed at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    static std::atomic<int> n{0};
-    path = (fs::temp_directory_path() /
-            ("flowjit-gloo-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++)))
-               .string();
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using TempDir = flowjit::testing::TempDir;
 
 // A port nobody listens on right now (the kernel's pick for port 0).
 int free_port() {

@@ -28,6 +28,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tests/cpp/test_util.h"
 #include "ir/error.h"
 #include "runtime/collective.h"
 #include "runtime/cuda/device.h"
@@ -84,17 +85,7 @@ class ScopedEnv {
   std::string old_;
 };
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "flowjit-nccl-XXXXXX").string();
-    path = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using TempDir = flowjit::testing::TempDir;
 
 // Runs body(rank) on a thread per rank, as the communicators want; returns
 // each rank's error message ("" where it succeeded).
@@ -924,10 +915,10 @@ TEST(NcclLibrary, LibraryWithoutNcclIsRejectedNamingWhatItLacks) {
 
 TEST(NcclLibrary, CandidatesIncludeThePipPackageOfAnEnvironment) {
   TempDir dir;
-  fs::path lib = dir.path / "lib/python3.99/site-packages/nvidia/nccl/lib/libnccl.so.2";
+  fs::path lib = fs::path(dir.path) / "lib/python3.99/site-packages/nvidia/nccl/lib/libnccl.so.2";
   fs::create_directories(lib.parent_path());
   std::ofstream(lib.string()) << "not a library";
-  ScopedEnv env("VIRTUAL_ENV", dir.path.string());
+  ScopedEnv env("VIRTUAL_ENV", dir.path);
   auto c = rc::nccl_library_candidates();
   ASSERT_FALSE(c.empty());
   EXPECT_EQ(c[0], "libnccl.so.2") << "the dynamic loader's search comes first";
@@ -1106,7 +1097,7 @@ TEST(NcclFake, ProcessesJoinThroughAStoreAndTheirRanksAgree) {
   expect_no_errors(
       on_ranks(2,
                [&](int p) {
-                 runtime::FileStore store(dir.path.string(), std::chrono::milliseconds(10000));
+                 runtime::FileStore store(dir.path, std::chrono::milliseconds(10000));
                  rc::ncclUniqueId id =
                      rc::share_nccl_unique_id(store, "nccl-id", p == 0, &fake::api());
                  comms[static_cast<size_t>(p)] = rc::NcclCommunicator::create(

@@ -37,6 +37,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/cpp/test_util.h"
 #include "codegen/cpu/backend.h"
 #include "codegen/nvptx/backend.h"
 #include "ir/error.h"
@@ -1581,22 +1582,6 @@ TEST(NvptxRuntime, LaunchListRoundTripsAndRejectsDamage) {
 // fake driver, which runs the CPU code of the same kernels.
 namespace {
 
-struct GpuTempDir {
-  std::string path;
-  GpuTempDir() {
-    static std::atomic<int> n{0};
-    path = (std::filesystem::temp_directory_path() /
-            ("flowjit-gpu-cache-test-" + std::to_string(::getpid()) + "-" + std::to_string(n++)))
-               .string();
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~GpuTempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
 // Makes the fake GPU run the CPU code of `fp`'s kernels, by symbol.
 void fake_runs_cpu_code_of(const jit::FusedProgram& fp) {
   static std::vector<std::shared_ptr<codegen::cpu::LoadedCode>> keep;
@@ -1758,7 +1743,7 @@ TEST(NvptxCompile, PredictJobsOnTheGpuLeaveTheHostCurrent) {
 
 TEST(NvptxCompile, GpuCodeRoundTripsTheDiskCache) {
   fake::gpu() = fake::Gpu();
-  GpuTempDir tmp;
+  flowjit::testing::TempDir tmp("flowjit-gpu-cache-test");
   TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, 8, 56, 16, 10);
   jit::FusedProgram fp = fuse_graph(t.g, "t");
   fake_runs_cpu_code_of(fp);
