@@ -104,6 +104,26 @@ void store_in_cache(DiskCache& cache, CompiledJob& out, const JobDescription& jo
 
 namespace detail {
 
+std::optional<DiskCache> open_cache(const CompileSettings& settings, const FusedProgram& fp,
+                                    const std::string& target, CompiledJob& out) {
+  std::optional<DiskCache> cache;
+  if (settings.cache_dir.empty()) return cache;
+  if (settings.cache_max_bytes < 0) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true))
+      out.warnings.push_back(
+          "flowjit: FLOWJIT_CACHE_MAX_BYTES is not a byte size (e.g. 1073741824, "
+          "512M, 2G); using the default bound of 1 GiB");
+  }
+  cache.emplace(settings.cache_dir, settings.cache_max_bytes);
+  // Everything that decides the generated code is in the key. (A GPU launch
+  // list follows from the kernels and the target and is stored with the code.)
+  out.cache_key = cache_key({out.ir_optimized, fp.description, out.kernels, fp.plan.serialize(),
+                             target, llvm_version(), flowjit_build_id() + "+" + loaded_binary_id(),
+                             flowjit_version()});
+  return cache;
+}
+
 bool note_cache_miss(DiskCache::Found found, const std::string& why, DiskCache& cache,
                      const std::string& key, const std::string& job_name, CompiledJob& out,
                      PassLog& log, std::chrono::steady_clock::time_point t0) {
@@ -263,23 +283,8 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
     coded.push_back(i);
     code_kernels.push_back(fp.kernels[i]);
   }
-  const bool keep_llvm_ir = settings.debug >= 3 || settings.keep_text || !settings.dump_dir.empty();
-
-  // The disk cache: everything that decides the generated code is in the key.
-  std::optional<DiskCache> cache;
-  if (!settings.cache_dir.empty()) {
-    if (settings.cache_max_bytes < 0) {
-      static std::atomic<bool> warned{false};
-      if (!warned.exchange(true))
-        out.warnings.push_back(
-            "flowjit: FLOWJIT_CACHE_MAX_BYTES is not a byte size (e.g. 1073741824, "
-            "512M, 2G); using the default bound of 1 GiB");
-    }
-    cache.emplace(settings.cache_dir, settings.cache_max_bytes);
-    out.cache_key = cache_key({out.ir_optimized, fp.description, out.kernels, fp.plan.serialize(),
-                               codegen::cpu::host_target_id(), llvm_version(),
-                               flowjit_build_id() + "+" + loaded_binary_id(), flowjit_version()});
-  }
+  const bool keep_llvm_ir = detail::keep_llvm_ir(settings);
+  std::optional<DiskCache> cache = detail::open_cache(settings, fp, codegen::cpu::host_target_id(), out);
 
   auto t_cg = std::chrono::steady_clock::now();
   std::shared_ptr<codegen::cpu::LoadedCode> code;

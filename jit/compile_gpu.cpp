@@ -9,7 +9,6 @@
 // kernels.ptx and launches.txt, under a key whose target names nvptx, the
 // SM, TF32, the math library (with libdevice's hash) and ptxas.
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -209,26 +208,11 @@ void compile_for_gpu(const JobDescription& job, const CompileSettings& settings,
                 ", ", info.str(), ", but flowjit generates code for sm_70 and newer only");
   for (const codegen::Kernel& k : fp.kernels)
     FJ_CHECK(k.kind != codegen::Kernel::Kind::Collective, "a collective in a single-GPU job");
-  const bool keep_llvm_ir = settings.debug >= 3 || settings.keep_text || !settings.dump_dir.empty();
+  const bool keep_llvm_ir = detail::keep_llvm_ir(settings);
   GpuChoices choices = resolve(target, sm);
 
   const std::string target_text = target_id(target, choices);
-  std::optional<DiskCache> cache;
-  if (!settings.cache_dir.empty()) {
-    if (settings.cache_max_bytes < 0) {
-      static std::atomic<bool> warned{false};
-      if (!warned.exchange(true))
-        out.warnings.push_back(
-            "flowjit: FLOWJIT_CACHE_MAX_BYTES is not a byte size (e.g. 1073741824, "
-            "512M, 2G); using the default bound of 1 GiB");
-    }
-    cache.emplace(settings.cache_dir, settings.cache_max_bytes);
-    // Everything that decides the generated code; the launch list follows
-    // from the kernels and the target, and is stored with the code.
-    out.cache_key = cache_key({out.ir_optimized, fp.description, out.kernels, fp.plan.serialize(),
-                               target_text, llvm_version(),
-                               flowjit_build_id() + "+" + loaded_binary_id(), flowjit_version()});
-  }
+  std::optional<DiskCache> cache = detail::open_cache(settings, fp, target_text, out);
 
   auto t_cg = std::chrono::steady_clock::now();
   GpuCode code;

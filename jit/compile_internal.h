@@ -3,10 +3,12 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <string>
 
 #include "jit/cache.h"
 #include "jit/compile.h"
+#include "jit/fusion.h"
 #include "jit/pipeline.h"
 
 namespace flowjit::jit::detail {
@@ -15,6 +17,17 @@ inline double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 inline std::string short_key(const std::string& key) { return key.substr(0, 12); }
+
+// Whether the optimized LLVM IR is kept on the result (debug, dumps, tests).
+inline bool keep_llvm_ir(const CompileSettings& s) {
+  return s.debug >= 3 || s.keep_text || !s.dump_dir.empty();
+}
+
+// The disk cache of `settings` (none when disabled), with out.cache_key set
+// from everything that decides the generated code for `target`. An
+// unparsable FLOWJIT_CACHE_MAX_BYTES warns once per process.
+std::optional<DiskCache> open_cache(const CompileSettings& settings, const FusedProgram& fp,
+                                    const std::string& target, CompiledJob& out);
 
 // A lookup that found nothing usable: logs the miss, or for a damaged entry
 // (already removed by the caller when it could) warns once on `out` that the
