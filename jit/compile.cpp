@@ -231,6 +231,7 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
     log.stage("autodiff+optimizer", since(t0), optimizer_name(job.optimizer->kind));
   }
   for (auto& [name, type] : out.new_variables) store.get_or_create(name, type, /*trainable=*/false);
+  out.writes_variables = !g.effects.empty();
   out.ir_traced = print_graph(g);
   log.dump("traced", print_graph(g, PrintOptions{true}));
   if (settings.debug >= 2) std::fprintf(stderr, "%s", out.ir_traced.c_str());
@@ -332,6 +333,7 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   out.fns = fns;
   out.code = code;
   out.executable = std::make_shared<runtime::Executable>(plan, std::move(fns), code);
+  out.executable->set_writes_variables(out.writes_variables);
   if (!out.distributed) out.executable->bind_variables(store);
   out.seconds_total = since(t_start);
   log.stage("total", out.seconds_total);
@@ -384,10 +386,11 @@ std::shared_ptr<runtime::DistributedExecutable> make_distributed(
     e->bind_variables(*device_stores[d]);
     devices.push_back(std::move(e));
   }
-  return std::make_shared<runtime::DistributedExecutable>(std::move(devices), std::move(comm),
-                                                          first_rank, std::move(ins),
-                                                          std::move(outs), std::move(host_vars),
-                                                          several_processes);
+  auto dist = std::make_shared<runtime::DistributedExecutable>(
+      std::move(devices), std::move(comm), first_rank, std::move(ins), std::move(outs),
+      std::move(host_vars), several_processes);
+  dist->set_writes_variables(job.writes_variables);
+  return dist;
 }
 
 }  // namespace flowjit::jit

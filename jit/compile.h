@@ -86,6 +86,7 @@ struct CompiledJob {
   std::shared_ptr<void> code;
   std::optional<DistributedGraph> distributed;  // layouts, for distributed jobs
   std::vector<ir::TensorType> logical_inputs, logical_outputs;
+  bool writes_variables = true;  // the job has assigns (train steps, initializers)
   std::string ir_traced;      // before optimization
   std::string ir_optimized;   // after the pipeline
   std::string fusion_plan;    // kernels and what they compute

@@ -254,7 +254,7 @@ void compile_for_gpu(const JobDescription& job, const CompileSettings& settings,
   auto t_load = std::chrono::steady_clock::now();
   auto exe = std::make_shared<rc::CudaExecutable>(target.gpu, fp.plan, code.launches, code.image);
   // Only assigns write variables: predict jobs leave the host value current.
-  exe->set_writes_variables(job.train || !job.graph.effects.empty());
+  exe->set_writes_variables(out.writes_variables);
   exe->bind_variables(store, *target.gpu_variables);
   log.stage("load", since(t_load), exe->loaded_from() + " on " + info.str());
   out.gpu_loaded_from = exe->loaded_from();

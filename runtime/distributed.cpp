@@ -292,6 +292,7 @@ void DistributedExecutable::run(const void* const* inputs, void* const* outputs)
     Replicas& r = *v->replicas;
     r.devices_stale = false;
     r.host_stale = !(several_processes_ && r.split_axis >= 0);
+    if (writes_variables_ && v->device_copies) v->device_copies->host_written();
   }
 }
 

@@ -55,6 +55,10 @@ class DistributedExecutable {
   const Communicator& communicator() const { return *comm_; }
   std::string job_name() const { return devices_[0]->plan().job_name; }
 
+  // As Executable::set_writes_variables: a writing run makes the variables'
+  // GPU copies stale.
+  void set_writes_variables(bool w) { writes_variables_ = w; }
+
   // Not reentrant (callers serialize runs, like Executable::run).
   void run(const void* const* inputs, void* const* outputs);
 
@@ -65,6 +69,7 @@ class DistributedExecutable {
   std::vector<DeviceSlot> inputs_, outputs_;
   std::vector<VariableStorage*> host_vars_;
   bool several_processes_;
+  bool writes_variables_ = true;
   std::vector<std::vector<AlignedBuffer>> discard_;  // per device: outputs nobody reads
   std::unique_ptr<DeviceWorkers> workers_;
 };

@@ -363,17 +363,20 @@ char* Executable::scratch_for(int thread, int64_t bytes) {
 
 void Executable::run(const void* const* inputs, void* const* outputs) {
   FJ_CHECK(bound_ || plan_.variables.empty(), "executable run before bind_variables");
-  // Variables that distributed jobs also use: read the newest value, and
-  // let the devices pick up what this run writes.
+  // Variables that distributed or GPU jobs also use: read the newest value,
+  // and let the other copies pick up what this run writes (also when it
+  // fails part way: it may have written some).
   struct HostWrites {
     std::vector<VariableStorage*>& vars;
+    bool writes;
     ~HostWrites() {
+      if (!writes) return;
       for (VariableStorage* v : vars)
-        if (v->replicas) mark_host_written(*v);
+        if (v->replicas || v->device_copies) mark_host_written(*v);
     }
-  } host_writes{variable_storages_};
+  } host_writes{variable_storages_, writes_variables_};
   for (VariableStorage* v : variable_storages_)
-    if (v->replicas) sync_host(*v);
+    if (v->replicas || v->device_copies) sync_host(*v);
   // Resolve every launch's arguments.
   for (size_t li = 0; li < plan_.launches.size(); ++li) {
     const Launch& l = plan_.launches[li];

@@ -92,6 +92,10 @@ class Executable {
   // through `comm` as `rank`. Required when the plan has collectives.
   void set_device(std::shared_ptr<Communicator> comm, int rank);
   bool has_collectives() const { return !collective_index_.empty(); }
+  // Whether runs may write variables (the job has assigns): a run that
+  // writes makes every other copy of its variables (device replicas, GPU
+  // copies) stale; one that does not leaves them current.
+  void set_writes_variables(bool w) { writes_variables_ = w; }
   // The storages bound by bind_variables, in plan order.
   const std::vector<VariableStorage*>& bound_variables() const { return variable_storages_; }
 
@@ -129,6 +133,7 @@ class Executable {
   std::vector<int64_t> scratch_size_;
   std::vector<LaunchProfile> profile_;
   bool bound_ = false;
+  bool writes_variables_ = true;
 };
 
 // Threads used for parallel launches (the TBB pool size).

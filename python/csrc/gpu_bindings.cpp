@@ -89,17 +89,6 @@ void set_gpu_target(jit::CompileSettings& s, int ordinal) {
   s.target.allow_tf32 = env_flag("FLOWJIT_ALLOW_TF32");
 }
 
-void before_host_run(const std::vector<runtime::VariableStorage*>& vars) {
-  for (runtime::VariableStorage* v : vars)
-    if (v->device_copies) runtime::sync_host(*v);
-}
-
-void after_host_run(const std::vector<runtime::VariableStorage*>& vars, bool writes) {
-  if (!writes) return;
-  for (runtime::VariableStorage* v : vars)
-    if (v->device_copies) v->device_copies->host_written();
-}
-
 // ---------------------------------------------------------------- runs
 
 std::shared_ptr<GpuRunner::Ticket> GpuRunner::submit(const void* const* inputs,

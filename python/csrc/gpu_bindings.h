@@ -27,12 +27,6 @@ void register_gpu(py::module_& m);
 // no such GPU. The caller holds the session's run mutex.
 void set_gpu_target(jit::CompileSettings& s, int ordinal);
 
-// Host runs (CPU and distributed jobs) of variables that GPU jobs also use:
-// before, the newest value comes back from the GPU; after a run that may
-// write, the GPU copies are stale. The caller holds the run mutex.
-void before_host_run(const std::vector<runtime::VariableStorage*>& vars);
-void after_host_run(const std::vector<runtime::VariableStorage*>& vars, bool writes);
-
 // The runs of one GPU job. At most one is in flight (the executable has one
 // set of staging buffers); it is completed by whoever needs it first: the
 // callback thread delivering its results, or the next submit of the same

@@ -66,18 +66,13 @@ struct PyRefs {
 
 class CompiledJobPy {
  public:
-  // `writes_variables`: the job has assigns (train steps, initializers).
   // `gpu_variables`: a GPU job's variable copies, kept alive with the job.
-  CompiledJobPy(jit::CompiledJob job, bool writes_variables,
-                std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables = nullptr)
-      : job_(std::move(job)), writes_(writes_variables), gpu_variables_(std::move(gpu_variables)) {
+  explicit CompiledJobPy(jit::CompiledJob job,
+                         std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables = nullptr)
+      : job_(std::move(job)), gpu_variables_(std::move(gpu_variables)) {
     const auto& plan = job_.plan();
     Session& s = Session::get();
     if (job_.gpu_executable) gpu_ = std::make_shared<GpuRunner>(job_.gpu_executable);
-    // The session's storages of the job's variables: a host run brings their
-    // GPU copies back first (distributed jobs bind per-device storages).
-    for (auto& [name, type] : plan.variables)
-      if (runtime::VariableStorage* v = s.store().find(name)) host_vars_.push_back(v);
     if (job_.distributed) {
       FJ_CHECK(s.communicator() != nullptr, "distributed job without configured devices");
       std::lock_guard<std::mutex> lock(s.run_mutex());
@@ -127,19 +122,12 @@ class CompiledJobPy {
     return out;
   }
 
-  // Runs on the calling thread (the caller holds the run mutex). Variables
-  // that GPU jobs also use come back to the host first and are stale on
-  // the GPUs after a run that writes.
+  // Runs on the calling thread (the caller holds the run mutex). The
+  // runtime keeps the variables' other copies (device replicas, GPU copies)
+  // coherent around the run.
   static void run_on(const std::shared_ptr<runtime::Executable>& exe,
                      const std::shared_ptr<runtime::DistributedExecutable>& dist,
-                     const std::vector<runtime::VariableStorage*>& host_vars, bool writes,
                      const void* const* ins, void* const* outs) {
-    before_host_run(host_vars);
-    struct After {
-      const std::vector<runtime::VariableStorage*>& vars;
-      bool writes;
-      ~After() { after_host_run(vars, writes); }  // a failed run may have written some
-    } after{host_vars, writes};
     if (dist) dist->run(ins, outs);
     else exe->run(ins, outs);
   }
@@ -178,7 +166,7 @@ class CompiledJobPy {
       py::gil_scoped_release release;
       std::lock_guard<std::mutex> lock(s.run_mutex());
       if (gpu_) gpu_->run(ins.data(), out_ptrs.data());
-      else run_on(job_.executable, dist_, host_vars_, writes_, ins.data(), out_ptrs.data());
+      else run_on(job_.executable, dist_, ins.data(), out_ptrs.data());
     }
     return group_results(outs);
   }
@@ -210,13 +198,10 @@ class CompiledJobPy {
     auto exe = job_.executable;
     auto dist = dist_;
     auto gpu = gpu_;
-    auto host_vars = host_vars_;
-    bool writes = writes_;
     std::string name = plan.job_name;
     std::vector<int> groups = out_groups_;
     Session& s = Session::get();
-    s.submit([exe, dist, gpu, host_vars, writes, copies, in_ptrs, out_ptrs, refs, name,
-              groups]() mutable {
+    s.submit([exe, dist, gpu, copies, in_ptrs, out_ptrs, refs, name, groups]() mutable {
       Session& ss = Session::get();
       std::exception_ptr err;
       std::shared_ptr<GpuRunner::Ticket> ticket;
@@ -225,7 +210,7 @@ class CompiledJobPy {
         // A GPU run is only enqueued here: the worker goes on with the next
         // job while the GPU computes.
         if (gpu) ticket = gpu->submit(in_ptrs->data(), *out_ptrs);
-        else run_on(exe, dist, host_vars, writes, in_ptrs->data(), out_ptrs->data());
+        else run_on(exe, dist, in_ptrs->data(), out_ptrs->data());
       } catch (...) {
         err = std::current_exception();
       }
@@ -320,10 +305,8 @@ class CompiledJobPy {
   }
 
   jit::CompiledJob job_;
-  bool writes_;
   std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables_;
   std::shared_ptr<GpuRunner> gpu_;
-  std::vector<runtime::VariableStorage*> host_vars_;
   std::shared_ptr<runtime::DistributedExecutable> dist_;
   std::vector<ir::TensorType> in_types_, out_types_;  // one per array passed or returned
   std::vector<int> out_groups_;
@@ -439,8 +422,7 @@ void register_jobs(py::module_& m) {
         if (cj.distributed)
           for (const std::string& w : cj.distributed->warnings)
             if (PyErr_WarnEx(PyExc_UserWarning, w.c_str(), 1) != 0) throw py::error_already_set();
-        bool writes = job.train || !job.graph.effects.empty();
-        return std::make_shared<CompiledJobPy>(std::move(cj), writes, s.target.gpu_variables);
+        return std::make_shared<CompiledJobPy>(std::move(cj), s.target.gpu_variables);
       },
       py::arg("name"), py::arg("train"), py::arg("params"), py::arg("outputs"), py::arg("effects"),
       py::arg("losses"), py::arg("lr"), py::arg("step"), py::arg("trainable"), py::arg("optimizer"),

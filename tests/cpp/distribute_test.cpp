@@ -93,7 +93,9 @@ TEST(Distribute, SplitWeightIsGatheredForUseAndItsGradientReduceScattered) {
   EXPECT_EQ(count_op(d.local, OpKind::ReduceScatter), 1) << print_graph(d.local);
   EXPECT_EQ(count_op(d.local, OpKind::AllReduce), 0) << print_graph(d.local);
   for (auto& n : d.local.topo_order())
-    if (n->op() == OpKind::Variable) EXPECT_EQ(n->shape(), (Shape{5, 512}));
+    if (n->op() == OpKind::Variable) {
+      EXPECT_EQ(n->shape(), (Shape{5, 512}));
+    }
 }
 
 TEST(Distribute, SumOverTheSplitAxisIsPartialAndMaxIsGathered) {
