@@ -49,3 +49,8 @@ def sync_default_session():
 
 
 _atexit.register(_C.shutdown_session)
+
+# Where OneFlow exports these at the top level (flow.clip, flow.masked_fill, ...).
+from ._composite import clamp, clip_by_value, masked_fill  # noqa: E402,F401
+from ._losses import smooth_l1_loss  # noqa: E402,F401
+clip = clip_by_value

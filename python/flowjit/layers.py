@@ -49,3 +49,31 @@ def dense(inputs, units, activation=None, use_bias=True, kernel_initializer=None
     if len(shape) > 2:
         out = _ops.reshape(out, list(shape[:-1]) + [units])
     return out
+
+
+def prelu(inputs, alpha_initializer=None, alpha_regularizer=None, shared_axes=None, trainable=True,
+          name="PRelu", model_distribute=None):
+    """max(x, 0) + alpha * min(x, 0) with a learned alpha: the variable
+    `<name>-alpha` of shape inputs.shape[1:], extent 1 along `shared_axes`
+    (axes of inputs, >= 1); zeros unless alpha_initializer says otherwise."""
+    loc = _trace.user_location()
+    if not isinstance(inputs, Blob):
+        _trace.fail(TypeError, f"prelu '{name}': inputs must be a Blob, got {type(inputs).__name__}", loc)
+    shape = list(inputs.shape)
+    if len(shape) < 2:
+        _trace.fail(ValueError, f"prelu '{name}': inputs must have rank >= 2 (batch first), got shape "
+                    f"{tuple(shape)}", loc)
+    alpha_shape = shape[1:]
+    for a in shared_axes or ():
+        if not isinstance(a, numbers.Integral) or isinstance(a, bool) or not 1 <= a < len(shape):
+            _trace.fail(ValueError, f"prelu '{name}': shared_axes must hold axes 1..{len(shape) - 1} of "
+                        f"the rank-{len(shape)} inputs, got {list(shared_axes)!r}", loc)
+        alpha_shape[a - 1] = 1
+    alpha = get_variable(f"{name}-alpha", shape=tuple(alpha_shape), dtype=inputs.dtype,
+                         initializer=alpha_initializer or _variables.constant_initializer(0.0),
+                         regularizer=alpha_regularizer, trainable=trainable,
+                         distribute=model_distribute)
+    return _activations.prelu(inputs, alpha, name=name)
+
+
+from . import _activations, _variables  # noqa: E402

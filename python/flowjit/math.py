@@ -16,3 +16,11 @@ def softplus(x, name=None):
     """log(1 + exp(x)), computed without overflow."""
     return _ops.add(_ops.maximum(x, 0.0), _ops.log(_ops.add(_ops.exp(_ops.negative(_ops.abs(x))), 1.0)),
                     name=name)
+
+
+# Math composed of primitive ops (issue #12).
+from ._composite import (acos, acosh, add_n, asin, asinh, atan, atan2, atanh, clip_by_value,  # noqa: E402,F401
+                         cosh, expm1, floordiv, l2_normalize, log1p, log_sigmoid, mod,
+                         reduce_all, reduce_any, reduce_logsumexp, reduce_std, reduce_variance,
+                         sinh, tan, tril, triu, xlogy)
+clip = clip_by_value

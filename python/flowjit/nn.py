@@ -29,3 +29,13 @@ def sigmoid_cross_entropy_with_logits(labels, logits, name=None):
 
 
 logsoftmax = log_softmax  # the name the OneFlow docs use
+
+# Activations and losses composed of primitive ops (issue #12); the capitalized
+# names are the ones OneFlow's lazy API exports the losses under.
+from ._activations import (elu, hardsigmoid, hardswish, hardtanh, leaky_relu, mish,  # noqa: E402,F401
+                           relu6, silu, softsign, swish)
+from ._composite import moments, tril  # noqa: E402,F401
+from ._losses import (bce_loss, bce_with_logits_loss, kldiv_loss, l1_loss, mse_loss,  # noqa: E402,F401
+                      smooth_l1_loss, sparse_cross_entropy)
+BCELoss, BCEWithLogitsLoss, KLDivLoss, L1Loss, MSELoss = (
+    bce_loss, bce_with_logits_loss, kldiv_loss, l1_loss, mse_loss)

@@ -1,0 +1,85 @@
+"""Activations of flow.nn (and flow.math), composed of primitive ops."""
+from . import _ops, _trace
+from ._composite import _const, expm1, floating, log1p, number
+
+
+def leaky_relu(x, alpha=0.2, name=None):
+    """x where x > 0, else alpha * x."""
+    floating(x, "leaky_relu")
+    a = number(alpha, "leaky_relu", "alpha")
+    return _ops.where(_ops.greater(x, 0.0), x, _ops.multiply(x, a), name=name)
+
+
+def elu(x, alpha=1.0, name=None):
+    """x where x > 0, else alpha * (exp(x) - 1)."""
+    floating(x, "elu")
+    a = number(alpha, "elu", "alpha")
+    neg = _ops.multiply(expm1(_ops.minimum(x, 0.0)), a)
+    return _ops.where(_ops.greater(x, 0.0), x, neg, name=name)
+
+
+def relu6(x, name=None):
+    """min(max(x, 0), 6)."""
+    floating(x, "relu6")
+    return _ops.minimum(_ops.maximum(x, 0.0), 6.0, name=name)
+
+
+def hardtanh(x, min_val=-1.0, max_val=1.0, name=None):
+    """x clipped to [min_val, max_val]."""
+    floating(x, "hardtanh")
+    lo, hi = number(min_val, "hardtanh", "min_val"), number(max_val, "hardtanh", "max_val")
+    if lo > hi:
+        _trace.fail(ValueError, f"hardtanh: min_val {min_val} is greater than max_val {max_val}")
+    return _ops.minimum(_ops.maximum(x, lo), hi, name=name)
+
+
+def hardsigmoid(x, name=None):
+    """relu6(x + 3) / 6: 0 below -3, 1 above 3, linear between."""
+    floating(x, "hardsigmoid")
+    return _ops.multiply(_ops.minimum(_ops.maximum(_ops.add(x, 3.0), 0.0), 6.0), 1.0 / 6.0, name=name)
+
+
+def hardswish(x, name=None):
+    """x * relu6(x + 3) / 6."""
+    floating(x, "hardswish")
+    r = _ops.minimum(_ops.maximum(_ops.add(x, 3.0), 0.0), 6.0)
+    return _ops.multiply(_ops.multiply(x, r), 1.0 / 6.0, name=name)
+
+
+def swish(x, beta=1.0, name=None):
+    """x * sigmoid(beta * x)."""
+    floating(x, "swish")
+    b = number(beta, "swish", "beta")
+    z = x if b == 1.0 else _ops.multiply(x, b)
+    return _ops.multiply(x, _ops.sigmoid(z), name=name)
+
+
+def silu(x, name=None):
+    """swish with beta = 1: x * sigmoid(x)."""
+    floating(x, "silu")
+    return _ops.multiply(x, _ops.sigmoid(x), name=name)
+
+
+def _softplus(x):
+    """log(1 + exp(x)) = max(x, 0) + log1p(exp(-|x|))."""
+    return _ops.add(_ops.maximum(x, 0.0), log1p(_ops.exp(_ops.negative(_ops.abs(x)))))
+
+
+def mish(x, name=None):
+    """x * tanh(softplus(x))."""
+    floating(x, "mish")
+    return _ops.multiply(x, _ops.tanh(_softplus(x)), name=name)
+
+
+def softsign(x, name=None):
+    """x / (1 + |x|)."""
+    floating(x, "softsign")
+    return _ops.divide(x, _ops.add(_ops.abs(x), 1.0), name=name)
+
+
+def prelu(inputs, alpha, name=None):
+    """max(x, 0) + alpha * min(x, 0) with a blob alpha (broadcast against x)."""
+    floating(inputs, "prelu", "inputs")
+    floating(alpha, "prelu", "alpha")
+    x = inputs
+    return _ops.where(_ops.greater(x, _const(x, 0.0)), x, _ops.multiply(alpha, x), name=name)

@@ -1,0 +1,140 @@
+"""Losses of flow.nn with OneFlow's `reduction` ("none", "mean", "sum"),
+composed of primitive ops."""
+from . import _dtypes, _ops, _trace
+from ._composite import _const, blob, floating, log1p, number
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _reduce(loss, reduction, api, name):
+    if reduction == "mean":
+        return _ops.reduce_mean(loss, name=name)
+    if reduction == "sum":
+        return _ops.reduce_sum(loss, name=name)
+    return loss if name is None else _ops.identity(loss, name=name)
+
+
+def _check(api, input, target, reduction, what=("input", "target")):
+    if reduction not in _REDUCTIONS:
+        _trace.fail(ValueError, f"{api}: reduction must be one of 'none', 'mean', 'sum', got "
+                    f"{reduction!r}")
+    floating(input, api, what[0])
+    floating(target, api, what[1])
+    if tuple(input.shape) != tuple(target.shape):
+        _trace.fail(ValueError, f"{api}: {what[0]} has shape {tuple(input.shape)} but {what[1]} has "
+                    f"shape {tuple(target.shape)}; they must match")
+    if input.dtype is not target.dtype:
+        _trace.fail(TypeError, f"{api}: {what[0]} is {input.dtype.name} but {what[1]} is "
+                    f"{target.dtype.name}")
+
+
+def _weight(api, w, like, what="weight"):
+    if w is None:
+        return None
+    floating(w, api, what)
+    if tuple(w.shape) != tuple(like.shape):
+        _trace.fail(ValueError, f"{api}: {what} has shape {tuple(w.shape)} but input has shape "
+                    f"{tuple(like.shape)}; they must match")
+    return w
+
+
+def mse_loss(input, target, reduction="mean", name=None):  # noqa: A002 - OneFlow's names
+    """(input - target)^2, reduced."""
+    _check("mse_loss", input, target, reduction)
+    return _reduce(_ops.square(_ops.subtract(input, target)), reduction, "mse_loss", name)
+
+
+def l1_loss(input, target, reduction="mean", name=None):  # noqa: A002
+    """|input - target|, reduced."""
+    _check("l1_loss", input, target, reduction)
+    return _reduce(_ops.abs(_ops.subtract(target, input)), reduction, "l1_loss", name)
+
+
+def smooth_l1_loss(prediction, label, beta=1.0, reduction="none", name=None):
+    """With d = |prediction - label|: 0.5 d^2 / beta where d < beta, else
+    d - 0.5 beta (OneFlow's flow.smooth_l1_loss is elementwise: reduction
+    "none" by default)."""
+    _check("smooth_l1_loss", prediction, label, reduction, ("prediction", "label"))
+    b = number(beta, "smooth_l1_loss", "beta")
+    if b < 0:
+        _trace.fail(ValueError, f"smooth_l1_loss: beta must be >= 0, got {beta}")
+    d = _ops.abs(_ops.subtract(prediction, label))
+    if b == 0:
+        return _reduce(d, reduction, "smooth_l1_loss", name)
+    quad = _ops.multiply(_ops.square(d), 0.5 / b)
+    lin = _ops.subtract(d, 0.5 * b)
+    return _reduce(_ops.where(_ops.less(d, b), quad, lin), reduction, "smooth_l1_loss", name)
+
+
+def bce_loss(input, target, weight=None, reduction="mean", name=None):  # noqa: A002
+    """-(target log(input) + (1 - target) log(1 - input)), times weight, reduced;
+    input holds probabilities."""
+    _check("bce_loss", input, target, reduction)
+    w = _weight("bce_loss", weight, input)
+    loss = _ops.negative(_ops.add(_ops.multiply(target, _ops.log(input)),
+                                  _ops.multiply(_ops.subtract(1.0, target),
+                                                log1p(_ops.negative(input)))))
+    if w is not None:
+        loss = _ops.multiply(loss, w)
+    return _reduce(loss, reduction, "bce_loss", name)
+
+
+def bce_with_logits_loss(input, target, weight=None, pos_weight=None, reduction="mean",  # noqa: A002
+                         name=None):
+    """bce_loss(sigmoid(input), target) computed from the logits without
+    overflow; pos_weight (one per class, the last axis) scales the positive term:
+    (1 - t) x + (1 + (p - 1) t) softplus(-x)."""
+    api = "bce_with_logits_loss"
+    _check(api, input, target, reduction)
+    w = _weight(api, weight, input)
+    x, t = input, target
+    sp = _ops.add(_ops.maximum(_ops.negative(x), 0.0),
+                  log1p(_ops.exp(_ops.negative(_ops.abs(x)))))  # softplus(-x) = -log sigmoid(x)
+    if pos_weight is not None:
+        floating(pos_weight, api, "pos_weight")
+        if len(pos_weight.shape) != 1 or not x.shape or pos_weight.shape[0] != x.shape[-1]:
+            _trace.fail(ValueError, f"{api}: pos_weight must be 1-D with one weight per class (the "
+                        f"last axis of input, {x.shape[-1] if x.shape else 'none'}), got shape "
+                        f"{tuple(pos_weight.shape)}")
+        sp = _ops.multiply(_ops.add(_ops.multiply(_ops.subtract(pos_weight, 1.0), t), 1.0), sp)
+    loss = _ops.add(_ops.multiply(_ops.subtract(1.0, t), x), sp)
+    if w is not None:
+        loss = _ops.multiply(loss, w)
+    return _reduce(loss, reduction, api, name)
+
+
+def kldiv_loss(input, target, log_target=False, reduction="mean", name=None):  # noqa: A002
+    """target (log(target) - input), 0 where target <= 0 (input holds log
+    probabilities); with log_target, exp(target) (target - input)."""
+    api = "kldiv_loss"
+    _check(api, input, target, reduction)
+    if log_target:
+        loss = _ops.multiply(_ops.exp(target), _ops.subtract(target, input))
+    else:
+        pos = _ops.greater(target, 0.0)
+        t_safe = _ops.where(pos, target, _const(target, 1.0))
+        loss = _ops.where(pos, _ops.multiply(target, _ops.subtract(_ops.log(t_safe), input)),
+                          _const(input, 0.0))
+    return _reduce(loss, reduction, api, name)
+
+
+def sparse_cross_entropy(labels, prediction, name=None):
+    """-log(prediction[..., label]) for probabilities `prediction`; labels has
+    prediction's shape without the last axis (or with a last axis of 1)."""
+    api = "sparse_cross_entropy"
+    blob(labels, api, "labels")
+    floating(prediction, api, "prediction")
+    if labels.dtype not in (_dtypes.int32, _dtypes.int64, _dtypes.int8, _dtypes.uint8):
+        _trace.fail(TypeError, f"{api}: labels must be an integer blob, got {labels.dtype.name}")
+    ps, ls = tuple(prediction.shape), tuple(labels.shape)
+    if len(ls) == len(ps) and ls and ls[-1] == 1:
+        ls = ls[:-1]
+        labels = _ops.reshape(labels, list(ls))
+    if not ps or ls != ps[:-1]:
+        _trace.fail(ValueError, f"{api}: labels of shape {tuple(labels.shape)} do not match prediction "
+                    f"of shape {ps} (expected labels of shape {ps[:-1] if ps else '()'})")
+    classes = _ops.make(_ops.K.iota, [], {"shape": list(ps), "dtype": labels.dtype.c,
+                                          "axis": len(ps) - 1}, api=api)
+    hit = _ops.equal(classes, _ops.reshape(labels, list(ls) + [1]))
+    picked = _ops.reduce_sum(_ops.where(hit, prediction, _const(prediction, 0.0)), axis=-1)
+    return _ops.negative(_ops.log(picked), name=name)
