@@ -234,7 +234,45 @@ Value* ExprEmitter::lane_offsets(int64_t stride) {
   return llvm::ConstantVector::get(lanes);
 }
 
+// A load through guarded coordinates (ir/conv.h geometry): lanes whose
+// element does not exist read `pad`. Coordinates out of range are clamped to
+// 0, so every address formed is inside the buffer even where it is unused.
+Value* ExprEmitter::guarded_load(const Access& a, DType t) {
+  llvm::LLVMContext& c = b_.getContext();
+  llvm::Type* mt = mem_type(c, t);
+  auto align = llvm::Align(mt->getPrimitiveSizeInBits() / 8);
+  auto k64 = [&](int64_t v) { return splat(b_.getInt64(v), width); };
+  Value* off = index_value(a.strides, a.offset);
+  Value* valid = nullptr;
+  for (const Coord& co : a.coords) {
+    Value* cv = index_value(co.coef, co.c0);
+    Value* ok = b_.CreateAnd(b_.CreateICmpSGE(cv, k64(0)), b_.CreateICmpSLT(cv, k64(co.limit * co.div)));
+    Value* safe = b_.CreateSelect(ok, cv, k64(0));
+    Value* q = safe;
+    if (co.div != 1) {
+      ok = b_.CreateAnd(ok, b_.CreateICmpEQ(b_.CreateURem(safe, k64(co.div)), k64(0)));
+      q = b_.CreateSelect(ok, b_.CreateUDiv(safe, k64(co.div)), k64(0));
+    }
+    off = b_.CreateAdd(off, b_.CreateMul(q, k64(co.stride)));
+    valid = valid ? b_.CreateAnd(valid, ok) : ok;
+  }
+  Value* pad = splat(t == DType::Bool ? llvm::ConstantInt::get(mt, a.pad != 0)
+                                      : typed_constant(mt, t, a.pad), width);
+  Value* base = args_.at(a.arg);
+  Value* v;
+  if (width == 1) {
+    v = b_.CreateAlignedLoad(mt, b_.CreateGEP(mt, base, off), align);
+    v = b_.CreateSelect(valid, v, pad);
+  } else {
+    Value* m = mask ? b_.CreateAnd(valid, mask) : valid;
+    v = b_.CreateMaskedGather(with_width(mt, width), b_.CreateGEP(mt, base, off), align, m, pad);
+  }
+  if (t == DType::Bool) v = b_.CreateICmpNE(v, llvm::Constant::getNullValue(v->getType()));
+  return v;
+}
+
 Value* ExprEmitter::load(const Access& a, DType t) {
+  if (!a.coords.empty()) return guarded_load(a, t);
   llvm::LLVMContext& c = b_.getContext();
   llvm::Type* mt = mem_type(c, t);
   Value* base = args_.at(a.arg);
@@ -321,6 +359,7 @@ Value* ExprEmitter::eval_here(int node) {
     case KOp::Index: return cast(index_value(n.index_strides, 0), DType::Int64, n.dtype);
     case KOp::Random: {
       Value* counter = index_value(n.index_strides, 0);
+      if (!n.operands.empty()) counter = b_.CreateAdd(counter, eval(n.operands[0]));  // random_uniform_at
       llvm::Type* ty = with_width(reg_type(b_.getContext(), n.dtype), width);
       return math_.random(b_, n.op, counter, static_cast<uint64_t>(n.seed), ty);
     }

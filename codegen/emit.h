@@ -82,6 +82,7 @@ class ExprEmitter {
  private:
   llvm::Value* eval_here(int node);
   llvm::Value* load(const Access& a, DType t);
+  llvm::Value* guarded_load(const Access& a, DType t);
   llvm::Value* cast(llvm::Value* v, DType from, DType to);
   llvm::Value* constant(double v, DType t);
   llvm::Value* lookup(int node, int width);

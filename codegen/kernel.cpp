@@ -27,9 +27,12 @@ void Kernel::finalize() {
       phase = std::max(phase, nodes[o].phase);
     }
     switch (n.kind) {
-      case KOp::Load:
-        kept = !varies_on_reduced(loads.at(n.access).strides);
+      case KOp::Load: {
+        const Access& a = loads.at(n.access);
+        kept = !varies_on_reduced(a.strides);
+        for (const Coord& c : a.coords) kept &= !varies_on_reduced(c.coef);
         break;
+      }
       case KOp::Index:
       case KOp::Random:
         kept = !varies_on_reduced(n.index_strides);
@@ -86,7 +89,10 @@ void coalesce_domain(Kernel& k) {
   k.reduced.resize(k.domain.size(), false);
   // Every stride vector that is indexed by domain dims.
   std::vector<std::vector<int64_t>*> all;
-  for (auto& a : k.loads) all.push_back(&a.strides);
+  for (auto& a : k.loads) {
+    all.push_back(&a.strides);
+    for (auto& c : a.coords) all.push_back(&c.coef);
+  }
   for (auto& s : k.stores) all.push_back(&s.where.strides);
   for (auto& n : k.nodes)
     if (!n.index_strides.empty()) all.push_back(&n.index_strides);
@@ -117,6 +123,21 @@ std::string strides_str(const std::vector<int64_t>& s) {
   for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
   return out + "]";
 }
+
+std::string access_str(const Access& a) {
+  std::string s = "arg" + std::to_string(a.arg) + strides_str(a.strides) + "+" + std::to_string(a.offset);
+  for (const Coord& c : a.coords) {
+    s += " coord(" + strides_str(c.coef) + "+" + std::to_string(c.c0);
+    if (c.div != 1) s += " /" + std::to_string(c.div);
+    s += " <" + std::to_string(c.limit) + " *" + std::to_string(c.stride) + ")";
+  }
+  if (!a.coords.empty() && a.pad != 0) {
+    std::ostringstream p;
+    p << a.pad;
+    s += " pad=" + p.str();
+  }
+  return s;
+}
 }  // namespace
 
 std::string describe_kernel(const Kernel& k) {
@@ -140,15 +161,18 @@ std::string describe_kernel(const Kernel& k) {
        << "]" << (k.args[i].read ? " r" : "") << (k.args[i].written ? " w" : "") << "\n";
   if (k.kind == Kernel::Kind::MatMul)
     os << "  mm: batch=" << k.mm.batch << " m=" << k.mm.m << " n=" << k.mm.n << " k=" << k.mm.k
-       << " a=arg" << k.mm.a.arg << strides_str(k.mm.a.strides) << "+" << k.mm.a.offset
-       << " b=arg" << k.mm.b.arg << strides_str(k.mm.b.strides) << "+" << k.mm.b.offset << "\n";
+       << " a=" << access_str(k.mm.a) << " b=" << access_str(k.mm.b);
+  if (k.kind == Kernel::Kind::MatMul && !(k.mm.plain(0) && k.mm.plain(1)))
+    os << " digits batch=" << strides_str(k.mm.batch_digits) << " a=" << strides_str(k.mm.a_rows) << "x" << strides_str(k.mm.a_cols)
+       << " b=" << strides_str(k.mm.b_rows) << "x" << strides_str(k.mm.b_cols);
+  if (k.kind == Kernel::Kind::MatMul) os << "\n";
   for (size_t i = 0; i < k.nodes.size(); ++i) {
     const KNode& n = k.nodes[i];
     os << "  $" << i << " = ";
     switch (n.kind) {
       case KOp::Load: {
         const Access& a = k.loads[n.access];
-        os << "load arg" << a.arg << strides_str(a.strides) << "+" << a.offset;
+        os << "load " << access_str(a);
         break;
       }
       case KOp::Const: os << "const " << n.value; break;

@@ -32,13 +32,33 @@ using ir::DType;
 using ir::OpKind;
 using ir::Shape;
 
-// An affine access to one kernel argument.
+// A guarded coordinate of an access (padding, sliding windows and their
+// adjoints): c = c0 + sum over d of idx[d] * coef[d]. The element exists
+// when c >= 0, c % div == 0 and c / div < limit; it then adds
+// (c / div) * stride to the element offset.
+struct Coord {
+  std::vector<int64_t> coef;  // one per index dim of the access
+  int64_t c0 = 0;
+  int64_t div = 1;
+  int64_t limit = 0;
+  int64_t stride = 0;
+  bool operator==(const Coord& o) const {
+    return coef == o.coef && c0 == o.c0 && div == o.div && limit == o.limit && stride == o.stride;
+  }
+};
+
+// An access to one kernel argument: affine in the domain indices, plus
+// guarded coordinates. A load of an element that does not exist (some
+// coordinate out of range) yields `pad`; stores never have coordinates.
 struct Access {
   int arg = -1;                  // index into Kernel::args
   std::vector<int64_t> strides;  // elements per domain index, one per domain dim
   int64_t offset = 0;            // elements
+  std::vector<Coord> coords;
+  double pad = 0;
   bool operator==(const Access& o) const {
-    return arg == o.arg && strides == o.strides && offset == o.offset;
+    return arg == o.arg && strides == o.strides && offset == o.offset && coords == o.coords &&
+           pad == o.pad;
   }
 };
 
@@ -47,6 +67,7 @@ enum class KOp : uint8_t {
   Const,      // value
   Index,      // sum over d of idx[d] * index_strides[d], as `dtype`
   Random,     // op = RandomUniform/RandomNormal/TruncatedNormal; counter from index_strides
+              // (plus operand 0, an i64 scalar, when it has one: random_uniform_at)
   Compute,    // op = an elementwise OpKind over operands
   Reduce,     // op = ReduceSum/Max/Min/Prod/ArgMax/ArgMin of operand 0 over the reduced dims
   Acc,        // the matmul accumulator (MatMul kernels only)
@@ -77,6 +98,22 @@ struct MatMulSpec {
   Access b;  // strides: {batch strides..., k, n}
   int64_t m = 0, n = 0, k = 0;
   int64_t batch = 1;  // product of the batch extents (domain dims before M, N)
+  // Implicit GEMM (convolutions): an operand's row or column index may be a
+  // flat row-major index over several digits. When an operand's digit lists
+  // are not empty, its index dims are {batch, row digits..., col digits...}
+  // (a: rows are m and cols k; b: rows k, cols n), its strides and coords
+  // are per index dim, and the digit extents multiply to the index's extent.
+  std::vector<int64_t> a_rows, a_cols, b_rows, b_cols;
+  // Batch digits: when not empty, the flat batch index is row-major over
+  // these extents (the domain dims before M and N, which the epilogue reads
+  // one by one), and every operand's index dims start with one per digit.
+  std::vector<int64_t> batch_digits;
+  // True when operand 0 (a) or 1 (b) is a plain (batch, row, col) access.
+  bool plain(int operand) const {
+    const Access& x = operand == 0 ? a : b;
+    const auto& r = operand == 0 ? a_rows : b_rows;
+    return r.empty() && batch_digits.empty() && x.coords.empty() && x.strides.size() == 3;
+  }
 };
 
 struct KernelArg {

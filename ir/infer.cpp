@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ir/conv.h"
 #include "ir/error.h"
 #include "ir/node.h"
 
@@ -261,6 +262,21 @@ TensorType infer_type(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attr
     }
     case OpKind::MatMul:
       return infer_matmul(in(inputs, 0), in(inputs, 1), attrs);
+    case OpKind::Conv:
+    case OpKind::ConvDataGrad:
+    case OpKind::ConvFilterGrad:
+    case OpKind::Window:
+    case OpKind::Unwindow:
+      return infer_conv_family(op, inputs, attrs);
+    case OpKind::RandomUniformAt: {
+      const TensorType& off = in(inputs, 0);
+      FJ_USER_CHECK(off.dtype == DType::Int64 && off.rank() == 0, kType,
+                    "random_uniform_at: the counter offset must be an int64 scalar, got ", off.str());
+      DType dt = attrs.get_dtype("dtype");
+      FJ_USER_CHECK(is_float(dt), kType, name, ": dtype must be floating point, got ", dtype_name(dt));
+      attrs.set("seed", attrs.get_int("seed", 0));
+      return {dt, attr_shape(name, attrs)};
+    }
     case OpKind::Softmax:
     case OpKind::LogSoftmax: {
       const TensorType& x = in(inputs, 0);

@@ -49,5 +49,7 @@ inline bool is_source(OpKind k) { return has_trait(k, kSource); }
 inline bool is_composite(OpKind k) { return has_trait(k, kComposite); }
 inline bool is_effect(OpKind k) { return has_trait(k, kEffect); }
 inline bool is_collective(OpKind k) { return has_trait(k, kCollective); }
+inline bool is_contraction(OpKind k) { return has_trait(k, kContraction); }
+inline bool is_cheap(OpKind k) { return has_trait(k, kCheap); }
 
 }  // namespace flowjit::ir

@@ -144,6 +144,40 @@ IntList swap_last_two(int rank) {
   return p;
 }
 
+// Convolutions (ir/conv.h): the data gradient and the filter gradient are
+// implicit GEMMs of their own, with the forward op's geometry.
+Attrs conv_attrs(const NodeRef& n) {
+  Attrs a;
+  for (const char* key : {"strides", "dilations", "pads_lo", "pads_hi", "groups"})
+    if (const AttrValue* v = n->attrs().find(key)) a.set(key, *v);
+  return a;
+}
+Grads vjp_Conv(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef &x = n->input(0), &w = n->input(1);
+  Attrs da = conv_attrs(n);
+  da.set("in_spatial", IntList(x->shape().begin() + 2, x->shape().end()));
+  Attrs fa = conv_attrs(n);
+  fa.set("kernel", IntList(w->shape().begin() + 2, w->shape().end()));
+  NodeRef dx = make_node(OpKind::ConvDataGrad, {dy, w}, da, n->loc());
+  NodeRef dw = make_node(OpKind::ConvFilterGrad, {x, dy}, fa, n->loc());
+  return {reshape(dx, x->shape()), reshape(dw, w->shape())};
+}
+// A window's gradient: every window element's gradient summed back at the
+// input position it was read from (unwindow, then a sum over the taps).
+Grads vjp_Window(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef& x = n->input(0);
+  const IntList& k = n->attrs().get_ints("window");
+  int S = static_cast<int>(k.size());
+  Attrs a = conv_attrs(n);
+  a.set("window", k);
+  a.set("pad_value", 0.0);
+  a.set("in_spatial", IntList(x->shape().end() - S, x->shape().end()));
+  NodeRef u = make_node(OpKind::Unwindow, {dy}, a, n->loc());
+  IntList taps;
+  for (int i = 0; i < S; ++i) taps.push_back(u->rank() - S + i);
+  return {reduce(OpKind::ReduceSum, u, taps, false)};
+}
+
 Grads vjp_MatMul(const NodeRef& n, const NodeRef& dy) {
   const NodeRef &a = n->input(0), &b = n->input(1);
   bool ta = n->attrs().get_bool("transpose_a"), tb = n->attrs().get_bool("transpose_b");

@@ -254,6 +254,25 @@ class Distributor {
     } else if (op == OpKind::MatMul) {
       v.sbp = matmul(n, in);
       v.local = Node::with_inputs(n, in);
+    } else if (op == OpKind::Conv || op == OpKind::ConvDataGrad || op == OpKind::ConvFilterGrad) {
+      v.sbp = conv(n, in);
+      v.local = Node::with_inputs(n, in);
+    } else if (op == OpKind::Window || op == OpKind::Unwindow) {
+      // Lead dims (batch, channels) keep their split; a partial value stays
+      // partial through a window padded with zeros (it is linear).
+      Sbp x = in_sbp(n, 0);
+      int lead = n->input(0)->rank() - static_cast<int>(n->attrs().get_ints("window").size()) *
+                                           (op == OpKind::Window ? 1 : 2);
+      bool keep = (x.kind == Sbp::Split && x.axis < lead) || x.kind == Sbp::Broadcast ||
+                  (x.kind == Sbp::Partial && n->attrs().get_float("pad_value") == 0.0);
+      if (!keep) {
+        in[0] = box(n->input(0), Sbp::B());
+        x = Sbp::B();
+      }
+      v = {Node::with_inputs(n, in), x};
+    } else if (op == OpKind::RandomUniformAt) {
+      in[0] = box(n->input(0), Sbp::B());
+      v = {Node::with_inputs(n, in), Sbp::B()};  // every device draws the whole, like a source
     } else if (op == OpKind::Reshape || op == OpKind::Broadcast) {
       v.sbp = reshape_like(n, in);
       Shape s = n->shape();
@@ -407,6 +426,27 @@ class Distributor {
     }
     in[0] = box(n->input(0), Sbp::B());
     return Sbp::B();
+  }
+
+  // Convolutions: data parallel over the batch (axis 0 of x and dy); the
+  // filter gradient of split batches is a partial sum.
+  Sbp conv(const NodeRef& n, std::vector<NodeRef>& in) {
+    const NodeRef &a = n->input(0), &b = n->input(1);
+    std::vector<Candidate> c;
+    c.push_back({{Sbp::B(), Sbp::B()}, Sbp::B()});
+    switch (n->op()) {
+      case OpKind::Conv:
+      case OpKind::ConvDataGrad:
+        if (can_split(a, 0)) c.push_back({{Sbp::S(0), Sbp::B()}, Sbp::S(0)});
+        c.push_back({{Sbp::P(), Sbp::B()}, Sbp::P()});
+        break;
+      case OpKind::ConvFilterGrad:
+        if (can_split(a, 0) && can_split(b, 0)) c.push_back({{Sbp::S(0), Sbp::S(0)}, Sbp::P()});
+        break;
+      default:
+        break;
+    }
+    return apply(n, c, in);
   }
 
   Sbp matmul(const NodeRef& n, std::vector<NodeRef>& in) {

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ir/conv.h"
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "jit/memory.h"
@@ -39,10 +40,9 @@ bool is_unit_reshape(const NodeRef& r) {
   return a == b;
 }
 
-bool is_cheap_source(const NodeRef& n) {
-  return n->op() == OpKind::Fill || n->op() == OpKind::Iota || n->op() == OpKind::RandomUniform ||
-         n->op() == OpKind::RandomNormal || n->op() == OpKind::TruncatedNormal;
-}
+// Sources (and random_uniform_at) cheap enough to recompute in every kernel
+// that reads them (trait kCheap).
+bool is_cheap_source(const NodeRef& n) { return is_cheap(n->op()); }
 
 // Recomputed in every kernel that uses it instead of being stored.
 bool is_duplicable(const NodeRef& n) {
@@ -54,15 +54,66 @@ bool is_buffer_leaf(const NodeRef& n) {
 }
 
 bool is_compute(const NodeRef& n) {
-  return is_elementwise(n->op()) || is_reduce(n->op()) || n->op() == OpKind::MatMul ||
+  return is_elementwise(n->op()) || is_reduce(n->op()) || is_contraction(n->op()) ||
          is_collective(n->op());
 }
+
+// Window views read their operand through guarded coordinates, so the
+// operand must exist in memory (like the base of a non-unit reshape).
+bool is_window_view(const NodeRef& n) { return n->op() == OpKind::Window || n->op() == OpKind::Unwindow; }
 
 struct View {
   NodeRef base;                  // a buffer: parameter, variable or computed node
   std::vector<int64_t> strides;  // elements, per dim of the viewed node
   int64_t offset = 0;
+  std::vector<codegen::Coord> coords;  // coef per dim of the viewed node
+  double pad = 0;                      // the value of elements outside the coords' range
 };
+
+std::optional<View> resolve_view(const NodeRef& n);
+
+// window(x): lead dims as x's, window positions and taps through one
+// coordinate per spatial dim; a coordinate that can never leave the input
+// folds into plain strides.
+std::optional<View> resolve_window(const NodeRef& n) {
+  auto v = resolve_view(n->input(0));
+  if (!v || !v->coords.empty()) return std::nullopt;
+  ConvGeometry g = geometry_of(*n);
+  int S = g.spatial, L = n->rank() - 2 * S;  // both views: [lead..., spatial..., taps...]
+  View w{v->base, std::vector<int64_t>(n->rank(), 0), v->offset, {}, 0};
+  for (int j = 0; j < L; ++j) w.strides[j] = v->strides[j];
+  bool window = n->op() == OpKind::Window;
+  if (window) w.pad = n->attrs().get_float("pad_value");
+  for (int i = 0; i < S; ++i) {
+    int64_t st = v->strides[L + i];
+    codegen::Coord c;
+    c.coef.assign(n->rank(), 0);
+    if (window) {
+      // position o * stride + t * dilation - pad_lo in [0, in)
+      c.coef[L + i] = g.strides[i];
+      c.coef[L + S + i] = g.dilations[i];
+      c.c0 = -g.pads_lo[i];
+      c.limit = g.in[i];
+      bool inside = g.pads_lo[i] == 0 && (g.out[i] - 1) * g.strides[i] + (g.kernel[i] - 1) * g.dilations[i] < g.in[i];
+      if (inside) {
+        w.strides[L + i] = g.strides[i] * st;
+        w.strides[L + S + i] = g.dilations[i] * st;
+        continue;
+      }
+    } else {
+      // window position (i + pad_lo - t * dilation) / stride in [0, out); t passes through
+      c.coef[L + i] = 1;
+      c.coef[L + S + i] = -g.dilations[i];
+      c.c0 = g.pads_lo[i];
+      c.div = g.strides[i];
+      c.limit = g.out[i];
+      w.strides[L + S + i] = v->strides[L + S + i];
+    }
+    c.stride = st;
+    w.coords.push_back(c);
+  }
+  return w;
+}
 
 // How `n` addresses memory, when it is a view chain over a buffer.
 std::optional<View> resolve_view(const NodeRef& n) {
@@ -71,50 +122,65 @@ std::optional<View> resolve_view(const NodeRef& n) {
       auto v = resolve_view(n->input(0));
       if (!v) return std::nullopt;
       const IntList& perm = n->attrs().get_ints("perm");
-      std::vector<int64_t> s(perm.size());
-      for (size_t i = 0; i < perm.size(); ++i) s[i] = v->strides[perm[i]];
-      v->strides = s;
+      auto permute = [&](std::vector<int64_t>& x) {
+        std::vector<int64_t> s(perm.size());
+        for (size_t i = 0; i < perm.size(); ++i) s[i] = x[perm[i]];
+        x = s;
+      };
+      permute(v->strides);
+      for (auto& c : v->coords) permute(c.coef);
       return v;
     }
+    case OpKind::Window:
+    case OpKind::Unwindow:
+      return resolve_window(n);
     case OpKind::Broadcast: {
       auto v = resolve_view(n->input(0));
       if (!v) return std::nullopt;
       const Shape& from = n->input(0)->shape();
       const Shape& to = n->shape();
       size_t off = to.size() - from.size();
-      std::vector<int64_t> s(to.size(), 0);
-      for (size_t i = 0; i < from.size(); ++i)
-        s[i + off] = (from[i] == 1 && to[i + off] != 1) ? 0 : v->strides[i];
-      v->strides = s;
+      auto widen = [&](std::vector<int64_t>& x) {
+        std::vector<int64_t> s(to.size(), 0);
+        for (size_t i = 0; i < from.size(); ++i)
+          s[i + off] = (from[i] == 1 && to[i + off] != 1) ? 0 : x[i];
+        x = s;
+      };
+      widen(v->strides);
+      for (auto& c : v->coords) widen(c.coef);
       return v;
     }
     case OpKind::Reshape: {
       auto v = resolve_view(n->input(0));
       if (!v) return std::nullopt;
       const Shape& from = n->input(0)->shape();
-      if (v->strides == contiguous_strides(from) || num_elements(from) <= 1) {
+      if (v->coords.empty() && (v->strides == contiguous_strides(from) || num_elements(from) <= 1)) {
         v->strides = contiguous_strides(n->shape());
         return v;
       }
       if (!is_unit_reshape(n)) return std::nullopt;
-      std::vector<int64_t> nonunit;
-      for (size_t i = 0; i < from.size(); ++i)
-        if (from[i] != 1) nonunit.push_back(v->strides[i]);
-      std::vector<int64_t> s;
-      size_t k = 0;
-      for (int64_t d : n->shape()) s.push_back(d == 1 ? 0 : nonunit[k++]);
-      v->strides = s;
+      auto reindex = [&](std::vector<int64_t>& x) {
+        std::vector<int64_t> nonunit;
+        for (size_t i = 0; i < from.size(); ++i)
+          if (from[i] != 1) nonunit.push_back(x[i]);
+        std::vector<int64_t> s;
+        size_t k = 0;
+        for (int64_t d : n->shape()) s.push_back(d == 1 ? 0 : nonunit[k++]);
+        x = s;
+      };
+      reindex(v->strides);
+      for (auto& c : v->coords) reindex(c.coef);
       return v;
     }
     default:
-      if (is_buffer_leaf(n) || is_compute(n)) return View{n, contiguous_strides(n->shape()), 0};
+      if (is_buffer_leaf(n) || is_compute(n)) return View{n, contiguous_strides(n->shape()), 0, {}, 0};
       return std::nullopt;
   }
 }
 
 bool is_contiguous_view(const NodeRef& n) {
   auto v = resolve_view(n);
-  return v && v->offset == 0 && v->strides == contiguous_strides(n->shape());
+  return v && v->coords.empty() && v->offset == 0 && v->strides == contiguous_strides(n->shape());
 }
 
 // ---------------------------------------------------------------- maps
@@ -218,9 +284,12 @@ class Fuser {
 
   Graph materialize(const Graph& g) {
     Graph h = rewrite_graph(g, [](const NodeRef& n, std::vector<NodeRef> in) -> NodeRef {
-      if (n->op() == OpKind::MatMul) {
-        for (auto& x : in)
-          if (!resolve_view(x) || is_duplicable(resolve_view(x)->base)) x = identity(x);
+      if (is_contraction(n->op()) || is_window_view(n)) {
+        // Operands addressed as strided buffers (windows add their own coordinates).
+        for (auto& x : in) {
+          auto v = resolve_view(x);
+          if (!v || !v->coords.empty() || is_duplicable(v->base)) x = identity(x);
+        }
       } else if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) {
         if (!is_contiguous_view(in[0])) in[0] = identity(in[0]);
       } else if (n->op() == OpKind::Assign) {
@@ -257,7 +326,7 @@ class Fuser {
     // Elementwise chains right after a single-use matmul are kept for that
     // matmul's epilogue: reduction kernels do not take them.
     for (const NodeRef& n : topo_) {
-      if (n->op() != OpKind::MatMul) continue;
+      if (!is_contraction(n->op())) continue;
       NodeRef cur = n;
       while (true) {
         std::vector<const Node*> eff;
@@ -272,7 +341,7 @@ class Fuser {
     }
     // Bases of matmul operands and of reshapes must exist in memory.
     for (const NodeRef& n : topo_) {
-      if (n->op() == OpKind::MatMul) {
+      if (is_contraction(n->op()) || is_window_view(n)) {
         for (auto& x : n->inputs()) must_store_.insert(resolve_view(x)->base.get());
       } else if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) {
         if (auto v = resolve_view(n->input(0))) must_store_.insert(v->base.get());
@@ -338,7 +407,7 @@ class Fuser {
       g->domain = root->shape();
       g->reduced.assign(root->rank(), false);
       for (int d = 0; d < root->rank(); ++d) rm.push_back(d);
-      if (root->op() == OpKind::MatMul) {
+      if (is_contraction(root->op())) {
         g->matmul = true;
         g->mm = root;
       }
@@ -363,7 +432,8 @@ class Fuser {
     std::priority_queue<Entry> heap;
     std::unordered_map<const Node*, std::pair<NodeRef, std::vector<DimMap>>> pending;
     auto push_operands = [&](const NodeRef& n, const DimMap& m) {
-      if (n->op() == OpKind::MatMul) return;  // operands are read by the matmul itself
+      if (is_contraction(n->op())) return;  // operands are read by the matmul itself
+      if (is_window_view(n)) return;       // and by the window's guarded loads
       if (is_collective(n->op())) return;     // and by the collective
       if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) return;
       for (size_t i = 0; i < n->inputs().size(); ++i) {
@@ -416,7 +486,7 @@ class Fuser {
       if (!any_full) return false;
     }
     if (is_elementwise(p->op())) return !(g.has_reduce && epilogue_.count(p.get()));
-    if (p->op() == OpKind::MatMul) {
+    if (is_contraction(p->op())) {
       if (g.matmul || g.has_reduce || maps.size() != 1) return false;
       if (p->shape() != g.domain) return false;
       for (int d = 0; d < p->rank(); ++d)
@@ -563,7 +633,11 @@ class Fuser {
       }
       int arg = arg_for(base, st, v->base->dtype(), v->base->type().numel(), false);
       if (std::find(b_.reads.begin(), b_.reads.end(), base) == b_.reads.end()) b_.reads.push_back(base);
-      Access a{arg, domain_strides(v->strides, m), v->offset};
+      Access a{arg, domain_strides(v->strides, m), v->offset, {}, v->pad};
+      for (codegen::Coord c : v->coords) {
+        c.coef = domain_strides(c.coef, m);
+        a.coords.push_back(std::move(c));
+      }
       b_.k.loads.push_back(a);
       KNode kn;
       kn.kind = KOp::Load;
@@ -588,7 +662,7 @@ class Fuser {
 
     int inst_new(const NodeRef& n, const DimMap& m) {
       if (is_view(n->op())) {
-        if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) return leaf(n, m);
+        if ((n->op() == OpKind::Reshape && !is_unit_reshape(n)) || is_window_view(n)) return leaf(n, m);
         return inst(n->input(0), operand_map(n, m, 0));  // re-indexed, no arithmetic
       }
       if (is_buffer_leaf(n)) return leaf(n, m);
@@ -624,7 +698,17 @@ class Fuser {
           kn.seed = a.get_int("seed");
           kn.index_strides = domain_strides(contiguous_strides(n->shape()), m);
           return push(kn);
+        case OpKind::RandomUniformAt:
+          kn.kind = KOp::Random;
+          kn.op = OpKind::RandomUniform;
+          kn.seed = a.get_int("seed");
+          kn.index_strides = domain_strides(contiguous_strides(n->shape()), m);
+          kn.operands = {inst(n->input(0), operand_map(n, m, 0))};
+          return push(kn);
         case OpKind::MatMul:
+        case OpKind::Conv:
+        case OpKind::ConvDataGrad:
+        case OpKind::ConvFilterGrad:
           FJ_CHECK(n == g_.mm, "second matmul in a kernel");
           kn.kind = KOp::Acc;
           b_.computes.push_back(n.get());
@@ -907,7 +991,221 @@ class Fuser {
     return b;
   }
 
+  // The operand `x` of a contraction as a strided buffer (materialize made
+  // it one): its kernel argument, strides per dim of x, and offset.
+  View contraction_operand(const NodeRef& x, Built& b, KernelBuilder& kb, int& arg) {
+    auto v = resolve_view(x);
+    FJ_CHECK(v.has_value() && v->coords.empty(), "contraction operand not addressable");
+    const Node* base = v->base.get();
+    Storage st = base->op() == OpKind::Variable ? Storage{Storage::Variable, variable_index(v->base)}
+                                                : storage_of(base);
+    if (base->op() == OpKind::Variable) b.var_reads.push_back(v->base->attrs().get_str("name"));
+    if (std::find(b.reads.begin(), b.reads.end(), base) == b.reads.end()) b.reads.push_back(base);
+    arg = kb.arg_for(base, st, v->base->dtype(), v->base->type().numel(), false);
+    return *v;
+  }
+
+  // One operand of an implicit GEMM while it is being described: its index
+  // dims are {batch digits..., row digits..., col digits...}.
+  struct DigitOperand {
+    std::vector<int64_t> rows, cols;  // digit extents
+    Access acc;                       // strides and coords per index dim
+  };
+
+  // Drops extent-1 digits and merges adjacent digits of one index that every
+  // stride and coordinate walks contiguously, so a conv whose operand is an
+  // ordinary matrix (1x1 kernels, the weight) reaches the plain fast paths.
+  static void simplify_digits(DigitOperand& o, size_t nbatch) {
+    std::vector<std::vector<int64_t>*> all{&o.acc.strides};
+    for (auto& c : o.acc.coords) all.push_back(&c.coef);
+    auto simplify = [&](std::vector<int64_t>& ext, size_t first) {
+      for (size_t d = ext.size(); d-- > 0;) {
+        if (ext[d] != 1 || ext.size() == 1) continue;
+        ext.erase(ext.begin() + d);
+        for (auto* v : all) v->erase(v->begin() + first + d);
+      }
+      for (size_t d = ext.size(); d-- > 1;) {
+        bool ok = true;
+        for (auto* v : all) ok &= (*v)[first + d - 1] == (*v)[first + d] * ext[d];
+        if (!ok) continue;
+        ext[d - 1] *= ext[d];
+        for (auto* v : all) {
+          (*v)[first + d - 1] = (*v)[first + d];
+          v->erase(v->begin() + first + d);
+        }
+        ext.erase(ext.begin() + d);
+      }
+    };
+    simplify(o.rows, nbatch);
+    simplify(o.cols, nbatch + o.rows.size());
+  }
+
+  // A coordinate of x (channels-first, spatial dim i) read at window
+  // position * stride + tap * dilation - pad; folded into plain strides when
+  // it can never leave the input.
+  static void add_spatial_coord(DigitOperand& o, const ConvGeometry& cg, int i, int pos_dim, int tap_dim,
+                                int64_t x_stride) {
+    bool inside = cg.pads_lo[i] == 0 &&
+                  (cg.out[i] - 1) * cg.strides[i] + (cg.kernel[i] - 1) * cg.dilations[i] < cg.in[i];
+    if (inside) {
+      o.acc.strides[pos_dim] += cg.strides[i] * x_stride;
+      o.acc.strides[tap_dim] += cg.dilations[i] * x_stride;
+      return;
+    }
+    codegen::Coord c;
+    c.coef.assign(o.acc.strides.size(), 0);
+    c.coef[pos_dim] = cg.strides[i];
+    c.coef[tap_dim] = cg.dilations[i];
+    c.c0 = -cg.pads_lo[i];
+    c.limit = cg.in[i];
+    c.stride = x_stride;
+    o.acc.coords.push_back(c);
+  }
+
+  // Convolutions as implicit GEMMs (ir/conv.h). With S spatial dims, G
+  // groups, Cg = C/G input and Cog = Co/G output channels per group:
+  //   conv:             batch (n, g), M = Cog, N = out..., K = (Cg, k...)
+  //   conv_data_grad:   batch (n, g), M = Cg,  N = in...,  K = (Cog, k...)
+  //   conv_filter_grad: batch (g),    M = Cog, N = (Cg, k...), K = (n, out...)
+  void build_conv_spec(Group& g, Built& b, KernelBuilder& kb) {
+    Kernel& k = b.k;
+    const NodeRef& c = g.mm;
+    ConvGeometry cg = geometry_of(*c);
+    const int S = cg.spatial;
+    const NodeRef &p0 = c->input(0), &p1 = c->input(1);
+    int arg0 = -1, arg1 = -1;
+    View v0 = contraction_operand(p0, b, kb, arg0);
+    View v1 = contraction_operand(p1, b, kb, arg1);
+    const int64_t G = cg.groups;
+    auto after = [&](const std::vector<int64_t>& ext, int i) {  // row-major stride of digit i
+      int64_t p = 1;
+      for (size_t j = i + 1; j < ext.size(); ++j) p *= ext[j];
+      return p;
+    };
+    DigitOperand A, B;
+    std::vector<int64_t> batch;
+    switch (c->op()) {
+      case OpKind::Conv: {  // p0 = x [N, C, in...], p1 = w [Co, Cg, k...]
+        const auto &xs = v0.strides, &ws = v1.strides;
+        int64_t N = p0->shape()[0], Cg = p1->shape()[1], Cog = p1->shape()[0] / G;
+        batch = {N, G};
+        A.rows = {Cog};
+        A.cols = {Cg};
+        A.cols.insert(A.cols.end(), cg.kernel.begin(), cg.kernel.end());
+        A.acc.strides = {0, Cog * ws[0], ws[0], ws[1]};
+        for (int i = 0; i < S; ++i) A.acc.strides.push_back(ws[2 + i]);
+        A.acc.arg = arg1;
+        A.acc.offset = v1.offset;
+        B.rows = A.cols;
+        B.cols = cg.out;
+        B.acc.strides = {xs[0], Cg * xs[1], xs[1]};
+        B.acc.strides.resize(3 + 2 * S, 0);
+        for (int i = 0; i < S; ++i) add_spatial_coord(B, cg, i, 3 + S + i, 3 + i, xs[2 + i]);
+        B.acc.arg = arg0;
+        B.acc.offset = v0.offset;
+        k.mm.m = Cog;
+        k.mm.n = cg.out_size();
+        k.mm.k = Cg * cg.kernel_size();
+        break;
+      }
+      case OpKind::ConvDataGrad: {  // p0 = dy [N, G, Cog, P], p1 = w [Co, Cg, k...]
+        const auto &ds = v0.strides, &ws = v1.strides;
+        int64_t N = p0->shape()[0], Cog = p0->shape()[2], Cg = p1->shape()[1];
+        batch = {N, G};
+        A.rows = {Cg};
+        A.cols = {Cog};
+        A.cols.insert(A.cols.end(), cg.kernel.begin(), cg.kernel.end());
+        A.acc.strides = {0, Cog * ws[0], ws[1], ws[0]};
+        for (int i = 0; i < S; ++i) A.acc.strides.push_back(ws[2 + i]);
+        A.acc.arg = arg1;
+        A.acc.offset = v1.offset;
+        B.rows = A.cols;
+        B.cols = cg.in;
+        B.acc.strides = {ds[0], ds[1], ds[2]};
+        B.acc.strides.resize(3 + 2 * S, 0);
+        for (int i = 0; i < S; ++i) {
+          // position (in + pad - tap * dilation) / stride in [0, out)
+          codegen::Coord co;
+          co.coef.assign(B.acc.strides.size(), 0);
+          co.coef[3 + S + i] = 1;
+          co.coef[3 + i] = -cg.dilations[i];
+          co.c0 = cg.pads_lo[i];
+          co.div = cg.strides[i];
+          co.limit = cg.out[i];
+          co.stride = ds[3] * after(cg.out, i);
+          B.acc.coords.push_back(co);
+        }
+        B.acc.arg = arg0;
+        B.acc.offset = v0.offset;
+        k.mm.m = Cg;
+        k.mm.n = cg.in_size();
+        k.mm.k = Cog * cg.kernel_size();
+        break;
+      }
+      case OpKind::ConvFilterGrad: {  // p0 = x [N, C, in...], p1 = dy [N, G, Cog, P]
+        const auto &xs = v0.strides, &ds = v1.strides;
+        int64_t N = p0->shape()[0], Cog = p1->shape()[2], Cg = p0->shape()[1] / G;
+        batch = {G};
+        A.rows = {Cog};
+        A.cols = {N};
+        A.cols.insert(A.cols.end(), cg.out.begin(), cg.out.end());
+        A.acc.strides = {ds[1], ds[2], ds[0]};
+        for (int i = 0; i < S; ++i) A.acc.strides.push_back(ds[3] * after(cg.out, i));
+        A.acc.arg = arg1;
+        A.acc.offset = v1.offset;
+        B.rows = A.cols;
+        B.cols = {Cg};
+        B.cols.insert(B.cols.end(), cg.kernel.begin(), cg.kernel.end());
+        B.acc.strides = {Cg * xs[1], xs[0]};
+        B.acc.strides.resize(2 + S, 0);
+        B.acc.strides.push_back(xs[1]);
+        B.acc.strides.resize(3 + 2 * S, 0);
+        for (int i = 0; i < S; ++i) add_spatial_coord(B, cg, i, 2 + i, 3 + S + i, xs[2 + i]);
+        B.acc.arg = arg0;
+        B.acc.offset = v0.offset;
+        k.mm.m = Cog;
+        k.mm.n = Cg * cg.kernel_size();
+        k.mm.k = N * cg.out_size();
+        break;
+      }
+      default:
+        FJ_CHECK(false, "build_conv_spec: ", op_name(c->op()));
+    }
+    // Batch digits: extent-1 ones dropped; a single one left is the plain
+    // batch index. The epilogue still sees every batch dim of the domain.
+    FJ_CHECK(k.rank() == static_cast<int>(batch.size()) + 2, "conv kernel domain rank");
+    int64_t total = 1;
+    for (int64_t e : batch) total *= e;
+    k.mm.batch = total;
+    for (size_t d = batch.size(); d-- > 0;) {
+      if (batch[d] != 1 || batch.size() == 1) continue;
+      batch.erase(batch.begin() + d);
+      for (DigitOperand* o : {&A, &B}) {
+        o->acc.strides.erase(o->acc.strides.begin() + d);
+        for (auto& co : o->acc.coords) co.coef.erase(co.coef.begin() + d);
+      }
+    }
+    size_t nb = batch.size();
+    simplify_digits(A, nb);
+    simplify_digits(B, nb);
+    if (nb > 1) k.mm.batch_digits = batch;
+    auto digits_needed = [&](const DigitOperand& o) {
+      return nb > 1 || o.rows.size() > 1 || o.cols.size() > 1 || !o.acc.coords.empty();
+    };
+    k.mm.a = A.acc;
+    k.mm.b = B.acc;
+    if (digits_needed(A)) {
+      k.mm.a_rows = A.rows;
+      k.mm.a_cols = A.cols;
+    }
+    if (digits_needed(B)) {
+      k.mm.b_rows = B.rows;
+      k.mm.b_cols = B.cols;
+    }
+  }
+
   void build_matmul_spec(Group& g, Built& b, KernelBuilder& kb) {
+    if (g.mm->op() != OpKind::MatMul) return build_conv_spec(g, b, kb);
     Kernel& k = b.k;
     const NodeRef& mm = g.mm;
     bool ta = mm->attrs().get_bool("transpose_a"), tb = mm->attrs().get_bool("transpose_b");

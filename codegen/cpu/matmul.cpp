@@ -14,6 +14,7 @@
 #include <llvm/IR/Intrinsics.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 
 #include "codegen/cpu/cpu_codegen.h"
@@ -101,9 +102,9 @@ class MatMulEmitter {
  public:
   MatMulEmitter(llvm::Module& m, const Kernel& k, const CpuTarget& t, MathProvider& math)
       : m_(m), k_(k), t_(t), math_(math), b_(m.getContext()), mm_(k.mm) {
-    FJ_CHECK(k.rank() == 2 || k.rank() == 3, "matmul kernel ", k.name, " has rank ", k.rank());
-    FJ_CHECK(mm_.a.strides.size() == 3 && mm_.b.strides.size() == 3,
-             "matmul operand strides must be (batch, row, col)");
+    FJ_CHECK(k.rank() >= 2, "matmul kernel ", k.name, " has rank ", k.rank());
+    FJ_CHECK((mm_.plain(0) || !mm_.a_rows.empty()) && (mm_.plain(1) || !mm_.b_rows.empty()),
+             "matmul kernel ", k.name, ": operand strides must be (batch, row, col) or digits");
     dt_ = k.args.at(mm_.a.arg).dtype;
     eb_ = ir::dtype_bytes(dt_);
     is_float_ = ir::is_float(dt_);
@@ -211,7 +212,9 @@ class MatMulEmitter {
       Value* panel = b_.CreateGEP(et_, bp_, b_.CreateMul(q, i64(kc * bl_.nr)));
       Value* width = b_.CreateSub(n_hi_, n0);  // valid columns in this panel (may exceed NR)
       auto src = [&](Value* line, Value* k) { return b_ptr(b_.CreateAdd(k, k0), b_.CreateAdd(n0, line)); };
-      if (st[2] == 1) {
+      if (!mm_.plain(1)) {
+        emit_pack_general(1, n0, width, bl_.nr, panel, k0, kc);
+      } else if (st[2] == 1) {
         emit_pack_lines_contiguous(src, width, bl_.nr, panel, kc);
       } else if (st[1] == 1) {
         emit_pack_transposed(src, width, bl_.nr, panel, kc);
@@ -229,7 +232,9 @@ class MatMulEmitter {
       Value* panel = b_.CreateGEP(et_, ap_, b_.CreateMul(p, i64(kc * bl_.mr)));
       Value* rows = b_.CreateSub(mc_hi, m0);
       auto src = [&](Value* line, Value* k) { return a_ptr(b_.CreateAdd(m0, line), b_.CreateAdd(k, k0)); };
-      if (st[1] == 1) {
+      if (!mm_.plain(0)) {
+        emit_pack_general(0, m0, rows, bl_.mr, panel, k0, kc);
+      } else if (st[1] == 1) {
         emit_pack_lines_contiguous(src, rows, bl_.mr, panel, kc);
       } else if (st[2] == 1) {
         emit_pack_transposed(src, rows, bl_.mr, panel, kc);
@@ -317,6 +322,89 @@ class MatMulEmitter {
         v[r + b] = b_.CreateShuffleVector(x, y, hi);
       }
     }
+  }
+
+  // Implicit GEMM operands (kernel.h, MatMulSpec digits): for each k, the
+  // digits of k once, then VL lines at a time: their digits, the element
+  // offsets and the guarded coordinates as vectors, and a masked gather.
+  // Index arithmetic is 32-bit when the buffer and extents allow (AVX2 has
+  // no 64-bit vector multiply).
+  void emit_pack_general(int operand, Value* line0, Value* valid, int lines, Value* dst, Value* k0,
+                         int64_t kc) {
+    const Access& acc = operand == 0 ? mm_.a : mm_.b;
+    const std::vector<int64_t>& rows = operand == 0 ? mm_.a_rows : mm_.b_rows;
+    const std::vector<int64_t>& cols = operand == 0 ? mm_.a_cols : mm_.b_cols;
+    const std::vector<int64_t>& kdig = operand == 0 ? cols : rows;
+    const std::vector<int64_t>& ldig = operand == 0 ? rows : cols;
+    std::vector<int64_t> batch = mm_.batch_digits.empty() ? std::vector<int64_t>{mm_.batch} : mm_.batch_digits;
+    const int vl = bl_.vl;
+    bool narrow = k_.args.at(acc.arg).elements < (int64_t{1} << 30) && mm_.m < (1 << 30) &&
+                  mm_.n < (1 << 30) && mm_.k < (1 << 30) && mm_.batch < (1 << 30);
+    for (const Coord& c : acc.coords) narrow &= std::abs(c.c0) < (1 << 28) && c.limit * c.div < (1 << 28);
+    llvm::Type* it = narrow ? b_.getInt32Ty() : b_.getInt64Ty();
+    auto cs = [&](int64_t v) { return llvm::ConstantInt::get(it, static_cast<uint64_t>(v), true); };
+    auto cv = [&](int64_t v) { return b_.CreateVectorSplat(vl, cs(v)); };
+    auto digits = [&](Value* flat, const std::vector<int64_t>& ext, bool vec) {
+      std::vector<Value*> d(ext.size());
+      for (size_t i = ext.size(); i-- > 0;) {
+        if (i == 0) {
+          d[0] = flat;
+          break;
+        }
+        Value* e = vec ? cv(ext[i]) : cs(ext[i]);
+        d[i] = b_.CreateURem(flat, e);
+        flat = b_.CreateUDiv(flat, e);
+      }
+      return d;
+    };
+    auto to_it = [&](Value* v) { return b_.CreateIntCast(v, it, true); };
+    std::vector<Value*> bd = digits(to_it(bi_), batch, false);
+    std::vector<llvm::Constant*> iota;
+    for (int l = 0; l < vl; ++l) iota.push_back(cs(l));
+    Value* lanes = llvm::ConstantVector::get(iota);
+    emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
+      std::vector<Value*> kd = digits(to_it(b_.CreateAdd(k, k0)), kdig, false);
+      for (int g = 0; g < lines; g += vl) {
+        int n = std::min(vl, lines - g);
+        Value* lv = b_.CreateAdd(b_.CreateVectorSplat(vl, to_it(b_.CreateAdd(line0, i64(g)))), lanes);
+        std::vector<Value*> ld = digits(lv, ldig, true);
+        // Index dims {batch..., rows..., cols...}: scalars splat to vectors.
+        std::vector<Value*> dims;
+        for (Value* v : bd) dims.push_back(b_.CreateVectorSplat(vl, v));
+        const std::vector<Value*>& rd = operand == 0 ? ld : kd;
+        const std::vector<Value*>& cd = operand == 0 ? kd : ld;
+        for (Value* v : rd) dims.push_back(v->getType()->isVectorTy() ? v : b_.CreateVectorSplat(vl, v));
+        for (Value* v : cd) dims.push_back(v->getType()->isVectorTy() ? v : b_.CreateVectorSplat(vl, v));
+        FJ_CHECK(dims.size() == acc.strides.size(), "kernel ", k_.name, ": operand index dims");
+        auto affine = [&](const std::vector<int64_t>& coef, int64_t c0) {
+          Value* r = cv(c0);
+          for (size_t d = 0; d < dims.size(); ++d)
+            if (coef[d] != 0) r = b_.CreateAdd(r, coef[d] == 1 ? dims[d] : b_.CreateMul(dims[d], cv(coef[d])));
+          return r;
+        };
+        Value* off = affine(acc.strides, acc.offset);
+        Value* m = b_.CreateAnd(lane_mask(b_.CreateSub(valid, i64(g))), lane_mask(i64(n)));
+        for (const Coord& c : acc.coords) {
+          Value* x = affine(c.coef, c.c0);
+          Value* ok = b_.CreateAnd(b_.CreateICmpSGE(x, cv(0)), b_.CreateICmpSLT(x, cv(c.limit * c.div)));
+          Value* q = b_.CreateSelect(ok, x, cv(0));
+          if (c.div != 1) {
+            ok = b_.CreateAnd(ok, b_.CreateICmpEQ(b_.CreateURem(q, cv(c.div)), cv(0)));
+            q = b_.CreateSelect(ok, b_.CreateUDiv(q, cv(c.div)), cv(0));
+          }
+          off = b_.CreateAdd(off, b_.CreateMul(q, cv(c.stride)));
+          m = b_.CreateAnd(m, ok);
+        }
+        Value* ptrs = b_.CreateGEP(et_, ptrs_.at(acc.arg), off);
+        Value* x = b_.CreateMaskedGather(vt_, ptrs, ealign(), m, llvm::Constant::getNullValue(vt_));
+        Value* d = b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(k, i64(lines)), i64(g)));
+        if (n == vl) {
+          b_.CreateAlignedStore(x, d, ealign());
+        } else {
+          b_.CreateMaskedStore(x, d, ealign(), lane_mask(i64(n)));
+        }
+      }
+    }, "pg");
   }
 
   // General strides: element by element.
@@ -437,7 +525,16 @@ class MatMulEmitter {
     Value* m = b_.CreateAdd(ir, i64(i));
     Value* n = b_.CreateAdd(jr, i64(v * bl_.vl));
     int r = k_.rank();
-    if (r == 3) e_->idx[0] = bi_;
+    // The batch dims of the domain, row-major in bi_.
+    Value* rest = bi_;
+    for (int d = r - 3; d >= 0; --d) {
+      if (d == 0) {
+        e_->idx[0] = rest;
+      } else {
+        e_->idx[d] = b_.CreateURem(rest, i64(k_.domain[d]));
+        rest = b_.CreateUDiv(rest, i64(k_.domain[d]));
+      }
+    }
     e_->idx[r - 2] = m;
     e_->idx[r - 1] = n;
     e_->vec_dim = r - 1;

@@ -102,7 +102,16 @@ Graph fold(const Graph& g) {
       }
       v = eval_elementwise(cand->op(), in_t, xs);
     } else if (is_view(cand->op())) {
+      // Window views read padding (and unwindow zeros) where they leave
+      // their operand: they stay views of the fill unless nothing is padded.
       v = ins[0]->attrs().get_float("value");
+      if (cand->op() == OpKind::Unwindow) return cand;
+      if (cand->op() == OpKind::Window) {
+        bool any_pad = false;
+        for (const char* key : {"pads_lo", "pads_hi"})
+          for (int64_t p : cand->attrs().get_ints(key)) any_pad |= p != 0;
+        if (any_pad && cand->attrs().get_float("pad_value") != v) return cand;
+      }
     } else if (is_reduce(cand->op()) && cand->op() != OpKind::ArgMax && cand->op() != OpKind::ArgMin) {
       double x = ins[0]->attrs().get_float("value");
       double count = static_cast<double>(ins[0]->type().numel()) /

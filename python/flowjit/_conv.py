@@ -1,0 +1,250 @@
+"""Convolutions, pooling, normalization and dropout (flow.nn / flow.layers).
+
+Convolutions lower to the IR's implicit-GEMM ops (`conv`, and its gradients
+through autodiff) over channels-first operands; pooling reduces over a
+`window` view. Channels-last (NHWC) operands are transposed views, which the
+kernels read through strides. Batch and layer normalization are written with
+ordinary ops, so their gradients, fusion and layouts come from those ops.
+"""
+import numbers
+
+from . import _C, _dtypes, _ops, _trace
+from ._blob import Blob
+
+K = _C.OpKind
+
+_FORMATS = {"NCHW": True, "NHWC": False, "NCW": True, "NWC": False, "NCDHW": True, "NDHWC": False,
+            "channels_first": True, "channels_last": False}
+
+
+def _check_blob(x, api, what="input"):
+    if not isinstance(x, Blob):
+        _trace.fail(TypeError, f"{api}: {what} must be a Blob, got {type(x).__name__}")
+
+
+def _channels_first(data_format, api):
+    if not isinstance(data_format, str) or data_format not in _FORMATS:
+        _trace.fail(ValueError, f"{api}: data_format must be one of {', '.join(repr(f) for f in _FORMATS)}, "
+                    f"got {data_format!r}")
+    return _FORMATS[data_format]
+
+
+def _ints(v, n, api, what, minimum=1):
+    """An int or a list of n ints, as a list of n ints >= minimum."""
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        out = [int(v)] * n
+    elif isinstance(v, (list, tuple)) and len(v) == n and all(
+            isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in v):
+        out = [int(d) for d in v]
+    else:
+        _trace.fail(ValueError, f"{api}: {what} must be an int or a list of {n} ints, got {v!r}")
+    for d in out:
+        if d < minimum:
+            _trace.fail(ValueError, f"{api}: {what} must be >= {minimum}, got {v!r}")
+    return out
+
+
+def _pads(padding, spatial_in, kernel, strides, dilations, channels_first, api):
+    """OneFlow's padding forms -> (pads_lo, pads_hi) per spatial dim."""
+    s = len(spatial_in)
+    if isinstance(padding, str):
+        mode = padding.upper()
+        if mode == "VALID":
+            return [0] * s, [0] * s
+        if mode in ("SAME", "SAME_UPPER", "SAME_LOWER"):
+            lo, hi = [], []
+            for i in range(s):
+                out = -(-spatial_in[i] // strides[i])
+                total = max((out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - spatial_in[i], 0)
+                small = total // 2
+                lo.append(total - small if mode == "SAME_LOWER" else small)
+                hi.append(small if mode == "SAME_LOWER" else total - small)
+            return lo, hi
+        _trace.fail(ValueError, f"{api}: padding must be 'SAME', 'SAME_LOWER', 'SAME_UPPER', 'VALID' or "
+                    f"explicit pads, got {padding!r}")
+    if isinstance(padding, numbers.Integral) and not isinstance(padding, bool):
+        p = int(padding)
+        if p < 0:
+            _trace.fail(ValueError, f"{api}: padding must be >= 0, got {padding!r}")
+        return [p] * s, [p] * s
+    if isinstance(padding, (list, tuple)):
+        items = list(padding)
+        if len(items) == s + 2 and all(isinstance(q, (list, tuple)) for q in items):
+            # OneFlow's per-dimension pairs over every dim of the input layout.
+            spatial = items[2:] if channels_first else items[1:-1]
+            if any(tuple(q) != (0, 0) for q in (items[:2] if channels_first else [items[0], items[-1]])):
+                _trace.fail(ValueError, f"{api}: padding of the batch and channel dims must be [0, 0], "
+                            f"got {padding!r}")
+            items = spatial
+        if len(items) == s and all(isinstance(q, numbers.Integral) and not isinstance(q, bool) for q in items):
+            items = [(q, q) for q in items]
+        if len(items) == s and all(isinstance(q, (list, tuple)) and len(q) == 2 for q in items):
+            lo = [int(q[0]) for q in items]
+            hi = [int(q[1]) for q in items]
+            if min(lo + hi) < 0:
+                _trace.fail(ValueError, f"{api}: padding must be >= 0, got {padding!r}")
+            return lo, hi
+    _trace.fail(ValueError, f"{api}: padding must be 'SAME', 'VALID', an int, or per-dimension [low, high] "
+                f"pairs, got {padding!r}")
+
+
+def _to_channels_first(x, channels_first):
+    if channels_first:
+        return x
+    r = len(x.shape)
+    return _ops.transpose(x, [0, r - 1] + list(range(1, r - 1)))
+
+
+def _from_channels_first(x, channels_first):
+    if channels_first:
+        return x
+    r = len(x.shape)
+    return _ops.transpose(x, [0] + list(range(2, r)) + [1])
+
+
+def _check_rank(x, s, api):
+    if len(x.shape) != s + 2:
+        _trace.fail(ValueError, f"{api}: input must have rank {s + 2} (batch, channels and {s} spatial "
+                    f"dims), got shape {x.shape}")
+
+
+def _conv_nd(s, api, input, filters, strides, padding, data_format, dilations, groups, name):
+    _check_blob(input, api)
+    _check_blob(filters, api, "filters")
+    cf = _channels_first(data_format, api)
+    _check_rank(input, s, api)
+    if len(filters.shape) != s + 2:
+        _trace.fail(ValueError, f"{api}: filters must have rank {s + 2}, got shape {filters.shape}")
+    if not isinstance(groups, numbers.Integral) or isinstance(groups, bool) or groups < 1:
+        _trace.fail(ValueError, f"{api}: groups must be a positive int, got {groups!r}")
+    x = _to_channels_first(input, cf)
+    w = _to_channels_first(filters, cf)  # OneFlow's NHWC filters are (Co, k..., C/groups)
+    st = _ints(strides, s, api, "strides")
+    dl = _ints(1 if dilations is None else dilations, s, api, "dilations")
+    kernel = list(w.shape[2:])
+    spatial = list(x.shape[2:])
+    lo, hi = _pads(padding, spatial, kernel, st, dl, cf, api)
+    c, co = x.shape[1], w.shape[0]
+    if c % groups:
+        _trace.fail(ValueError, f"{api}: input channels ({c}) are not divisible by groups ({groups})")
+    y = _ops.make(K.conv, [x, w], {"strides": st, "dilations": dl, "pads_lo": lo, "pads_hi": hi,
+                                   "groups": int(groups)}, api=api)
+    out = [(spatial[i] + lo[i] + hi[i] - dl[i] * (kernel[i] - 1) - 1) // st[i] + 1 for i in range(s)]
+    y = _from_channels_first(_ops.reshape(y, [x.shape[0], co] + out), cf)
+    return _ops.identity(y, name=name) if name else y
+
+
+def conv1d(input, filters, strides, padding, data_format="NCW", dilations=None, groups=1, name=None):
+    """1-D convolution (cross-correlation, as OneFlow computes it)."""
+    return _conv_nd(1, "conv1d", input, filters, strides, padding, data_format, dilations, groups, name)
+
+
+def conv2d(input, filters, strides, padding, data_format="NCHW", dilations=None, groups=1, name=None):
+    """2-D convolution: input (N, C, H, W) or NHWC, filters (Co, C/groups, kh, kw)
+    (NHWC: (Co, kh, kw, C/groups)); padding 'SAME', 'VALID' or explicit pairs."""
+    return _conv_nd(2, "conv2d", input, filters, strides, padding, data_format, dilations, groups, name)
+
+
+def conv3d(input, filters, strides, padding, data_format="NCDHW", dilations=None, groups=1, name=None):
+    """3-D convolution."""
+    return _conv_nd(3, "conv3d", input, filters, strides, padding, data_format, dilations, groups, name)
+
+
+# ---------------------------------------------------------------- pooling
+
+def _pool_nd(s, kind, api, input, ksize, strides, padding, data_format, name):
+    _check_blob(input, api)
+    cf = _channels_first(data_format, api)
+    _check_rank(input, s, api)
+    if not (input.dtype in (_dtypes.float32, _dtypes.float64)):
+        _trace.fail(TypeError, f"{api}: expected a floating-point input, got {input.dtype!r}")
+    k = _ints(ksize, s, api, "ksize")
+    st = _ints(strides, s, api, "strides")
+    x = _to_channels_first(input, cf)
+    spatial = list(x.shape[2:])
+    lo, hi = _pads(padding, spatial, k, st, [1] * s, cf, api)
+    for i in range(s):
+        if k[i] > spatial[i] + lo[i] + hi[i]:
+            _trace.fail(ValueError, f"{api}: ksize {k[i]} is larger than the padded input "
+                        f"({spatial[i]} + padding {lo[i]} + {hi[i]}) along spatial dim {i}")
+    attrs = {"window": k, "strides": st, "dilations": [1] * s, "pads_lo": lo, "pads_hi": hi,
+             "pad_value": float("-inf") if kind == "max" else 0.0}
+    win = _ops.make(K.window, [x], attrs, api=api)
+    taps = list(range(len(win.shape) - s, len(win.shape)))
+    if kind == "max":
+        y = _ops.reduce_max(win, taps)
+    else:
+        total = _ops.reduce_sum(win, taps)
+        if max(lo + hi) == 0:
+            n = 1
+            for d in k:
+                n *= d
+            y = _ops.multiply(total, 1.0 / n)
+        else:
+            # Averages over the elements inside the input (TensorFlow's and
+            # OneFlow's SAME pooling): the count per window from a window of ones.
+            ones = _ops.ones([1, 1] + spatial, dtype=x.dtype)
+            count = _ops.reduce_sum(_ops.make(K.window, [ones], attrs, api=api), taps)
+            y = _ops.divide(total, count)
+    y = _from_channels_first(y, cf)
+    return _ops.identity(y, name=name) if name else y
+
+
+def max_pool1d(input, ksize, strides, padding, data_format="NWC", name=None):
+    return _pool_nd(1, "max", "max_pool1d", input, ksize, strides, padding, data_format, name)
+
+
+def max_pool2d(input, ksize, strides, padding, data_format="NCHW", name=None):
+    """Max over ksize windows; padded positions never win (-inf)."""
+    return _pool_nd(2, "max", "max_pool2d", input, ksize, strides, padding, data_format, name)
+
+
+def max_pool3d(input, ksize, strides, padding, data_format="NCDHW", name=None):
+    return _pool_nd(3, "max", "max_pool3d", input, ksize, strides, padding, data_format, name)
+
+
+def avg_pool1d(input, ksize, strides, padding, data_format="NWC", name=None):
+    return _pool_nd(1, "avg", "avg_pool1d", input, ksize, strides, padding, data_format, name)
+
+
+def avg_pool2d(input, ksize, strides, padding, data_format="NCHW", name=None):
+    """Mean over ksize windows; with padding, over the elements inside the input."""
+    return _pool_nd(2, "avg", "avg_pool2d", input, ksize, strides, padding, data_format, name)
+
+
+def avg_pool3d(input, ksize, strides, padding, data_format="NCDHW", name=None):
+    return _pool_nd(3, "avg", "avg_pool3d", input, ksize, strides, padding, data_format, name)
+
+
+# ---------------------------------------------------------------- dropout
+
+def dropout(x, rate, noise_shape=None, seed=None, name=None):
+    """Zeroes each element with probability `rate` and scales the others by
+    1 / (1 - rate) in train jobs; the identity in predict jobs. The mask is
+    counter-based: new every train step, reproducible from `seed`."""
+    _check_blob(x, "dropout", "x")
+    if not isinstance(rate, numbers.Real) or isinstance(rate, bool) or not 0.0 <= float(rate) < 1.0:
+        _trace.fail(ValueError, f"dropout: rate must be a number in [0, 1), got {rate!r}")
+    if not (x.dtype in (_dtypes.float32, _dtypes.float64)):
+        _trace.fail(TypeError, f"dropout: expected a floating-point x, got {x.dtype!r}")
+    b = _trace.require_builder("flow.nn.dropout")
+    rate = float(rate)
+    if b.type != "train" or rate == 0.0:
+        return _ops.identity(x, name=name) if name else x
+    shape = list(x.shape) if noise_shape is None else _ops._int_list(noise_shape, "dropout", "noise_shape")
+    if len(shape) != len(x.shape) or any(d not in (1, e) for d, e in zip(shape, x.shape)):
+        _trace.fail(ValueError, f"dropout: noise_shape {shape} must have x's rank with each extent 1 or "
+                    f"x's ({list(x.shape)})")
+    count = b._counts.get("dropout_seed", 0)
+    b._counts["dropout_seed"] = count + 1
+    if seed is None:
+        seed = 0x5EED0000 + count  # distinct per dropout in a job, stable across runs
+    numel = 1
+    for d in shape:
+        numel *= d
+    step = b.train_step()
+    offset = _ops.multiply(step, _ops.constant(numel, dtype=_dtypes.int64))
+    u = _ops.make(K.random_uniform_at, [offset], {"shape": shape, "dtype": x.dtype.c, "seed": int(seed)},
+                  api="dropout")
+    keep = _ops.greater_equal(u, rate)
+    return _ops.where(keep, _ops.multiply(x, 1.0 / (1.0 - rate)), _ops.zeros_like(x), name=name)
