@@ -108,7 +108,9 @@ def _check_rank(x, s, api):
                     f"dims), got shape {x.shape}")
 
 
-def _conv_nd(s, api, input, filters, strides, padding, data_format, dilations, groups, name):
+def _conv_flat(s, api, input, filters, strides, padding, data_format, dilations, groups):
+    """The conv op's result [N, groups, Co/groups, prod(out)], and how to
+    bring such a value back to the user's layout."""
     _check_blob(input, api)
     _check_blob(filters, api, "filters")
     cf = _channels_first(data_format, api)
@@ -130,7 +132,15 @@ def _conv_nd(s, api, input, filters, strides, padding, data_format, dilations, g
     y = _ops.make(K.conv, [x, w], {"strides": st, "dilations": dl, "pads_lo": lo, "pads_hi": hi,
                                    "groups": int(groups)}, api=api)
     out = [(spatial[i] + lo[i] + hi[i] - dl[i] * (kernel[i] - 1) - 1) // st[i] + 1 for i in range(s)]
-    y = _from_channels_first(_ops.reshape(y, [x.shape[0], co] + out), cf)
+
+    def unflatten(v):
+        return _from_channels_first(_ops.reshape(v, [x.shape[0], co] + out), cf)
+    return y, unflatten
+
+
+def _conv_nd(s, api, input, filters, strides, padding, data_format, dilations, groups, name):
+    y, unflatten = _conv_flat(s, api, input, filters, strides, padding, data_format, dilations, groups)
+    y = unflatten(y)
     return _ops.identity(y, name=name) if name else y
 
 
@@ -248,3 +258,221 @@ def dropout(x, rate, noise_shape=None, seed=None, name=None):
                   api="dropout")
     keep = _ops.greater_equal(u, rate)
     return _ops.where(keep, _ops.multiply(x, 1.0 / (1.0 - rate)), _ops.zeros_like(x), name=name)
+
+
+# ---------------------------------------------------------------- layers
+
+# Activations that act elementwise: a conv layer applies them (and its bias)
+# before bringing the result to the user's layout, where they fuse into the
+# convolution's epilogue. Others see the result in the user's layout.
+_ELEMENTWISE_ACTIVATIONS = {_ops.relu, _ops.sigmoid, _ops.tanh}
+
+
+def _layer_name(api, name):
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            _trace.fail(TypeError, f"{api}: name must be a non-empty string, got {name!r}")
+        return name
+    b = _trace.require_builder(f"flow.layers.{api}")
+    n = b._counts.get(f"layer:{api}", 0)
+    b._counts[f"layer:{api}"] = n + 1
+    return f"{api.capitalize()}_{n}"
+
+
+def _conv_layer(s, api, inputs, filters, kernel_size, strides, padding, data_format, dilation_rate, groups,
+                activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
+                bias_regularizer, trainable, name, weight_name=None, bias_name=None):
+    from ._variables import get_variable
+    _check_blob(inputs, api, "inputs")
+    name = _layer_name(api, name)
+    if not isinstance(filters, numbers.Integral) or isinstance(filters, bool) or filters <= 0:
+        _trace.fail(ValueError, f"{api} '{name}': filters must be a positive int, got {filters!r}")
+    if not isinstance(groups, numbers.Integral) or isinstance(groups, bool) or groups < 1:
+        _trace.fail(ValueError, f"{api} '{name}': groups must be a positive int, got {groups!r}")
+    cf = _channels_first(data_format, api)
+    _check_rank(inputs, s, api)
+    k = _ints(kernel_size, s, api, "kernel_size")
+    c = inputs.shape[1] if cf else inputs.shape[-1]
+    if c % groups:
+        _trace.fail(ValueError, f"{api} '{name}': input channels ({c}) are not divisible by groups ({groups})")
+    if filters % groups:
+        _trace.fail(ValueError, f"{api} '{name}': filters ({filters}) are not divisible by groups ({groups})")
+    shape = (filters, c // groups, *k) if cf else (filters, *k, c // groups)
+    weight = get_variable(weight_name or f"{name}-weight", shape=shape, dtype=inputs.dtype,
+                          initializer=kernel_initializer, regularizer=kernel_regularizer,
+                          trainable=trainable)
+    y, unflatten = _conv_flat(s, api, inputs, weight, strides, padding, data_format, dilation_rate, groups)
+    if use_bias:
+        bias = get_variable(bias_name or f"{name}-bias", shape=(filters,), dtype=inputs.dtype,
+                            initializer=bias_initializer, regularizer=bias_regularizer, trainable=trainable)
+        y = _ops.add(y, _ops.reshape(bias, [1, groups, filters // groups, 1]))
+    if activation is not None and activation in _ELEMENTWISE_ACTIVATIONS:
+        return unflatten(activation(y))
+    y = unflatten(y)
+    return activation(y) if activation is not None else y
+
+
+def conv1d(inputs, filters, kernel_size=1, strides=1, padding="VALID", data_format="NCW", dilation_rate=1,
+           groups=1, activation=None, use_bias=True, kernel_initializer=None, bias_initializer=None,
+           kernel_regularizer=None, bias_regularizer=None, trainable=True, name=None, weight_name=None,
+           bias_name=None):
+    """1-D convolution layer: variables `<name>-weight` (filters, in/groups, k) and `<name>-bias`."""
+    return _conv_layer(1, "conv1d", inputs, filters, kernel_size, strides, padding, data_format, dilation_rate,
+                       groups, activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
+                       bias_regularizer, trainable, name, weight_name, bias_name)
+
+
+def conv2d(inputs, filters, kernel_size=1, strides=1, padding="VALID", data_format="NCHW", dilation_rate=1,
+           groups=1, activation=None, use_bias=True, kernel_initializer=None, bias_initializer=None,
+           kernel_regularizer=None, bias_regularizer=None, trainable=True, name=None, weight_name=None,
+           bias_name=None):
+    """2-D convolution layer: variables `<name>-weight` of shape (filters,
+    in/groups, kh, kw) for NCHW ((filters, kh, kw, in/groups) for NHWC) and
+    `<name>-bias` (filters,); the bias and an elementwise activation fuse
+    into the convolution kernel."""
+    return _conv_layer(2, "conv2d", inputs, filters, kernel_size, strides, padding, data_format, dilation_rate,
+                       groups, activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
+                       bias_regularizer, trainable, name, weight_name, bias_name)
+
+
+def conv3d(inputs, filters, kernel_size=1, strides=1, padding="VALID", data_format="NCDHW", dilation_rate=1,
+           groups=1, activation=None, use_bias=True, kernel_initializer=None, bias_initializer=None,
+           kernel_regularizer=None, bias_regularizer=None, trainable=True, name=None, weight_name=None,
+           bias_name=None):
+    """3-D convolution layer."""
+    return _conv_layer(3, "conv3d", inputs, filters, kernel_size, strides, padding, data_format, dilation_rate,
+                       groups, activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
+                       bias_regularizer, trainable, name, weight_name, bias_name)
+
+
+def _pool_layer(s, kind, api, inputs, pool_size, strides, padding, data_format, name):
+    return _pool_nd(s, kind, api, inputs, pool_size, strides, padding, data_format, name)
+
+
+def max_pooling1d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+    return _pool_layer(1, "max", "max_pooling1d", inputs, pool_size, strides, padding, data_format, name)
+
+
+def max_pooling2d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+    """flow.layers.max_pooling2d (Keras-style defaults: 'valid', channels_last)."""
+    return _pool_layer(2, "max", "max_pooling2d", inputs, pool_size, strides, padding, data_format, name)
+
+
+def max_pooling3d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+    return _pool_layer(3, "max", "max_pooling3d", inputs, pool_size, strides, padding, data_format, name)
+
+
+def average_pooling1d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+    return _pool_layer(1, "avg", "average_pooling1d", inputs, pool_size, strides, padding, data_format, name)
+
+
+def average_pooling2d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+    return _pool_layer(2, "avg", "average_pooling2d", inputs, pool_size, strides, padding, data_format, name)
+
+
+def average_pooling3d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+    return _pool_layer(3, "avg", "average_pooling3d", inputs, pool_size, strides, padding, data_format, name)
+
+
+# ---------------------------------------------------------------- normalization
+
+def _axis(x, axis, api, what="axis"):
+    r = len(x.shape)
+    if not isinstance(axis, numbers.Integral) or isinstance(axis, bool) or not -r <= axis < r:
+        _trace.fail(ValueError, f"{api}: {what} must be an int in [{-r}, {r}) for a rank-{r} input, got {axis!r}")
+    return int(axis) % r
+
+
+def _float_input(x, api):
+    _check_blob(x, api, "inputs")
+    if x.dtype not in (_dtypes.float32, _dtypes.float64):
+        _trace.fail(TypeError, f"{api}: expected a floating-point input, got {x.dtype!r}")
+
+
+def batch_normalization(inputs, axis=-1, momentum=0.99, epsilon=0.001, center=True, scale=True,
+                        beta_initializer=None, gamma_initializer=None, beta_regularizer=None,
+                        gamma_regularizer=None, moving_mean_initializer=None,
+                        moving_variance_initializer=None, trainable=True, training=True, name="BatchNorm"):
+    """Batch normalization over every axis but `axis` (the channels).
+
+    In train jobs with training=True: the batch's mean and (biased) variance
+    normalize, and the moving statistics `<name>-moving_mean` and
+    `<name>-moving_variance` (unbiased variance) are updated as
+    moving = momentum * moving + (1 - momentum) * batch. Otherwise (predict
+    jobs, or training=False) the moving statistics normalize. `<name>-gamma`
+    scales and `<name>-beta` shifts when scale and center are set.
+    """
+    from ._variables import ConstantInitializer, get_variable
+    api = "batch_normalization"
+    _float_input(inputs, api)
+    ax = _axis(inputs, axis, api)
+    if not isinstance(momentum, numbers.Real) or not 0.0 <= float(momentum) <= 1.0:
+        _trace.fail(ValueError, f"{api}: momentum must be in [0, 1], got {momentum!r}")
+    if not isinstance(epsilon, numbers.Real) or float(epsilon) < 0:
+        _trace.fail(ValueError, f"{api}: epsilon must be >= 0, got {epsilon!r}")
+    b = _trace.require_builder("flow.layers.batch_normalization")
+    x = inputs
+    r = len(x.shape)
+    c = x.shape[ax]
+    bshape = [1] * r
+    bshape[ax] = c
+    axes = [d for d in range(r) if d != ax]
+    dt = x.dtype
+
+    def var(suffix, init, dflt, reg=None, train=trainable):
+        return get_variable(f"{name}-{suffix}", shape=(c,), dtype=dt,
+                            initializer=init if init is not None else ConstantInitializer(dflt),
+                            regularizer=reg, trainable=train)
+
+    mm = var("moving_mean", moving_mean_initializer, 0.0, train=False)
+    mv = var("moving_variance", moving_variance_initializer, 1.0, train=False)
+    if b.type == "train" and training:
+        mean = _ops.reduce_mean(x, axes, keepdims=True)
+        centered = _ops.subtract(x, mean)
+        variance = _ops.reduce_mean(_ops.square(centered), axes, keepdims=True)
+        n = 1
+        for d in axes:
+            n *= x.shape[d]
+        m = float(momentum)
+        flat_mean = _ops.reshape(mean, [c])
+        flat_var = _ops.reshape(variance, [c])
+        unbiased = _ops.multiply(flat_var, n / (n - 1) if n > 1 else 1.0)
+        new_mm = _ops.add(_ops.multiply(mm, m), _ops.multiply(flat_mean, 1.0 - m))
+        new_mv = _ops.add(_ops.multiply(mv, m), _ops.multiply(unbiased, 1.0 - m))
+        b.effects.append(_C.make_node(K.assign, [mm._node, new_mm._node], {}))
+        b.effects.append(_C.make_node(K.assign, [mv._node, new_mv._node], {}))
+    else:
+        centered = _ops.subtract(x, _ops.reshape(mm, bshape))
+        variance = _ops.reshape(mv, bshape)
+    y = _ops.multiply(centered, _ops.rsqrt(_ops.add(variance, float(epsilon))))
+    if scale:
+        y = _ops.multiply(y, _ops.reshape(var("gamma", gamma_initializer, 1.0, gamma_regularizer), bshape))
+    if center:
+        y = _ops.add(y, _ops.reshape(var("beta", beta_initializer, 0.0, beta_regularizer), bshape))
+    return y
+
+
+def layer_norm(inputs, center=True, scale=True, trainable=True, begin_norm_axis=1, begin_params_axis=-1,
+               epsilon=1e-5, name="LayerNorm"):
+    """Normalizes over the axes from `begin_norm_axis` on; `<name>-gamma` and
+    `<name>-beta` have the input's shape from `begin_params_axis` on."""
+    from ._variables import ConstantInitializer, get_variable
+    api = "layer_norm"
+    _float_input(inputs, api)
+    x = inputs
+    r = len(x.shape)
+    na = _axis(x, begin_norm_axis, api, "begin_norm_axis")
+    pa = _axis(x, begin_params_axis, api, "begin_params_axis")
+    axes = list(range(na, r))
+    mean = _ops.reduce_mean(x, axes, keepdims=True)
+    centered = _ops.subtract(x, mean)
+    variance = _ops.reduce_mean(_ops.square(centered), axes, keepdims=True)
+    y = _ops.multiply(centered, _ops.rsqrt(_ops.add(variance, float(epsilon))))
+    pshape = tuple(x.shape[pa:])
+    if scale:
+        y = _ops.multiply(y, get_variable(f"{name}-gamma", shape=pshape, dtype=x.dtype,
+                                          initializer=ConstantInitializer(1.0), trainable=trainable))
+    if center:
+        y = _ops.add(y, get_variable(f"{name}-beta", shape=pshape, dtype=x.dtype,
+                                     initializer=ConstantInitializer(0.0), trainable=trainable))
+    return y

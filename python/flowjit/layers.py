@@ -77,3 +77,8 @@ def prelu(inputs, alpha_initializer=None, alpha_regularizer=None, shared_axes=No
 
 
 from . import _activations, _variables  # noqa: E402
+
+# Convolution, pooling and normalization layers (issue #11).
+from ._conv import (average_pooling1d, average_pooling2d, average_pooling3d,  # noqa: E402,F401
+                    batch_normalization, conv1d, conv2d, conv3d, layer_norm, max_pooling1d,
+                    max_pooling2d, max_pooling3d)

@@ -39,3 +39,7 @@ from ._losses import (bce_loss, bce_with_logits_loss, kldiv_loss, l1_loss, mse_l
                       smooth_l1_loss, sparse_cross_entropy)
 BCELoss, BCEWithLogitsLoss, KLDivLoss, L1Loss, MSELoss = (
     bce_loss, bce_with_logits_loss, kldiv_loss, l1_loss, mse_loss)
+
+# Convolutions, pooling and dropout (issue #11).
+from ._conv import (avg_pool1d, avg_pool2d, avg_pool3d, conv1d, conv2d, conv3d, dropout,  # noqa: E402,F401
+                    max_pool1d, max_pool2d, max_pool3d)
