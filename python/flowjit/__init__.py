@@ -26,6 +26,10 @@ from ._variables import (constant_initializer, get_all_variables, get_variable, 
                          xavier_uniform_initializer, zeros_initializer)
 from . import config, data, distribute, env, layers, math, nn, optimizer, scope  # noqa: F401
 from . import checkpoint, train  # noqa: F401
+from . import losses, regularizers  # noqa: F401
+from ._legacy import FixedTensorDef, MirroredTensorDef, watch, watch_diff  # noqa: F401
+
+name_scope = scope.namespace  # OneFlow's older name of flow.scope.namespace
 
 float = float32  # noqa: A001 - OneFlow's names
 double = float64
@@ -49,6 +53,40 @@ def sync_default_session():
 
 
 _atexit.register(_C.shutdown_session)
+
+
+# ---------------------------------------------------------------- public names
+# The public modules; dir() of each shows its API (its __all__), not what it
+# imported (numbers, np, other flowjit modules).
+_PUBLIC_MODULES = ("checkpoint", "config", "data", "distribute", "env", "layers", "losses", "math", "nn",
+                   "optimizer", "regularizers", "scope", "train", "typing")
+
+
+def _public_names(module):
+    names = getattr(module, "__all__", None)
+    if names is None:  # a module without __all__ yet: its names, less the modules it imported
+        import types
+        names = [n for n, v in vars(module).items()
+                 if not n.startswith("_") and not isinstance(v, types.ModuleType)]
+    return sorted(set(names))
+
+
+def _install_dir(module):
+    module.__dir__ = lambda: _public_names(module)
+
+
+for _name in _PUBLIC_MODULES:
+    _install_dir(globals()[_name])
+
+
+def __getattr__(name):
+    # flowjit's own __all__ is computed when asked for, since several modules
+    # add top-level names (OneFlow exports ops both as flow.x and flow.math.x).
+    if name == "__all__":
+        import types
+        return sorted(n for n, v in globals().items()
+                      if not n.startswith("_") and (n in _PUBLIC_MODULES or not isinstance(v, types.ModuleType)))
+    raise AttributeError(f"module 'flowjit' has no attribute '{name}'")
 
 # Where OneFlow exports these at the top level (flow.clip, flow.masked_fill, ...).
 from ._composite import clamp, clip_by_value, masked_fill  # noqa: E402,F401

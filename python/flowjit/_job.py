@@ -5,6 +5,7 @@ import numbers
 import os
 import threading
 import typing
+import weakref
 
 import numpy as np
 
@@ -21,18 +22,24 @@ class FunctionConfig:
     """Settings of a job function (OneFlow's flow.function_config())."""
 
     _SETTINGS = ("default_data_type", "default_logical_view", "default_placement_scope",
-                 "default_distribute_strategy", "recompile_limit", "allow_cpu_fallback")
+                 "default_distribute_strategy", "recompile_limit", "allow_cpu_fallback", "train",
+                 "enable_tensor_float_32_compute", "enable_auto_mixed_precision", "enable_inplace",
+                 "enable_fuse_add_to_output", "enable_fuse_model_update_ops", "enable_xla_jit",
+                 "cudnn_conv_heuristic_search_algo")
     # OneFlow settings that flowjit does not implement, with the reason.
     _ONEFLOW_ONLY = {
-        "enable_inplace": "flowjit plans memory reuse itself",
-        "enable_fuse_model_update_ops": "flowjit always fuses optimizer updates",
-        "enable_fuse_add_to_output": "flowjit fuses elementwise epilogues itself",
-        "enable_auto_mixed_precision": "mixed precision is not supported yet",
-        "enable_xla_jit": "flowjit is its own JIT",
         "enable_tensorrt": "TensorRT is not used",
-        "cudnn_conv_heuristic_search_algo": "flowjit has no cuDNN convolutions",
-        "train": "use flow.optimizer.*.minimize(loss) in the job body",
     }
+    # OneFlow optimization hints flowjit accepts and ignores, with the reason
+    # (said once per hint with FLOWJIT_DEBUG=1).
+    _IGNORED_HINTS = {
+        "enable_inplace": "flowjit plans memory reuse itself",
+        "enable_fuse_add_to_output": "flowjit fuses elementwise epilogues itself",
+        "enable_fuse_model_update_ops": "flowjit always fuses optimizer updates",
+        "enable_xla_jit": "flowjit is its own JIT",
+        "cudnn_conv_heuristic_search_algo": "flowjit has no cuDNN convolutions",
+    }
+    _said = set()
 
     def __init__(self):
         object.__setattr__(self, "_values", {"default_data_type": _dtypes.float32})
@@ -58,7 +65,13 @@ class FunctionConfig:
         return self
 
     def default_distribute_strategy(self, strategy):
-        self._values["default_distribute_strategy"] = strategy
+        """OneFlow 0.1-0.2's default_logical_view: flow.distribute.consistent_strategy()
+        or mirrored_strategy()."""
+        from . import scope
+        if not isinstance(strategy, scope.LogicalView):
+            raise TypeError("function_config.default_distribute_strategy: expected flow.distribute."
+                            f"consistent_strategy() or flow.distribute.mirrored_strategy(), got {strategy!r}")
+        self._values["default_logical_view"] = strategy
         return self
 
     def recompile_limit(self, n):
@@ -70,10 +83,65 @@ class FunctionConfig:
     def allow_cpu_fallback(self, flag=True):
         """A job placed on a GPU runs on the CPU (with one warning) where the GPU
         cannot be used (no CUDA driver, no such GPU), instead of raising."""
-        if not isinstance(flag, bool):
-            raise TypeError(f"function_config.allow_cpu_fallback: expected True or False, got {flag!r}")
-        self._values["allow_cpu_fallback"] = flag
+        self._values["allow_cpu_fallback"] = self._flag("allow_cpu_fallback", flag)
         return self
+
+    @property
+    def train(self):
+        """OneFlow 0.1-0.2's training settings (primary_lr, model_update_conf),
+        used with flow.losses.add_loss; see flowjit._train_conf."""
+        from ._train_conf import TrainConfig
+        conf = self._values.get("train")
+        if conf is None:
+            conf = self._values["train"] = TrainConfig()
+        return conf
+
+    def enable_tensor_float_32_compute(self, flag=True):
+        """Lets float32 matmuls of jobs placed on a GPU use TF32 tensor cores
+        (FLOWJIT_ALLOW_TF32=1 for this job's config; False turns it off for
+        them whatever the environment says). CPU jobs always compute in full
+        float32."""
+        self._values["enable_tensor_float_32_compute"] = self._flag("enable_tensor_float_32_compute", flag)
+        return self
+
+    def enable_auto_mixed_precision(self, flag=True):
+        if self._flag("enable_auto_mixed_precision", flag):
+            raise NotImplementedError("function_config.enable_auto_mixed_precision(True): flowjit has no "
+                                      "mixed precision (it computes float16 nowhere); a job would train "
+                                      "in float32 instead of what was asked, so this is refused")
+        self._values["enable_auto_mixed_precision"] = False
+        return self
+
+    def _hint(self, name, value):
+        self._values[name] = value
+        if name not in FunctionConfig._said and int(os.environ.get("FLOWJIT_DEBUG", "0") or 0) >= 1:
+            FunctionConfig._said.add(name)
+            import sys
+            print(f"[flowjit] function_config.{name}({value!r}) is ignored: "
+                  f"{self._IGNORED_HINTS[name]}", file=sys.stderr)
+        return self
+
+    def enable_inplace(self, flag=True):
+        return self._hint("enable_inplace", self._flag("enable_inplace", flag))
+
+    def enable_fuse_add_to_output(self, flag=True):
+        return self._hint("enable_fuse_add_to_output", self._flag("enable_fuse_add_to_output", flag))
+
+    def enable_fuse_model_update_ops(self, flag=True):
+        return self._hint("enable_fuse_model_update_ops", self._flag("enable_fuse_model_update_ops", flag))
+
+    def enable_xla_jit(self, flag=True):
+        return self._hint("enable_xla_jit", self._flag("enable_xla_jit", flag))
+
+    def cudnn_conv_heuristic_search_algo(self, flag=True):
+        return self._hint("cudnn_conv_heuristic_search_algo",
+                          self._flag("cudnn_conv_heuristic_search_algo", flag))
+
+    @staticmethod
+    def _flag(name, flag):
+        if not isinstance(flag, bool):
+            raise TypeError(f"function_config.{name}: expected True or False, got {flag!r}")
+        return flag
 
     def get(self, key, default=None):
         return self._values.get(key, default)
@@ -115,6 +183,9 @@ class JobBuilder:
         self.minimize = None  # (optimizer, [loss blobs], loc)
         self.split_vars = {}  # name -> declared split axis (flow.distribute.split)
         self.placements = []  # flow.scope.placement scopes entered while tracing
+        self.watches = []     # (blob, handler) of flow.watch, in trace order
+        self.added_losses = []  # flow.losses.add_loss (minimized with function_config().train)
+        self.regularizers = {}  # variable name -> (blob, flow.regularizers.Regularizer)
         self.finished = False
         self._counts = {}
 
@@ -123,7 +194,8 @@ class JobBuilder:
             n = self._counts.get(api, 0)
             self._counts[api] = n + 1
             name = f"{api}_{n}"
-        return Blob(node, self, name)
+        from . import scope
+        return Blob(node, self, scope.namespace_prefix() + name)
 
     def check_owned(self, blob, api, loc):
         if blob._builder is not self:
@@ -291,6 +363,22 @@ def _flatten_bundle(value, leaf_spec, job, out):
                     f"got {type(value).__name__}")
 
 
+def _flatten_legacy(value, job, out):
+    """A job without return annotations (OneFlow 0.1-0.2): blobs, and tuples,
+    lists and dicts of them, come back as LocalBlobs in the same structure."""
+    if isinstance(value, Blob):
+        out.append(value)
+        return ("local",)
+    if isinstance(value, tuple):
+        return ("tuple", [_flatten_legacy(v, job, out) for v in value])
+    if isinstance(value, list):
+        return ("list", [_flatten_legacy(v, job, out) for v in value])
+    if isinstance(value, dict):
+        return ("dict", [(k, _flatten_legacy(v, job, out)) for k, v in value.items()])
+    raise TypeError(f"job '{job}' has no return annotation, so it may return None, a Blob, or tuples, "
+                    f"lists and dicts of Blobs; it returned {type(value).__name__}")
+
+
 def _describe(v):
     if isinstance(v, tuple):
         return f"a tuple of {len(v)}"
@@ -307,7 +395,7 @@ def _check_result_groups(job, template, groups):
             if next(it):
                 raise TypeError(f"job '{job}': in the mirrored view a result computed from per-device "
                                 "inputs has one value per device; annotate it tp.ListNumpy")
-        elif k == "list1":
+        elif k in ("list1", "local"):
             next(it)
         elif k == "listlist":
             for _ in range(t[1]):
@@ -324,7 +412,7 @@ def _check_result_groups(job, template, groups):
     walk(template)
 
 
-def _builder_for(template, devices=1):
+def _builder_for(template, devices=1, job="?"):
     """A function from the list of results (an array, or a list of one array
     per device) to the result structure."""
     kind = template[0]
@@ -344,6 +432,8 @@ def _builder_for(template, devices=1):
             return v if isinstance(v, list) else [v] * devices
         if k == "listlist":
             return [[next(it) for _ in range(t[1])]]
+        if k == "local":
+            return _async.LocalBlob(next(it), job)
         if k == "none":
             return None
         if k == "tuple":
@@ -360,11 +450,38 @@ def _builder_for(template, devices=1):
 # ---------------------------------------------------------------- job functions
 
 class _Compiled:
-    __slots__ = ("job", "build", "flatten_args")
+    """A compiled signature of a job: how to run it and to build its result.
 
-    def __init__(self, job, build):
+    `mode` is "sync" (numpy results), "callback" (tp.Callback) or "legacy"
+    (no return annotation: a LegacyFuture). The last len(watches) outputs
+    of the program are the values flow.watch asked for; their handlers run
+    on the callback thread."""
+
+    __slots__ = ("job", "build", "mode", "watches", "n_user", "name")
+
+    def __init__(self, job, build, mode="sync", watches=(), n_user=None, name="?"):
         self.job = job
         self.build = build
+        self.mode = mode
+        self.watches = list(watches)
+        self.n_user = n_user
+        self.name = name
+
+    def sync_result(self, outs):
+        """On the caller's thread: the result; watch handlers are queued."""
+        if self.watches:
+            watched = list(outs[self.n_user:])
+            outs = outs[:self.n_user]
+            _C.post_callback(functools.partial(_async.run_watch_handlers, self.watches, watched,
+                                               self.name), self.name)
+        return self.build(outs)
+
+    def async_result(self, outs):
+        """On the callback thread: watch handlers run first, then the result."""
+        if self.watches:
+            _async.run_watch_handlers(self.watches, list(outs[self.n_user:]), self.name)
+            outs = outs[:self.n_user]
+        return self.build(outs)
 
 
 class JobFunction:
@@ -373,12 +490,13 @@ class JobFunction:
     def __init__(self, fn, job_type, config):
         functools.update_wrapper(self, fn)
         self._fn = fn
-        self._type = job_type
+        self._type_given = job_type  # None: "train" when function_config().train is set
         self._config = config if config is not None else FunctionConfig()
         self._name = fn.__name__
         self._source = f"{os.path.basename(fn.__code__.co_filename)}:{fn.__code__.co_firstlineno}"
         self._params = self._parse_params(fn)
         ann = self._annotations(fn).get("return", inspect.Signature.empty)
+        self._legacy = ann is inspect.Signature.empty  # OneFlow 0.1-0.2: results via .get()
         self._async = isinstance(ann, tp._Generic) and ann.name == "Callback"
         if ann is tp.Callback:
             raise TypeError(f"job '{self._name}': tp.Callback needs the result type, e.g. "
@@ -391,6 +509,15 @@ class JobFunction:
         self._misses = []
         self._warned_recompile = False
         self._compile_lock = threading.Lock()
+        self._defined_in = _C.session_generation()
+        _defined_jobs.add(self)
+
+    @property
+    def _type(self):
+        if self._type_given is not None:
+            return self._type_given
+        train = self._config.get("train")
+        return "train" if train is not None and train.is_set() else "predict"
 
     @staticmethod
     def _annotations(fn):
@@ -408,6 +535,8 @@ class JobFunction:
                 raise TypeError(f"job '{self._name}': parameter '{p.name}' must be a plain positional "
                                 "parameter (no *args, **kwargs or keyword-only parameters)")
             a = ann.get(p.name)
+            if a is None and isinstance(p.default, tp._Placeholder):
+                a = p.default  # OneFlow 0.1-0.2: def job(x=flow.FixedTensorDef((2, 3))):
             if not isinstance(a, tp._Placeholder):
                 raise TypeError(f"job '{self._name}': parameter '{p.name}' needs a placeholder annotation "
                                 "such as tp.Numpy.Placeholder((100, 784), dtype=flow.float), got "
@@ -428,10 +557,10 @@ class JobFunction:
         if kwargs:
             args = self._bind_kwargs(args, kwargs)
         fast = self._fast
-        if fast is not None and not self._async and self._generation == _C.session_generation():
+        if fast is not None and self._generation == _C.session_generation():
             outs = fast.job.try_run(args)
             if outs is not None:
-                return fast.build(outs)
+                return fast.sync_result(outs)
         return self._call_slow(args)
 
     def _bind_kwargs(self, args, kwargs):
@@ -519,14 +648,15 @@ class JobFunction:
                                  f"is not within the declared bounds {ph.shape} (same rank, each extent "
                                  "at most the bound)")
 
-    def _call_slow(self, args):
+    def _prepare_session(self):
         _devices.ensure_configured()
         gen = _C.session_generation()
         if self._generation != gen:
             self._cache.clear()
             self._fast = None
             self._generation = gen
-        key, flat = self._check_args(args)
+
+    def _compiled_for(self, key, flat):
         compiled = self._cache.get(key)
         if compiled is None:
             # One trace per signature even when several threads call at once.
@@ -534,11 +664,17 @@ class JobFunction:
                 compiled = self._cache.get(key)
                 if compiled is None:
                     compiled = self._compile(key, flat)
+        return compiled
+
+    def _call_slow(self, args):
+        self._prepare_session()
+        key, flat = self._check_args(args)
+        compiled = self._compiled_for(key, flat)
         flat_t = tuple(flat)
-        if self._async:
-            fut = _async.Future(self._name)
-            build = compiled.build
-            ok = compiled.job.try_run_async(flat_t, lambda outs: fut._deliver(build(outs)))
+        if compiled.mode != "sync":
+            fut = _async.Future(self._name) if compiled.mode == "callback" else _async.LegacyFuture(self._name)
+            finish = compiled.async_result
+            ok = compiled.job.try_run_async(flat_t, lambda outs: fut._deliver(finish(outs)))
             if not ok:
                 raise RuntimeError(f"job '{self._name}': internal error: arguments rejected after "
                                    "validation")
@@ -546,7 +682,44 @@ class JobFunction:
         outs = compiled.job.try_run(flat_t)
         if outs is None:
             raise RuntimeError(f"job '{self._name}': internal error: arguments rejected after validation")
-        return compiled.build(outs)
+        return compiled.sync_result(outs)
+
+    def _trace_declared(self):
+        """Compiles the job for its declared shapes (a tp.ListNumpy placeholder
+        at its bounds) unless it already ran in this session, so that its
+        variables, optimizer state included, exist: what OneFlow does for every
+        defined job when its session starts. Checkpoint loading calls this."""
+        if self._defined_in != _C.session_generation():
+            return  # defined before flow.clear_default_session(): not part of this session
+        self._prepare_session()
+        if self._cache:
+            return
+        from . import config
+
+        class _Shape:
+            def __init__(self, shape):
+                self.shape = shape
+
+        key, flat = [], []
+        for name, ph in self._params:
+            if ph.kind == "Numpy":
+                key.append(ph.shape)
+                flat.append(_Shape(ph.shape))
+            elif ph.kind == "ListNumpy":
+                n = config.device_count()
+                key.append(tuple(ph.shape for _ in range(n)))
+                flat.extend(_Shape(ph.shape) for _ in range(n))
+            else:
+                return  # how many arrays per device is known only from a call
+        try:
+            self._compiled_for(tuple(key), flat)
+        except Exception as e:
+            try:
+                e.add_note(f"while tracing job '{self._name}' for its declared shapes, which flowjit does "
+                           "for every defined job before a checkpoint is initialized or loaded")
+            except AttributeError:
+                pass
+            raise
 
     # ---- tracing and compiling
 
@@ -585,14 +758,20 @@ class JobFunction:
         _trace.push(builder)
         try:
             result = self._fn(*blobs)
+            self._finish_training(builder)
         finally:
             _trace.pop()
             builder.finished = True
         outs = []
-        template = _flatten_result(result, self._ret, self._name, outs)
+        if self._legacy and result is not None:
+            template = _flatten_legacy(result, self._name, outs)
+        else:
+            template = _flatten_result(result, self._ret, self._name, outs)
         for o in outs:
             builder.check_owned(o, "return", _trace.user_location())
-        if self._type == "train" and builder.minimize is None:
+        n_user = len(outs)
+        outs.extend(blob for blob, _ in builder.watches)
+        if builder.type == "train" and builder.minimize is None:
             raise TypeError(f"job '{self._name}' is declared type=\"train\" but never calls an "
                             "optimizer's minimize(loss), e.g. flow.optimizer.SGD(flow.optimizer."
                             "PiecewiseConstantScheduler([], [0.1])).minimize(loss)")
@@ -611,15 +790,46 @@ class JobFunction:
         dist = _devices.distribution(self._name, self._config, builder, self._params)
         settings = {"keep_text": bool(os.environ.get("FLOWJIT_KEEP_TEXT"))}
         settings.update(_devices.job_target(self._name, self._config, builder, self._params))
-        job = _C.compile_job(self._name, self._type == "train", builder.params, [o._node for o in outs],
-                             [], losses, lr, step, trainable, opt, self._source, sig, settings, dist)
+        with _tf32_for(self._config, settings):
+            job = _C.compile_job(self._name, builder.type == "train", builder.params,
+                                 [o._node for o in outs], [], losses, lr, step,
+                                 trainable, opt, self._source, sig, settings, dist)
         per_device = _C.device_info()["local_devices"] if dist and dist["mirrored"] else 1
-        _check_result_groups(self._name, template, list(job.output_groups))
-        compiled = _Compiled(job, _builder_for(template, per_device))
+        _check_result_groups(self._name, template, list(job.output_groups)[:n_user])
+        mode = "callback" if self._async else "legacy" if template[0] != "none" and self._legacy else "sync"
+        compiled = _Compiled(job, _builder_for(template, per_device, self._name), mode,
+                             [(blob.name, handler) for blob, handler in builder.watches], n_user, self._name)
         self._cache[key] = compiled
-        if self._numpy_only:
+        if self._numpy_only and mode == "sync":
             self._fast = compiled
         return compiled
+
+    def _finish_training(self, builder):
+        """At the end of the body, still tracing: OneFlow 0.1-0.2's losses
+        (flow.losses.add_loss with function_config().train) become an
+        optimizer's minimize, and regularizers join the minimized losses."""
+        train = self._config.get("train")
+        if builder.added_losses:
+            if train is None or not train.is_set():
+                _trace.fail(TypeError, f"flow.losses.add_loss: job '{self._name}' has no training "
+                            "settings; set function_config().train.primary_lr(...) and .model_update_conf"
+                            "({...}), or call an optimizer's minimize(loss) instead", _trace.user_location())
+            train.optimizer(self._name).minimize(builder.added_losses)
+        elif builder.type == "train" and builder.minimize is None and train is not None and train.is_set():
+            raise TypeError(f"job '{self._name}' has function_config().train settings but never calls "
+                            "flow.losses.add_loss(loss), so there is nothing to minimize")
+        if builder.minimize is not None and builder.regularizers:
+            from . import _ops as ops
+            optimizer, losses, lr, step = builder.minimize
+            trained = optimizer._variables_filter()
+            by_dtype = {}
+            for name, (blob, reg) in sorted(builder.regularizers.items()):
+                if not builder.variables[name][1] or (trained is not None and name not in trained):
+                    continue  # OneFlow regularizes the gradients the loss produces only
+                p = reg.penalty(ops, blob)
+                if p is not None:
+                    by_dtype[p.dtype] = p if p.dtype not in by_dtype else ops.add(by_dtype[p.dtype], p)
+            builder.minimize = (optimizer, list(losses) + list(by_dtype.values()), lr, step)
 
     def _note_miss(self, key):
         limit = self._config.get("recompile_limit", 8)
@@ -645,13 +855,58 @@ class JobFunction:
         return [c.job for c in self._cache.values()]
 
 
-def global_function(type="predict", function_config=None):  # noqa: A002 - OneFlow's name
-    """Decorates a job function: ``@flow.global_function(type="train", function_config=cfg)``."""
+# Job functions defined in this process (the ones defined since the last
+# flow.clear_default_session() are the session's: see trace_defined_jobs).
+_defined_jobs = weakref.WeakSet()
+
+
+def trace_defined_jobs():
+    """Compiles every job function of the session that has not run yet, so
+    that all their variables exist, as when a OneFlow session starts. Used
+    before a checkpoint is initialized, loaded or saved."""
+    for job in sorted(_defined_jobs, key=lambda j: (j._source, j._name)):
+        job._trace_declared()
+
+
+class _tf32_for:
+    """While compiling a job placed on a GPU: FLOWJIT_ALLOW_TF32 as its
+    function_config's enable_tensor_float_32_compute says (the GPU target
+    reads it at compile time). One lock around every such compile, so
+    concurrent compiles never see each other's setting."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, config, settings):
+        flag = config.get("enable_tensor_float_32_compute")
+        self.value = None if flag is None or settings.get("device") != "gpu" else ("1" if flag else "0")
+
+    def __enter__(self):
+        if self.value is not None:
+            self._lock.acquire()
+            self.saved = os.environ.get("FLOWJIT_ALLOW_TF32")
+            os.environ["FLOWJIT_ALLOW_TF32"] = self.value
+
+    def __exit__(self, *exc):
+        if self.value is not None:
+            if self.saved is None:
+                os.environ.pop("FLOWJIT_ALLOW_TF32", None)
+            else:
+                os.environ["FLOWJIT_ALLOW_TF32"] = self.saved
+            self._lock.release()
+        return False
+
+
+def global_function(type=None, function_config=None):  # noqa: A002 - OneFlow's name
+    """Decorates a job function: ``@flow.global_function(type="train", function_config=cfg)``.
+
+    Without `type` a job is "predict", or "train" when its function_config
+    sets train.primary_lr / model_update_conf (OneFlow 0.1-0.2, where
+    ``@flow.global_function(func_config)`` was the form)."""
     if callable(type) and not isinstance(type, (str, FunctionConfig)):
-        return JobFunction(type, "predict", None)  # used without parentheses
+        return JobFunction(type, None, None)  # used without parentheses
     if isinstance(type, FunctionConfig):  # older positional form: global_function(config)
-        type, function_config = "predict", type
-    if type not in ("train", "predict"):
+        type, function_config = None, type
+    if type not in ("train", "predict", None):
         raise ValueError(f"global_function: type must be \"train\" or \"predict\", got {type!r}")
     if function_config is not None and not isinstance(function_config, FunctionConfig):
         raise TypeError("global_function: function_config must come from flow.function_config(), got "

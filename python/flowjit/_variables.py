@@ -242,9 +242,11 @@ def get_variable(name, shape=None, dtype=None, initializer=None, regularizer=Non
         _trace.fail(ValueError, f"get_variable: shape of '{name}' must be a tuple of non-negative "
                     f"ints, got {shape!r}", loc)
     dt = _dtypes.to_dtype(dtype, "get_variable dtype") if dtype is not None else b.default_dtype
-    if regularizer is not None:
-        _trace.fail(NotImplementedError, "get_variable: regularizers are not supported yet; add the "
-                    "penalty to the loss instead (e.g. loss + 0.01 * flow.math.reduce_sum(w * w))", loc)
+    from . import regularizers, scope
+    if regularizer is not None and not isinstance(regularizer, regularizers.Regularizer):
+        _trace.fail(TypeError, f"get_variable: regularizer of '{name}' must come from flow.regularizers "
+                    f"(l1, l2 or l1_l2), got {regularizer!r}", loc)
+    name = scope.namespace_prefix() + name
     if initializer is None:
         initializer = ConstantInitializer(0.0)
     if not isinstance(initializer, Initializer):
@@ -254,8 +256,14 @@ def get_variable(name, shape=None, dtype=None, initializer=None, regularizer=Non
     seed = getattr(initializer, "seed", None)
     if seed is None:
         seed = random_seed
-    return b.variable(name, tuple(int(d) for d in shape), dt, initializer, trainable,
+    blob = b.variable(name, tuple(int(d) for d in shape), dt, initializer, trainable,
                       _derived_seed(name, seed), loc, distribute)
+    if regularizer is not None and name not in b.regularizers:
+        if dt not in (_dtypes.float32, _dtypes.float64):
+            _trace.fail(TypeError, f"get_variable: '{name}' is {dt!r}, and only float variables can "
+                        "be regularized", loc)
+        b.regularizers[name] = (blob, regularizer)
+    return blob
 
 
 # ---------------------------------------------------------------- session access
@@ -287,6 +295,9 @@ def load_variables(value_dict, ignore_mismatch=True):
     shape and dtype must match exactly. Nothing changes if any check fails."""
     if not isinstance(value_dict, dict):
         raise TypeError(f"load_variables: expected a dict of name -> array, got {type(value_dict).__name__}")
+    if any(_C.variable_info(name) is None for name in value_dict):
+        from ._job import trace_defined_jobs
+        trace_defined_jobs()  # as in OneFlow, the session's jobs have all their variables by now
     staged = []
     for name, v in value_dict.items():
         info = _C.variable_info(name)

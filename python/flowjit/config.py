@@ -3,7 +3,10 @@ import numbers
 
 from . import _C
 
-_settings = {"cpu_device_num": 1, "gpu_device_num": 0}
+__all__ = ["cpu_device_num", "gpu_device_num", "device_count", "cpu_threads", "enable_debug_mode",
+           "enable_legacy_model_io", "enable_model_io_v2"]
+
+_settings = {"cpu_device_num": 1, "gpu_device_num": 0, "legacy_model_io": False, "model_io_v2": False}
 
 
 def _count(name, n):
@@ -48,3 +51,26 @@ def enable_debug_mode(flag=True):
     """Same as FLOWJIT_DEBUG=1 for jobs compiled afterwards."""
     import os
     os.environ["FLOWJIT_DEBUG"] = "1" if flag else "0"
+
+
+def _flag(name, val):
+    if not isinstance(val, bool):
+        raise TypeError(f"config.{name}: expected True or False, got {val!r}")
+    return val
+
+
+def enable_legacy_model_io(val=True):
+    """Accepted for OneFlow scripts; flowjit has one checkpoint format for both.
+
+    OneFlow's legacy model IO (0.1-0.2) initialized variables in
+    CheckPoint().init() and read checkpoints without `meta` files; flowjit's
+    CheckPoint().init() and load() trace the defined jobs (so their variables
+    exist with their initial values) and read directories without `meta`
+    using the variables' own shapes, so either setting behaves the same."""
+    _settings["legacy_model_io"] = _flag("enable_legacy_model_io", val)
+
+
+def enable_model_io_v2(val=True):
+    """Accepted for OneFlow scripts (its 0.3-0.4 switch to the new checkpoint
+    API, which is flowjit's only one)."""
+    _settings["model_io_v2"] = _flag("enable_model_io_v2", val)

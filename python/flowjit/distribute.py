@@ -1,4 +1,8 @@
-"""flow.distribute: how a variable or blob is laid out over devices."""
+"""flow.distribute: how a variable or blob is laid out over devices, and
+OneFlow 0.1-0.2's distribute strategies (the logical views of later releases)."""
+
+__all__ = ["split", "broadcast", "auto", "consistent_strategy", "mirrored_strategy",
+           "consistent_strategy_enabled", "mirrored_strategy_enabled", "Distribute"]
 
 
 class Distribute:
@@ -30,3 +34,28 @@ def broadcast():
 def auto():
     """flowjit chooses."""
     return Distribute("auto")
+
+
+def consistent_strategy():
+    """OneFlow 0.1-0.2's name of the consistent view: for
+    function_config().default_distribute_strategy(...)."""
+    from . import scope
+    return scope.consistent_view()
+
+
+def mirrored_strategy():
+    """OneFlow 0.1-0.2's name of the mirrored view."""
+    from . import scope
+    return scope.mirrored_view()
+
+
+def consistent_strategy_enabled():
+    """= flow.scope.consistent_view_enabled()."""
+    from . import scope
+    return scope.consistent_view_enabled()
+
+
+def mirrored_strategy_enabled():
+    """= flow.scope.mirrored_view_enabled()."""
+    from . import scope
+    return scope.mirrored_view_enabled()

@@ -10,6 +10,8 @@ Process 0 hosts the rendezvous at the master address and control port.
 """
 import os
 
+__all__ = ["machine", "ctrl_port", "timeout"]
+
 _state = {"machines": None, "ctrl_port": None, "timeout": None}
 
 

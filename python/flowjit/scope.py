@@ -1,4 +1,8 @@
-"""flow.scope: placement and logical views (consistent / mirrored)."""
+"""flow.scope: placement, logical views (consistent / mirrored) and name spaces."""
+import threading
+
+__all__ = ["consistent_view", "mirrored_view", "consistent_view_enabled", "mirrored_view_enabled",
+           "placement", "namespace", "LogicalView", "Placement"]
 
 
 class LogicalView:
@@ -89,3 +93,60 @@ def parse_device_ids(s):
 
 def placement(device_tag, machine_device_ids, hierarchy=None):
     return Placement(device_tag, machine_device_ids)
+
+
+# ---------------------------------------------------------------- logical view queries
+
+def _current_view():
+    """The logical view of the job being traced (its function_config's), or
+    the default, consistent, outside a job body."""
+    from . import _trace
+    b = _trace.current()
+    view = b.config.get("default_logical_view") if b is not None else None
+    return view if view is not None else consistent_view()
+
+
+def consistent_view_enabled():
+    """True where the job being traced (or, outside one, the default) uses the consistent view."""
+    return _current_view() == consistent_view()
+
+
+def mirrored_view_enabled():
+    """True where the job being traced uses the mirrored view."""
+    return _current_view() == mirrored_view()
+
+
+# ---------------------------------------------------------------- name spaces
+
+_names = threading.local()
+
+
+def namespace_prefix():
+    """"a-b-" inside flow.scope.namespace("a") and namespace("b"), else ""."""
+    stack = getattr(_names, "stack", None)
+    return "".join(f"{n}-" for n in stack) if stack else ""
+
+
+class namespace:  # noqa: N801 - OneFlow's name
+    """``with flow.scope.namespace("encoder"):`` prefixes the names of the
+    variables (get_variable and layers) and ops traced inside with
+    "encoder-", as OneFlow does; name spaces nest ("a-b-w")."""
+
+    def __init__(self, name):
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"scope.namespace: name must be a non-empty string, got {name!r}")
+        self.name = name
+
+    def __enter__(self):
+        stack = getattr(_names, "stack", None)
+        if stack is None:
+            stack = _names.stack = []
+        stack.append(self.name)
+        return self
+
+    def __exit__(self, *exc):
+        _names.stack.pop()
+        return False
+
+    def __repr__(self):
+        return f"flow.scope.namespace({self.name!r})"

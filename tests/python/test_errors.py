@@ -383,9 +383,9 @@ def test_unknown_function_config_setting():
     with pytest.raises(AttributeError, match=r"function_config has no setting 'no_such_setting'; "
                                              r"flowjit's settings are: default_data_type"):
         cfg.no_such_setting(True)
-    with pytest.raises(NotImplementedError, match=r"function_config\.enable_inplace is a OneFlow setting "
+    with pytest.raises(NotImplementedError, match=r"function_config\.enable_tensorrt is a OneFlow setting "
                                                   r"that flowjit does not implement"):
-        cfg.enable_inplace(True)
+        cfg.enable_tensorrt(True)
     with pytest.raises(AttributeError, match=r"function_config settings are methods: call "
                                              r"config\.default_data_type\(value\)"):
         cfg.default_data_type = flow.double

@@ -1,0 +1,75 @@
+"""OneFlow's older job-body forms: placeholders as parameter defaults
+(``flow.FixedTensorDef``, ``flow.MirroredTensorDef``) and ``flow.watch``.
+
+    @flow.global_function(func_config)
+    def job(x=flow.FixedTensorDef((2, 3), dtype=flow.float)):
+        y = flow.math.relu(x)
+        flow.watch(y, lambda v: print(v.ndarray()))
+        return y
+
+    job(np.ones((2, 3), np.float32)).get().ndarray()
+"""
+from . import _dtypes, _trace
+from . import typing as tp
+from ._blob import Blob
+
+__all__ = ["FixedTensorDef", "MirroredTensorDef", "watch", "watch_diff"]
+
+
+class FixedTensorDef(tp.Numpy.Placeholder):
+    """A consistent-view placeholder (= tp.Numpy.Placeholder): one array of
+    exactly this shape."""
+
+    def __init__(self, shape, dtype=_dtypes.float32, batch_axis=0, name=None):
+        super().__init__(shape, dtype, batch_axis)
+
+    def _api(self):
+        return "flow.FixedTensorDef"
+
+
+class MirroredTensorDef(tp.ListNumpy.Placeholder):
+    """A mirrored-view placeholder (= tp.ListNumpy.Placeholder): a list with
+    one array per device, each within these bounds."""
+
+    def __init__(self, shape, dtype=_dtypes.float32, batch_axis=0, name=None):
+        super().__init__(shape, dtype, batch_axis)
+
+    def _api(self):
+        return "flow.MirroredTensorDef"
+
+
+def watch(blob_watched, handler_or_prompt=None):
+    """Calls `handler(value)` with the blob's value (a numpy array, which also
+    has OneFlow 0.2's .ndarray()) at every call of the job, in call order,
+    on the callback thread. The value becomes one more output of the
+    compiled job; nothing else about the program changes.
+
+    A handler's exception is reported at the next synchronous call or
+    flow.sync_default_session(), like a callback's. Without a handler the
+    value is printed (OneFlow's default)."""
+    b = _trace.require_builder("flow.watch")
+    loc = _trace.user_location()
+    if not isinstance(blob_watched, Blob):
+        _trace.fail(TypeError, f"flow.watch: expected a Blob to watch, got {type(blob_watched).__name__}", loc)
+    b.check_owned(blob_watched, "flow.watch", loc)
+    handler = handler_or_prompt
+    if handler is None or isinstance(handler, str):
+        prompt = handler or blob_watched.name
+
+        def handler(value):
+            print(f"{prompt}: {value!r}")
+    elif not callable(handler):
+        _trace.fail(TypeError, f"flow.watch: the handler must be callable, got {type(handler).__name__}", loc)
+    b.watches.append((blob_watched, handler))
+
+
+def watch_diff(blob_watched, handler_or_prompt=None):
+    """Not supported: see the error."""
+    b = _trace.require_builder("flow.watch_diff")
+    _trace.fail(NotImplementedError,
+                f"flow.watch_diff of blob '{getattr(blob_watched, 'name', blob_watched)}' in job "
+                f"'{b.job_name}': flowjit computes gradients only inside the optimizer lowering of "
+                "_C.compile_job (jit::lower_optimizer), which returns the variables' updates but no "
+                "gradient as a job output; watching the gradient of a value needs a compile_job argument "
+                "naming values whose gradients become extra outputs (the C++ autodiff, jit::gradients, "
+                "can compute them), which the bindings do not have yet")
