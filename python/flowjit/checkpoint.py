@@ -397,6 +397,8 @@ def save(path, var_dict=None):
     if not path:
         raise ValueError(f"{api}: path must not be empty")
     if var_dict is None:
+        from ._job import trace_defined_jobs
+        trace_defined_jobs()  # jobs not called yet have their initial values saved, as in OneFlow
         _C.sync_session()
         var_dict = {n: _C.variable_value(n) for n in _C.variable_names()}
     elif not isinstance(var_dict, dict):
