@@ -669,7 +669,12 @@ class JobFunction:
     def _call_slow(self, args):
         self._prepare_session()
         key, flat = self._check_args(args)
-        compiled = self._compiled_for(key, flat)
+        compiled = self._cache.get(key)
+        if compiled is None:  # (not self._compiled_for: warnings count the frames up to the call)
+            with self._compile_lock:
+                compiled = self._cache.get(key)
+                if compiled is None:
+                    compiled = self._compile(key, flat)
         flat_t = tuple(flat)
         if compiled.mode != "sync":
             fut = _async.Future(self._name) if compiled.mode == "callback" else _async.LegacyFuture(self._name)
