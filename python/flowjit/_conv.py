@@ -312,7 +312,7 @@ def _conv_layer(s, api, inputs, filters, kernel_size, strides, padding, data_for
     return activation(y) if activation is not None else y
 
 
-def conv1d(inputs, filters, kernel_size=1, strides=1, padding="VALID", data_format="NCW", dilation_rate=1,
+def layer_conv1d(inputs, filters, kernel_size=1, strides=1, padding="VALID", data_format="NCW", dilation_rate=1,
            groups=1, activation=None, use_bias=True, kernel_initializer=None, bias_initializer=None,
            kernel_regularizer=None, bias_regularizer=None, trainable=True, name=None, weight_name=None,
            bias_name=None):
@@ -322,7 +322,7 @@ def conv1d(inputs, filters, kernel_size=1, strides=1, padding="VALID", data_form
                        bias_regularizer, trainable, name, weight_name, bias_name)
 
 
-def conv2d(inputs, filters, kernel_size=1, strides=1, padding="VALID", data_format="NCHW", dilation_rate=1,
+def layer_conv2d(inputs, filters, kernel_size=1, strides=1, padding="VALID", data_format="NCHW", dilation_rate=1,
            groups=1, activation=None, use_bias=True, kernel_initializer=None, bias_initializer=None,
            kernel_regularizer=None, bias_regularizer=None, trainable=True, name=None, weight_name=None,
            bias_name=None):
@@ -335,7 +335,7 @@ def conv2d(inputs, filters, kernel_size=1, strides=1, padding="VALID", data_form
                        bias_regularizer, trainable, name, weight_name, bias_name)
 
 
-def conv3d(inputs, filters, kernel_size=1, strides=1, padding="VALID", data_format="NCDHW", dilation_rate=1,
+def layer_conv3d(inputs, filters, kernel_size=1, strides=1, padding="VALID", data_format="NCDHW", dilation_rate=1,
            groups=1, activation=None, use_bias=True, kernel_initializer=None, bias_initializer=None,
            kernel_regularizer=None, bias_regularizer=None, trainable=True, name=None, weight_name=None,
            bias_name=None):

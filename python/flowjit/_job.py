@@ -182,6 +182,7 @@ class JobBuilder:
         self.pending = {}    # name -> (shape, dtype, initializer, seed, trainable)
         self.minimize = None  # (optimizer, [loss blobs], loc)
         self.split_vars = {}  # name -> declared split axis (flow.distribute.split)
+        self.effects = []     # assign nodes a layer asked for (batch norm's moving statistics)
         self.placements = []  # flow.scope.placement scopes entered while tracing
         self.watches = []     # (blob, handler) of flow.watch, in trace order
         self.added_losses = []  # flow.losses.add_loss (minimized with function_config().train)
@@ -797,7 +798,7 @@ class JobFunction:
         settings.update(_devices.job_target(self._name, self._config, builder, self._params))
         with _tf32_for(self._config, settings):
             job = _C.compile_job(self._name, builder.type == "train", builder.params,
-                                 [o._node for o in outs], [], losses, lr, step,
+                                 [o._node for o in outs], list(builder.effects), losses, lr, step,
                                  trainable, opt, self._source, sig, settings, dist)
         per_device = _C.device_info()["local_devices"] if dist and dist["mirrored"] else 1
         _check_result_groups(self._name, template, list(job.output_groups)[:n_user])

@@ -80,5 +80,5 @@ from . import _activations, _variables  # noqa: E402
 
 # Convolution, pooling and normalization layers (issue #11).
 from ._conv import (average_pooling1d, average_pooling2d, average_pooling3d,  # noqa: E402,F401
-                    batch_normalization, conv1d, conv2d, conv3d, layer_norm, max_pooling1d,
-                    max_pooling2d, max_pooling3d)
+                    batch_normalization, layer_norm, max_pooling1d, max_pooling2d, max_pooling3d)
+from ._conv import layer_conv1d as conv1d, layer_conv2d as conv2d, layer_conv3d as conv3d  # noqa: E402,F401
