@@ -12,8 +12,6 @@
 #include <mutex>
 #include <regex>
 
-#include "ir/error.h"
-
 #include "codegen/llvm_util.h"
 #include "codegen/nvptx/nvptx_codegen.h"
 #include "ir/error.h"
@@ -104,8 +102,6 @@ CompiledModule compile(const std::vector<Kernel>& kernels, const CompileOptions&
   for (const Kernel& k : kernels) {
     KernelLaunch launch;
     if (k.kind == Kernel::Kind::MatMul) {
-      FJ_USER_CHECK(k.mm.plain(0) && k.mm.plain(1), ErrorKind::NotImplemented, "kernel ", k.name,
-                    " (", k.summary, "): implicit-GEMM convolutions are not generated for NVIDIA GPUs yet");
       emit_matmul_kernel(m, k, target, *math, launch);
     } else {
       emit_loop_kernel(m, k, target, *math, launch);

@@ -9,6 +9,13 @@
 //                    barrier
 // Tiles are zero-filled beyond M, N and K, so the math is always whole.
 //
+// Implicit-GEMM operands (convolutions; kernel.h, MatMulSpec digits) are
+// fetched element by element: the flat row and column indices split into
+// their digits, the offset and the guarded coordinates are affine in the
+// digits, and an element whose coordinates are out of range is staged as 0.
+// Index arithmetic is 32-bit when the buffer and extents allow. Plain
+// operands keep their strided fetch.
+//
 // Two kinds of math:
 //  * FMA (exact; every dtype): a (BM/TM) x (BN/TN) grid of threads, thread
 //    (tx, ty) owning rows ty + i*BM/TM and columns tx + j*BN/TN (strided, so
@@ -24,6 +31,7 @@
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "codegen/nvptx/nvptx_codegen.h"
 #include "ir/error.h"
@@ -75,9 +83,9 @@ class MatMulEmitter {
  public:
   MatMulEmitter(llvm::Module& m, const Kernel& k, const GpuTarget& t, MathProvider& math)
       : m_(m), k_(k), t_(t), math_(math), b_(m.getContext()), mm_(k.mm) {
-    FJ_CHECK(k.rank() == 2 || k.rank() == 3, "matmul kernel ", k.name, " has rank ", k.rank());
-    FJ_CHECK(mm_.a.strides.size() == 3 && mm_.b.strides.size() == 3,
-             "matmul operand strides must be (batch, row, col)");
+    FJ_CHECK(k.rank() >= 2, "matmul kernel ", k.name, " has rank ", k.rank());
+    FJ_CHECK((mm_.plain(0) || !mm_.a_rows.empty()) && (mm_.plain(1) || !mm_.b_rows.empty()),
+             "matmul kernel ", k.name, ": operand strides must be (batch, row, col) or digits");
     dt_ = k.args.at(mm_.a.arg).dtype;
     is_float_ = ir::is_float(dt_);
     cfg_ = choose_tiles(mm_, dt_, t);
@@ -100,7 +108,9 @@ class MatMulEmitter {
     launch.symbol = k_.name;
     launch.grid[0] = static_cast<uint32_t>(std::max<int64_t>(blocks, 1));
     launch.block[0] = static_cast<uint32_t>(cfg_.threads());
-    launch.mapping = std::string(cfg_.tensor_cores ? "matmul tf32 mma " : "matmul fma ") +
+    bool implicit = !mm_.plain(0) || !mm_.plain(1);
+    launch.mapping = std::string(implicit ? "implicit-gemm " : "matmul ") +
+                     (cfg_.tensor_cores ? "tf32 mma " : "fma ") +
                      std::to_string(cfg_.bm) + "x" + std::to_string(cfg_.bn) + "x" +
                      std::to_string(cfg_.bk);
 
@@ -125,10 +135,27 @@ class MatMulEmitter {
     Value* rem = b_.CreateURem(tile, per_batch);
     m0_ = b_.CreateMul(b_.CreateUDiv(rem, i64(tiles_n_)), i64(cfg_.bm));
     n0_ = b_.CreateMul(b_.CreateURem(rem, i64(tiles_n_)), i64(cfg_.bn));
-    a_base_ = b_.CreateGEP(et_, ptrs_.at(mm_.a.arg),
-                           b_.CreateAdd(i64(mm_.a.offset), b_.CreateMul(bi_, i64(mm_.a.strides[0]))));
-    b_base_ = b_.CreateGEP(et_, ptrs_.at(mm_.b.arg),
-                           b_.CreateAdd(i64(mm_.b.offset), b_.CreateMul(bi_, i64(mm_.b.strides[0]))));
+    if (mm_.plain(0))
+      a_base_ = b_.CreateGEP(et_, ptrs_.at(mm_.a.arg),
+                             b_.CreateAdd(i64(mm_.a.offset), b_.CreateMul(bi_, i64(mm_.a.strides[0]))));
+    else
+      setup_digits(0);
+    if (mm_.plain(1))
+      b_base_ = b_.CreateGEP(et_, ptrs_.at(mm_.b.arg),
+                             b_.CreateAdd(i64(mm_.b.offset), b_.CreateMul(bi_, i64(mm_.b.strides[0]))));
+    else
+      setup_digits(1);
+    // The batch dims of the domain, row-major in bi_, for the epilogue.
+    batch_idx_.assign(static_cast<size_t>(k_.rank() - 2), nullptr);
+    Value* rest = bi_;
+    for (int d = k_.rank() - 3; d >= 0; --d) {
+      if (d == 0) {
+        batch_idx_[0] = rest;
+      } else {
+        batch_idx_[d] = b_.CreateURem(rest, i64(k_.domain[d]));
+        rest = b_.CreateUDiv(rest, i64(k_.domain[d]));
+      }
+    }
 
     init_accumulators();
     emit_k_loop();
@@ -156,7 +183,83 @@ class MatMulEmitter {
     llvm::GlobalVariable* smem;
     int64_t ld_r, ld_c;  // shared index = r * ld_r + c * ld_c
     std::vector<llvm::AllocaInst*> regs;
+    int operand = -1;  // 0 or 1 for an implicit-GEMM operand (dig_), else -1 (base, sr, sc)
   };
+
+  // An implicit-GEMM operand: index dims {batch digits..., row digits...,
+  // col digits...}, with strides and coordinates per index dim.
+  struct DigitOperand {
+    const Access* acc = nullptr;
+    std::vector<int64_t> rows, cols;  // digit extents of the row and the column index
+    size_t nbatch = 0;
+    llvm::Type* it = nullptr;  // index arithmetic: i32 when every value fits
+    Value* off0 = nullptr;     // offset plus the batch digits' part (per block)
+    std::vector<Value*> c0;    // per coordinate: c0 plus the batch digits' part
+  };
+
+  Value* ci(const DigitOperand& o, int64_t v) {
+    return llvm::ConstantInt::get(o.it, static_cast<uint64_t>(v), true);
+  }
+
+  // Digits of `flat` over `ext`, row-major (the first takes what remains).
+  std::vector<Value*> split(const DigitOperand& o, Value* flat, const std::vector<int64_t>& ext) {
+    std::vector<Value*> d(ext.size());
+    for (size_t i = ext.size(); i-- > 0;) {
+      if (i == 0) {
+        d[0] = flat;
+      } else {
+        d[i] = b_.CreateURem(flat, ci(o, ext[i]));
+        flat = b_.CreateUDiv(flat, ci(o, ext[i]));
+      }
+    }
+    return d;
+  }
+
+  // acc += sum over dims [first, first + v.size()) of v[i] * coef[first + i].
+  Value* add_terms(const DigitOperand& o, Value* acc, const std::vector<int64_t>& coef, size_t first,
+                   const std::vector<Value*>& v) {
+    for (size_t i = 0; i < v.size(); ++i) {
+      int64_t c = coef[first + i];
+      if (c == 0) continue;
+      acc = b_.CreateAdd(acc, c == 1 ? v[i] : b_.CreateMul(v[i], ci(o, c)));
+    }
+    return acc;
+  }
+
+  // The per-block part of operand `operand`'s addressing: the batch digits.
+  void setup_digits(int operand) {
+    DigitOperand& o = dig_[operand];
+    o.acc = operand == 0 ? &mm_.a : &mm_.b;
+    o.rows = operand == 0 ? mm_.a_rows : mm_.b_rows;
+    o.cols = operand == 0 ? mm_.a_cols : mm_.b_cols;
+    std::vector<int64_t> batch = mm_.batch_digits;
+    if (batch.empty()) batch = {mm_.batch};
+    o.nbatch = batch.size();
+    size_t dims = o.nbatch + o.rows.size() + o.cols.size();
+    FJ_CHECK(o.acc->strides.size() == dims, "matmul kernel ", k_.name, ": operand ", operand, " has ",
+             o.acc->strides.size(), " strides for ", dims, " index dims");
+    bool narrow = k_.args.at(o.acc->arg).elements < (int64_t{1} << 30) && mm_.m < (1 << 30) &&
+                  mm_.n < (1 << 30) && mm_.k < (1 << 30) && mm_.batch < (1 << 30);
+    for (const Coord& c : o.acc->coords) {
+      FJ_CHECK(c.coef.size() == dims, "matmul kernel ", k_.name, ": coordinate of operand ", operand);
+      narrow &= std::abs(c.c0) < (1 << 28) && c.limit * c.div < (1 << 28);
+    }
+    o.it = narrow ? b_.getInt32Ty() : b_.getInt64Ty();
+    std::vector<Value*> bd = split(o, b_.CreateIntCast(bi_, o.it, false), batch);
+    o.off0 = add_terms(o, ci(o, o.acc->offset), o.acc->strides, 0, bd);
+    o.c0.clear();
+    for (const Coord& c : o.acc->coords) o.c0.push_back(add_terms(o, ci(o, c.c0), c.coef, 0, bd));
+  }
+
+  // The element offset per unit step of the last row (or column) digit of
+  // an implicit-GEMM operand, for choosing which way threads walk a tile.
+  int64_t unit_step(const DigitOperand& o, bool row) const {
+    size_t d = o.nbatch + o.rows.size() + (row ? 0 : o.cols.size()) - 1;
+    int64_t s = o.acc->strides[d];
+    for (const Coord& c : o.acc->coords)
+      if (c.div == 1) s += c.coef[d] * c.stride;
+    return s;
+  }
 
   int per_thread(const TileLoad& t) const { return t.rows * t.cols / cfg_.threads(); }
 
@@ -175,17 +278,24 @@ class MatMulEmitter {
       auto [r, c] = tile_coord(t, e);
       Value* gr = b_.CreateAdd(r0, b_.CreateZExt(r, b_.getInt64Ty()));
       Value* gc = b_.CreateAdd(c0, b_.CreateZExt(c, b_.getInt64Ty()));
-      Value* ok = b_.getTrue();
       // A bound is needed only where the tile can overhang the extent.
-      if (t.limit_r % t.rows != 0) ok = b_.CreateAnd(ok, b_.CreateICmpSLT(gr, i64(t.limit_r)));
-      if (t.limit_c % t.cols != 0) ok = b_.CreateAnd(ok, b_.CreateICmpSLT(gc, i64(t.limit_c)));
+      bool bound_r = t.limit_r % t.rows != 0, bound_c = t.limit_c % t.cols != 0;
       Value* v;
-      if (auto* k = llvm::dyn_cast<llvm::ConstantInt>(ok); k && k->isOne()) {
-        v = load_at(t, gr, gc);
+      if (t.operand >= 0) {
+        v = load_digits(dig_[t.operand], t.operand, gr, gc,
+                        bound_r ? b_.CreateICmpSLT(gr, i64(t.limit_r)) : nullptr,
+                        bound_c ? b_.CreateICmpSLT(gc, i64(t.limit_c)) : nullptr);
       } else {
-        Value* sgr = b_.CreateSelect(ok, gr, i64(0));
-        Value* sgc = b_.CreateSelect(ok, gc, i64(0));
-        v = b_.CreateSelect(ok, load_at(t, sgr, sgc), zero());
+        Value* ok = b_.getTrue();
+        if (bound_r) ok = b_.CreateAnd(ok, b_.CreateICmpSLT(gr, i64(t.limit_r)));
+        if (bound_c) ok = b_.CreateAnd(ok, b_.CreateICmpSLT(gc, i64(t.limit_c)));
+        if (auto* k = llvm::dyn_cast<llvm::ConstantInt>(ok); k && k->isOne()) {
+          v = load_at(t, gr, gc);
+        } else {
+          Value* sgr = b_.CreateSelect(ok, gr, i64(0));
+          Value* sgc = b_.CreateSelect(ok, gc, i64(0));
+          v = b_.CreateSelect(ok, load_at(t, sgr, sgc), zero());
+        }
       }
       if (cfg_.tensor_cores) v = b_.CreateIntrinsic(b_.getInt32Ty(), llvm::Intrinsic::nvvm_f2tf32_rna, {v});
       b_.CreateStore(v, t.regs[e]);
@@ -195,6 +305,43 @@ class MatMulEmitter {
   Value* load_at(const TileLoad& t, Value* gr, Value* gc) {
     Value* off = b_.CreateAdd(b_.CreateMul(gr, i64(t.sr)), b_.CreateMul(gc, i64(t.sc)));
     return b_.CreateAlignedLoad(et_, b_.CreateGEP(et_, t.base, off), llvm::Align(ir::dtype_bytes(dt_)));
+  }
+
+  // Element (gr, gc) of an implicit-GEMM operand: 0 outside the operand
+  // (ok_r, ok_c: row and column bounds, null where the tile cannot overhang)
+  // or where a coordinate is out of range. Out-of-range indices and
+  // coordinates are clamped to 0, so the address is always inside the
+  // buffer and the load needs no branch. Each index is clamped by its own
+  // bound and the terms that do not depend on K come first, so the M (or N)
+  // side of the address is invariant in the K loop.
+  Value* load_digits(const DigitOperand& o, int operand, Value* gr, Value* gc, Value* ok_r, Value* ok_c) {
+    if (ok_r) gr = b_.CreateSelect(ok_r, gr, i64(0));
+    if (ok_c) gc = b_.CreateSelect(ok_c, gc, i64(0));
+    std::vector<Value*> rd = split(o, b_.CreateIntCast(gr, o.it, false), o.rows);
+    std::vector<Value*> cd = split(o, b_.CreateIntCast(gc, o.it, false), o.cols);
+    size_t row_first = o.nbatch, col_first = o.nbatch + o.rows.size();
+    // Operand a's rows are M and b's columns are N: those terms come first.
+    auto affine = [&](Value* base, const std::vector<int64_t>& coef) {
+      if (operand == 0) return add_terms(o, add_terms(o, base, coef, row_first, rd), coef, col_first, cd);
+      return add_terms(o, add_terms(o, base, coef, col_first, cd), coef, row_first, rd);
+    };
+    Value* off = affine(o.off0, o.acc->strides);
+    Value* valid = ok_r && ok_c ? b_.CreateAnd(ok_r, ok_c) : ok_r ? ok_r : ok_c;
+    for (size_t i = 0; i < o.acc->coords.size(); ++i) {
+      const Coord& c = o.acc->coords[i];
+      Value* x = affine(o.c0[i], c.coef);
+      Value* in = b_.CreateAnd(b_.CreateICmpSGE(x, ci(o, 0)), b_.CreateICmpSLT(x, ci(o, c.limit * c.div)));
+      Value* q = b_.CreateSelect(in, x, ci(o, 0));
+      if (c.div != 1) {
+        in = b_.CreateAnd(in, b_.CreateICmpEQ(b_.CreateURem(q, ci(o, c.div)), ci(o, 0)));
+        q = b_.CreateSelect(in, b_.CreateUDiv(q, ci(o, c.div)), ci(o, 0));
+      }
+      off = b_.CreateAdd(off, c.stride == 1 ? q : b_.CreateMul(q, ci(o, c.stride)));
+      valid = valid ? b_.CreateAnd(valid, in) : in;
+    }
+    Value* p = b_.CreateGEP(et_, ptrs_.at(o.acc->arg), b_.CreateSExt(off, b_.getInt64Ty()));
+    Value* v = b_.CreateAlignedLoad(et_, p, llvm::Align(ir::dtype_bytes(dt_)));
+    return valid ? b_.CreateSelect(valid, v, zero()) : v;
   }
 
   // Registers -> shared.
@@ -214,9 +361,17 @@ class MatMulEmitter {
   void emit_k_loop() {
     // A is (m, k) with strides (a1, a2); B is (k, n) with strides (b1, b2).
     TileLoad ta{a_base_, mm_.a.strides[1], mm_.a.strides[2], cfg_.bm, cfg_.bk, mm_.m, mm_.k, as_,
-                0, 0, {}};
+                0, 0, {}, -1};
     TileLoad tb{b_base_, mm_.b.strides[1], mm_.b.strides[2], cfg_.bk, cfg_.bn, mm_.k, mm_.n, bs_,
-                ldb_, 1, {}};
+                ldb_, 1, {}, -1};
+    // Implicit-GEMM operands: threads walk the digit with unit steps.
+    for (auto [t, op] : {std::pair<TileLoad*, int>{&ta, 0}, {&tb, 1}}) {
+      if (mm_.plain(op)) continue;
+      t->operand = op;
+      t->base = nullptr;
+      t->sr = unit_step(dig_[op], true);
+      t->sc = unit_step(dig_[op], false);
+    }
     if (cfg_.tensor_cores) {
       ta.ld_r = lda_;  // As[m][k]
       ta.ld_c = 1;
@@ -393,7 +548,7 @@ class MatMulEmitter {
       b_.SetInsertPoint(then);
     }
     int rank = k_.rank();
-    if (rank == 3) e_->idx[0] = bi_;
+    for (int d = 0; d < rank - 2; ++d) e_->idx[d] = batch_idx_[d];
     e_->idx[rank - 2] = m;
     e_->idx[rank - 1] = n;
     e_->vec_dim = -1;
@@ -430,6 +585,8 @@ class MatMulEmitter {
   Value* tid_ = nullptr;
   Value *bi_ = nullptr, *m0_ = nullptr, *n0_ = nullptr;
   Value *a_base_ = nullptr, *b_base_ = nullptr;
+  DigitOperand dig_[2];
+  std::vector<Value*> batch_idx_;  // the domain's batch dims, for the epilogue
   std::vector<llvm::AllocaInst*> acc_;
 };
 
