@@ -29,6 +29,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <random>
@@ -263,6 +264,59 @@ Graph sources() {
   return make_graph({x, labels}, outs);
 }
 
+// A convolution (an implicit GEMM) and both its gradients: the forward
+// result [N, G, Co/G, P] with a bias + ReLU epilogue whose bias is indexed by
+// the group (a batch dim of the matmul domain), and the data and filter
+// gradients (conv_data_grad, conv_filter_grad) of an upstream gradient dy.
+Graph conv_and_grads(Shape xs, Shape ws, const Attrs& attrs) {
+  auto x = param("x", 0, xs);
+  auto w = param("w", 1, ws);
+  auto y = make_node(OpKind::Conv, {x, w}, attrs);
+  auto bias = param("bias", 2, {y->shape()[1], y->shape()[2], 1});
+  auto dy = param("dy", 3, y->shape());
+  auto grads = jit::gradients(y, dy, {x, w});
+  return make_graph({x, w, bias, dy}, {unary(OpKind::Relu, binary(OpKind::Add, y, bias)), grads[0], grads[1]});
+}
+
+// 2-D: padding (asymmetric), stride 2, dilation 2 and 2 groups at once.
+Graph conv2d_strided_dilated_grouped() {
+  return conv_and_grads({2, 4, 11, 10}, {6, 2, 3, 3},
+                        Attrs{{"strides", IntList{2, 2}}, {"dilations", IntList{2, 2}},
+                              {"pads_lo", IntList{2, 1}}, {"pads_hi", IntList{1, 2}}, {"groups", int64_t{2}}});
+}
+
+// 1-D, one group: the weight is a plain matrix (the fast path) and only the
+// input goes through digits; K spans several tiles of the filter gradient.
+Graph conv1d_padded_strided() {
+  return conv_and_grads({3, 8, 40}, {16, 8, 5},
+                        Attrs{{"strides", IntList{2}}, {"dilations", IntList{1}}, {"pads_lo", IntList{2}},
+                              {"pads_hi", IntList{2}}, {"groups", int64_t{1}}});
+}
+
+// Wide enough (M = 128 output channels, N = 130 positions) for the 128 x 128
+// tiles of both the FMA and the tensor-core path.
+Graph conv1d_wide() {
+  return conv_and_grads({1, 4, 130}, {128, 4, 3},
+                        Attrs{{"strides", IntList{1}}, {"dilations", IntList{1}}, {"pads_lo", IntList{1}},
+                              {"pads_hi", IntList{1}}, {"groups", int64_t{1}}});
+}
+
+// Pooling over window views: max with -inf padding and avg (sum) with zero
+// padding, and the max pool's gradient through unwindow. Every load of these
+// loop kernels is guarded by the window's coordinates.
+Graph pooling_and_grad() {
+  auto x = param("x", 0, {2, 3, 9, 8});
+  Attrs a{{"window", IntList{3, 3}}, {"strides", IntList{2, 2}}, {"dilations", IntList{1, 2}},
+          {"pads_lo", IntList{1, 1}}, {"pads_hi", IntList{1, 0}},
+          {"pad_value", -std::numeric_limits<double>::infinity()}};
+  auto pooled = reduce(OpKind::ReduceMax, make_node(OpKind::Window, {x}, a), {4, 5}, false);
+  a.set("pad_value", 0.0);
+  auto summed = reduce(OpKind::ReduceSum, make_node(OpKind::Window, {x}, a), {4, 5}, false);
+  auto dy = param("dy", 1, pooled->shape());
+  auto dx = jit::gradients(pooled, dy, {x})[0];
+  return make_graph({x, dy}, {pooled, summed, dx});
+}
+
 // The seed's job: a 784-512-10 MLP with softmax cross-entropy, one SGD (or
 // Adam) step, lowered exactly as jit/compile.cpp lowers a train job.
 struct TrainGraph {
@@ -322,6 +376,10 @@ const std::vector<Case>& suite() {
     for (DType dt : {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::Int8,
                      DType::UInt8, DType::Bool})
       c.push_back({"elementwise_" + std::string(dtype_short_name(dt)), elementwise_ops(dt, nullptr), {}});
+    c.push_back({"conv2d_strided_dilated_grouped", conv2d_strided_dilated_grouped(), {}});
+    c.push_back({"conv1d_padded_strided", conv1d_padded_strided(), {}});
+    c.push_back({"conv1d_wide", conv1d_wide(), {}});
+    c.push_back({"pooling_and_grad", pooling_and_grad(), {}});
     c.push_back({"casts", casts(), {}});
     c.push_back({"sources", sources(), {}});
     TrainGraph sgd = train_step(jit::OptimizerConfig::Kind::SGD, 100, 784, 512, 10);
@@ -470,7 +528,9 @@ TEST(NvptxCodegen, GeneratesPtxForEveryKernelOfTheSuite) {
   // Every mapping of the backend is exercised by the suite.
   for (const char* want : {"elementwise", "elementwise x4", "elementwise x2", "reduce thread", "reduce warp",
                            "reduce block", "matmul fma 64x64x16", "matmul fma 128x128x8",
-                           "matmul tf32 mma 64x64x16", "matmul tf32 mma 128x128x16"})
+                           "matmul tf32 mma 64x64x16", "matmul tf32 mma 128x128x16", "implicit-gemm fma 64x64x16",
+                           "implicit-gemm fma 128x128x8", "implicit-gemm tf32 mma 64x64x16",
+                           "implicit-gemm tf32 mma 128x128x16"})
     EXPECT_TRUE(mappings.count(want)) << "no kernel of the suite uses the mapping '" << want << "'";
 }
 
@@ -546,6 +606,70 @@ TEST(NvptxGolden, TensorCorePathUsesMmaSyncWhenAllowed) {
     if (k.kind != codegen::Kernel::Kind::MatMul) continue;
     bool f32 = k.args[k.mm.a.arg].dtype == DType::Float32;
     EXPECT_EQ(m.launches[i].mapping.find("tf32") != std::string::npos, f32) << k.name;
+  }
+}
+
+const Case& suite_case(const std::string& name) {
+  for (const Case& c : suite())
+    if (c.name == name) return c;
+  throw std::runtime_error("no suite case " + name);
+}
+
+// Convolutions and their gradients are implicit-GEMM kernels on the GPU too
+// (exact FMA, or TF32 mma.sync when allowed), whose operand fetches are
+// guarded by the coordinates; EveryCaseMatchesTheCpu checks their numbers.
+TEST(NvptxGolden, ConvolutionsAreImplicitGemms) {
+  for (const char* name : {"conv2d_strided_dilated_grouped", "conv1d_padded_strided", "conv1d_wide"}) {
+    SCOPED_TRACE(name);
+    auto fp = fuse_graph(suite_case(name).graph, name);
+    std::vector<size_t> implicit;
+    for (size_t i = 0; i < fp.kernels.size(); ++i) {
+      const auto& k = fp.kernels[i];
+      if (k.kind == codegen::Kernel::Kind::MatMul && !(k.mm.plain(0) && k.mm.plain(1))) implicit.push_back(i);
+    }
+    ASSERT_EQ(implicit.size(), 3u) << "conv, conv_data_grad, conv_filter_grad:\n" << fp.description;
+    for (int sm : {80, 90})
+      for (bool tf32 : {false, true}) {
+        auto m = compile(fp.kernels, sm, tf32);
+        for (size_t i : implicit) {
+          const std::string& kname = fp.kernels[i].name;
+          std::string k = entry_text(m.ptx, kname);
+          ASSERT_FALSE(k.empty()) << kname;
+          bool big = fp.kernels[i].mm.m >= 128 && fp.kernels[i].mm.n >= 128;
+          std::string tiles = big ? (tf32 ? "128x128x16" : "128x128x8") : "64x64x16";
+          EXPECT_EQ(m.launches[i].mapping, (tf32 ? "implicit-gemm tf32 mma " : "implicit-gemm fma ") + tiles)
+              << kname;
+          EXPECT_EQ(k.find("mma.sync") != std::string::npos, tf32) << kname;
+          EXPECT_EQ(k.find("cvt.rna.tf32.f32") != std::string::npos, tf32) << kname;
+          EXPECT_GE(count(k, "bar.sync"), 2u) << kname;
+          // Elements outside the input (padding, stride holes) are selected away, not branched over.
+          EXPECT_NE(k.find("selp.b32"), std::string::npos) << kname;
+        }
+      }
+  }
+  // A group's bias reaches the forward conv's epilogue through the batch dims.
+  auto fp = fuse_graph(suite_case("conv2d_strided_dilated_grouped").graph, "c");
+  bool fused = false;
+  for (const auto& k : fp.kernels)
+    if (k.kind == codegen::Kernel::Kind::MatMul && k.rank() == 4 && k.args.size() >= 3) fused = true;
+  EXPECT_TRUE(fused) << fp.description;
+}
+
+// Pooling: the window views' guarded loads are in the loop kernels, which
+// the GPU lowers with the shared ExprEmitter (checked in the emulator).
+TEST(NvptxGolden, PoolingReadsThroughGuardedWindowLoads) {
+  auto fp = fuse_graph(suite_case("pooling_and_grad").graph, "p");
+  size_t guarded = 0;
+  for (const auto& k : fp.kernels) {
+    bool any = false;
+    for (const auto& a : k.loads) any |= !a.coords.empty();
+    guarded += any;
+    EXPECT_EQ(k.kind, codegen::Kernel::Kind::Loop) << k.name;
+  }
+  EXPECT_GE(guarded, 3u) << "max pool, sum pool and the unwindow gradient:\n" << fp.description;
+  for (int sm : {80, 90}) {
+    auto m = compile(fp.kernels, sm);
+    EXPECT_NE(m.ptx.find("0fFF800000"), std::string::npos) << "the -inf padding value";
   }
 }
 
