@@ -236,8 +236,9 @@ class MatMulEmitter {
     if (batch.empty()) batch = {mm_.batch};
     o.nbatch = batch.size();
     size_t dims = o.nbatch + o.rows.size() + o.cols.size();
-    FJ_CHECK(o.acc->strides.size() == dims, "matmul kernel ", k_.name, ": operand ", operand, " has ",
-             o.acc->strides.size(), " strides for ", dims, " index dims");
+    FJ_CHECK(!o.rows.empty() && !o.cols.empty() && o.acc->strides.size() == dims, "matmul kernel ",
+             k_.name, ": operand ", operand, " needs row and column digits and one stride per index dim (",
+             o.acc->strides.size(), " for ", dims, ")");
     bool narrow = k_.args.at(o.acc->arg).elements < (int64_t{1} << 30) && mm_.m < (1 << 30) &&
                   mm_.n < (1 << 30) && mm_.k < (1 << 30) && mm_.batch < (1 << 30);
     for (const Coord& c : o.acc->coords) {
