@@ -15,9 +15,12 @@
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/TargetParser/Host.h>
+#include <llvm/TargetParser/X86TargetParser.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <mutex>
 #include <thread>
@@ -56,12 +59,46 @@ int64_t read_cache_size(int level, const char* type) {
   return 0;
 }
 
+// FLOWJIT_CPU=<llvm cpu name> (x86-64-v2, x86-64-v3, znver3, skylake-avx512,
+// ...) generates code for that CPU instead of the host, when the host can
+// run it: tests and benchmarks of AVX2 or baseline (no FMA) code on a
+// bigger host. Its features replace the host's in the target and cache key.
+bool cpu_override(llvm::StringMap<bool>& feats, std::string& cpu) {
+  const char* want = std::getenv("FLOWJIT_CPU");
+  if (want == nullptr || *want == 0) return false;
+  llvm::SmallVector<llvm::StringRef, 128> named;
+  llvm::X86::getFeaturesForCPU(want, named, /*NeedPlus=*/false);
+  if (named.empty()) {
+    std::fprintf(stderr, "flowjit: FLOWJIT_CPU=%s is not an x86-64 CPU name LLVM knows; using the host\n", want);
+    return false;
+  }
+  for (llvm::StringRef f : named) {
+    auto it = feats.find(f);  // features the host does not list (x87, 64bit) are implied
+    if (it != feats.end() && !it->second) {
+      std::fprintf(stderr, "flowjit: FLOWJIT_CPU=%s needs '%s', which this host lacks; using the host\n",
+                   want, f.str().c_str());
+      return false;
+    }
+  }
+  llvm::StringMap<bool> only;
+  for (auto& kv : feats) only[kv.first()] = false;
+  for (llvm::StringRef f : named) {
+    only[f] = true;
+    llvm::X86::updateImpliedFeatures(f, true, only);  // avx2 implies avx, sse4.2, ... sse2
+  }
+  only["64bit"] = true;  // the process is x86-64 whatever the CPU name lists
+  feats = std::move(only);
+  cpu = want;
+  return true;
+}
+
 CpuTarget detect_host() {
   init_llvm();
   CpuTarget t;
   t.triple = llvm::sys::getProcessTriple();
   t.cpu = llvm::sys::getHostCPUName().str();
   auto feats = llvm::sys::getHostCPUFeatures();
+  cpu_override(feats, t.cpu);
   std::vector<std::string> on;
   for (auto& kv : feats) on.push_back((kv.second ? "+" : "-") + kv.first().str());
   std::sort(on.begin(), on.end());
