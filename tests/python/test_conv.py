@@ -428,3 +428,90 @@ def test_dropout_rate_outside_range_is_an_error():
         return y
     with pytest.raises(ValueError, match=r"dropout: rate must be a number in \[0, 1\), got 1.0"):
         job(np.zeros((2, 3), np.float32))
+
+
+# ---------------------------------------------------------------- a ResNet block
+
+def _np_conv3x3_backward(x, w, dy):
+    """Gradients of a stride-1, pad-1, 3x3 convolution."""
+    w_t = w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
+    dx = np_conv(dy, w_t, [1, 1], [1, 1], [1, 1], [1, 1], 1)
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    h, wd = x.shape[2:]
+    dw = np.zeros_like(w)
+    for kh in range(3):
+        for kw in range(3):
+            dw[:, :, kh, kw] = np.einsum("nohw,nchw->oc", dy, xp[:, :, kh:kh + h, kw:kw + wd])
+    return dx, dw
+
+
+def _np_bn_forward(x, gamma, beta, eps):
+    mu = x.mean(axis=(0, 2, 3), keepdims=True)
+    var = x.var(axis=(0, 2, 3), keepdims=True)
+    xhat = (x - mu) / np.sqrt(var + eps)
+    return xhat * gamma.reshape(1, -1, 1, 1) + beta.reshape(1, -1, 1, 1), (xhat, var)
+
+
+def _np_bn_backward(dy, gamma, cache, eps):
+    xhat, var = cache
+    n = dy.shape[0] * dy.shape[2] * dy.shape[3]
+    dxhat = dy * gamma.reshape(1, -1, 1, 1)
+    s1 = dxhat.sum(axis=(0, 2, 3), keepdims=True)
+    s2 = (dxhat * xhat).sum(axis=(0, 2, 3), keepdims=True)
+    dx = (n * dxhat - s1 - xhat * s2) / (n * np.sqrt(var + eps))
+    return dx, (dy * xhat).sum(axis=(0, 2, 3)), dy.sum(axis=(0, 2, 3))
+
+
+def _np_resnet_block_step(p, x, c, lr, eps):
+    """One SGD step of relu(bn2(conv2(relu(bn1(conv1(x))))) + x) with loss sum(out * c)."""
+    z1 = np_conv(x, p["w1"], [1, 1], [1, 1], [1, 1], [1, 1], 1)
+    b1, cache1 = _np_bn_forward(z1, p["g1"], p["b1"], eps)
+    h1 = np.maximum(b1, 0)
+    z2 = np_conv(h1, p["w2"], [1, 1], [1, 1], [1, 1], [1, 1], 1)
+    b2, cache2 = _np_bn_forward(z2, p["g2"], p["b2"], eps)
+    pre = b2 + x
+    out = np.maximum(pre, 0)
+    loss = np.sum(out * c)
+    d = c * (pre > 0)
+    dz2, dg2, db2 = _np_bn_backward(d, p["g2"], cache2, eps)
+    dh1, dw2 = _np_conv3x3_backward(h1, p["w2"], dz2)
+    dz1, dg1, db1 = _np_bn_backward(dh1 * (b1 > 0), p["g1"], cache1, eps)
+    _, dw1 = _np_conv3x3_backward(x, p["w1"], dz1)
+    grads = {"w1": dw1, "g1": dg1, "b1": db1, "w2": dw2, "g2": dg2, "b2": db2}
+    return loss, {k: p[k] - lr * grads[k] for k in p}
+
+
+def test_resnet_block_trains_like_a_float64_numpy_reference():
+    """conv-BN-ReLU-conv-BN + residual, 64 channels, 3x3, three SGD steps."""
+    rng = np.random.default_rng(10)
+    shape, eps, lr = (2, 64, 5, 5), 1e-5, 2.0 ** -7  # exact in float32, as OneFlow keeps rates
+    x = rng.standard_normal(shape)
+    c = rng.standard_normal(shape)
+    p = {"w1": rng.standard_normal((64, 64, 3, 3)) * 0.05, "w2": rng.standard_normal((64, 64, 3, 3)) * 0.05,
+         "g1": 1 + 0.1 * rng.standard_normal(64), "b1": 0.1 * rng.standard_normal(64),
+         "g2": 1 + 0.1 * rng.standard_normal(64), "b2": 0.1 * rng.standard_normal(64)}
+    names = {"w1": "conv1-weight", "w2": "conv2-weight", "g1": "bn1-gamma", "b1": "bn1-beta",
+             "g2": "bn2-gamma", "b2": "bn2-beta"}
+    cfg = flow.function_config()
+    cfg.default_data_type(flow.float64)
+
+    @flow.global_function(type="train", function_config=cfg)
+    def train(a: tp.Numpy.Placeholder(shape, dtype=flow.float64),
+              cc: tp.Numpy.Placeholder(shape, dtype=flow.float64)) -> tp.Numpy:
+        h = flow.layers.conv2d(a, 64, 3, padding="SAME", use_bias=False, name="conv1")
+        h = flow.nn.relu(flow.layers.batch_normalization(h, axis=1, epsilon=eps, name="bn1"))
+        h = flow.layers.conv2d(h, 64, 3, padding="SAME", use_bias=False, name="conv2")
+        h = flow.layers.batch_normalization(h, axis=1, epsilon=eps, name="bn2")
+        loss = flow.math.reduce_sum(flow.nn.relu(h + a) * cc)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [lr]), momentum=0).minimize(loss)
+        return loss
+
+    train(x, c)  # creates the variables
+    flow.load_variables({names[k]: v for k, v in p.items()})
+    for step in range(3):
+        want_loss, p = _np_resnet_block_step(p, x, c, lr, eps)
+        got_loss = train(x, c)
+        np.testing.assert_allclose(got_loss, want_loss, rtol=1e-9, err_msg=f"loss of step {step}")
+        got = flow.get_all_variables()
+        for k, v in p.items():
+            np.testing.assert_allclose(got[names[k]], v, rtol=1e-8, atol=1e-10, err_msg=f"{k} after step {step}")
