@@ -128,6 +128,8 @@ GRAD_CASES = {
     "stride2_dilation_groups": ((2, 4, 5, 6), (4, 2, 3, 2), (2, 1), [[0, 0], [0, 0], [1, 1], [0, 0]], (1, 2), 2),
     "stride3_asymmetric": ((1, 2, 8, 7), (3, 2, 2, 3), 3, [[0, 0], [0, 0], [2, 0], [0, 1]], 1, 1),
     "depthwise_same": ((2, 3, 5, 5), (3, 1, 3, 3), 2, "SAME", 1, 3),
+    # rows of 8+ elements: packed by contiguous runs, not gathers (forward and data gradient)
+    "wide_rows": ((1, 2, 9, 19), (3, 2, 3, 3), 1, "SAME", 1, 1),
 }
 
 
