@@ -14,6 +14,7 @@
 #include "jit/passes/decompose.h"
 #include "jit/passes/fold.h"
 #include "jit/passes/layout.h"
+#include "jit/passes/reshape_sink.h"
 #include "jit/passes/simplify.h"
 #include "jit/passes/transpose_fold.h"
 
@@ -68,6 +69,7 @@ Graph optimize(const Graph& input, PassLog& log) {
   run("transpose_fold", transpose_fold);
   run("layout", layout);
   run("decompose", decompose);
+  run("reshape_sink", reshape_sink);
   run("simplify", simplify);
   run("fold", fold);
   run("dce", dce);

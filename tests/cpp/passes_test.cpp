@@ -8,6 +8,7 @@
 #include "jit/passes/decompose.h"
 #include "jit/passes/fold.h"
 #include "jit/passes/layout.h"
+#include "jit/passes/reshape_sink.h"
 #include "jit/passes/simplify.h"
 #include "jit/passes/transpose_fold.h"
 
@@ -173,4 +174,37 @@ TEST(Passes, UnchangedPassReturnsSameGraph) {
   EXPECT_TRUE(jit::fold(g).same_as(g));
   EXPECT_TRUE(jit::transpose_fold(g).same_as(g));
   EXPECT_TRUE(jit::decompose(g).same_as(g));
+}
+
+TEST(Passes, ReshapeSinkMovesConvEpiloguesIntoTheFlatShape) {
+  // conv's flat result [1,1,2,6] seen as [1,2,2,3]: the bias add (broadcast
+  // over the spatial dims) and the relu move above the reshape; an operand
+  // that varies inside a group it only partly covers keeps the reshape.
+  std::string in =
+      "graph g {\n"
+      "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[1,1,3,5]} : f32[1,1,3,5]\n"
+      "  %w = parameter() {dtype=f32, index=1, name=\"w\", shape=[2,1,2,3]} : f32[2,1,2,3]\n"
+      "  %b = parameter() {dtype=f32, index=2, name=\"b\", shape=[1,2,1,1]} : f32[1,2,1,1]\n"
+      "  %r = parameter() {dtype=f32, index=3, name=\"r\", shape=[3]} : f32[3]\n"
+      "  %0 = conv(%x, %w) {dilations=[1,1], groups=1, pads_hi=[0,0], pads_lo=[0,0], strides=[1,1]} : f32[1,1,2,6]\n"
+      "  %1 = reshape(%0) {shape=[1,2,2,3]} : f32[1,2,2,3]\n"
+      "  %2 = add(%1, %b) : f32[1,2,2,3]\n"
+      "  %3 = relu(%2) : f32[1,2,2,3]\n"
+      "  %4 = mul(%3, %r) : f32[1,2,2,3]\n"
+      "  return %4\n"
+      "}\n";
+  EXPECT_EQ(run(jit::reshape_sink, in),
+            "graph g {\n"
+            "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[1,1,3,5]} : f32[1,1,3,5]\n"
+            "  %w = parameter() {dtype=f32, index=1, name=\"w\", shape=[2,1,2,3]} : f32[2,1,2,3]\n"
+            "  %b = parameter() {dtype=f32, index=2, name=\"b\", shape=[1,2,1,1]} : f32[1,2,1,1]\n"
+            "  %r = parameter() {dtype=f32, index=3, name=\"r\", shape=[3]} : f32[3]\n"
+            "  %0 = conv(%x, %w) {dilations=[1,1], groups=1, pads_hi=[0,0], pads_lo=[0,0], strides=[1,1]} : f32[1,1,2,6]\n"
+            "  %1 = reshape(%b) {shape=[1,1,2,1]} : f32[1,1,2,1]\n"
+            "  %2 = add(%0, %1) : f32[1,1,2,6]\n"
+            "  %3 = relu(%2) : f32[1,1,2,6]\n"
+            "  %4 = reshape(%3) {shape=[1,2,2,3]} : f32[1,2,2,3]\n"
+            "  %5 = mul(%4, %r) : f32[1,2,2,3]\n"
+            "  return %5\n"
+            "}\n");
 }

@@ -517,3 +517,30 @@ def test_resnet_block_trains_like_a_float64_numpy_reference():
         got = flow.get_all_variables()
         for k, v in p.items():
             np.testing.assert_allclose(got[names[k]], v, rtol=1e-8, atol=1e-10, err_msg=f"{k} after step {step}")
+
+
+def test_bias_add_batch_norm_inference_and_residual_fuse_into_the_conv():
+    """nn.conv2d + nn.bias_add + predict-mode batch norm + residual + relu in
+    the user's NCHW code: one convolution kernel with all of it as epilogue."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((2, 4, 6, 6)).astype(np.float32)
+    w = rng.standard_normal((4, 4, 3, 3)).astype(np.float32)
+
+    @flow.global_function(type="predict")
+    def job(a: tp.Numpy.Placeholder((2, 4, 6, 6)), k: tp.Numpy.Placeholder((4, 4, 3, 3))) -> tp.Numpy:
+        bias = flow.get_variable("bias", shape=(4,), initializer=flow.random_normal_initializer(seed=5))
+        y = flow.nn.bias_add(flow.nn.conv2d(a, k, 1, "SAME"), bias, data_format="NCHW")
+        y = flow.layers.batch_normalization(y, axis=1, name="bn", training=False)
+        return flow.nn.relu(y + a)
+
+    got = job(x, w)
+    v = flow.get_all_variables()
+    ref = np_conv(x.astype(np.float64), w, [1, 1], [1, 1], [1, 1], [1, 1], 1) + \
+        np.asarray(v["bias"]).reshape(1, 4, 1, 1)
+    ref = (ref - 0.0) / np.sqrt(1.0 + 1e-3)  # fresh moving statistics: mean 0, variance 1
+    np.testing.assert_allclose(got, np.maximum(ref + x, 0), rtol=1e-4, atol=1e-5)
+    plan = job.compiled_jobs()[0].fusion_plan
+    conv_kernels = [line for line in plan.splitlines() if "conv" in line.split(":")[0]]
+    assert len(conv_kernels) == 1, plan
+    assert "_conv_add_sub_rsqrt:" in plan, plan  # bias, then the normalization, in the conv epilogue
+    assert job.compiled_jobs()[0].num_kernels <= 2, plan  # and at most a copy into the result
