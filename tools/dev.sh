@@ -42,6 +42,8 @@ build() {
 setup() { install_apt; install_pip; build; }
 
 run_tests() {
+  log "layering of the C++ folders"
+  "$PY" tools/check_layering.py
   log "building the C++ tests"
   cmake --build "$FLOWJIT_BUILD_DIR" --target flowjit_tests -j "$(nproc)"
   log "ctest"
