@@ -36,7 +36,7 @@ double = float64
 bool = bool_  # noqa: A001
 char = int8
 
-__version__ = _C.build_info()["version"]
+from ._version import __version__  # noqa: E402,F401 - written once, in _version.py
 CacheWarning = _C.CacheWarning  # the disk cache degraded (unwritable, damaged entry)
 
 
