@@ -114,6 +114,7 @@ class FunctionConfig:
 
     def _hint(self, name, value):
         self._values[name] = value
+        _log.configure()
         if name not in FunctionConfig._said and _log.logger.isEnabledFor(_log.logging.INFO):
             FunctionConfig._said.add(name)
             _log.logger.info("function_config.%s(%r) is ignored: %s", name, value, self._IGNORED_HINTS[name])
@@ -633,9 +634,9 @@ class JobFunction:
                        f"{ph.dtype.np})"
             elif isinstance(a, (list, tuple)) and ph.kind == "Numpy":
                 hint = f"; convert it with np.array(..., dtype=np.{ph.dtype.np})"
-            raise TypeError(f"job '{self._name}': parameter '{pname}' expects a numpy array or an "
-                            f"object with __dlpack__ or __array__ ({ph!r}) but got "
-                            f"{type(a).__name__}{hint}")
+            raise TypeError(f"job '{self._name}': parameter '{pname}' expects a numpy array "
+                            f"({ph!r}) but got {type(a).__name__}{hint} (an object with __dlpack__ "
+                            "or __array__ is accepted too)")
         if a.dtype != ph.dtype.np:
             raise TypeError(f"job '{self._name}': parameter '{pname}' is declared {ph.dtype.np} but the "
                             f"array is {a.dtype}; convert it with {pname.split('[')[0]}.astype(np."
@@ -821,7 +822,7 @@ class JobFunction:
             stages.append(_inspect.Stage("codegen", max(t_compile, t_done - codegen_ns), codegen_ns, tid))
             if passes_ns:
                 stages.append(_inspect.Stage("passes", t_compile, passes_ns, tid))
-        _log.logger.info("%s [%s]: compiled in %.1f ms (%s)", self._name, sig, (t_done - t_trace) / 1e6,
+        _log.info("%s [%s]: compiled in %.1f ms (%s)", self._name, sig, (t_done - t_trace) / 1e6,
                          "disk cache hit" if job.from_disk_cache else f"{job.num_kernels} kernels")
         per_device = _C.device_info()["local_devices"] if dist and dist["mirrored"] else 1
         _check_result_groups(self._name, template, list(job.output_groups)[:n_user])
@@ -868,7 +869,7 @@ class JobFunction:
             nearest = next(iter(self._cache))
             diffs = [f"{n}: {a} vs cached {b}" for (n, _), a, b in zip(self._params, key, nearest) if a != b]
             why = "; ".join(diffs) or "the session changed"
-            _log.logger.info("%s: cache miss, recompiling because %s", self._name, why)
+            _log.info("%s: cache miss, recompiling because %s", self._name, why)
             if len(self._cache) >= limit and not self._warned_recompile:
                 import warnings
                 warnings.warn(f"job '{self._name}' has been compiled {len(self._cache) + 1} times (limit "

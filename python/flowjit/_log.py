@@ -23,16 +23,48 @@ def level_for(debug: int) -> int:
     return logging.WARNING if debug <= 0 else logging.INFO if debug == 1 else logging.DEBUG
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time of the record."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+_handler = None
+_seen = None
+
+
 def configure() -> None:
+    """Applies FLOWJIT_DEBUG (read again whenever it changed, so setting it
+    in a running process, or flow.config.enable_debug_mode, takes effect)."""
+    global _handler, _seen
+    raw = os.environ.get("FLOWJIT_DEBUG")
+    if raw == _seen:
+        return
+    _seen = raw
     debug = debug_level()
     if debug <= 0:
+        if _handler is not None:
+            logger.setLevel(logging.NOTSET)
         return
     logger.setLevel(level_for(debug))
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("[flowjit] %(message)s"))
-        logger.addHandler(handler)
-        logger.propagate = False
+    if _handler is None and not logger.handlers:
+        _handler = _StderrHandler()
+        _handler.setFormatter(logging.Formatter("[flowjit] %(message)s"))
+        logger.addHandler(_handler)
+
+
+def info(msg: str, *args) -> None:
+    configure()
+    logger.info(msg, *args)
 
 
 configure()

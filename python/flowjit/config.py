@@ -52,10 +52,7 @@ def enable_debug_mode(flag=True):
     import os
     from . import _log
     os.environ["FLOWJIT_DEBUG"] = "1" if flag else "0"
-    if flag:
-        _log.configure()
-    else:
-        _log.logger.setLevel(_log.logging.WARNING)
+    _log.configure()
 
 
 def _flag(name, val):
