@@ -14,6 +14,9 @@
 #include <cstdlib>
 #include <sstream>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "ir/error.h"
 #include "runtime/distributed.h"
 
@@ -194,6 +197,29 @@ bool profiling_enabled() {
 }  // namespace
 
 std::vector<Executable::LaunchProfile> Executable::profile() const { return profile_; }
+
+std::vector<Executable::LaunchEvent> Executable::events() const {
+  if (events_.size() < kMaxEvents) return events_;
+  std::vector<LaunchEvent> out(events_.begin() + events_next_, events_.end());
+  out.insert(out.end(), events_.begin(), events_.begin() + events_next_);
+  return out;
+}
+
+void Executable::record(size_t li, std::chrono::steady_clock::time_point t0) {
+  auto t1 = std::chrono::steady_clock::now();
+  profile_[li].calls += 1;
+  profile_[li].seconds += std::chrono::duration<double>(t1 - t0).count();
+  static thread_local const int64_t tid = static_cast<int64_t>(::syscall(SYS_gettid));
+  LaunchEvent e{static_cast<int32_t>(li),
+                std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count(),
+                std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count(), tid};
+  if (events_.size() < kMaxEvents) {
+    events_.push_back(e);
+  } else {
+    events_[events_next_] = e;
+    events_next_ = (events_next_ + 1) % kMaxEvents;
+  }
+}
 
 CollectiveStep CollectiveStep::parse(const std::string& symbol) {
   // @k<id>.<op>.<dtype>.p<parts>.o<outer>.i<inner>
@@ -414,25 +440,19 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
     if (!collective_index_.empty() && collective_index_[li] >= 0) {
       auto t0 = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       run_collective(li, args);
-      if (prof) {
-        profile_[li].calls += 1;
-        profile_[li].seconds +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      }
+      if (prof) record(li, t0);
       continue;
     }
     if (l.range <= 0) continue;
     auto t0 = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     struct Record {
-      bool on;
+      Executable* self;
+      size_t li;
       std::chrono::steady_clock::time_point t0;
-      LaunchProfile& p;
       ~Record() {
-        if (!on) return;
-        p.calls += 1;
-        p.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (self) self->record(li, t0);
       }
-    } record{prof, t0, profile_[li]};
+    } recorder{prof ? this : nullptr, li, t0};
     if (l.range <= l.grain || threads <= 1) {
       fn(args, 0, l.range, scratch_for(0, l.scratch_bytes));
       continue;

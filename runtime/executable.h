@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -106,6 +107,16 @@ class Executable {
     double seconds = 0;
   };
   std::vector<LaunchProfile> profile() const;
+  // One record per launch run while profiling (the newest kMaxEvents):
+  // start on the steady clock (CLOCK_MONOTONIC, Python's time.monotonic_ns),
+  // duration, and the OS thread id of the thread that ran it.
+  struct LaunchEvent {
+    int32_t launch = 0;
+    int64_t start_ns = 0, dur_ns = 0;
+    int64_t thread = 0;
+  };
+  static constexpr size_t kMaxEvents = 1 << 20;
+  std::vector<LaunchEvent> events() const;
 
  private:
   char* scratch_for(int thread, int64_t bytes);
@@ -132,6 +143,9 @@ class Executable {
   std::vector<AlignedBuffer> scratch_;
   std::vector<int64_t> scratch_size_;
   std::vector<LaunchProfile> profile_;
+  std::vector<LaunchEvent> events_;  // a ring of kMaxEvents once full
+  size_t events_next_ = 0;
+  void record(size_t li, std::chrono::steady_clock::time_point t0);
   bool bound_ = false;
   bool writes_variables_ = true;
 };

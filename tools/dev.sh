@@ -4,62 +4,138 @@
 #   tools/dev.sh test    set up everything, then run all tests (ctest + pytest)
 #   tools/dev.sh setup   install system and Python packages, build flowjit
 #   tools/dev.sh bench   run the benchmarks (installs torch and jax first)
+# Python packages go into a virtual environment in the checkout
+# ($FLOWJIT_VENV, default .venv), never into the system Python (PEP 668).
+# Runs as root or as a user with sudo (for apt-get).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 export FLOWJIT_BUILD_DIR="${FLOWJIT_BUILD_DIR:-$ROOT/build/dev}"
 # ccache hits across clones in different folders (CI builds a fresh clone).
 export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=1
-PY="${PYTHON:-python3}"
+# The Python the virtual environment is made from (Debian's by default).
+BASE_PY="${PYTHON:-python3}"
+VENV="${FLOWJIT_VENV:-$ROOT/.venv}"
+PY="$VENV/bin/python"
+JOBS="${FLOWJIT_BUILD_JOBS:-$(nproc)}"
 
 APT_PACKAGES="llvm-19-dev libtbb-dev libgloo-dev dataset-fashion-mnist libgtest-dev cmake ninja-build ccache g++ python3-dev"
 
 log() { printf '\033[1m[dev.sh]\033[0m %s\n' "$*"; }
+die() { printf '\033[1m[dev.sh]\033[0m error: %s\n' "$*" >&2; exit 1; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    die "installing Debian packages needs root: run as root, install sudo, or install by hand: $*"
+  fi
+}
+
+apt_install() {
+  log "installing Debian packages: $*"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"
+}
 
 install_apt() {
   local missing=()
   for p in $APT_PACKAGES; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
   done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  log "installing Debian packages: ${missing[*]}"
-  local SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+  [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
+}
+
+make_venv() {
+  if [ -x "$PY" ] && "$PY" -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)' 2>/dev/null; then
+    return 0
+  fi
+  command -v "$BASE_PY" >/dev/null 2>&1 || apt_install python3
+  # Debian's python3 has venv without ensurepip until python3-venv is installed.
+  if ! "$BASE_PY" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    local ver
+    ver=$("$BASE_PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+    apt_install python3-venv "python$ver-venv"
+  fi
+  log "creating the virtual environment $VENV (from $("$BASE_PY" -c 'import sys; print(sys.executable)'))"
+  rm -rf "$VENV"
+  "$BASE_PY" -m venv "$VENV"
 }
 
 install_pip() {
-  log "installing Python build and test requirements"
-  "$PY" -m pip install -q --disable-pip-version-check "numpy>=1.22" "pybind11>=2.12" pytest setuptools wheel
+  log "installing Python build and test requirements into $VENV"
+  "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
+  "$PY" -m pip install -q --disable-pip-version-check "numpy>=1.22" "pybind11>=2.12" \
+    "scikit-build-core>=0.10" pytest
 }
 
 build() {
-  log "building flowjit (CMake build dir: $FLOWJIT_BUILD_DIR)"
-  FLOWJIT_BUILD_TESTS=1 "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation -e .
+  log "building flowjit (editable, CMake build dir: $FLOWJIT_BUILD_DIR)"
+  # A build dir configured by another CMake or ninja (a deleted environment,
+  # or a build from before scikit-build-core) is started afresh.
+  local cache="$FLOWJIT_BUILD_DIR/CMakeCache.txt"
+  if [ -f "$cache" ]; then
+    local prog
+    prog=$(sed -n 's/^CMAKE_MAKE_PROGRAM:[A-Z]*=//p' "$cache")
+    if [ -n "$prog" ] && [ ! -x "$prog" ]; then
+      log "dropping $FLOWJIT_BUILD_DIR: its ninja ($prog) is gone"
+      rm -rf "$FLOWJIT_BUILD_DIR"
+    fi
+  fi
+  FLOWJIT_BUILD_TESTS=ON CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" \
+    "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation \
+    -Cbuild-dir="$FLOWJIT_BUILD_DIR" -Ccmake.define.FLOWJIT_BUILD_TESTS=ON -e .
 }
 
-setup() { install_apt; install_pip; build; }
+setup() { install_apt; make_venv; install_pip; build; }
+
+# ---------------------------------------------------------------- tests
+
+FAILED=()
+SUMMARIES=()
+
+# run_suite NAME CMD...: runs one suite, keeps going when it fails, and
+# remembers the suite's own summary line (ctest's "N% tests passed", pytest's
+# "== N passed in Ts ==").
+run_suite() {
+  local name=$1
+  shift
+  log "$name"
+  local out rc=0
+  out=$(mktemp)
+  "$@" 2>&1 | tee "$out" || rc=$?
+  local summary
+  summary=$(grep -E 'tests passed|tests failed|^=+ .*(passed|failed|error|skipped|deselected|no tests ran).* =+$' "$out" | tail -n 1)
+  [ -n "$summary" ] || summary="(no summary line; exit status $rc)"
+  rm -f "$out"
+  SUMMARIES+=("$(printf '%-44s %s %s' "$name" "$([ $rc -eq 0 ] && echo ok || echo FAILED)" "$summary")")
+  [ $rc -eq 0 ] || FAILED+=("$name")
+}
 
 run_tests() {
   log "layering of the C++ folders"
   "$PY" tools/check_layering.py
   log "building the C++ tests"
-  cmake --build "$FLOWJIT_BUILD_DIR" --target flowjit_tests -j "$(nproc)"
-  log "ctest"
-  (cd "$FLOWJIT_BUILD_DIR" && ctest --output-on-failure -j "$(nproc)")
-  log "pytest"
-  "$PY" -m pytest -q -rs tests/python
+  cmake --build "$FLOWJIT_BUILD_DIR" --target _C flowjit_tests -j "$JOBS"
+  run_suite "ctest" bash -c "cd '$FLOWJIT_BUILD_DIR' && ctest --output-on-failure -j '$JOBS'"
+  run_suite "pytest" "$PY" -m pytest -q -rs tests/python
   # The same numerics for code generated for a smaller x86-64 than this host
   # (FLOWJIT_CPU): AVX2+FMA on AVX-512 hosts, the SSE4.2 baseline without FMA
   # on others, so both kinds of CI host check both vector widths.
   local other=x86-64-v3
   grep -qw avx512f /proc/cpuinfo || other=x86-64-v2
-  log "pytest (code generated for FLOWJIT_CPU=$other)"
-  FLOWJIT_CPU=$other "$PY" -m pytest -q tests/python/test_ops.py tests/python/test_ops_extra.py \
-    tests/python/test_conv.py tests/python/test_autodiff.py tests/python/test_fusion.py
-  log "pytest (slow: end-to-end training to accuracy)"
-  "$PY" -m pytest -q -m slow tests/python
+  run_suite "pytest (FLOWJIT_CPU=$other)" env FLOWJIT_CPU=$other "$PY" -m pytest -q \
+    tests/python/test_ops.py tests/python/test_ops_extra.py tests/python/test_conv.py \
+    tests/python/test_autodiff.py tests/python/test_fusion.py
+  run_suite "pytest (slow: end-to-end training)" "$PY" -m pytest -q -m slow tests/python
+  log "summary"
+  printf '  %s\n' "${SUMMARIES[@]}"
+  if [ ${#FAILED[@]} -gt 0 ]; then
+    die "failed: ${FAILED[*]}"
+  fi
+  log "all suites passed"
 }
 
 case "${1:-}" in

@@ -108,6 +108,16 @@ class CompiledJobPy {
   const runtime::Executable* profiled() const {
     return dist_ ? &dist_->device(0) : job_.executable.get();
   }
+  // Every profiled device's executable (all devices of a distributed job).
+  std::vector<const runtime::Executable*> profiled_devices() const {
+    std::vector<const runtime::Executable*> out;
+    if (dist_) {
+      for (int d = 0; d < dist_->num_devices(); ++d) out.push_back(&dist_->device(d));
+    } else if (job_.executable) {
+      out.push_back(job_.executable.get());
+    }
+    return out;
+  }
   std::string device() const {
     return gpu_ ? "gpu:" + std::to_string(gpu_->executable().device()->info().ordinal) : "cpu";
   }
@@ -347,6 +357,19 @@ void register_jobs(py::module_& m) {
                for (auto& p : e->profile()) out.emplace_back(p.symbol, p.calls, p.seconds);
              return out;
            })
+      .def("trace_events",
+           [](const CompiledJobPy& j) {
+             // (device, kernel symbol, start ns on CLOCK_MONOTONIC, duration ns, OS thread id)
+             std::vector<std::tuple<int, std::string, int64_t, int64_t, int64_t>> out;
+             auto devices = j.profiled_devices();
+             for (size_t d = 0; d < devices.size(); ++d) {
+               const auto& launches = devices[d]->plan().launches;
+               for (auto& e : devices[d]->events())
+                 out.emplace_back(static_cast<int>(d), launches[e.launch].symbol, e.start_ns, e.dur_ns,
+                                  e.thread);
+             }
+             return out;
+           })
       .def_property_readonly("arena_bytes",
                              [](const CompiledJobPy& j) { return j.job().plan().arena_bytes; })
       .def_property_readonly("num_kernels",
@@ -362,6 +385,7 @@ void register_jobs(py::module_& m) {
       .def_property_readonly("warnings", [](const CompiledJobPy& j) { return j.job().warnings; })
       .def_property_readonly("seconds_total", [](const CompiledJobPy& j) { return j.job().seconds_total; })
       .def_property_readonly("seconds_codegen", [](const CompiledJobPy& j) { return j.job().seconds_codegen; })
+      .def_property_readonly("seconds_passes", [](const CompiledJobPy& j) { return j.job().seconds_passes; })
       .def_property_readonly("new_variables", [](const CompiledJobPy& j) {
         std::vector<std::string> out;
         for (auto& [n, t] : j.job().new_variables) out.push_back(n);

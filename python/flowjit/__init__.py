@@ -15,6 +15,8 @@ from ._dtypes import (bool_, float16, float32, float64, int8, int32, int64, uint
 from . import typing  # noqa: F401
 from ._blob import Blob  # noqa: F401
 from ._job import FunctionConfig, JobFunction, function_config, global_function  # noqa: F401
+from ._inspect import CompiledJob, Lowered, ProfileTable  # noqa: F401
+from ._log import logger  # noqa: F401 - logging.getLogger("flowjit")
 from ._ops import (argmax, broadcast_like, broadcast_to, cast, constant, expand_dims, identity,  # noqa: F401
                    matmul, one_hot, ones, ones_like, reshape, squeeze, transpose, where, zeros,
                    zeros_like)
@@ -36,7 +38,7 @@ double = float64
 bool = bool_  # noqa: A001
 char = int8
 
-__version__ = _C.build_info()["version"]
+from ._version import __version__  # noqa: E402,F401 - written once, in _version.py
 CacheWarning = _C.CacheWarning  # the disk cache degraded (unwritable, damaged entry)
 
 
@@ -92,3 +94,13 @@ def __getattr__(name):
 from ._composite import clamp, clip_by_value, masked_fill  # noqa: E402,F401
 from ._losses import smooth_l1_loss  # noqa: E402,F401
 clip = clip_by_value
+
+
+def export_chrome_trace(path: str) -> str:
+    """Writes the compile stages and kernel launches (FLOWJIT_PROFILE=1) of
+    every job function compiled in this session as one Chrome/Perfetto trace
+    JSON file; returns the path."""
+    from . import _inspect, _job as _jobmod
+    jobs = [c for j in sorted(_jobmod._defined_jobs, key=lambda j: (j._source, j._name))
+            for c in j.compiled_jobs()]
+    return _inspect.export_chrome_trace(path, jobs)

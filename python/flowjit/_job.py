@@ -9,7 +9,7 @@ import weakref
 
 import numpy as np
 
-from . import _C, _async, _devices, _dtypes, _ops, _trace
+from . import _C, _async, _devices, _dtypes, _inspect, _log, _ops, _trace
 from . import typing as tp
 from ._blob import Blob
 
@@ -114,11 +114,10 @@ class FunctionConfig:
 
     def _hint(self, name, value):
         self._values[name] = value
-        if name not in FunctionConfig._said and int(os.environ.get("FLOWJIT_DEBUG", "0") or 0) >= 1:
+        _log.configure()
+        if name not in FunctionConfig._said and _log.logger.isEnabledFor(_log.logging.INFO):
             FunctionConfig._said.add(name)
-            import sys
-            print(f"[flowjit] function_config.{name}({value!r}) is ignored: "
-                  f"{self._IGNORED_HINTS[name]}", file=sys.stderr)
+            _log.logger.info("function_config.%s(%r) is ignored: %s", name, value, self._IGNORED_HINTS[name])
         return self
 
     def enable_inplace(self, flag=True):
@@ -458,10 +457,11 @@ class _Compiled:
     of the program are the values flow.watch asked for; their handlers run
     on the callback thread."""
 
-    __slots__ = ("job", "build", "mode", "watches", "n_user", "name")
+    __slots__ = ("job", "build", "mode", "watches", "n_user", "name", "view")
 
-    def __init__(self, job, build, mode="sync", watches=(), n_user=None, name="?"):
+    def __init__(self, job, build, mode="sync", watches=(), n_user=None, name="?", view=None):
         self.job = job
+        self.view = view  # the _inspect.CompiledJob users look into
         self.build = build
         self.mode = mode
         self.watches = list(watches)
@@ -589,13 +589,12 @@ class JobFunction:
         key, flat = [], []
         for (pname, ph), a in zip(self._params, args):
             if ph.kind == "Numpy":
-                self._check_array(pname, ph, a, exact=True)
+                a = self._check_array(pname, ph, a, exact=True)
                 key.append(a.shape)
                 flat.append(a)
             elif ph.kind == "ListNumpy":
                 arrs = self._check_list(pname, ph, a)
-                for i, x in enumerate(arrs):
-                    self._check_array(f"{pname}[{i}]", ph, x, exact=False)
+                arrs = [self._check_array(f"{pname}[{i}]", ph, x, exact=False) for i, x in enumerate(arrs)]
                 key.append(tuple(x.shape for x in arrs))
                 flat.extend(arrs)
             else:  # ListListNumpy
@@ -605,9 +604,9 @@ class JobFunction:
                     if not isinstance(lst, (list, tuple)):
                         raise TypeError(f"job '{self._name}': parameter '{pname}' ({ph!r}) expects, per "
                                         f"device, a list of arrays; element {d} is {type(lst).__name__}")
-                    for i, x in enumerate(lst):
-                        self._check_array(f"{pname}[{d}][{i}]", ph, x, exact=False)
-                        flat.append(x)
+                    lst = [self._check_array(f"{pname}[{d}][{i}]", ph, x, exact=False)
+                           for i, x in enumerate(lst)]
+                    flat.extend(lst)
                     shapes.append(tuple(x.shape for x in lst))
                 key.append(tuple(shapes))
         return tuple(key), flat
@@ -624,6 +623,10 @@ class JobFunction:
         return list(a)
 
     def _check_array(self, pname, ph, a, exact):
+        """Checks one argument against its placeholder; returns it as a numpy
+        array (a view of the caller's memory for __dlpack__ / __array__ objects)."""
+        if not isinstance(a, np.ndarray):
+            a = _interop_array(self._name, pname, a)
         if not isinstance(a, np.ndarray):
             hint = ""
             if isinstance(a, (np.generic, numbers.Number)):
@@ -632,7 +635,8 @@ class JobFunction:
             elif isinstance(a, (list, tuple)) and ph.kind == "Numpy":
                 hint = f"; convert it with np.array(..., dtype=np.{ph.dtype.np})"
             raise TypeError(f"job '{self._name}': parameter '{pname}' expects a numpy array "
-                            f"({ph!r}) but got {type(a).__name__}{hint}")
+                            f"({ph!r}) but got {type(a).__name__}{hint} (an object with __dlpack__ "
+                            "or __array__ is accepted too)")
         if a.dtype != ph.dtype.np:
             raise TypeError(f"job '{self._name}': parameter '{pname}' is declared {ph.dtype.np} but the "
                             f"array is {a.dtype}; convert it with {pname.split('[')[0]}.astype(np."
@@ -648,6 +652,7 @@ class JobFunction:
                 raise ValueError(f"job '{self._name}': parameter '{pname}' has shape {a.shape}, which "
                                  f"is not within the declared bounds {ph.shape} (same rank, each extent "
                                  "at most the bound)")
+        return a
 
     def _prepare_session(self):
         _devices.ensure_configured()
@@ -729,8 +734,10 @@ class JobFunction:
 
     # ---- tracing and compiling
 
-    def _compile(self, key, flat):
+    def _compile(self, key, flat, keep_text=False):
         self._note_miss(key)
+        tid = threading.get_native_id()
+        t_trace = _inspect.now_ns()
         builder = JobBuilder(self._name, self._type, self._config)
         builder.source = self._source
         blobs = []
@@ -781,7 +788,11 @@ class JobFunction:
             raise TypeError(f"job '{self._name}' is declared type=\"train\" but never calls an "
                             "optimizer's minimize(loss), e.g. flow.optimizer.SGD(flow.optimizer."
                             "PiecewiseConstantScheduler([], [0.1])).minimize(loss)")
+        stages = [_inspect.Stage("trace", t_trace, _inspect.now_ns() - t_trace, tid)]
+        t_init = _inspect.now_ns()
         _create_pending_variables(builder)
+        if builder.variables:
+            stages.append(_inspect.Stage("initialize variables", t_init, _inspect.now_ns() - t_init, tid))
         losses, lr, step, opt = [], None, None, None
         trainable = []
         if builder.minimize is not None:
@@ -794,17 +805,31 @@ class JobFunction:
                          if t and (names is None or n in names)]
         sig = ";".join(f"{ph.kind}:{ph.dtype.name}{k}" for (_, ph), k in zip(self._params, key))
         dist = _devices.distribution(self._name, self._config, builder, self._params)
-        settings = {"keep_text": bool(os.environ.get("FLOWJIT_KEEP_TEXT"))}
+        settings = {"keep_text": keep_text or bool(os.environ.get("FLOWJIT_KEEP_TEXT"))}
         settings.update(_devices.job_target(self._name, self._config, builder, self._params))
+        t_compile = _inspect.now_ns()
         with _tf32_for(self._config, settings):
             job = _C.compile_job(self._name, builder.type == "train", builder.params,
                                  [o._node for o in outs], list(builder.effects), losses, lr, step,
                                  trainable, opt, self._source, sig, settings, dist)
+        t_done = _inspect.now_ns()
+        stages.append(_inspect.Stage("compile" + (" (disk cache hit)" if job.from_disk_cache else ""),
+                                     t_compile, t_done - t_compile, tid))
+        if not job.from_disk_cache:
+            # compile_job's own split: the pass pipeline, then code generation.
+            passes_ns = int(job.seconds_passes * 1e9)
+            codegen_ns = int(job.seconds_codegen * 1e9)
+            stages.append(_inspect.Stage("codegen", max(t_compile, t_done - codegen_ns), codegen_ns, tid))
+            if passes_ns:
+                stages.append(_inspect.Stage("passes", t_compile, passes_ns, tid))
+        _log.info("%s [%s]: compiled in %.1f ms (%s)", self._name, sig, (t_done - t_trace) / 1e6,
+                         "disk cache hit" if job.from_disk_cache else f"{job.num_kernels} kernels")
         per_device = _C.device_info()["local_devices"] if dist and dist["mirrored"] else 1
         _check_result_groups(self._name, template, list(job.output_groups)[:n_user])
         mode = "callback" if self._async else "legacy" if template[0] != "none" and self._legacy else "sync"
         compiled = _Compiled(job, _builder_for(template, per_device, self._name), mode,
-                             [(blob.name, handler) for blob, handler in builder.watches], n_user, self._name)
+                             [(blob.name, handler) for blob, handler in builder.watches], n_user, self._name,
+                             _inspect.CompiledJob(job, self._name, sig, stages))
         self._cache[key] = compiled
         if self._numpy_only and mode == "sync":
             self._fast = compiled
@@ -844,9 +869,7 @@ class JobFunction:
             nearest = next(iter(self._cache))
             diffs = [f"{n}: {a} vs cached {b}" for (n, _), a, b in zip(self._params, key, nearest) if a != b]
             why = "; ".join(diffs) or "the session changed"
-            if int(os.environ.get("FLOWJIT_DEBUG", "0") or 0) >= 1:
-                import sys
-                print(f"[flowjit] {self._name}: cache miss, recompiling because {why}", file=sys.stderr)
+            _log.info("%s: cache miss, recompiling because %s", self._name, why)
             if len(self._cache) >= limit and not self._warned_recompile:
                 import warnings
                 warnings.warn(f"job '{self._name}' has been compiled {len(self._cache) + 1} times (limit "
@@ -857,8 +880,83 @@ class JobFunction:
 
     # ---- introspection (tests, debugging)
 
-    def compiled_jobs(self):
-        return [c.job for c in self._cache.values()]
+    def compiled_jobs(self) -> "typing.List[_inspect.CompiledJob]":
+        """The compiled signatures of this job, oldest first."""
+        return [c.view for c in self._cache.values()]
+
+    def lower(self, *args_or_shapes) -> "_inspect.Lowered":
+        """Binds the job to one signature without tracing or running it, as
+        jax.jit(f).lower(...): each argument is an array (or an object with
+        __dlpack__ / __array__), a shape, or None for the declared shape; no
+        arguments means all declared shapes. .compile() on the result traces
+        and compiles."""
+        self._prepare_session()
+        key, flat = _inspect.lower_args(self, args_or_shapes)
+        return _inspect.Lowered(self, key, flat)
+
+    def compile(self, *args_or_shapes) -> "_inspect.CompiledJob":
+        """job.lower(*args_or_shapes).compile(): traces and compiles without
+        running (a train job updates no variable), keeping the LLVM IR and
+        assembly text; returns the compiled job to look into. Later calls
+        with this signature run it without compiling again."""
+        return self.lower(*args_or_shapes).compile()
+
+    def _compile_only(self, key, flat):
+        self._prepare_session()
+        compiled = self._cache.get(key)
+        if compiled is None:
+            with self._compile_lock:
+                compiled = self._cache.get(key)
+                if compiled is None:
+                    compiled = self._compile(key, flat, keep_text=True)
+        return compiled.view
+
+    def profile(self) -> "_inspect.ProfileTable":
+        """The per-kernel profile (FLOWJIT_PROFILE=1) of this job's only or
+        newest compiled signature."""
+        if not self._cache:
+            raise RuntimeError(f"job '{self._name}' has not been compiled yet: call it (with "
+                               "FLOWJIT_PROFILE=1 set) before asking for its profile")
+        return list(self._cache.values())[-1].view.profile()
+
+    def export_chrome_trace(self, path: str) -> str:
+        """Writes this job's compile stages and kernel launches (FLOWJIT_PROFILE=1)
+        as a Chrome/Perfetto trace JSON file; returns the path."""
+        return _inspect.export_chrome_trace(path, self.compiled_jobs())
+
+
+def _interop_array(job, pname, a):
+    """A numpy view of an array from another library (PyTorch, JAX, CuPy on
+    the host...): through DLPack when it has __dlpack__, else __array__.
+    Returns `a` unchanged when it is neither (the caller reports that). No
+    copy is made where the layout allows; the runtime copies strided views
+    into C order itself."""
+    if isinstance(a, (np.generic, numbers.Number, list, tuple, str, bytes)) or a is None:
+        return a
+    if hasattr(a, "__dlpack__"):
+        try:
+            return np.from_dlpack(a)
+        except (BufferError, RuntimeError, TypeError, ValueError) as e:
+            where = ""
+            dev = getattr(a, "__dlpack_device__", None)
+            if dev is not None:
+                try:
+                    kind, ordinal = dev()
+                    if int(kind) != 1:  # kDLCPU
+                        where = (f" (it is on DLPack device type {int(kind)}:{ordinal}, not the host; "
+                                 "move it to the CPU first)")
+                except Exception:  # noqa: BLE001 - only for the message
+                    pass
+            if not hasattr(a, "__array__") or where:
+                raise TypeError(f"job '{job}': parameter '{pname}' got a {type(a).__name__} that numpy "
+                                f"cannot read through DLPack{where}: {e}") from e
+    if hasattr(a, "__array__"):
+        try:
+            return np.asarray(a)
+        except Exception as e:  # noqa: BLE001 - any library's conversion error
+            raise TypeError(f"job '{job}': parameter '{pname}' got a {type(a).__name__} whose "
+                            f"__array__ failed: {e}") from e
+    return a
 
 
 # Job functions defined in this process (the ones defined since the last

@@ -50,7 +50,9 @@ def cpu_threads(n):
 def enable_debug_mode(flag=True):
     """Same as FLOWJIT_DEBUG=1 for jobs compiled afterwards."""
     import os
+    from . import _log
     os.environ["FLOWJIT_DEBUG"] = "1" if flag else "0"
+    _log.configure()
 
 
 def _flag(name, val):

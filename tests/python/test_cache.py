@@ -17,8 +17,8 @@ import pytest
 import flowjit as flow
 import flowjit.typing as tp
 from flowjit import _C
-from flowjit_cache import cli
-from flowjit_cache.store import Cache
+from flowjit.cache import cli
+from flowjit.cache.store import Cache
 
 # A small MLP train job run in fresh processes: prints what it compiled.
 WORKER = textwrap.dedent('''
@@ -507,7 +507,7 @@ def test_cli_color_only_when_asked_and_never_with_no_color(populated, capsys, mo
 
 def test_cli_as_module_and_console_script(populated):
     env = _env(populated["dir"])
-    p = subprocess.run([sys.executable, "-m", "flowjit_cache", "stats"], env=env, capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "flowjit.cache", "stats"], env=env, capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0 and re.search(r"^entries\s+4$", p.stdout, re.M), p.stderr
     exe = shutil.which("flowjit-cache")

@@ -620,8 +620,8 @@ def test_session_gpu_plumbing_behind_a_fake_driver(tmp_path):
     assert "fake GPU session: ok" in r.stdout
 
     # The GPU entries that session left in its disk cache, through flowjit-cache.
-    from flowjit_cache import cli
-    from flowjit_cache.store import Cache
+    from flowjit.cache import cli
+    from flowjit.cache.store import Cache
     cache_dir = str(tmp_path / "cache")
     gpu_entries = [e for e in Cache(cache_dir).entries() if e.is_gpu]
     assert sorted({e.job for e in gpu_entries}) == ["on_gpu", "train"]

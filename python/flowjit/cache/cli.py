@@ -7,7 +7,10 @@
     flowjit-cache verify [--remove]
     flowjit-cache gc [--max-bytes N] [--dry-run]
     flowjit-cache clear [--yes]
-    flowjit-cache diff KEY1 KEY2
+    flowjit-cache diff KEY1 KEY2 [--full]
+    flowjit-cache show KEY --dot [FILE]     the fused kernel graph as Graphviz DOT (and SVG)
+
+Every command takes --json. Also `python -m flowjit.cache`.
 
 KEY may be any unique prefix of a key. The cache directory is --dir, else
 $FLOWJIT_CACHE_DIR, else ~/.cache/flowjit.
@@ -40,6 +43,18 @@ _DEFAULT_SECTIONS = ("ir_before", "ir", "fusion", "kernels")
 
 def _out(text=""):
     sys.stdout.write(text + "\n")
+
+
+_print = _out
+
+
+def _quiet(text=""):
+    pass
+
+
+def _json(obj):
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
 
 
 def _err(style, text):
@@ -162,6 +177,27 @@ def cmd_show(cache, args, style):
     e = cache.find(args.key)
     if e.meta is None:
         raise CacheError(f"entry {e.key[:12]} is damaged: {e.error} (run `flowjit-cache verify --remove`)")
+    if args.dot is not None:
+        from .graph import kernel_graph_dot
+        dot = kernel_graph_dot(e.text("plan.txt"), e.text("kernels.txt"), e.job)
+        path = args.dot or f"{e.job}-{e.key[:12]}.dot"
+        if path == "-":
+            sys.stdout.write(dot)
+            return 0
+        with open(path, "w") as f:
+            f.write(dot)
+        made = [path]
+        import shutil
+        import subprocess
+        if shutil.which("dot"):
+            svg = os.path.splitext(path)[0] + ".svg"
+            if subprocess.run(["dot", "-Tsvg", path, "-o", svg]).returncode == 0:
+                made.append(svg)
+        if args.json:
+            _json({"key": e.key, "written": made})
+        else:
+            _out("wrote " + " and ".join(made))
+        return 0
     chosen = [flag for flag, _, _ in _SECTIONS if getattr(args, flag)]
     if args.all:
         chosen = [flag for flag, _, _ in _SECTIONS if e.is_gpu or flag not in _GPU_ONLY]
@@ -194,6 +230,18 @@ def cmd_show(cache, args, style):
         except Exception as exc:  # noqa: BLE001 - any failure is reported, not raised
             parts.append(_section("assembly", style(f"(unavailable: {exc})", "red"), style))
             status = 1
+    if args.json:
+        d = _entry_json(e)
+        d["sections"] = {}
+        for flag, name, title in _SECTIONS:
+            if flag in chosen:
+                try:
+                    d["sections"][name] = e.text(name)
+                except (OSError, ValueError) as exc:
+                    d["sections"][name] = None
+                    d.setdefault("errors", {})[name] = str(exc)
+        _json(d)
+        return status
     _out("\n".join(parts).lstrip("\n"))
     return status
 
@@ -258,6 +306,16 @@ def _max_bytes_from_env():
 def cmd_verify(cache, args, style):
     entries = cache.entries()
     bad = 0
+    if args.json:
+        rows = []
+        for e in entries:
+            problems = e.problems()
+            removed = bool(problems) and args.remove and e.remove(cache)
+            bad += bool(problems)
+            rows.append({"key": e.key, "job": e.job if e.meta else None, "ok": not problems,
+                         "problems": problems, "removed": bool(removed)})
+        _json({"entries": rows, "checked": len(entries), "bad": bad})
+        return 1 if bad and not args.remove else 0
     for e in entries:
         problems = e.problems()
         label = f"{e.key[:12]}  {e.job if e.meta else '?'}"
@@ -281,6 +339,12 @@ def cmd_gc(cache, args, style):
     before = sum(e.bytes for e in cache.entries())
     removed = cache.gc(limit, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
+    if args.json:
+        freed = sum(e.bytes for e in removed)
+        _json({"dry_run": args.dry_run, "removed": [{"key": e.key, "job": e.job, "bytes": e.bytes}
+                                                     for e in removed],
+               "freed_bytes": freed, "left_bytes": before - freed, "max_bytes": limit})
+        return 0
     for e in removed:
         _out(f"{verb} {style(e.key[:12], 'yellow')}  {e.job}  {fmt.human_bytes(e.bytes)}  "
              f"(last used {fmt.human_age(e.get('last_used'))})")
@@ -296,11 +360,16 @@ def cmd_clear(cache, args, style):
     if not args.yes:
         if not sys.stdin.isatty():
             raise CacheError("clear removes every entry; pass --yes to confirm (stdin is not a terminal)")
+        if args.json:
+            raise CacheError("clear --json needs --yes")
         answer = input(f"remove {len(entries)} entries ({fmt.human_bytes(total)}) from {cache.path}? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             _out("nothing removed")
             return 1
     n = cache.clear() if cache.exists() else 0
+    if args.json:
+        _json({"removed": n, "bytes": total, "dir": cache.path})
+        return 0
     _out(f"removed {n} entr{'y' if n == 1 else 'ies'} ({fmt.human_bytes(total)}) from {cache.path}")
     return 0
 
@@ -350,10 +419,19 @@ def cmd_diff(cache, args, style):
         if e.meta is None:
             raise CacheError(f"entry {e.key[:12]} is damaged: {e.error}")
     ka, kb = a.key[:12], b.key[:12]
+    if args.json:
+        style = fmt.Style("never")
+        _out = _quiet  # the JSON document is the only output
+    else:
+        _out = _print
     _out(f"{style('first ', 'bold')} {ka}  {a.job}  {a.signature}  ({a.get('source') or '-'})")
     _out(f"{style('second', 'bold')} {kb}  {b.job}  {b.signature}  ({b.get('source') or '-'})")
     if a.key == b.key:
-        _out("the same entry")
+        if args.json:
+            _json({"first": a.key, "second": b.key, "differs": [], "report": [], "why": "the same entry",
+                   "diffs": []})
+        else:
+            _out("the same entry")
         return 0
     differs = []
     report = []
@@ -402,7 +480,11 @@ def cmd_diff(cache, args, style):
                                        style))
             else:
                 n = sum(1 for ln in difflib.ndiff(ta.splitlines(), tb.splitlines()) if ln[:1] in "+-")
-                report.append(f"{style('kernels', 'bold')}: {n} lines differ (--full shows them)")
+                report.append(f"{style(label, 'bold')}: {n} lines differ (--full shows them)")
+    if args.json:
+        _json({"first": a.key, "second": b.key, "differs": differs, "report": report,
+               "why": _explain(differs), "diffs": bodies})
+        return 0
     _out()
     if differs:
         _out(f"{style('differs in', 'bold')}: {', '.join(differs)}")
@@ -471,6 +553,9 @@ def _parser():
                    help="assembly for this host from the LLVM IR (GPU entries: the PTX)")
     s.add_argument("--all", action="store_true", help="every section")
     s.add_argument("--no-header", action="store_true", help="omit the summary")
+    s.add_argument("--dot", nargs="?", const="", default=None, metavar="FILE",
+                   help="write the fused kernel graph as Graphviz DOT (default JOB-KEY.dot, '-' for "
+                        "stdout; also SVG when `dot` is installed)")
     s.set_defaults(fn=cmd_show)
 
     s = sub.add_parser("stats", help="entries, size, hits, by job")
@@ -497,6 +582,9 @@ def _parser():
     s.add_argument("--full", action="store_true",
                    help="every text diff (also the optimized IR after a traced-IR change, and the kernels)")
     s.set_defaults(fn=cmd_diff)
+    for name, sp in sub.choices.items():
+        if not any("--json" in a.option_strings for a in sp._actions):
+            sp.add_argument("--json", action="store_true", help="the result as JSON")
     return p
 
 
@@ -508,7 +596,10 @@ def main(argv=None):
     try:
         return args.fn(cache, args, style)
     except CacheError as e:
-        _err(err_style, str(e))
+        if getattr(args, "json", False):
+            _json({"error": str(e)})
+        else:
+            _err(err_style, str(e))
         return 2
     except ValueError as e:  # bad --max-bytes and the like
         _err(err_style, str(e))

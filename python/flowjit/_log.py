@@ -1,0 +1,70 @@
+"""flowjit's diagnostics through the logging module (logger "flowjit").
+
+FLOWJIT_DEBUG sets the logger's level when the package is imported: unset or
+0 WARNING, 1 INFO (compile stages and times, why a job recompiled, ignored
+hints), 2 and more DEBUG. When FLOWJIT_DEBUG is set and nothing configured a
+handler for "flowjit", records go to stderr as "[flowjit] message". The IR
+and assembly dumps of levels 2-4 are written by the C++ core to stderr."""
+import logging
+import os
+import sys
+
+logger = logging.getLogger("flowjit")
+
+
+def debug_level() -> int:
+    try:
+        return int(os.environ.get("FLOWJIT_DEBUG", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def level_for(debug: int) -> int:
+    return logging.WARNING if debug <= 0 else logging.INFO if debug == 1 else logging.DEBUG
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time of the record."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+_handler = None
+_seen = None
+
+
+def configure() -> None:
+    """Applies FLOWJIT_DEBUG (read again whenever it changed, so setting it
+    in a running process, or flow.config.enable_debug_mode, takes effect)."""
+    global _handler, _seen
+    raw = os.environ.get("FLOWJIT_DEBUG")
+    if raw == _seen:
+        return
+    _seen = raw
+    debug = debug_level()
+    if debug <= 0:
+        if _handler is not None:
+            logger.setLevel(logging.NOTSET)
+        return
+    logger.setLevel(level_for(debug))
+    if _handler is None and not logger.handlers:
+        _handler = _StderrHandler()
+        _handler.setFormatter(logging.Formatter("[flowjit] %(message)s"))
+        logger.addHandler(_handler)
+
+
+def info(msg: str, *args) -> None:
+    configure()
+    logger.info(msg, *args)
+
+
+configure()

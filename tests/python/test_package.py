@@ -1,0 +1,299 @@
+"""The package around the compiler: metadata, interop inputs, lower()/compile(),
+the profile table and Chrome traces, logging, and the cache tool's --json
+and --dot."""
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import flowjit as flow
+import flowjit.typing as tp
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(**extra):
+    """The environment of a child Python that imports this flowjit, whatever the cwd."""
+    env = dict(os.environ, **extra)
+    pkg = str(Path(flow.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg, env.get("PYTHONPATH")]))
+    return env
+
+
+def test_version_is_written_once():
+    from flowjit import _version
+    assert flow.__version__ == _version.__version__
+    assert flow._C.build_info()["version"] == _version.__version__
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in text and "\nversion =" not in text
+
+
+def test_typed_and_licensed():
+    assert (ROOT / "python" / "flowjit" / "py.typed").exists()
+    assert "Apache License" in (ROOT / "LICENSE").read_text()[:200]
+    assert flow.global_function.__doc__
+
+
+def test_cache_tool_is_a_submodule():
+    env = _env(FLOWJIT_CACHE_DIR="/nonexistent-flowjit-cache")
+    r = subprocess.run([sys.executable, "-m", "flowjit.cache", "stats", "--json"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["entries"] == 0
+
+
+# ---------------------------------------------------------------- interop inputs
+
+@flow.global_function(type="predict")
+def add_one(x: tp.Numpy.Placeholder((2, 3), dtype=flow.float)) -> tp.Numpy:
+    return x + 1
+
+
+class ArrayOnly:
+    """An object with only __array__ (as many array libraries have)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __array__(self, dtype=None, copy=None):
+        return self.a
+
+
+def test_numpy_views_and_array_protocol():
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    view = base[:2, 1:]  # strided: copied into C order by the runtime
+    assert np.array_equal(add_one(view), view + 1)
+    assert np.array_equal(add_one(ArrayOnly(base[:2, :3])), base[:2, :3] + 1)
+
+
+def test_array_protocol_checks_dtype_and_shape_with_the_same_messages():
+    with pytest.raises(TypeError, match="declared float32 but the array is float64"):
+        add_one(ArrayOnly(np.zeros((2, 3))))
+    with pytest.raises(ValueError, match=r"declared with shape \(2, 3\) but the array has shape \(3, 2\)"):
+        add_one(ArrayOnly(np.zeros((3, 2), np.float32)))
+    with pytest.raises(TypeError, match="expects a numpy array .* or __array__ is accepted too"):
+        add_one("not an array")
+
+
+def test_dlpack_inputs_are_not_copied():
+    class DLPackOnly:
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kw):
+            return self.a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert np.shares_memory(flow._job._interop_array("j", "x", DLPackOnly(a)), a)
+    assert np.array_equal(add_one(DLPackOnly(a)), a + 1)
+
+
+def test_jax_arrays():
+    jnp = pytest.importorskip("jax.numpy")
+    x = jnp.arange(6, dtype=jnp.float32).reshape(2, 3)
+    out = add_one(x)
+    assert isinstance(out, np.ndarray)
+    assert np.array_equal(out, np.asarray(x) + 1)
+    with pytest.raises(TypeError, match="declared float32 but the array is int32"):
+        add_one(jnp.zeros((2, 3), dtype=jnp.int32))
+
+
+def test_torch_tensors():
+    torch = pytest.importorskip("torch")
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    assert np.shares_memory(flow._job._interop_array("j", "x", t), t.numpy())
+    assert np.array_equal(add_one(t), t.numpy() + 1)
+    assert np.array_equal(add_one(t.t().contiguous().t()), t.numpy() + 1)  # a strided view
+
+
+# ---------------------------------------------------------------- lower() / compile()
+
+@flow.global_function(type="train")
+def lower_train(x: tp.Numpy.Placeholder((4, 3), dtype=flow.float)) -> tp.Numpy:
+    w = flow.get_variable("lower_train_w", shape=(3, 2), initializer=flow.ones_initializer())
+    loss = flow.math.reduce_mean(flow.matmul(x, w))
+    flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss)
+    return loss
+
+
+def test_lower_compile_does_not_run_a_train_job():
+    lowered = lower_train.lower((4, 3))
+    assert lowered.signature == ((4, 3),)
+    compiled = lowered.compile()
+    assert isinstance(compiled, flow.CompiledJob)
+    values = flow.get_all_variables()
+    assert np.array_equal(values["lower_train_w"], np.ones((3, 2), np.float32))  # not trained
+    step = values["System-Train-TrainStep-lower_train"]
+    assert int(np.asarray(step)) == 0
+    assert "matmul" in compiled.as_text("optimized")
+    assert compiled.as_text("fusion") and compiled.as_text("kernels")
+    assert compiled.llvm_ir  # kept for inspection
+    assert compiled.num_kernels >= 2
+    assert lower_train.compiled_jobs()[0].cache_key == compiled.cache_key
+    # The call after compile() runs without compiling again.
+    lower_train(np.ones((4, 3), np.float32))
+    assert len(lower_train.compiled_jobs()) == 1
+    assert not np.array_equal(flow.get_all_variables()["lower_train_w"], np.ones((3, 2), np.float32))
+
+
+def test_lower_checks_shapes_and_takes_arrays():
+    with pytest.raises(ValueError, match=r"declared with shape \(2, 3\) but lower\(\) was given shape"):
+        add_one.lower((3, 2))
+    assert add_one.lower(np.zeros((2, 3), np.float32)).signature == ((2, 3),)
+    assert add_one.lower().signature == ((2, 3),)
+    with pytest.raises(ValueError, match="stage must be one of"):
+        add_one.compile().as_text("nope")
+
+
+# ---------------------------------------------------------------- profile and traces
+
+PROFILE_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import flowjit as flow
+    import flowjit.typing as tp
+
+    @flow.global_function(type="predict")
+    def mlp(x: tp.Numpy.Placeholder((64, 128), dtype=flow.float)) -> tp.Numpy:
+        h = flow.layers.dense(x, 256, activation=flow.nn.relu, name="h")
+        return flow.math.reduce_sum(flow.math.exp(h), axis=1)
+
+    x = np.random.rand(64, 128).astype(np.float32)
+    for _ in range(5):
+        mlp(x)
+    table = mlp.profile()
+    print(table)
+    rows = table.as_dicts()
+    json.dump({"rows": rows, "total_s": table.total_s}, open(sys.argv[1] + ".rows.json", "w"))
+    mlp.export_chrome_trace(sys.argv[1])
+""")
+
+
+def test_profile_table_and_chrome_trace(tmp_path):
+    trace = tmp_path / "trace.json"
+    env = _env(FLOWJIT_PROFILE="1", FLOWJIT_DISABLE_CACHE="1")
+    r = subprocess.run([sys.executable, "-c", PROFILE_SCRIPT, str(trace)], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    header = next(ln for ln in lines if ln.startswith("kernel"))
+    for col in ("calls", "total ms", "mean us", "GFLOP/s", "GB/s", "share"):
+        assert col in header
+    rows = json.loads(Path(str(trace) + ".rows.json").read_text())["rows"]
+    assert rows and all(row["calls"] == 5 for row in rows)
+    mm = next(row for row in rows if "matmul" in row["kernel"])
+    assert mm["gflops"] and mm["gflops"] > 0 and mm["gbps"] > 0
+    assert abs(sum(row["share"] for row in rows) - 1) < 1e-6
+    # The table's columns line up: every data row is as long as the header or shorter.
+    table_rows = [ln for ln in lines if ln.startswith(("k", "total"))]
+    assert len({ln.index(ln.split()[1]) for ln in table_rows if not ln.startswith("total")}) >= 1
+
+    doc = json.loads(trace.read_text())  # Chrome's JSON object format, which Perfetto reads
+    events = doc["traceEvents"]
+    for e in events:
+        assert {"name", "ph", "pid", "tid"} <= set(e)
+        assert e["ph"] in ("X", "M")
+        if e["ph"] == "X":
+            assert isinstance(e["ts"], (int, float)) and e["dur"] >= 0
+    kernels = [e for e in events if e.get("cat") == "kernel"]
+    stages = [e for e in events if e.get("cat") == "compile"]
+    assert len(kernels) == 5 * len(rows)
+    assert {e["args"]["device"] for e in kernels} == {"cpu:0"}
+    assert {"trace", "codegen"} <= {e["name"] for e in stages}
+    assert min(e["ts"] for e in stages) <= min(e["ts"] for e in kernels)
+    assert any(e["name"] == "thread_name" for e in events)
+
+
+def test_kernel_costs_from_kernel_text():
+    from flowjit._inspect import kernel_costs
+    text = textwrap.dedent("""\
+        kernel k1_matmul_add matmul domain=[8,4]
+          arg0: f32[4] r
+          arg1: f32[32] w
+          arg2: f32[256] r
+          arg3: f32[128] r
+          mm: batch=1 m=8 n=4 k=32 a=arg2[0,32,1]+0 b=arg3[0,1,32]+0
+          $0 = acc : f32
+          $1 = load arg0[0,1]+0 : f32
+          $2 = add $0, $1 : f32
+          store $2 -> arg1[4,1]+0
+        kernel k0_add loop domain=[10]
+          arg0: f32[10] r w
+          $0 = load arg0[1]+0 : f32
+          $1 = const 1 : f32
+          $2 = add $0, $1 : f32
+          store $2 -> arg0[1]+0
+        """)
+    c = kernel_costs(text)
+    assert c["k1_matmul_add"].flops == 2 * 8 * 4 * 32 + 32
+    assert c["k1_matmul_add"].bytes == 4 * (4 + 32 + 256 + 128)
+    assert c["k0_add"].flops == 10 and c["k0_add"].bytes == 80
+
+
+# ---------------------------------------------------------------- logging
+
+def test_diagnostics_go_through_logging(caplog):
+    @flow.global_function(type="predict")
+    def logged(x: tp.ListNumpy.Placeholder((8,), dtype=flow.float)) -> tp.ListNumpy:
+        return x * 2
+
+    with caplog.at_level(logging.INFO, logger="flowjit"):
+        logged([np.ones(4, np.float32)])
+        logged([np.ones(5, np.float32)])
+    msgs = [r.getMessage() for r in caplog.records if r.name == "flowjit"]
+    assert any("compiled in" in m for m in msgs)
+    assert any("cache miss, recompiling because" in m for m in msgs)
+
+
+def test_flowjit_debug_maps_to_levels():
+    from flowjit import _log
+    assert _log.level_for(0) == logging.WARNING
+    assert _log.level_for(1) == logging.INFO
+    assert _log.level_for(3) == logging.DEBUG
+
+
+# ---------------------------------------------------------------- the cache tool
+
+def test_cache_json_and_dot(tmp_path):
+    cache = tmp_path / "cache"
+    script = textwrap.dedent("""
+        import numpy as np, flowjit as flow, flowjit.typing as tp
+        @flow.global_function(type="predict")
+        def dotjob(x: tp.Numpy.Placeholder((16, 8), dtype=flow.float)) -> tp.Numpy:
+            h = flow.layers.dense(x, 4, activation=flow.nn.relu, name="dot_h")
+            return flow.math.reduce_sum(h * h, axis=1)
+        dotjob(np.ones((16, 8), np.float32))
+    """)
+    env = _env(FLOWJIT_CACHE_DIR=str(cache))
+    env.pop("FLOWJIT_DISABLE_CACHE", None)
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+
+    def tool(*argv):
+        p = subprocess.run([sys.executable, "-m", "flowjit.cache", "--dir", str(cache), *argv], env=env,
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        return p
+
+    listed = json.loads(tool("list", "--json").stdout)
+    key = next(e["key"] for e in listed if e.get("job") == "dotjob")
+    for argv in (("show", key), ("stats",), ("verify",), ("gc", "--dry-run"), ("diff", key, key)):
+        p = tool(*argv, "--json")
+        assert p.returncode == 0, (argv, p.stderr)
+        json.loads(p.stdout)
+    assert "sections" in json.loads(tool("show", key, "--json").stdout)
+    p = tool("show", key, "--dot", "g.dot")
+    assert p.returncode == 0, p.stderr
+    dot = (tmp_path / "g.dot").read_text()
+    assert dot.startswith('digraph "dotjob"') and "->" in dot and "matmul" in dot
+    assert "I0 ->" in dot and "-> O0" in dot
+    bad = tool("show", "ffffffffffff", "--json")
+    assert bad.returncode == 2 and "error" in json.loads(bad.stdout)

@@ -1,6 +1,0 @@
-"""python -m flowjit_cache: the same as the flowjit-cache command."""
-import sys
-
-from .cli import main
-
-sys.exit(main())
