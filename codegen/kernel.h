@@ -125,7 +125,7 @@ struct KernelArg {
 
 struct Kernel {
   // Collective: no code; the runtime runs the collective that `name`
-  // describes (runtime/collective_step.h) with args {operand, result}.
+  // describes (runtime::CollectiveStep in runtime/executable.h) with args {operand, result}.
   enum class Kind : uint8_t { Loop, MatMul, Collective };
 
   std::string name;  // symbol name, unique within a module
