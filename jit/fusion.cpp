@@ -591,6 +591,7 @@ class Fuser {
     std::vector<std::string> var_writes;
     std::vector<std::string> var_reads;
     std::vector<const Node*> computes;  // members, for the description
+    std::optional<runtime::CollectiveStep> collective;  // a collective's launch: no kernel code
   };
 
   class KernelBuilder {
@@ -867,6 +868,7 @@ class Fuser {
         l.args.push_back(r);
       }
       l.summary = b.k.summary;
+      l.collective = b.collective;
       plan.launches.push_back(l);
       // Description: name, computed values, stores.
       desc << b.k.name << ":";
@@ -890,8 +892,8 @@ class Fuser {
     out.description = desc.str();
   }
 
-  // A collective's launch: no kernel code, args {operand, result}, the
-  // collective's description in the name (runtime/collective_step.h).
+  // A collective's launch: no kernel code, args {operand, result}, and the
+  // typed step the runtime runs (the name is for dumps only).
   Built build_collective(Group& g) {
     Built b;
     Kernel& k = b.k;
@@ -929,6 +931,19 @@ class Fuser {
              ".p" + std::to_string(parts) + ".o" + std::to_string(outer) + ".i" + std::to_string(inner);
     k.summary = op + " " + x->type().str() + " -> " + c->type().str() + " over " +
                 std::to_string(parts) + " devices";
+    runtime::CollectiveStep step;
+    switch (c->op()) {
+      case OpKind::AllReduce: step.op = runtime::CollectiveStep::Op::AllReduce; break;
+      case OpKind::AllGather: step.op = runtime::CollectiveStep::Op::AllGather; break;
+      case OpKind::ReduceScatter: step.op = runtime::CollectiveStep::Op::ReduceScatter; break;
+      case OpKind::LocalSlice: step.op = runtime::CollectiveStep::Op::LocalSlice; break;
+      default: FJ_CHECK(false, "build_collective: ", op_name(c->op()));
+    }
+    step.dtype = c->dtype();
+    step.parts = parts;
+    step.outer = outer;
+    step.inner = inner;
+    b.collective = step;
     b.computes.push_back(c.get());
     return b;
   }

@@ -82,7 +82,7 @@ ir::TensorType parse_type(const std::string& s) {
 
 std::string Plan::serialize() const {
   std::ostringstream os;
-  os << "flowjit-plan 1\n";
+  os << "flowjit-plan 2\n";
   os << "job " << job_name << "\n";
   os << "arena " << arena_bytes << "\n";
   for (auto& t : inputs) os << "input " << type_text(t) << "\n";
@@ -92,6 +92,9 @@ std::string Plan::serialize() const {
     os << "launch " << l.symbol << " " << l.range << " " << l.grain << " " << l.scratch_bytes;
     for (auto& a : l.args) os << " " << kind_tag(a.kind) << a.index << "+" << a.offset_bytes;
     os << "\n";
+    if (const auto& c = l.collective)
+      os << "collective " << collective_op_name(c->op) << " " << ir::dtype_short_name(c->dtype) << " "
+         << c->parts << " " << c->outer << " " << c->inner << "\n";
     os << "summary " << l.summary << "\n";
   }
   os << "end\n";
@@ -102,7 +105,7 @@ Plan Plan::deserialize(const std::string& text) {
   Plan p;
   std::istringstream is(text);
   std::string line;
-  if (!std::getline(is, line) || line != "flowjit-plan 1") bad_plan("missing header");
+  if (!std::getline(is, line) || line != "flowjit-plan 2") bad_plan("missing header");
   bool ended = false;
   try {
     while (std::getline(is, line)) {
@@ -143,6 +146,24 @@ Plan Plan::deserialize(const std::string& text) {
         }
         if (ls.bad() || l.symbol.empty()) bad_plan("bad launch line");
         p.launches.push_back(std::move(l));
+      } else if (key == "collective") {
+        if (p.launches.empty()) bad_plan("collective before launch");
+        std::string op, dt;
+        CollectiveStep c;
+        if (!(ls >> op >> dt >> c.parts >> c.outer >> c.inner)) bad_plan("bad collective line '" + line + "'");
+        bool known = false;
+        for (auto o : {CollectiveStep::Op::AllReduce, CollectiveStep::Op::AllGather,
+                       CollectiveStep::Op::ReduceScatter, CollectiveStep::Op::LocalSlice})
+          if (op == collective_op_name(o)) {
+            c.op = o;
+            known = true;
+          }
+        if (!known) bad_plan("unknown collective '" + op + "'");
+        auto d = ir::dtype_from_short_name(dt);
+        if (!d) bad_plan("bad dtype in '" + line + "'");
+        c.dtype = *d;
+        if (c.parts < 1 || c.outer < 0 || c.inner < 0) bad_plan("bad sizes in '" + line + "'");
+        p.launches.back().collective = c;
       } else if (key == "summary") {
         if (p.launches.empty()) bad_plan("summary before launch");
         std::getline(ls >> std::ws, p.launches.back().summary);
@@ -221,44 +242,25 @@ void Executable::record(size_t li, std::chrono::steady_clock::time_point t0) {
   }
 }
 
-CollectiveStep CollectiveStep::parse(const std::string& symbol) {
-  // @k<id>.<op>.<dtype>.p<parts>.o<outer>.i<inner>
-  std::vector<std::string> f;
-  std::stringstream ss(symbol);
-  std::string item;
-  while (std::getline(ss, item, '.')) f.push_back(item);
-  if (f.size() != 6 || f[3].size() < 2 || f[4].size() < 2 || f[5].size() < 2 || f[3][0] != 'p' ||
-      f[4][0] != 'o' || f[5][0] != 'i')
-    bad_plan("bad collective '" + symbol + "'");
-  CollectiveStep c{};
-  if (f[1] == "all_reduce") c.op = Op::AllReduce;
-  else if (f[1] == "all_gather") c.op = Op::AllGather;
-  else if (f[1] == "reduce_scatter") c.op = Op::ReduceScatter;
-  else if (f[1] == "local_slice") c.op = Op::LocalSlice;
-  else bad_plan("unknown collective '" + f[1] + "'");
-  auto dt = ir::dtype_from_short_name(f[2]);
-  if (!dt) bad_plan("bad dtype in '" + symbol + "'");
-  c.dtype = *dt;
-  try {
-    c.parts = std::stoll(f[3].substr(1));
-    c.outer = std::stoll(f[4].substr(1));
-    c.inner = std::stoll(f[5].substr(1));
-  } catch (const std::exception&) {
-    bad_plan("bad number in '" + symbol + "'");
+const char* collective_op_name(CollectiveStep::Op op) {
+  switch (op) {
+    case CollectiveStep::Op::AllReduce: return "all_reduce";
+    case CollectiveStep::Op::AllGather: return "all_gather";
+    case CollectiveStep::Op::ReduceScatter: return "reduce_scatter";
+    case CollectiveStep::Op::LocalSlice: return "local_slice";
   }
-  if (c.parts < 1 || c.outer < 0 || c.inner < 0) bad_plan("bad sizes in '" + symbol + "'");
-  return c;
+  return "?";
 }
 
 Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<void> code_owner)
     : plan_(std::move(plan)), fns_(std::move(fns)), code_owner_(std::move(code_owner)) {
   FJ_CHECK(fns_.size() == plan_.launches.size(), "one function per launch");
   for (auto& l : plan_.launches) {
-    if (is_collective_symbol(l.symbol)) {
+    if (l.collective) {
       FJ_USER_CHECK(l.args.size() == 2, ErrorKind::Value, "corrupt compiled plan: collective ",
                     l.symbol, " needs 2 buffers");
       collective_index_.push_back(static_cast<int>(collectives_.size()));
-      collectives_.push_back(CollectiveStep::parse(l.symbol));
+      collectives_.push_back(*l.collective);
     } else {
       collective_index_.push_back(-1);
     }

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,26 +36,28 @@ struct BufferRef {
   }
 };
 
+// A collective run between kernels (args {operand, result}): op, dtype,
+// parts, and the [outer][inner] element counts of one device's piece (see
+// runtime/collective.h).
+struct CollectiveStep {
+  enum class Op : uint8_t { AllReduce, AllGather, ReduceScatter, LocalSlice } op = Op::AllReduce;
+  ir::DType dtype = ir::DType::Float32;
+  int64_t parts = 1, outer = 1, inner = 1;
+  bool operator==(const CollectiveStep& o) const {
+    return op == o.op && dtype == o.dtype && parts == o.parts && outer == o.outer && inner == o.inner;
+  }
+};
+const char* collective_op_name(CollectiveStep::Op op);
+
 struct Launch {
-  std::string symbol;
+  std::string symbol;  // the kernel's symbol; for a collective, a name for dumps only
   std::vector<BufferRef> args;
   int64_t range = 1;  // iterations of the parallel loop
   int64_t grain = 1;  // smallest chunk worth a task
   int64_t scratch_bytes = 0;
   std::string summary;  // what the kernel computes, for dumps
+  std::optional<CollectiveStep> collective;  // set: no code, the runtime runs this collective
 };
-
-// A launch whose symbol starts with '@' runs a collective instead of code:
-// "@k3.all_gather.f32.p2.o4.i128" (op, dtype, parts, and the [outer][inner]
-// element counts of one device's piece, see runtime/collective.h).
-struct CollectiveStep {
-  enum class Op : uint8_t { AllReduce, AllGather, ReduceScatter, LocalSlice } op;
-  ir::DType dtype;
-  int64_t parts = 1, outer = 1, inner = 1;
-  // Throws UserError(Value) on a malformed symbol.
-  static CollectiveStep parse(const std::string& symbol);
-};
-inline bool is_collective_symbol(const std::string& s) { return !s.empty() && s[0] == '@'; }
 
 struct Plan {
   std::string job_name;

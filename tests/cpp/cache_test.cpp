@@ -44,7 +44,7 @@ CacheEntry sample_entry(const std::string& key, size_t object_bytes = 1000) {
   CacheEntry e;
   e.key = key;
   for (size_t i = 0; i < object_bytes; ++i) e.object.push_back(static_cast<char>(i * 7 + 3));
-  e.plan = "flowjit-plan 1\njob t\narena 0\nend\n";
+  e.plan = "flowjit-plan 2\njob t\narena 0\nend\n";
   e.ir_traced = "graph t {\n}\n";
   e.ir_optimized = "graph t {\n}\n";
   e.fusion_plan = "k0: -> out0\n";

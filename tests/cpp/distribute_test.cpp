@@ -159,16 +159,21 @@ TEST(Distribute, FusionMakesCollectivesLaunchesWithoutCode) {
   for (size_t i = 0; i < fp.kernels.size(); ++i) {
     if (fp.kernels[i].kind != codegen::Kernel::Kind::Collective) continue;
     ++collectives;
-    const std::string& sym = fp.plan.launches[i].symbol;
-    ASSERT_TRUE(runtime::is_collective_symbol(sym)) << sym;
-    runtime::CollectiveStep c = runtime::CollectiveStep::parse(sym);
+    ASSERT_TRUE(fp.plan.launches[i].collective.has_value()) << fp.plan.launches[i].symbol;
+    const runtime::CollectiveStep& c = *fp.plan.launches[i].collective;
     EXPECT_EQ(c.op, runtime::CollectiveStep::Op::AllReduce);
     EXPECT_EQ(c.inner, 4);
     EXPECT_EQ(fp.plan.launches[i].args.size(), 2u);
   }
   EXPECT_EQ(collectives, 1) << fp.description;
-  EXPECT_THROW(runtime::CollectiveStep::parse("@k1.all_reduce.f32.p2.o1"), UserError);
-  EXPECT_THROW(runtime::CollectiveStep::parse("@k1.shuffle.f32.p2.o1.i3"), UserError);
+  // The typed step survives the plan's text form; malformed ones are refused.
+  runtime::Plan back = runtime::Plan::deserialize(fp.plan.serialize());
+  for (size_t i = 0; i < fp.plan.launches.size(); ++i)
+    EXPECT_EQ(back.launches[i].collective, fp.plan.launches[i].collective) << i;
+  std::string head = "flowjit-plan 2\njob t\narena 0\nlaunch @k1 1 1 0 A0+0 A0+0\n";
+  EXPECT_THROW(runtime::Plan::deserialize(head + "collective all_reduce f32 2 1\nend\n"), UserError);
+  EXPECT_THROW(runtime::Plan::deserialize(head + "collective shuffle f32 2 1 3\nend\n"), UserError);
+  EXPECT_NO_THROW(runtime::Plan::deserialize(head + "collective all_gather f32 2 1 3\nend\n"));
 }
 
 // ---------------------------------------------------------------- communicator

@@ -510,8 +510,10 @@ def test_cli_as_module_and_console_script(populated):
     p = subprocess.run([sys.executable, "-m", "flowjit.cache", "stats"], env=env, capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0 and re.search(r"^entries\s+4$", p.stdout, re.M), p.stderr
-    exe = shutil.which("flowjit-cache")
+    # The script of this interpreter's installation (a venv's bin is not on
+    # PATH when its python is run directly), else whatever PATH has.
+    exe = shutil.which("flowjit-cache", path=os.path.dirname(sys.executable)) or shutil.which("flowjit-cache")
     if exe is None:
-        pytest.skip("the flowjit-cache console script is not installed on PATH")
+        pytest.skip("the flowjit-cache console script is not installed next to python or on PATH")
     p = subprocess.run([exe, "list", "--job", "fit"], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.splitlines()[-1].startswith("1 entry, "), p.stderr

@@ -191,11 +191,11 @@ def launches_problem(text, num_kernels=None):
 def plan_problem(text, num_kernels=None):
     """A light check of a serialized runtime::Plan; None when it looks whole."""
     lines = text.splitlines()
-    if not lines or lines[0] != "flowjit-plan 1":
+    if not lines or lines[0] != "flowjit-plan 2":
         return "missing header"
     if "end" not in lines:
         return "truncated (no 'end' line)"
-    known = {"job", "arena", "input", "output", "variable", "launch", "summary", "end"}
+    known = {"job", "arena", "input", "output", "variable", "launch", "collective", "summary", "end"}
     launches = 0
     for ln in lines[1:lines.index("end")]:
         word = ln.split(" ", 1)[0]
