@@ -266,6 +266,15 @@ std::optional<View> resolve_view(const NodeRef& n) {
   }
 }
 
+// A matmul reads an operand's batch dims as one stride: they must collapse
+// (a batch broadcast by numpy rules or a transposed batch does not, and is
+// copied first).
+bool batch_collapses(const View& v, const NodeRef& x) {
+  for (int i = 0; i + 1 < x->rank() - 2; ++i)
+    if (v.strides[i] != v.strides[i + 1] * x->shape()[i + 1]) return false;
+  return true;
+}
+
 bool is_contiguous_view(const NodeRef& n) {
   auto v = resolve_view(n);
   return v && v->plain() && v->offset == 0 && v->strides == contiguous_strides(n->shape());
@@ -377,7 +386,9 @@ class Fuser {
         // own offsets and coordinates).
         for (auto& x : in) {
           auto v = resolve_view(x);
-          if (!v || !v->plain() || is_duplicable(v->base)) x = identity(x);
+          if (!v || !v->plain() || is_duplicable(v->base) ||
+              (n->op() == OpKind::MatMul && !batch_collapses(*v, x)))
+            x = identity(x);
         }
       } else if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) {
         if (!is_contiguous_view(in[0])) in[0] = identity(in[0]);

@@ -105,7 +105,8 @@ def pad(x, paddings, constant_value=0, mode="constant", name=None):
             parts = [_slice_dim(y, d, lo, 0, -1, "pad")] if lo else []
             parts.append(y)
             if hi:
-                parts.append(_slice_dim(y, d, n - 2, n - 2 - hi, -1, "pad"))
+                stop = n - 2 - hi
+                parts.append(_slice_dim(y, d, n - 2, stop if stop >= 0 else None, -1, "pad"))
         else:
             if n == 0:
                 _trace.fail(ValueError, f"pad: cannot replicate the edge of the empty dim {d}")

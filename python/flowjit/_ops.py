@@ -306,8 +306,8 @@ def broadcast_like(x, like, broadcast_axes=None, name=None):
 
 def _matmul_batches(a, b):
     """a and b with their batch axes broadcast to one shape (numpy rules).
-    A 2-D b stays shared; a broadcast operand is copied (identity), since the
-    GEMM reads each operand's batch as one stride."""
+    A 2-D b stays shared; fusion copies a broadcast operand, since the GEMM
+    reads each operand's batch as one stride."""
     if not isinstance(a, Blob) or not isinstance(b, Blob) or len(a.shape) < 2 or len(b.shape) < 2:
         return a, b
     ra, rb = len(a.shape), len(b.shape)
@@ -327,7 +327,7 @@ def _matmul_batches(a, b):
         full = batch + list(x.shape[-2:])
         if list(x.shape) == full:
             return x
-        return identity(broadcast_to(x, full))
+        return broadcast_to(x, full)
     return widen(a), widen(b)
 
 
