@@ -319,8 +319,8 @@ def _matmul_batches(a, b):
     batch = []
     for x, y in zip(ba, bb):
         if x != y and 1 not in (x, y):
-            _trace.fail(ValueError, f"matmul: batch dimensions of {tuple(a.shape)} and {tuple(b.shape)} "
-                        f"cannot be broadcast together (numpy rules)")
+            _trace.fail(ValueError, f"matmul: batch dimensions differ and cannot be broadcast together "
+                        f"(numpy rules): a is {tuple(a.shape)}, b is {tuple(b.shape)}")
         batch.append(max(x, y) if 0 not in (x, y) else 0)
 
     def widen(x):

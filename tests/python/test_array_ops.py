@@ -393,5 +393,6 @@ def test_bad_arguments():
     _fails(lambda a: flow.sort(a, direction="UP"), [x], ValueError, r"sort: direction must be")
     _fails(lambda a: flow.expand(a, [2, 4, 5]), [x], ValueError, r"expand: dim 1 of the input")
     _fails(lambda a, b: flow.matmul(a, b), [rnd(2, 3, 4), rnd(3, 4, 2)], ValueError,
-           r"matmul: batch dimensions of \(2, 3, 4\) and \(3, 4, 2\) cannot be broadcast")
+           r"matmul: batch dimensions differ and cannot be broadcast together \(numpy rules\): "
+           r"a is \(2, 3, 4\), b is \(3, 4, 2\)")
     _fails(lambda a: flow.assign(a, a), [x], TypeError, r"assign: ref must be a variable")
