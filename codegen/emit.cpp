@@ -234,7 +234,8 @@ Value* ExprEmitter::lane_offsets(int64_t stride) {
   return llvm::ConstantVector::get(lanes);
 }
 
-// A load through guarded coordinates (ir/conv.h geometry): lanes whose
+// A load through guarded coordinates (ir/conv.h geometry) and indirect ones
+// (gathers: an index value clamped into range): lanes whose
 // element does not exist read `pad`. Coordinates out of range are clamped to
 // 0, so every address formed is inside the buffer even where it is unused.
 Value* ExprEmitter::guarded_load(const Access& a, DType t) {
@@ -244,6 +245,13 @@ Value* ExprEmitter::guarded_load(const Access& a, DType t) {
   auto k64 = [&](int64_t v) { return splat(b_.getInt64(v), width); };
   Value* off = index_value(a.strides, a.offset);
   Value* valid = nullptr;
+  for (const Indirect& ind : a.indirect) {
+    const KNode& in = k_.nodes.at(ind.node);
+    Value* iv = cast(eval(ind.node), in.dtype, DType::Int64);
+    iv = b_.CreateSelect(b_.CreateICmpSLT(iv, k64(0)), k64(0), iv);
+    iv = b_.CreateSelect(b_.CreateICmpSGT(iv, k64(ind.limit - 1)), k64(ind.limit - 1), iv);
+    off = b_.CreateAdd(off, b_.CreateMul(iv, k64(ind.stride)));
+  }
   for (const Coord& co : a.coords) {
     Value* cv = index_value(co.coef, co.c0);
     Value* ok = b_.CreateAnd(b_.CreateICmpSGE(cv, k64(0)), b_.CreateICmpSLT(cv, k64(co.limit * co.div)));
@@ -262,9 +270,10 @@ Value* ExprEmitter::guarded_load(const Access& a, DType t) {
   Value* v;
   if (width == 1) {
     v = b_.CreateAlignedLoad(mt, b_.CreateGEP(mt, base, off), align);
-    v = b_.CreateSelect(valid, v, pad);
+    if (valid) v = b_.CreateSelect(valid, v, pad);
   } else {
-    Value* m = mask ? b_.CreateAnd(valid, mask) : valid;
+    Value* all = llvm::Constant::getAllOnesValue(with_width(b_.getInt1Ty(), width));
+    Value* m = valid ? (mask ? b_.CreateAnd(valid, mask) : valid) : (mask ? mask : all);
     v = b_.CreateMaskedGather(with_width(mt, width), b_.CreateGEP(mt, base, off), align, m, pad);
   }
   if (t == DType::Bool) v = b_.CreateICmpNE(v, llvm::Constant::getNullValue(v->getType()));
@@ -272,7 +281,7 @@ Value* ExprEmitter::guarded_load(const Access& a, DType t) {
 }
 
 Value* ExprEmitter::load(const Access& a, DType t) {
-  if (!a.coords.empty()) return guarded_load(a, t);
+  if (!a.coords.empty() || !a.indirect.empty()) return guarded_load(a, t);
   llvm::LLVMContext& c = b_.getContext();
   llvm::Type* mt = mem_type(c, t);
   Value* base = args_.at(a.arg);

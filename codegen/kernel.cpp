@@ -29,7 +29,7 @@ void Kernel::finalize() {
     switch (n.kind) {
       case KOp::Load: {
         const Access& a = loads.at(n.access);
-        kept = !varies_on_reduced(a.strides);
+        kept = kept && !varies_on_reduced(a.strides);  // operands: indirect indices
         for (const Coord& c : a.coords) kept &= !varies_on_reduced(c.coef);
         break;
       }
@@ -131,6 +131,9 @@ std::string access_str(const Access& a) {
     if (c.div != 1) s += " /" + std::to_string(c.div);
     s += " <" + std::to_string(c.limit) + " *" + std::to_string(c.stride) + ")";
   }
+  for (const Indirect& i : a.indirect)
+    s += " indirect($" + std::to_string(i.node) + " <" + std::to_string(i.limit) + " *" +
+         std::to_string(i.stride) + ")";
   if (!a.coords.empty() && a.pad != 0) {
     std::ostringstream p;
     p << a.pad;

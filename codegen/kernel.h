@@ -47,23 +47,37 @@ struct Coord {
   }
 };
 
+// An indirect coordinate (gathers): the integer value of KNode `node`,
+// evaluated at the same domain point, clamped into [0, limit), adds
+// value * stride to the element offset. The node is an operand of the load.
+struct Indirect {
+  int node = -1;
+  int64_t limit = 1;
+  int64_t stride = 0;
+  bool operator==(const Indirect& o) const {
+    return node == o.node && limit == o.limit && stride == o.stride;
+  }
+};
+
 // An access to one kernel argument: affine in the domain indices, plus
-// guarded coordinates. A load of an element that does not exist (some
-// coordinate out of range) yields `pad`; stores never have coordinates.
+// guarded and indirect coordinates. A load of an element that does not exist
+// (some guarded coordinate out of range) yields `pad`; stores never have
+// coordinates.
 struct Access {
   int arg = -1;                  // index into Kernel::args
   std::vector<int64_t> strides;  // elements per domain index, one per domain dim
   int64_t offset = 0;            // elements
   std::vector<Coord> coords;
   double pad = 0;
+  std::vector<Indirect> indirect;
   bool operator==(const Access& o) const {
     return arg == o.arg && strides == o.strides && offset == o.offset && coords == o.coords &&
-           pad == o.pad;
+           pad == o.pad && indirect == o.indirect;
   }
 };
 
 enum class KOp : uint8_t {
-  Load,       // access
+  Load,       // access; operands: the index nodes of its indirect coordinates
   Const,      // value
   Index,      // sum over d of idx[d] * index_strides[d], as `dtype`
   Random,     // op = RandomUniform/RandomNormal/TruncatedNormal; counter from index_strides

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "ir/array.h"
 #include "ir/conv.h"
 #include "ir/error.h"
 #include "ir/node.h"
@@ -268,6 +269,11 @@ TensorType infer_type(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attr
     case OpKind::Window:
     case OpKind::Unwindow:
       return infer_conv_family(op, inputs, attrs);
+    case OpKind::Pad:
+    case OpKind::Slice:
+    case OpKind::Gather:
+    case OpKind::GatherNd:
+      return infer_array_view(op, inputs, attrs);
     case OpKind::RandomUniformAt: {
       const TensorType& off = in(inputs, 0);
       FJ_USER_CHECK(off.dtype == DType::Int64 && off.rank() == 0, kType,

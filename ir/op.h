@@ -31,6 +31,8 @@ enum OpTrait : uint32_t {
   kTranscendental = 1u << 9,  // costs a polynomial evaluation per element
   kCheap = 1u << 10,          // recomputed in every consumer instead of stored
   kCollective = 1u << 11,     // communicates between the devices of a distributed job
+  kAddressed = 1u << 12,      // view read through computed addresses (offsets, guarded or
+                              // indirect coordinates): its operands must be in memory
 };
 
 enum class GradKind : uint8_t { Rule, Zero, None };
@@ -51,5 +53,6 @@ inline bool is_effect(OpKind k) { return has_trait(k, kEffect); }
 inline bool is_collective(OpKind k) { return has_trait(k, kCollective); }
 inline bool is_contraction(OpKind k) { return has_trait(k, kContraction); }
 inline bool is_cheap(OpKind k) { return has_trait(k, kCheap); }
+inline bool is_addressed(OpKind k) { return has_trait(k, kAddressed); }
 
 }  // namespace flowjit::ir

@@ -1,6 +1,8 @@
 // autodiff: reverse-mode differentiation on the IR, one VJP rule per op.
 #include "jit/autodiff.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -176,6 +178,115 @@ Grads vjp_Window(const NodeRef& n, const NodeRef& dy) {
   IntList taps;
   for (int i = 0; i < S; ++i) taps.push_back(u->rank() - S + i);
   return {reduce(OpKind::ReduceSum, u, taps, false)};
+}
+
+// Array views (ir/array.h). A pad's gradient is the strided slice it
+// placed its operand at; a slice's is the pad that puts it back.
+Grads vjp_Pad(const NodeRef& n, const NodeRef& dy) {
+  const Attrs& a = n->attrs();
+  IntList step = a.get_ints("interior");
+  for (auto& s : step) s += 1;
+  Attrs sa{{"begin", a.get_ints("pads_lo")}, {"step", step}, {"shape", n->input(0)->shape()}};
+  return {make_node(OpKind::Slice, {dy}, sa, n->loc())};
+}
+Grads vjp_Slice(const NodeRef& n, const NodeRef& dy) {
+  const Shape& x = n->input(0)->shape();
+  const IntList &begin = n->attrs().get_ints("begin"), &step = n->attrs().get_ints("step");
+  const Shape& out = n->shape();
+  int r = n->rank();
+  IntList lo(r), hi(r), interior(r), rbegin(r), rstep(r, 1);
+  bool reverse = false;
+  for (int d = 0; d < r; ++d) {
+    if (out[d] == 0) {  // nothing was read: the gradient is all padding
+      lo[d] = x[d];
+      hi[d] = interior[d] = 0;
+      continue;
+    }
+    int64_t last = begin[d] + (out[d] - 1) * step[d];
+    int64_t first = std::min(begin[d], last);
+    lo[d] = first;
+    hi[d] = x[d] - 1 - std::max(begin[d], last);
+    interior[d] = std::abs(step[d]) - 1;
+    if (step[d] < 0) {
+      reverse = true;
+      rbegin[d] = out[d] - 1;
+      rstep[d] = -1;
+    }
+  }
+  NodeRef g = dy;
+  if (reverse) g = make_node(OpKind::Slice, {dy}, Attrs{{"begin", rbegin}, {"step", rstep}, {"shape", out}}, n->loc());
+  Attrs pa{{"pads_lo", lo}, {"pads_hi", hi}, {"interior", interior}, {"pad_value", 0.0}};
+  return {make_node(OpKind::Pad, {g}, pa, n->loc())};
+}
+
+// Gathers: the gradient of params is a sum over the index dims of dy where
+// the (clamped) index equals the params position, a compare-and-reduce over
+// [index dims..., params dims...] that fusion makes one loop kernel.
+NodeRef clamp_index(const NodeRef& idx, int64_t extent) {
+  NodeRef hi = fill(static_cast<double>(std::max<int64_t>(extent - 1, 0)), {}, idx->dtype(), idx->loc());
+  return binary(OpKind::Maximum, binary(OpKind::Minimum, idx, hi), fill(0, {}, idx->dtype(), idx->loc()));
+}
+NodeRef iota(const Shape& s, int axis, DType dt) {
+  return make_node(OpKind::Iota, {}, Attrs{{"shape", s}, {"dtype", dt}, {"axis", static_cast<int64_t>(axis)}});
+}
+Grads vjp_Gather(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef &p = n->input(0), &idx = n->input(1);
+  if (!is_float(p->dtype())) return {nullptr, nullptr};
+  int axis = static_cast<int>(n->attrs().get_int("axis")), bd = static_cast<int>(n->attrs().get_int("batch_dims"));
+  const Shape &ps = p->shape(), &is = idx->shape();
+  int rp = static_cast<int>(ps.size()), ni = static_cast<int>(is.size()) - bd;
+  // T = [p[:axis], idx[bd:], p[axis], p[axis+1:]]
+  Shape t(ps.begin(), ps.begin() + axis), dys = t, ids(is.begin(), is.begin() + bd);
+  ids.resize(axis, 1);
+  for (int j = bd; j < static_cast<int>(is.size()); ++j) {
+    t.push_back(is[j]);
+    dys.push_back(is[j]);
+    ids.push_back(is[j]);
+  }
+  t.push_back(ps[axis]);
+  dys.push_back(1);
+  ids.push_back(1);
+  for (int d = axis + 1; d < rp; ++d) {
+    t.push_back(ps[d]);
+    dys.push_back(ps[d]);
+    ids.push_back(1);
+  }
+  NodeRef ib = broadcast(reshape(clamp_index(idx, ps[axis]), ids), t);
+  NodeRef hit = binary(OpKind::Equal, ib, iota(t, axis + ni, idx->dtype()));
+  NodeRef sel = where(hit, broadcast(reshape(dy, dys), t), c(0, dy));
+  if (ni == 0) return {reshape(sel, ps), nullptr};
+  IntList axes;
+  for (int j = 0; j < ni; ++j) axes.push_back(axis + j);
+  return {reduce(OpKind::ReduceSum, sel, axes, false), nullptr};
+}
+Grads vjp_GatherNd(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef &p = n->input(0), &idx = n->input(1);
+  if (!is_float(p->dtype())) return {nullptr, nullptr};
+  const Shape &ps = p->shape(), &is = idx->shape();
+  int k = static_cast<int>(is.back()), nj = static_cast<int>(is.size()) - 1, rp = static_cast<int>(ps.size());
+  // T = [idx[:-1], p...]
+  Shape t(is.begin(), is.end() - 1), dys = t, ids = t;
+  for (int d = 0; d < rp; ++d) {
+    t.push_back(ps[d]);
+    dys.push_back(d < k ? 1 : ps[d]);
+    ids.push_back(1);
+  }
+  NodeRef hit;
+  for (int c0 = 0; c0 < k; ++c0) {
+    IntList begin(is.size(), 0), step(is.size(), 1);
+    Shape one = is;
+    begin.back() = c0;
+    one.back() = 1;
+    NodeRef comp = make_node(OpKind::Slice, {idx}, Attrs{{"begin", begin}, {"step", step}, {"shape", one}}, n->loc());
+    NodeRef ib = broadcast(reshape(clamp_index(comp, ps[c0]), ids), t);
+    NodeRef h = binary(OpKind::Equal, ib, iota(t, nj + c0, idx->dtype()));
+    hit = hit ? binary(OpKind::LogicalAnd, hit, h) : h;
+  }
+  NodeRef sel = where(hit, broadcast(reshape(dy, dys), t), c(0, dy));
+  if (nj == 0) return {reshape(sel, ps), nullptr};
+  IntList axes;
+  for (int j = 0; j < nj; ++j) axes.push_back(j);
+  return {reduce(OpKind::ReduceSum, sel, axes, false), nullptr};
 }
 
 Grads vjp_MatMul(const NodeRef& n, const NodeRef& dy) {

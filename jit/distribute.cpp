@@ -270,6 +270,10 @@ class Distributor {
         x = Sbp::B();
       }
       v = {Node::with_inputs(n, in), x};
+    } else if (op == OpKind::Pad || op == OpKind::Slice) {
+      v = pad_or_slice(n, in);
+    } else if (op == OpKind::Gather || op == OpKind::GatherNd) {
+      v = gather(n, in);
     } else if (op == OpKind::RandomUniformAt) {
       in[0] = box(n->input(0), Sbp::B());
       v = {Node::with_inputs(n, in), Sbp::B()};  // every device draws the whole, like a source
@@ -307,6 +311,67 @@ class Distributor {
                     " has no rule for several devices yet");
     }
     values_[n.get()] = v;
+  }
+
+  // pad and slice keep a split along a dim they leave alone (a slice then
+  // takes the local extent) and a partial value (linear; a pad only with 0).
+  Value pad_or_slice(const NodeRef& n, std::vector<NodeRef>& in) {
+    Sbp x = in_sbp(n, 0);
+    Attrs a = n->attrs();
+    bool keep = x.kind == Sbp::Broadcast;
+    if (x.kind == Sbp::Partial)
+      keep = n->op() == OpKind::Slice || a.get_float("pad_value") == 0.0;
+    if (x.kind == Sbp::Split) {
+      int d = x.axis;
+      if (n->op() == OpKind::Pad) {
+        keep = a.get_ints("pads_lo")[d] == 0 && a.get_ints("pads_hi")[d] == 0 && a.get_ints("interior")[d] == 0;
+      } else {
+        keep = a.get_ints("begin")[d] == 0 && a.get_ints("step")[d] == 1 &&
+               a.get_ints("shape")[d] == n->input(0)->shape()[d];
+        if (keep) a.set("shape", split_shape(n->shape(), d, p_));
+      }
+    }
+    if (!keep) {
+      in[0] = box(n->input(0), Sbp::B());
+      x = Sbp::B();
+      a = n->attrs();
+    }
+    return {make_node(n->op(), in, a, n->loc()), x};
+  }
+
+  // gather(p, idx) / gather_nd: split indices (data parallel, e.g. token
+  // ids against a whole embedding table) or params split along a dim that
+  // is not indexed keep their split; partial params with whole indices stay
+  // partial (linear); otherwise both become whole.
+  Value gather(const NodeRef& n, std::vector<NodeRef>& in) {
+    Sbp p = in_sbp(n, 0), i = in_sbp(n, 1);
+    int ri = n->input(1)->rank();
+    bool nd = n->op() == OpKind::GatherNd;
+    int axis = nd ? 0 : static_cast<int>(n->attrs().get_int("axis"));
+    int bd = nd ? 0 : static_cast<int>(n->attrs().get_int("batch_dims"));
+    int k = nd ? static_cast<int>(n->input(1)->shape().back()) : 1;
+    // Output dim of an index dim j and of a params dim d (-1: none).
+    auto from_index = [&](int j) { return nd ? (j < ri - 1 ? j : -1) : (j < bd ? j : axis + j - bd); };
+    auto from_params = [&](int d) {
+      if (nd) return d >= k ? ri - 1 + d - k : -1;
+      return d < axis ? d : d > axis ? d + ri - bd - 1 : -1;
+    };
+    auto local = [&](Sbp out) { return Value{Node::with_inputs(n, in), out}; };
+    if (p.kind == Sbp::Broadcast && i.kind == Sbp::Split && from_index(i.axis) >= 0 &&
+        (nd || i.axis >= bd))
+      return local(Sbp::S(from_index(i.axis)));
+    if (p.kind == Sbp::Split && from_params(p.axis) >= 0 && (nd || p.axis >= bd) && i.kind == Sbp::Broadcast)
+      return local(Sbp::S(from_params(p.axis)));
+    if (!nd && p.kind == Sbp::Split && i.kind == Sbp::Split && p.axis == i.axis && p.axis < bd)
+      return local(Sbp::S(p.axis));  // split batch dims
+    if (p.kind == Sbp::Partial && i.kind == Sbp::Broadcast) return local(Sbp::P());
+    if (i.kind == Sbp::Split && from_index(i.axis) >= 0 && (nd || i.axis >= bd)) {
+      in[0] = box(n->input(0), Sbp::B());
+      return local(Sbp::S(from_index(i.axis)));
+    }
+    in[0] = box(n->input(0), Sbp::B());
+    in[1] = box(n->input(1), Sbp::B());
+    return local(Sbp::B());
   }
 
   // Elementwise with numpy broadcasting. Partial values stay partial through

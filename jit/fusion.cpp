@@ -58,9 +58,20 @@ bool is_compute(const NodeRef& n) {
          is_collective(n->op());
 }
 
-// Window views read their operand through guarded coordinates, so the
-// operand must exist in memory (like the base of a non-unit reshape).
-bool is_window_view(const NodeRef& n) { return n->op() == OpKind::Window || n->op() == OpKind::Unwindow; }
+// Addressed views (windows, pads, slices, gathers) read their operands
+// through offsets, guarded and indirect coordinates, so the operands must
+// exist in memory (like the base of a non-unit reshape).
+bool is_addressed_view(const NodeRef& n) { return is_addressed(n->op()); }
+
+// An index read by a gather: a strided view of an integer buffer, clamped
+// into [0, limit) and scaled by `stride` (codegen::Indirect).
+struct IndirectView {
+  NodeRef base;
+  std::vector<int64_t> strides;  // elements of base, per dim of the viewed node
+  int64_t offset = 0;
+  int64_t limit = 1;
+  int64_t stride = 0;  // elements of the gathered buffer per index unit
+};
 
 struct View {
   NodeRef base;                  // a buffer: parameter, variable or computed node
@@ -68,6 +79,8 @@ struct View {
   int64_t offset = 0;
   std::vector<codegen::Coord> coords;  // coef per dim of the viewed node
   double pad = 0;                      // the value of elements outside the coords' range
+  std::vector<IndirectView> indirect;  // strides per dim of the viewed node
+  bool plain() const { return coords.empty() && indirect.empty(); }
 };
 
 std::optional<View> resolve_view(const NodeRef& n);
@@ -77,7 +90,7 @@ std::optional<View> resolve_view(const NodeRef& n);
 // folds into plain strides.
 std::optional<View> resolve_window(const NodeRef& n) {
   auto v = resolve_view(n->input(0));
-  if (!v || !v->coords.empty()) return std::nullopt;
+  if (!v || !v->plain()) return std::nullopt;
   ConvGeometry g = geometry_of(*n);
   int S = g.spatial, L = n->rank() - 2 * S;  // both views: [lead..., spatial..., taps...]
   View w{v->base, std::vector<int64_t>(n->rank(), 0), v->offset, {}, 0};
@@ -115,6 +128,71 @@ std::optional<View> resolve_window(const NodeRef& n) {
   return w;
 }
 
+// pad(x): a guarded coordinate per padded dim (ir/array.h).
+std::optional<View> resolve_pad(const NodeRef& n) {
+  auto v = resolve_view(n->input(0));
+  if (!v || !v->plain()) return std::nullopt;
+  const Attrs& a = n->attrs();
+  const IntList &lo = a.get_ints("pads_lo"), &hi = a.get_ints("pads_hi"), &in = a.get_ints("interior");
+  const Shape& x = n->input(0)->shape();
+  View w{v->base, v->strides, v->offset, {}, a.get_float("pad_value"), {}};
+  for (int d = 0; d < n->rank(); ++d) {
+    if (lo[d] == 0 && hi[d] == 0 && in[d] == 0) continue;
+    codegen::Coord c;
+    c.coef.assign(n->rank(), 0);
+    c.coef[d] = 1;
+    c.c0 = -lo[d];
+    c.div = in[d] + 1;
+    c.limit = x[d];
+    c.stride = v->strides[d];
+    w.strides[d] = 0;
+    w.coords.push_back(c);
+  }
+  return w;
+}
+
+// slice(x): an offset and scaled strides.
+std::optional<View> resolve_slice(const NodeRef& n) {
+  auto v = resolve_view(n->input(0));
+  if (!v || !v->plain()) return std::nullopt;
+  const IntList &begin = n->attrs().get_ints("begin"), &step = n->attrs().get_ints("step");
+  for (int d = 0; d < n->rank(); ++d) {
+    v->offset += begin[d] * v->strides[d];
+    v->strides[d] *= step[d];
+  }
+  return v;
+}
+
+// gather(p, idx) and gather_nd(p, idx): p's strides on the dims that are not
+// indexed, and one indirect coordinate per indexed dim.
+std::optional<View> resolve_gather(const NodeRef& n) {
+  auto vp = resolve_view(n->input(0));
+  auto vi = resolve_view(n->input(1));
+  if (!vp || !vp->plain() || !vi || !vi->plain()) return std::nullopt;
+  const Shape &p = n->input(0)->shape(), &idx = n->input(1)->shape();
+  int rp = static_cast<int>(p.size()), ri = static_cast<int>(idx.size());
+  View w{vp->base, std::vector<int64_t>(n->rank(), 0), vp->offset, {}, 0, {}};
+  if (n->op() == OpKind::Gather) {
+    int axis = static_cast<int>(n->attrs().get_int("axis"));
+    int bd = static_cast<int>(n->attrs().get_int("batch_dims"));
+    for (int d = 0; d < axis; ++d) w.strides[d] = vp->strides[d];
+    for (int d = axis + 1; d < rp; ++d) w.strides[d + ri - bd - 1] = vp->strides[d];
+    IndirectView iv{vi->base, std::vector<int64_t>(n->rank(), 0), vi->offset, p[axis], vp->strides[axis]};
+    for (int j = 0; j < ri; ++j) iv.strides[j < bd ? j : axis + j - bd] = vi->strides[j];
+    w.indirect.push_back(iv);
+    return w;
+  }
+  int k = static_cast<int>(idx.back());
+  for (int d = k; d < rp; ++d) w.strides[ri - 1 + d - k] = vp->strides[d];
+  for (int c = 0; c < k; ++c) {
+    IndirectView iv{vi->base, std::vector<int64_t>(n->rank(), 0), vi->offset + c * vi->strides[ri - 1],
+                    p[c], vp->strides[c]};
+    for (int j = 0; j + 1 < ri; ++j) iv.strides[j] = vi->strides[j];
+    w.indirect.push_back(iv);
+  }
+  return w;
+}
+
 // How `n` addresses memory, when it is a view chain over a buffer.
 std::optional<View> resolve_view(const NodeRef& n) {
   switch (n->op()) {
@@ -129,11 +207,19 @@ std::optional<View> resolve_view(const NodeRef& n) {
       };
       permute(v->strides);
       for (auto& c : v->coords) permute(c.coef);
+      for (auto& i : v->indirect) permute(i.strides);
       return v;
     }
     case OpKind::Window:
     case OpKind::Unwindow:
       return resolve_window(n);
+    case OpKind::Pad:
+      return resolve_pad(n);
+    case OpKind::Slice:
+      return resolve_slice(n);
+    case OpKind::Gather:
+    case OpKind::GatherNd:
+      return resolve_gather(n);
     case OpKind::Broadcast: {
       auto v = resolve_view(n->input(0));
       if (!v) return std::nullopt;
@@ -148,13 +234,14 @@ std::optional<View> resolve_view(const NodeRef& n) {
       };
       widen(v->strides);
       for (auto& c : v->coords) widen(c.coef);
+      for (auto& i : v->indirect) widen(i.strides);
       return v;
     }
     case OpKind::Reshape: {
       auto v = resolve_view(n->input(0));
       if (!v) return std::nullopt;
       const Shape& from = n->input(0)->shape();
-      if (v->coords.empty() && (v->strides == contiguous_strides(from) || num_elements(from) <= 1)) {
+      if (v->plain() && (v->strides == contiguous_strides(from) || num_elements(from) <= 1)) {
         v->strides = contiguous_strides(n->shape());
         return v;
       }
@@ -170,17 +257,27 @@ std::optional<View> resolve_view(const NodeRef& n) {
       };
       reindex(v->strides);
       for (auto& c : v->coords) reindex(c.coef);
+      for (auto& i : v->indirect) reindex(i.strides);
       return v;
     }
     default:
-      if (is_buffer_leaf(n) || is_compute(n)) return View{n, contiguous_strides(n->shape()), 0, {}, 0};
+      if (is_buffer_leaf(n) || is_compute(n)) return View{n, contiguous_strides(n->shape()), 0, {}, 0, {}};
       return std::nullopt;
   }
 }
 
+// A matmul reads an operand's batch dims as one stride: they must collapse
+// (a batch broadcast by numpy rules or a transposed batch does not, and is
+// copied first).
+bool batch_collapses(const View& v, const NodeRef& x) {
+  for (int i = 0; i + 1 < x->rank() - 2; ++i)
+    if (v.strides[i] != v.strides[i + 1] * x->shape()[i + 1]) return false;
+  return true;
+}
+
 bool is_contiguous_view(const NodeRef& n) {
   auto v = resolve_view(n);
-  return v && v->coords.empty() && v->offset == 0 && v->strides == contiguous_strides(n->shape());
+  return v && v->plain() && v->offset == 0 && v->strides == contiguous_strides(n->shape());
 }
 
 // ---------------------------------------------------------------- maps
@@ -284,11 +381,14 @@ class Fuser {
 
   Graph materialize(const Graph& g) {
     Graph h = rewrite_graph(g, [](const NodeRef& n, std::vector<NodeRef> in) -> NodeRef {
-      if (is_contraction(n->op()) || is_window_view(n)) {
-        // Operands addressed as strided buffers (windows add their own coordinates).
+      if (is_contraction(n->op()) || is_addressed_view(n)) {
+        // Operands addressed as strided buffers (addressed views add their
+        // own offsets and coordinates).
         for (auto& x : in) {
           auto v = resolve_view(x);
-          if (!v || !v->coords.empty() || is_duplicable(v->base)) x = identity(x);
+          if (!v || !v->plain() || is_duplicable(v->base) ||
+              (n->op() == OpKind::MatMul && !batch_collapses(*v, x)))
+            x = identity(x);
         }
       } else if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) {
         if (!is_contiguous_view(in[0])) in[0] = identity(in[0]);
@@ -341,7 +441,7 @@ class Fuser {
     }
     // Bases of matmul operands and of reshapes must exist in memory.
     for (const NodeRef& n : topo_) {
-      if (is_contraction(n->op()) || is_window_view(n)) {
+      if (is_contraction(n->op()) || is_addressed_view(n)) {
         for (auto& x : n->inputs()) must_store_.insert(resolve_view(x)->base.get());
       } else if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) {
         if (auto v = resolve_view(n->input(0))) must_store_.insert(v->base.get());
@@ -433,7 +533,7 @@ class Fuser {
     std::unordered_map<const Node*, std::pair<NodeRef, std::vector<DimMap>>> pending;
     auto push_operands = [&](const NodeRef& n, const DimMap& m) {
       if (is_contraction(n->op())) return;  // operands are read by the matmul itself
-      if (is_window_view(n)) return;       // and by the window's guarded loads
+      if (is_addressed_view(n)) return;    // and by the view's guarded loads
       if (is_collective(n->op())) return;     // and by the collective
       if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) return;
       for (size_t i = 0; i < n->inputs().size(); ++i) {
@@ -621,30 +721,48 @@ class Fuser {
       return s;
     }
 
+    // The kernel argument of a buffer this kernel reads.
+    int read_arg(const NodeRef& base) {
+      Storage st;
+      if (base->op() == OpKind::Variable) {
+        st = {Storage::Variable, f_.variable_index(base)};
+        b_.var_reads.push_back(base->attrs().get_str("name"));
+      } else {
+        st = f_.storage_of(base.get());
+      }
+      if (std::find(b_.reads.begin(), b_.reads.end(), base.get()) == b_.reads.end())
+        b_.reads.push_back(base.get());
+      return arg_for(base.get(), st, base->dtype(), base->type().numel(), false);
+    }
+
+    int push_load(const Access& a, DType dt, std::vector<int> operands = {}) {
+      b_.k.loads.push_back(a);
+      KNode kn;
+      kn.kind = KOp::Load;
+      kn.dtype = dt;
+      kn.access = static_cast<int>(b_.k.loads.size()) - 1;
+      kn.operands = std::move(operands);
+      return push(kn);
+    }
+
     int leaf(const NodeRef& n, const DimMap& m) {
       auto v = resolve_view(n);
       FJ_CHECK(v.has_value(), "kernel operand is not addressable: ", op_name(n->op()));
-      const Node* base = v->base.get();
-      Storage st;
-      if (v->base->op() == OpKind::Variable) {
-        st = {Storage::Variable, f_.variable_index(v->base)};
-        b_.var_reads.push_back(v->base->attrs().get_str("name"));
-      } else {
-        st = f_.storage_of(base);
+      // Gathers: each index is a load of its own, an operand of this load.
+      std::vector<codegen::Indirect> indirect;
+      std::vector<int> operands;
+      for (const IndirectView& iv : v->indirect) {
+        Access ia{read_arg(iv.base), domain_strides(iv.strides, m), iv.offset, {}, 0, {}};
+        int node = push_load(ia, iv.base->dtype());
+        indirect.push_back({node, iv.limit, iv.stride});
+        operands.push_back(node);
       }
-      int arg = arg_for(base, st, v->base->dtype(), v->base->type().numel(), false);
-      if (std::find(b_.reads.begin(), b_.reads.end(), base) == b_.reads.end()) b_.reads.push_back(base);
-      Access a{arg, domain_strides(v->strides, m), v->offset, {}, v->pad};
+      Access a{read_arg(v->base), domain_strides(v->strides, m), v->offset, {}, v->pad, indirect};
       for (codegen::Coord c : v->coords) {
         c.coef = domain_strides(c.coef, m);
         a.coords.push_back(std::move(c));
       }
-      b_.k.loads.push_back(a);
-      KNode kn;
-      kn.kind = KOp::Load;
-      kn.dtype = n->dtype();
-      kn.access = static_cast<int>(b_.k.loads.size()) - 1;
-      return push(kn);
+      return push_load(a, n->dtype(), operands);
     }
 
     int push(const KNode& kn) {
@@ -663,7 +781,7 @@ class Fuser {
 
     int inst_new(const NodeRef& n, const DimMap& m) {
       if (is_view(n->op())) {
-        if ((n->op() == OpKind::Reshape && !is_unit_reshape(n)) || is_window_view(n)) return leaf(n, m);
+        if ((n->op() == OpKind::Reshape && !is_unit_reshape(n)) || is_addressed_view(n)) return leaf(n, m);
         return inst(n->input(0), operand_map(n, m, 0));  // re-indexed, no arithmetic
       }
       if (is_buffer_leaf(n)) return leaf(n, m);
@@ -1010,7 +1128,7 @@ class Fuser {
   // it one): its kernel argument, strides per dim of x, and offset.
   View contraction_operand(const NodeRef& x, Built& b, KernelBuilder& kb, int& arg) {
     auto v = resolve_view(x);
-    FJ_CHECK(v.has_value() && v->coords.empty(), "contraction operand not addressable");
+    FJ_CHECK(v.has_value() && v->plain(), "contraction operand not addressable");
     const Node* base = v->base.get();
     Storage st = base->op() == OpKind::Variable ? Storage{Storage::Variable, variable_index(v->base)}
                                                 : storage_of(base);

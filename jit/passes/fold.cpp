@@ -106,6 +106,9 @@ Graph fold(const Graph& g) {
       // their operand: they stay views of the fill unless nothing is padded.
       v = ins[0]->attrs().get_float("value");
       if (cand->op() == OpKind::Unwindow) return cand;
+      if (cand->op() == OpKind::Pad && cand->attrs().get_float("pad_value") != v &&
+          cand->type().numel() != ins[0]->type().numel())
+        return cand;
       if (cand->op() == OpKind::Window) {
         bool any_pad = false;
         for (const char* key : {"pads_lo", "pads_hi"})

@@ -20,6 +20,9 @@ from ._log import logger  # noqa: F401 - logging.getLogger("flowjit")
 from ._ops import (argmax, broadcast_like, broadcast_to, cast, constant, expand_dims, identity,  # noqa: F401
                    matmul, one_hot, ones, ones_like, reshape, squeeze, transpose, where, zeros,
                    zeros_like)
+from ._array import (argsort, assign, concat, constant_pad2d, expand, flatten, gather,  # noqa: F401
+                     gather_nd, pad, range, reflection_pad2d, replication_pad2d, scatter_nd, slice,
+                     slice_v2, sort, split, stack, tile)
 from ._variables import (constant_initializer, get_all_variables, get_variable,  # noqa: F401
                          glorot_normal_initializer, glorot_uniform_initializer, kaiming_initializer,
                          load_variables, manual_seed, ones_initializer, random_normal_initializer,

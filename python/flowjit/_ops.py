@@ -304,9 +304,37 @@ def broadcast_like(x, like, broadcast_axes=None, name=None):
     return broadcast_to(x, list(like.shape), name=name)
 
 
+def _matmul_batches(a, b):
+    """a and b with their batch axes broadcast to one shape (numpy rules).
+    A 2-D b stays shared; fusion copies a broadcast operand, since the GEMM
+    reads each operand's batch as one stride."""
+    if not isinstance(a, Blob) or not isinstance(b, Blob) or len(a.shape) < 2 or len(b.shape) < 2:
+        return a, b
+    ra, rb = len(a.shape), len(b.shape)
+    if rb == 2 or (ra == rb and a.shape[:-2] == b.shape[:-2]):
+        return a, b
+    ba, bb = list(a.shape[:-2]), list(b.shape[:-2])
+    r = max(len(ba), len(bb))
+    ba, bb = [1] * (r - len(ba)) + ba, [1] * (r - len(bb)) + bb
+    batch = []
+    for x, y in zip(ba, bb):
+        if x != y and 1 not in (x, y):
+            _trace.fail(ValueError, f"matmul: batch dimensions differ and cannot be broadcast together "
+                        f"(numpy rules): a is {tuple(a.shape)}, b is {tuple(b.shape)}")
+        batch.append(max(x, y) if 0 not in (x, y) else 0)
+
+    def widen(x):
+        full = batch + list(x.shape[-2:])
+        if list(x.shape) == full:
+            return x
+        return broadcast_to(x, full)
+    return widen(a), widen(b)
+
+
 def matmul(a, b, transpose_a=False, transpose_b=False, alpha=1.0, name=None):
     """a @ b with optional transposes of the last two axes; b may be 2-D
-    while a is batched."""
+    while a is batched, and batch axes broadcast (numpy.matmul)."""
+    a, b = _matmul_batches(a, b)
     out = make(K.matmul, [a, b], {"transpose_a": bool(transpose_a),
                                   "transpose_b": bool(transpose_b)}, name=name, api="matmul")
     if alpha != 1.0:

@@ -24,3 +24,6 @@ from ._composite import (acos, acosh, add_n, asin, asinh, atan, atan2, atanh, cl
                          reduce_all, reduce_any, reduce_logsumexp, reduce_std, reduce_variance,
                          sinh, tan, tril, triu, xlogy)
 clip = clip_by_value
+
+# Array ops of flow.math (issue #12).
+from ._array import in_top_k, top_k, unsorted_segment_sum, unsorted_segment_sum_like  # noqa: E402,F401

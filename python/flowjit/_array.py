@@ -1,0 +1,557 @@
+"""Array ops with OneFlow's names: pads, slices, joins, gathers, scatters, sorts.
+
+pad (constant), slice and gather are IR views (ir/array.h) that fusion reads
+through offsets, guarded and indirect coordinates; the others are built from
+them and from elementwise ops and reductions, so each is differentiated,
+distributed and fused through its parts:
+  concat          the sum of each input padded into its range (one loop kernel)
+  split, stack    slices; expand_dims + concat
+  reflect/replicate pads   concats of (reversed) slices
+  scatter_nd, unsorted_segment_sum   compare-and-sum over the index dims
+  sort, argsort, top_k     ranks by comparison: rank(i) = #{j: x_j < x_i} +
+                  #{j < i: x_j == x_i}, then a compare-and-sum; O(n^2) per row
+Index rule: gathers clamp an index into [0, extent); scatters and segment sums
+drop entries whose index is out of range.
+"""
+import builtins as _b
+import math as _math
+import numbers
+
+from . import _C, _dtypes, _trace
+from . import _ops
+from ._blob import Blob
+
+K = _C.OpKind
+
+
+def _blob(x, api, what="input"):
+    if not isinstance(x, Blob):
+        _trace.fail(TypeError, f"{api}: {what} must be a Blob, got {type(x).__name__}")
+    return x
+
+
+def _axis(x, axis, api, extra=0, what="axis"):
+    r = len(x.shape) + extra
+    if not _ops._is_int(axis):
+        _trace.fail(TypeError, f"{api}: {what} must be an int, got {axis!r}")
+    axis = int(axis)
+    if not -r <= axis < max(r, 1):
+        _trace.fail(ValueError, f"{api}: {what} {axis} is out of range for a rank-{len(x.shape)} input "
+                    f"(expected {-r} <= {what} < {max(r, 1)})")
+    return axis % r if r else 0
+
+
+def _iota(shape, axis, dtype):
+    return _ops.make(K.iota, [], {"shape": list(shape), "dtype": dtype.c, "axis": int(axis)}, api="iota")
+
+
+def _raw_slice(x, begin, step, shape, api):
+    return _ops.make(K.slice, [x], {"begin": list(begin), "step": list(step), "shape": list(shape)}, api=api)
+
+
+def _raw_pad(x, lo, hi, value, api, name=None):
+    v = float(value)
+    return _ops.make(K.pad, [x], {"pads_lo": list(lo), "pads_hi": list(hi), "pad_value": v}, name=name,
+                     api=api)
+
+
+def _slice_dim(x, axis, start, stop, step=1, api="slice"):
+    """x[..., start:stop:step, ...] along one axis (Python's rules on the bounds)."""
+    shape = list(x.shape)
+    r = _b.range(*_b.slice(start, stop, step).indices(shape[axis]))
+    begin = [0] * len(shape)
+    steps = [1] * len(shape)
+    begin[axis] = r.start if len(r) else 0
+    steps[axis] = step
+    shape[axis] = len(r)
+    return _raw_slice(x, begin, steps, shape, api)
+
+
+# ---------------------------------------------------------------- pads
+
+def _pairs(paddings, rank, api):
+    try:
+        pairs = [(int(a), int(b)) for a, b in paddings]
+    except (TypeError, ValueError):
+        _trace.fail(TypeError, f"{api}: paddings must be a list of (before, after) int pairs, got {paddings!r}")
+    if len(pairs) != rank:
+        _trace.fail(ValueError, f"{api}: paddings has {len(pairs)} pairs but the input has rank {rank}")
+    for d, (a, b) in enumerate(pairs):
+        if a < 0 or b < 0:
+            _trace.fail(ValueError, f"{api}: paddings of dim {d} must be >= 0, got ({a}, {b})")
+    return pairs
+
+
+def pad(x, paddings, constant_value=0, mode="constant", name=None):
+    """x padded by paddings[d] = (before, after) elements along each dim d:
+    `constant_value` (mode "constant"), the mirror image without the edge
+    ("reflect") or the edge repeated ("replicate"/"symmetric" is not)."""
+    x = _blob(x, "pad")
+    pairs = _pairs(paddings, len(x.shape), "pad")
+    mode = str(mode).lower()
+    if mode == "constant":
+        return _raw_pad(x, [a for a, _ in pairs], [b for _, b in pairs], constant_value, "pad", name)
+    if mode not in ("reflect", "replicate", "edge"):
+        _trace.fail(ValueError, f"pad: mode must be 'constant', 'reflect' or 'replicate', got {mode!r}")
+    y = x
+    for d, (lo, hi) in enumerate(pairs):
+        if lo == 0 and hi == 0:
+            continue
+        n = y.shape[d]
+        if mode == "reflect":
+            if lo >= n or hi >= n:
+                _trace.fail(ValueError, f"pad: reflect padding ({lo}, {hi}) of dim {d} must be smaller than "
+                            f"its extent {n}")
+            parts = [_slice_dim(y, d, lo, 0, -1, "pad")] if lo else []
+            parts.append(y)
+            if hi:
+                stop = n - 2 - hi
+                parts.append(_slice_dim(y, d, n - 2, stop if stop >= 0 else None, -1, "pad"))
+        else:
+            if n == 0:
+                _trace.fail(ValueError, f"pad: cannot replicate the edge of the empty dim {d}")
+            parts = []
+            for count, at in ((lo, 0), (0, None), (hi, n - 1)):
+                if at is None:
+                    parts.append(y)
+                elif count:
+                    edge = _slice_dim(y, d, at, at + 1, 1, "pad")
+                    s = list(y.shape)
+                    s[d] = count
+                    parts.append(_ops.broadcast_to(edge, s))
+        y = concat(parts, axis=d)
+    return _ops.identity(y, name=name) if name else y
+
+
+def _pad2d(x, padding, api):
+    x = _blob(x, api)
+    if len(x.shape) != 4:
+        _trace.fail(ValueError, f"{api}: input must be NCHW (rank 4), got shape {tuple(x.shape)}")
+    p = [int(padding)] * 4 if _ops._is_int(padding) else _ops._int_list(padding, api, "padding")
+    if len(p) != 4:
+        _trace.fail(ValueError, f"{api}: padding must be an int or [left, right, top, bottom], got {padding!r}")
+    return [(0, 0), (0, 0), (p[2], p[3]), (p[0], p[1])]
+
+
+def constant_pad2d(x, padding, constant_value=0, name=None):
+    """NCHW x padded by padding = [left, right, top, bottom] with a constant."""
+    return pad(x, _pad2d(x, padding, "constant_pad2d"), constant_value, "constant", name)
+
+
+def reflection_pad2d(x, padding, name=None):
+    """NCHW x padded by [left, right, top, bottom] mirror images."""
+    return pad(x, _pad2d(x, padding, "reflection_pad2d"), 0, "reflect", name)
+
+
+def replication_pad2d(x, padding, name=None):
+    """NCHW x padded by [left, right, top, bottom] copies of the edge."""
+    return pad(x, _pad2d(x, padding, "replication_pad2d"), 0, "replicate", name)
+
+
+# ---------------------------------------------------------------- slices
+
+def slice(x, begin, size, name=None):  # noqa: A001 - OneFlow's name
+    """x[begin[d] : begin[d] + size[d]] along each dim; a None begin is 0 and
+    a None or -1 size runs to the end."""
+    x = _blob(x, "slice")
+    shape = list(x.shape)
+    if not isinstance(begin, (list, tuple)) or not isinstance(size, (list, tuple)):
+        _trace.fail(TypeError, f"slice: begin and size must be lists, got {begin!r} and {size!r}")
+    if len(begin) != len(shape) or len(size) != len(shape):
+        _trace.fail(ValueError, f"slice: begin ({len(begin)} entries) and size ({len(size)}) must have one "
+                    f"entry per dim of the rank-{len(shape)} input")
+    b = [0 if v is None else int(v) for v in begin]
+    s = [shape[d] - b[d] if v is None or v == -1 else int(v) for d, v in enumerate(size)]
+    return _ops.make(K.slice, [x], {"begin": b, "step": [1] * len(shape), "shape": s}, name=name, api="slice")
+
+
+def slice_v2(x, slice_tup_list, name=None):
+    """x[start:stop:step] per dim, slice_tup_list[d] = (start, stop, step) with
+    Python's rules (None bounds, negative values count from the end, negative
+    steps walk backwards); missing trailing dims are whole."""
+    x = _blob(x, "slice_v2")
+    shape = list(x.shape)
+    if not isinstance(slice_tup_list, (list, tuple)) or len(slice_tup_list) > len(shape):
+        _trace.fail(ValueError, f"slice_v2: slice_tup_list must be a list of at most {len(shape)} "
+                    f"(start, stop, step) tuples, got {slice_tup_list!r}")
+    begin, step, out = [], [], []
+    for d, n in enumerate(shape):
+        t = tuple(slice_tup_list[d]) if d < len(slice_tup_list) else (None, None, None)
+        if len(t) != 3:
+            _trace.fail(ValueError, f"slice_v2: entry {d} must be (start, stop, step), got {t!r}")
+        st = 1 if t[2] is None else int(t[2])
+        if st == 0:
+            _trace.fail(ValueError, f"slice_v2: step of dim {d} must not be 0")
+        r = _b.range(*_b.slice(t[0], t[1], st).indices(n))
+        begin.append(r.start if len(r) else 0)
+        step.append(st)
+        out.append(len(r))
+    return _ops.make(K.slice, [x], {"begin": begin, "step": step, "shape": out}, name=name, api="slice_v2")
+
+
+def split(x, num_or_size_splits, axis=0, name=None):
+    """x cut along `axis` into num equal pieces or pieces of the given sizes
+    (one size may be -1: the rest); returns a list."""
+    x = _blob(x, "split")
+    axis = _axis(x, 0 if axis is None else axis, "split")
+    n = x.shape[axis]
+    if _ops._is_int(num_or_size_splits):
+        k = int(num_or_size_splits)
+        if k <= 0 or n % k:
+            _trace.fail(ValueError, f"split: dim {axis} of extent {n} does not split into {k} equal pieces")
+        sizes = [n // k] * k
+    else:
+        sizes = _ops._int_list(num_or_size_splits, "split", "num_or_size_splits")
+        if sizes.count(-1) == 1:
+            sizes[sizes.index(-1)] = n - (sum(sizes) + 1)
+        if any(s < 0 for s in sizes) or sum(sizes) != n:
+            _trace.fail(ValueError, f"split: sizes {num_or_size_splits} do not add up to the extent {n} "
+                        f"of dim {axis}")
+    out, at = [], 0
+    for s in sizes:
+        out.append(_slice_dim(x, axis, at, at + s, 1, "split"))
+        at += s
+    return out
+
+
+# ---------------------------------------------------------------- joins
+
+def concat(values, axis=0, max_dim_size=None, name=None):
+    """The inputs joined along `axis`: the sum of each padded into its range."""
+    if isinstance(values, Blob) or not isinstance(values, (list, tuple)) or not values:
+        _trace.fail(TypeError, "concat: values must be a non-empty list of Blobs")
+    for i, v in enumerate(values):
+        _blob(v, "concat", f"values[{i}]")
+    first = values[0]
+    axis = _axis(first, axis, "concat")
+    for i, v in enumerate(values):
+        if v.dtype is not first.dtype:
+            _trace.fail(TypeError, f"concat: values[{i}] is {v.dtype!r} but values[0] is {first.dtype!r}")
+        ok = len(v.shape) == len(first.shape) and all(
+            a == b for d, (a, b) in enumerate(zip(v.shape, first.shape)) if d != axis)
+        if not ok:
+            _trace.fail(ValueError, f"concat: values[{i}] has shape {tuple(v.shape)} but values[0] has "
+                        f"{tuple(first.shape)}; all dims but {axis} must agree")
+    total = sum(v.shape[axis] for v in values)
+    parts = [v for v in values if v.shape[axis] > 0] or [values[0]]
+    if len(parts) == 1:
+        return _ops.identity(parts[0], name=name)
+    boolean = first.dtype is _dtypes.bool_
+    at, acc = 0, None
+    for v in values:
+        n = v.shape[axis]
+        if n == 0:
+            continue
+        lo = [0] * len(v.shape)
+        hi = [0] * len(v.shape)
+        lo[axis], hi[axis] = at, total - at - n
+        p = _raw_pad(v, lo, hi, 0, "concat")
+        acc = p if acc is None else (_ops.logical_or(acc, p) if boolean else _ops.add(acc, p))
+        at += n
+    return _ops.identity(acc, name=name) if name else acc
+
+
+def stack(values, axis=0, name=None):
+    """The inputs (all of one shape) joined along a new axis."""
+    if isinstance(values, Blob) or not isinstance(values, (list, tuple)) or not values:
+        _trace.fail(TypeError, "stack: values must be a non-empty list of Blobs")
+    for i, v in enumerate(values):
+        _blob(v, "stack", f"values[{i}]")
+        if tuple(v.shape) != tuple(values[0].shape):
+            _trace.fail(ValueError, f"stack: values[{i}] has shape {tuple(v.shape)} but values[0] has "
+                        f"{tuple(values[0].shape)}")
+    axis = _axis(values[0], axis, "stack", extra=1)
+    return concat([_ops.expand_dims(v, axis) for v in values], axis=axis, name=name)
+
+
+def flatten(input, start_dim=0, end_dim=-1, name=None):
+    """input with dims start_dim..end_dim merged into one."""
+    x = _blob(input, "flatten")
+    r = len(x.shape)
+    if r == 0:
+        return _ops.reshape(x, [1], name=name)
+    s = _axis(x, start_dim, "flatten", what="start_dim")
+    e = _axis(x, end_dim, "flatten", what="end_dim")
+    if s > e:
+        _trace.fail(ValueError, f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
+    shape = list(x.shape)
+    n = 1
+    for d in shape[s:e + 1]:
+        n *= d
+    return _ops.reshape(x, shape[:s] + [n] + shape[e + 1:], name=name)
+
+
+def expand(x, expand_size, name=None):
+    """x broadcast to expand_size; -1 keeps x's extent, new dims go first."""
+    x = _blob(x, "expand")
+    size = _ops._int_list(expand_size, "expand", "expand_size")
+    r, k = len(x.shape), len(size)
+    if k < r:
+        _trace.fail(ValueError, f"expand: expand_size {size} has fewer dims than the input {tuple(x.shape)}")
+    out = []
+    for i, s in enumerate(size):
+        j = i - (k - r)
+        if s == -1:
+            if j < 0:
+                _trace.fail(ValueError, f"expand: -1 in expand_size {size} at a new dim {i}")
+            s = x.shape[j]
+        if j >= 0 and x.shape[j] not in (1, s):
+            _trace.fail(ValueError, f"expand: dim {j} of the input {tuple(x.shape)} has extent "
+                        f"{x.shape[j]}, which cannot expand to {s}")
+        out.append(s)
+    return _ops.broadcast_to(x, out, name=name)
+
+
+def tile(input, multiples, name=None):
+    """input repeated multiples[d] times along each dim (numpy.tile)."""
+    x = _blob(input, "tile")
+    reps = _ops._int_list(multiples, "tile", "multiples")
+    if any(m < 0 for m in reps):
+        _trace.fail(ValueError, f"tile: multiples must be >= 0, got {reps}")
+    shape = list(x.shape)
+    r = max(len(shape), len(reps))
+    shape = [1] * (r - len(shape)) + shape
+    reps = [1] * (r - len(reps)) + reps
+    inter, wide, out = [], [], []
+    for m, d in zip(reps, shape):
+        inter += [1, d]
+        wide += [m, d]
+        out.append(m * d)
+    y = _ops.broadcast_to(_ops.reshape(x, inter), wide)
+    return _ops.reshape(_ops.identity(y), out, name=name)
+
+
+def range(start, limit=None, delta=1, dtype=None, name=None):  # noqa: A001 - OneFlow's name
+    """start, start + delta, ... below limit (numpy.arange); int64 for ints."""
+    if limit is None:
+        start, limit = 0, start
+    for what, v in (("start", start), ("limit", limit), ("delta", delta)):
+        if not isinstance(v, numbers.Real) or isinstance(v, bool):
+            _trace.fail(TypeError, f"range: {what} must be a number, got {v!r}")
+    if delta == 0:
+        _trace.fail(ValueError, "range: delta must not be 0")
+    ints = all(_ops._is_int(v) for v in (start, limit, delta))
+    d = _ops._dtype(dtype, "range") if dtype is not None else (_dtypes.int64 if ints else _dtypes.float32)
+    n = max(0, _math.ceil((limit - start) / delta))
+    i = _iota([n], 0, d)
+    if delta != 1:
+        i = _ops.multiply(i, delta)
+    if start != 0:
+        i = _ops.add(i, start)
+    return _ops.identity(i, name=name) if name else i
+
+
+# ---------------------------------------------------------------- gathers and scatters
+
+def gather(params, indices, validate_indices=None, axis=None, batch_dims=0, name=None):
+    """params indexed along `axis` by integer `indices` (TensorFlow's rule:
+    shape params[:axis] + indices[batch_dims:] + params[axis+1:]); indices
+    are clamped into [0, params.shape[axis])."""
+    _blob(params, "gather", "params")
+    _blob(indices, "gather", "indices")
+    ax = batch_dims if axis is None else axis
+    if not _ops._is_int(ax) or not _ops._is_int(batch_dims):
+        _trace.fail(TypeError, f"gather: axis and batch_dims must be ints, got {axis!r} and {batch_dims!r}")
+    return _ops.make(K.gather, [params, indices], {"axis": int(ax), "batch_dims": int(batch_dims)},
+                     name=name, api="gather")
+
+
+def gather_nd(params, indices, name=None):
+    """params[indices[..., 0], ..., indices[..., K-1]] (K = indices.shape[-1]),
+    each index clamped into its dim."""
+    _blob(params, "gather_nd", "params")
+    _blob(indices, "gather_nd", "indices")
+    return _ops.make(K.gather_nd, [params, indices], name=name, api="gather_nd")
+
+
+def _check_index(x, api, what="indices"):
+    _blob(x, api, what)
+    if x.dtype not in (_dtypes.int8, _dtypes.uint8, _dtypes.int32, _dtypes.int64):
+        _trace.fail(TypeError, f"{api}: {what} must be an integer tensor (int32 or int64), got {x.dtype!r}")
+
+
+def _masked_sum(hit, values, axes, api):
+    zero = _ops._scalar(0, values.dtype, api)
+    sel = _ops.where(hit, values, zero)
+    return _ops.reduce_sum(sel, axes) if axes else sel
+
+
+def scatter_nd(indices, updates, shape, name=None):
+    """A zero tensor of `shape` with updates[j...] added at position
+    indices[j...] (shape [..., K]); duplicate indices add up, out-of-range
+    ones are dropped."""
+    _check_index(indices, "scatter_nd")
+    _blob(updates, "scatter_nd", "updates")
+    shape = _ops._int_list(shape, "scatter_nd")
+    ishape, ushape = list(indices.shape), list(updates.shape)
+    if not ishape:
+        _trace.fail(ValueError, "scatter_nd: indices must have rank >= 1")
+    k = ishape[-1]
+    lead = ishape[:-1]
+    if not 1 <= k <= len(shape) or ushape != lead + shape[k:]:
+        _trace.fail(ValueError, f"scatter_nd: updates have shape {tuple(ushape)} but indices "
+                    f"{tuple(ishape)} into shape {tuple(shape)} need updates of shape "
+                    f"{tuple(lead + shape[k:])}")
+    nj = len(lead)
+    t = lead + shape
+    hit = None
+    for c in _b.range(k):
+        comp = _slice_dim(indices, len(ishape) - 1, c, c + 1, 1, "scatter_nd")
+        comp = _ops.reshape(comp, lead + [1] * len(shape))
+        h = _ops.equal(comp, _iota(t, nj + c, indices.dtype))
+        hit = h if hit is None else _ops.logical_and(hit, h)
+    u = _ops.reshape(updates, lead + [1] * k + shape[k:])
+    out = _masked_sum(hit, _ops.broadcast_to(u, t), list(_b.range(nj)), "scatter_nd")
+    return _ops.identity(out, name=name) if name else out
+
+
+def unsorted_segment_sum(data, segment_ids, num_segments, axis=0, name=None):
+    """out[..., s, ...] = sum of data[..., i..., ...] over the i with
+    segment_ids[i...] == s; segment_ids index data from `axis`; ids outside
+    [0, num_segments) are dropped."""
+    _blob(data, "unsorted_segment_sum", "data")
+    _check_index(segment_ids, "unsorted_segment_sum", "segment_ids")
+    axis = _axis(data, axis, "unsorted_segment_sum")
+    ds, ids = list(data.shape), list(segment_ids.shape)
+    m = len(ids)
+    if ds[axis:axis + m] != ids:
+        _trace.fail(ValueError, f"unsorted_segment_sum: segment_ids of shape {tuple(ids)} must match dims "
+                    f"{axis}.. of data {tuple(ds)}")
+    if not _ops._is_int(num_segments) or num_segments < 0:
+        _trace.fail(ValueError, f"unsorted_segment_sum: num_segments must be an int >= 0, got {num_segments!r}")
+    pre, post = ds[:axis], ds[axis + m:]
+    t = pre + ids + [int(num_segments)] + post
+    idb = _ops.reshape(segment_ids, [1] * axis + ids + [1] + [1] * len(post))
+    hit = _ops.equal(idb, _iota(t, axis + m, segment_ids.dtype))
+    d = _ops.broadcast_to(_ops.reshape(data, pre + ids + [1] + post), t)
+    out = _masked_sum(hit, d, list(_b.range(axis, axis + m)), "unsorted_segment_sum")
+    return _ops.identity(out, name=name) if name else out
+
+
+def unsorted_segment_sum_like(data, segment_ids, like, axis=0, name=None):
+    """unsorted_segment_sum with num_segments = like.shape[axis]."""
+    return unsorted_segment_sum(data, segment_ids, like.shape[axis], axis, name)
+
+
+# ---------------------------------------------------------------- sorting by comparison
+
+def _last(x, axis, api):
+    """x with `axis` moved last, and the permutation that moves it back."""
+    r = len(x.shape)
+    axis = _axis(x, axis, api)
+    if axis == r - 1:
+        return x, None
+    perm = [d for d in _b.range(r) if d != axis] + [axis]
+    inv = [perm.index(d) for d in _b.range(r)]
+    return _ops.transpose(x, perm), inv
+
+
+def _ranks(x, descending):
+    """rank of each element along the last dim: the number of elements before
+    it in the sorted order (ties in index order), int32."""
+    n = x.shape[-1]
+    xi = _ops.expand_dims(x, -1)   # [..., i, 1]
+    xj = _ops.expand_dims(x, -2)   # [..., 1, j]
+    before = _ops.greater(xj, xi) if descending else _ops.less(xj, xi)
+    earlier = _ops.less(_iota([n, n], 1, _dtypes.int32), _iota([n, n], 0, _dtypes.int32))  # j < i
+    ahead = _ops.logical_or(before, _ops.logical_and(_ops.equal(xj, xi), earlier))
+    return _ops.reduce_sum(_ops.cast(ahead, _dtypes.int32), -1)
+
+
+def _by_rank(rank, values):
+    """out[..., r] = values[..., i] where rank[..., i] == r."""
+    n = rank.shape[-1]
+    hit = _ops.equal(_ops.expand_dims(rank, -2), _iota([n, n], 0, _dtypes.int32))  # [..., r, i]
+    v = _ops.broadcast_to(_ops.expand_dims(values, -2), list(rank.shape[:-1]) + [n, n])
+    return _masked_sum(hit, v, [-1], "sort")
+
+
+def _direction(direction, api):
+    d = str(direction).upper()
+    if d not in ("ASCENDING", "DESCENDING"):
+        _trace.fail(ValueError, f"{api}: direction must be 'ASCENDING' or 'DESCENDING', got {direction!r}")
+    return d == "DESCENDING"
+
+
+def _sorted(x, axis, direction, api, want_values):
+    _blob(x, api)
+    if not x.shape:
+        _trace.fail(ValueError, f"{api}: input must have rank >= 1")
+    if x.dtype is _dtypes.bool_:
+        _trace.fail(TypeError, f"{api}: cannot sort a bool tensor; cast it first")
+    y, inv = _last(x, axis, api)
+    rank = _ranks(y, _direction(direction, api))
+    n = y.shape[-1]
+    if want_values:
+        out = _by_rank(rank, y)
+    else:
+        idx = _ops.broadcast_to(_iota([n], 0, _dtypes.int32), list(y.shape))
+        out = _by_rank(rank, idx)
+    return out if inv is None else _ops.transpose(out, inv)
+
+
+def sort(input, axis=-1, direction="ASCENDING", name=None):
+    """input sorted along `axis` (ties keep their order)."""
+    out = _sorted(input, axis, direction, "sort", True)
+    return _ops.identity(out, name=name) if name else out
+
+
+def argsort(input, axis=-1, direction="ASCENDING", name=None):
+    """int32 indices that sort input along `axis` (stable)."""
+    out = _sorted(input, axis, direction, "argsort", False)
+    return _ops.identity(out, name=name) if name else out
+
+
+def top_k(input, k=1, sorted=True, name=None):
+    """int32 indices of the k largest entries along the last dim, largest
+    first (OneFlow's top_k returns the indices)."""
+    _blob(input, "top_k")
+    if not input.shape:
+        _trace.fail(ValueError, "top_k: input must have rank >= 1")
+    n = input.shape[-1]
+    if not _ops._is_int(k) or not 0 <= k <= n:
+        _trace.fail(ValueError, f"top_k: k must be an int in [0, {n}] (the last dim), got {k!r}")
+    idx = _sorted(input, -1, "DESCENDING", "top_k", False)
+    out = _slice_dim(idx, len(input.shape) - 1, 0, int(k), 1, "top_k")
+    return _ops.identity(out, name=name) if name else out
+
+
+def in_top_k(targets, predictions, k, name=None):
+    """Whether predictions[i, targets[i]] is among the k largest of row i
+    (ties with the k-th count as in), bool [N]."""
+    _check_index(targets, "in_top_k", "targets")
+    _blob(predictions, "in_top_k", "predictions")
+    if len(predictions.shape) != 2 or list(targets.shape) != [predictions.shape[0]]:
+        _trace.fail(ValueError, f"in_top_k: predictions must be [N, C] and targets [N], got "
+                    f"{tuple(predictions.shape)} and {tuple(targets.shape)}")
+    if not _ops._is_int(k):
+        _trace.fail(TypeError, f"in_top_k: k must be an int, got {k!r}")
+    c = predictions.shape[1]
+    valid = _ops.logical_and(_ops.greater_equal(targets, _ops._scalar(0, targets.dtype, "in_top_k")),
+                             _ops.less(targets, _ops._scalar(c, targets.dtype, "in_top_k")))
+    t = gather(predictions, targets, axis=1, batch_dims=1)
+    above = _ops.greater(predictions, _ops.expand_dims(t, -1))
+    count = _ops.reduce_sum(_ops.cast(above, _dtypes.int32), -1)
+    out = _ops.logical_and(valid, _ops.less(count, _ops._scalar(int(k), _dtypes.int32, "in_top_k")))
+    return _ops.identity(out, name=name) if name else out
+
+
+# ---------------------------------------------------------------- state
+
+def assign(ref, value, dtype=None, name=None):
+    """Writes value into the variable `ref` when the job runs (after every
+    read of its old value)."""
+    b = _trace.require_builder("flow.assign")
+    _blob(ref, "assign", "ref")
+    _blob(value, "assign", "value")
+    if ref._node.op != K.variable:
+        _trace.fail(TypeError, f"assign: ref must be a variable (flow.get_variable), got the result of "
+                    f"{ref._node.op_name}")
+    if tuple(value.shape) != tuple(ref.shape):
+        value = _ops.broadcast_to(value, list(ref.shape))
+    if value.dtype is not ref.dtype:
+        value = _ops.cast(value, ref.dtype)
+    try:
+        b.effects.append(_C.make_node(K.assign, [ref._node, value._node], {}))
+    except (TypeError, ValueError) as e:
+        _trace.fail(type(e), str(e))
