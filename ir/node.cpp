@@ -110,7 +110,43 @@ namespace {
 std::atomic<uint64_t> g_serial{1};
 }
 
+std::string check_attrs(OpKind op, const Attrs& attrs) {
+  const auto& specs = op_attrs(op);
+  auto takes = [&] {
+    std::string s;
+    for (const AttrSpec* a : specs) s += (s.empty() ? "" : ", ") + std::string(a->key);
+    return s.empty() ? std::string("no attributes") : s;
+  };
+  for (const auto& [key, value] : attrs.items()) {
+    const AttrSpec* spec = nullptr;
+    for (const AttrSpec* a : specs)
+      if (a->key == key) spec = a;
+    if (spec == nullptr)
+      return std::string(op_name(op)) + ": unknown attribute '" + key + "' (" + std::string(op_name(op)) +
+             " takes " + takes() + ")";
+    bool ok = false;
+    switch (spec->kind) {
+      case AttrKind::Bool: ok = std::holds_alternative<bool>(value); break;
+      case AttrKind::Int: ok = std::holds_alternative<int64_t>(value); break;
+      case AttrKind::Float: ok = std::holds_alternative<double>(value); break;
+      case AttrKind::Number: ok = std::holds_alternative<int64_t>(value) || std::holds_alternative<double>(value); break;
+      case AttrKind::Str: ok = std::holds_alternative<std::string>(value); break;
+      case AttrKind::Ints: ok = std::holds_alternative<IntList>(value); break;
+      case AttrKind::DType: ok = std::holds_alternative<DType>(value); break;
+    }
+    if (!ok)
+      return std::string(op_name(op)) + ": attribute '" + key + "' must be " +
+             std::string(attr_kind_name(spec->kind));
+  }
+  for (const AttrSpec* a : specs)
+    if (a->required && !attrs.has(std::string(a->key)))
+      return std::string(op_name(op)) + ": missing attribute '" + std::string(a->key) + "' (" +
+             std::string(attr_kind_name(a->kind)) + ")";
+  return "";
+}
+
 NodeRef make_node(OpKind op, std::vector<NodeRef> inputs, Attrs attrs, SourceLoc loc) {
+  if (std::string bad = check_attrs(op, attrs); !bad.empty()) throw_user(ErrorKind::Value, bad);
   int arity = op_arity(op);
   FJ_USER_CHECK(arity < 0 || static_cast<int>(inputs.size()) == arity, ErrorKind::Type,
                 op_name(op), ": expected ", arity, " operand(s) but got ", inputs.size());

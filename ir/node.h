@@ -93,6 +93,11 @@ class Node {
 
 NodeRef make_node(OpKind op, std::vector<NodeRef> inputs, Attrs attrs = {}, SourceLoc loc = {});
 
+// Checks `attrs` against op's schema (ops.def ATTR lines): every key known,
+// of its kind, and every required one present. Returns "" or the problem,
+// naming the op, the key and what it takes.
+std::string check_attrs(OpKind op, const Attrs& attrs);
+
 // Result type inference, shared by the factory and the verifier. `attrs` is
 // canonicalized in place.
 TensorType infer_type(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attrs);

@@ -27,4 +27,35 @@ std::optional<OpKind> op_from_name(std::string_view name) {
   return std::nullopt;
 }
 
+namespace {
+constexpr bool Req = true, Opt = false;
+constexpr AttrSpec kAttrs[] = {
+#define OP(E, name, arity, traits, grad)
+#define ATTR(E, key, kind, presence, dflt) {OpKind::E, key, AttrKind::kind, presence, dflt},
+#include "ir/ops.def"
+};
+}  // namespace
+
+std::string_view attr_kind_name(AttrKind k) {
+  switch (k) {
+    case AttrKind::Bool: return "a bool";
+    case AttrKind::Int: return "an int";
+    case AttrKind::Float: return "a float";
+    case AttrKind::Number: return "a number";
+    case AttrKind::Str: return "a string";
+    case AttrKind::Ints: return "a list of ints";
+    case AttrKind::DType: return "a dtype";
+  }
+  return "?";
+}
+
+const std::vector<const AttrSpec*>& op_attrs(OpKind op) {
+  static const std::vector<std::vector<const AttrSpec*>> by_op = [] {
+    std::vector<std::vector<const AttrSpec*>> v(kNumOps);
+    for (const AttrSpec& a : kAttrs) v[static_cast<int>(a.op)].push_back(&a);
+    return v;
+  }();
+  return by_op[static_cast<int>(op)];
+}
+
 }  // namespace flowjit::ir

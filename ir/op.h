@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace flowjit::ir {
 
@@ -36,6 +37,19 @@ enum OpTrait : uint32_t {
 };
 
 enum class GradKind : uint8_t { Rule, Zero, None };
+
+// Attribute schemas (the ATTR lines of ops.def).
+enum class AttrKind : uint8_t { Bool, Int, Float, Number, Str, Ints, DType };
+struct AttrSpec {
+  OpKind op;
+  std::string_view key;
+  AttrKind kind;
+  bool required;
+  std::string_view dflt;  // what the op's rule uses when an optional one is absent
+};
+std::string_view attr_kind_name(AttrKind k);  // "an int", "a list of ints", ...
+// The attributes `op` takes, in the order ops.def lists them.
+const std::vector<const AttrSpec*>& op_attrs(OpKind op);
 
 std::string_view op_name(OpKind k);
 std::optional<OpKind> op_from_name(std::string_view name);

@@ -44,6 +44,8 @@ std::string verify_graph(const Graph& g, VerifyOptions opts) {
       return "composite op left after decomposition: " + describe(n);
     if (n->op() == OpKind::Parameter && !param_set.count(n.get()))
       return "parameter not listed in the graph's params: " + describe(n);
+    if (std::string bad = check_attrs(n->op(), n->attrs()); !bad.empty())
+      return "attributes off their schema in " + describe(n) + ": " + bad;
     Attrs attrs = n->attrs();
     TensorType t;
     try {

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 
 #include "ir/error.h"
 #include "ir/printer.h"
@@ -130,4 +131,36 @@ TEST(IR, VerifierCatchesBadGraphs) {
   EXPECT_NE(verify_graph(g).find("parameter not listed"), std::string::npos);
   Graph h = mlp_graph();
   EXPECT_NE(verify_graph(h, VerifyOptions{false}).find("composite op left"), std::string::npos);
+}
+
+TEST(IR, AttributesFollowTheirSchema) {
+  auto x = param("x", 0, {2, 3});
+  auto message = [&](OpKind op, Attrs a) {
+    try {
+      make_node(op, {x}, a);
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  // A misspelled key no longer falls back to a default.
+  EXPECT_EQ(message(OpKind::ReduceSum, Attrs{{"axes", IntList{0}}, {"keepdim", true}}),
+            "reduce_sum: unknown attribute 'keepdim' (reduce_sum takes axes, keepdims)");
+  EXPECT_EQ(message(OpKind::Reshape, Attrs{{"shape", int64_t{6}}}),
+            "reshape: attribute 'shape' must be a list of ints");
+  EXPECT_EQ(message(OpKind::Transpose, Attrs{}), "transpose: missing attribute 'perm' (a list of ints)");
+  EXPECT_EQ(message(OpKind::Exp, Attrs{{"axis", int64_t{0}}}),
+            "exp: unknown attribute 'axis' (exp takes no attributes)");
+  // IR text goes through the same factory.
+  EXPECT_THROW(parse_graph("graph g {\n"
+                           "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[2]} : f32[2]\n"
+                           "  %0 = neg(%x) {sign=1} : f32[2]\n"
+                           "  return %0\n}\n"),
+               UserError);
+  // Every schema line names keys once per op.
+  for (int i = 0; i < kNumOps; ++i) {
+    std::set<std::string_view> keys;
+    for (const AttrSpec* a : op_attrs(static_cast<OpKind>(i)))
+      EXPECT_TRUE(keys.insert(a->key).second) << op_name(static_cast<OpKind>(i)) << " " << a->key;
+  }
 }
