@@ -359,21 +359,6 @@ class MatMulEmitter {
     };
     auto to_it = [&](Value* v) { return b_.CreateIntCast(v, it, true); };
     std::vector<Value*> bd = digits(to_it(bi_), batch, false);
-    // Runs of lines along the innermost line digit read consecutive elements
-    // when that digit's address slope is 1 (a stride-1 convolution's input
-    // rows): such a run is one masked vector load instead of a gather. A
-    // group of VL lines crosses at most `segments` runs.
-    const size_t inner = operand == 0 ? bd.size() + ldig.size() - 1 : acc.strides.size() - 1;
-    int64_t slope = acc.strides[inner];
-    bool affine_inner = true;
-    for (const Coord& c : acc.coords) {
-      if (c.coef[inner] == 0) continue;
-      affine_inner &= c.div == 1;
-      slope += c.coef[inner] * c.stride;
-    }
-    const int64_t run = ldig.back();
-    const bool by_runs = affine_inner && slope == 1 && run >= 8;
-    const int segments = by_runs ? 1 + static_cast<int>((vl - 1 + run - 1) / run) : 0;
     std::vector<llvm::Constant*> iota;
     for (int l = 0; l < vl; ++l) iota.push_back(cs(l));
     Value* lanes = llvm::ConstantVector::get(iota);
@@ -398,7 +383,6 @@ class MatMulEmitter {
           return r;
         };
         Value* off = affine(acc.strides, acc.offset);
-        Value* uoff = off;  // unclamped: exact for the lanes that exist
         Value* m = b_.CreateAnd(lane_mask(b_.CreateSub(valid, i64(g))), lane_mask(i64(n)));
         for (const Coord& c : acc.coords) {
           Value* x = affine(c.coef, c.c0);
@@ -409,31 +393,10 @@ class MatMulEmitter {
             q = b_.CreateSelect(ok, b_.CreateUDiv(q, cv(c.div)), cv(0));
           }
           off = b_.CreateAdd(off, b_.CreateMul(q, cv(c.stride)));
-          if (by_runs) uoff = b_.CreateAdd(uoff, b_.CreateMul(x, cv(c.stride)));
           m = b_.CreateAnd(m, ok);
         }
-        Value* x = llvm::Constant::getNullValue(vt_);
-        if (by_runs) {
-          // Segment i covers lanes [s_i, e_i): the first ends where the
-          // innermost digit wraps, the others are whole runs.
-          Value* first = b_.CreateSub(cs(run), b_.CreateURem(to_it(b_.CreateAdd(line0, i64(g))), cs(run)));
-          for (int i = 0; i < segments; ++i) {
-            Value* s0 = i == 0 ? cs(0) : b_.CreateAdd(first, cs((i - 1) * run));
-            Value* e0 = i == 0 ? first : b_.CreateAdd(s0, cs(run));
-            auto clamp = [&](Value* v) { return b_.CreateSelect(b_.CreateICmpSLT(v, cs(vl)), v, cs(vl)); };
-            s0 = clamp(s0);
-            e0 = clamp(e0);
-            Value* seg = b_.CreateAnd(m, b_.CreateAnd(b_.CreateICmpSGE(lanes, b_.CreateVectorSplat(vl, s0)),
-                                                     b_.CreateICmpSLT(lanes, b_.CreateVectorSplat(vl, e0))));
-            Value* at = b_.CreateSelect(b_.CreateICmpSLT(s0, cs(vl)), s0, cs(vl - 1));
-            Value* base = b_.CreateSub(b_.CreateExtractElement(uoff, at), s0);
-            Value* p = b_.CreateGEP(et_, ptrs_.at(acc.arg), b_.CreateSExt(base, b_.getInt64Ty()));
-            x = b_.CreateMaskedLoad(vt_, p, ealign(), seg, x);
-          }
-        } else {
-          Value* ptrs = b_.CreateGEP(et_, ptrs_.at(acc.arg), off);
-          x = b_.CreateMaskedGather(vt_, ptrs, ealign(), m, x);
-        }
+        Value* ptrs = b_.CreateGEP(et_, ptrs_.at(acc.arg), off);
+        Value* x = b_.CreateMaskedGather(vt_, ptrs, ealign(), m, llvm::Constant::getNullValue(vt_));
         Value* d = b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(k, i64(lines)), i64(g)));
         if (n == vl) {
           b_.CreateAlignedStore(x, d, ealign());
