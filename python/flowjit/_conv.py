@@ -179,7 +179,18 @@ def _pool_nd(s, kind, api, input, ksize, strides, padding, data_format, name):
                         f"({spatial[i]} + padding {lo[i]} + {hi[i]}) along spatial dim {i}")
     attrs = {"window": k, "strides": st, "dilations": [1] * s, "pads_lo": lo, "pads_hi": hi,
              "pad_value": float("-inf") if kind == "max" else 0.0}
-    win = _ops.make(K.window, [x], attrs, api=api)
+    if st == k and max(lo + hi) == 0 and all(spatial[i] % k[i] == 0 for i in range(s)):
+        # Windows that tile the input exactly (2x2 stride 2): the window view
+        # is a split and a transpose, read with plain strides, and its
+        # gradient is the inverse permutation (a copy, no sum over taps).
+        n, c = x.shape[:2]
+        split = [n, c]
+        for i in range(s):
+            split += [spatial[i] // k[i], k[i]]
+        win = _ops.transpose(_ops.reshape(x, split),
+                             [0, 1] + [2 + 2 * i for i in range(s)] + [3 + 2 * i for i in range(s)])
+    else:
+        win = _ops.make(K.window, [x], attrs, api=api)
     taps = list(range(len(win.shape) - s, len(win.shape)))
     if kind == "max":
         y = _ops.reduce_max(win, taps)

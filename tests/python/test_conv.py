@@ -158,6 +158,9 @@ POOL_CASES = {
     "avg_same": ("avg", (2, 3, 5, 7), 3, 2, "SAME", "NCHW"),
     "avg_valid_nhwc": ("avg", (2, 6, 5, 3), 2, 2, "VALID", "NHWC"),
     "max_same_nhwc": ("max", (2, 7, 6, 2), 2, 2, "SAME", "NHWC"),
+    # windows that tile the input: a split and transpose instead of a window view
+    "max_tiles": ("max", (2, 3, 4, 6), 2, 2, "VALID", "NCHW"),
+    "avg_tiles_nhwc": ("avg", (2, 6, 4, 3), (3, 2), (3, 2), "SAME", "NHWC"),
 }
 
 
