@@ -225,8 +225,10 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   if (job.train) {
     FJ_CHECK(job.optimizer.has_value(), "train job without optimizer reached the compiler");
     auto t0 = std::chrono::steady_clock::now();
-    OptimizerLowering low = lower_optimizer(*job.optimizer, job.losses, job.lr, job.step, job.trainable);
+    OptimizerLowering low =
+        lower_optimizer(*job.optimizer, job.losses, job.lr, job.step, job.trainable, job.watched_grads);
     for (auto& e : low.effects) g.effects.push_back(e);
+    for (auto& w : low.watched_grads) g.outputs.push_back(w);
     out.new_variables = low.new_variables;
     log.stage("autodiff+optimizer", since(t0), optimizer_name(job.optimizer->kind));
   }

@@ -57,6 +57,9 @@ struct JobDescription {
   ir::NodeRef lr;    // rank-0 float learning rate (train jobs)
   ir::NodeRef step;  // the job's int64 train-step variable (train jobs)
   std::vector<ir::NodeRef> trainable;  // trainable variables the job reads
+  // Values whose gradients become extra outputs after graph.outputs (train
+  // jobs; flow.watch_diff).
+  std::vector<ir::NodeRef> watched_grads;
   std::string source;                  // "file.py:12" of the job function
   std::string signature;               // the placeholder signature, for the cache
   // parts > 1: compile the per-device graph of a job spread over devices.

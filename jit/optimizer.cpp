@@ -165,20 +165,32 @@ class Lowering {
     }
   }
 
-  OptimizerLowering run(const std::vector<NodeRef>& losses, const std::vector<NodeRef>& params) {
-    std::vector<NodeRef> grads;
+  OptimizerLowering run(const std::vector<NodeRef>& losses, const std::vector<NodeRef>& params,
+                        const std::vector<NodeRef>& watched) {
+    std::vector<NodeRef> grads, seen;
+    std::vector<NodeRef> wrt = params;
+    wrt.insert(wrt.end(), watched.begin(), watched.end());
     for (const NodeRef& loss : losses) {
       FJ_USER_CHECK(is_float(loss->dtype()), ErrorKind::Type,
                     "minimize: the loss must be a floating-point blob, got ", loss->type().str());
       double n = static_cast<double>(std::max<int64_t>(1, loss->type().numel()));
       NodeRef seed = fill(cfg_.loss_scale_factor / n, loss->shape(), loss->dtype(), loss->loc());
-      std::vector<NodeRef> gs = gradients(loss, seed, params);
+      std::vector<NodeRef> all = gradients(loss, seed, wrt);
+      std::vector<NodeRef> gs(all.begin(), all.begin() + params.size());
+      for (size_t i = 0; i < watched.size(); ++i) {
+        // OneFlow seeds the loss with ones and scales only the variables'
+        // gradients by 1 / (loss elements): undo the scaled seed here.
+        NodeRef w = mul(all[params.size() + i], k(n / cfg_.loss_scale_factor, all[params.size() + i]));
+        if (seen.size() <= i) seen.push_back(w);
+        else seen[i] = add(seen[i], w);
+      }
       if (grads.empty()) {
         grads = gs;
       } else {
         for (size_t i = 0; i < gs.size(); ++i) grads[i] = add(grads[i], gs[i]);
       }
     }
+    out_.watched_grads = seen;
     if (cfg_.mirrored_parts > 1)
       for (auto& g : grads)
         g = mul(make_node(OpKind::AllReduce, {g}, Attrs{{"parts", int64_t{cfg_.mirrored_parts}}}, g->loc()),
@@ -216,11 +228,11 @@ class Lowering {
 
 OptimizerLowering lower_optimizer(const OptimizerConfig& cfg, const std::vector<NodeRef>& losses,
                                   const NodeRef& lr, const NodeRef& step,
-                                  const std::vector<NodeRef>& params) {
+                                  const std::vector<NodeRef>& params, const std::vector<NodeRef>& watched) {
   FJ_CHECK(lr->rank() == 0 && is_float(lr->dtype()), "learning rate must be a float scalar");
   FJ_CHECK(step->op() == OpKind::Variable && step->dtype() == DType::Int64, "bad step variable");
   FJ_USER_CHECK(!losses.empty(), ErrorKind::Value, "minimize: no loss given");
-  return Lowering(cfg, lr, step).run(losses, params);
+  return Lowering(cfg, lr, step).run(losses, params, watched);
 }
 
 }  // namespace flowjit::jit

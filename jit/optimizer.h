@@ -45,6 +45,9 @@ struct OptimizerLowering {
   std::vector<ir::NodeRef> effects;  // assigns: parameters, state, step
   // State variables the lowering introduced; the caller creates them zeroed.
   std::vector<std::pair<std::string, ir::TensorType>> new_variables;
+  // The gradients of `watched` (flow.watch_diff), as the backward pass sees
+  // them: seeded with ones per loss element, before any scaling or clipping.
+  std::vector<ir::NodeRef> watched_grads;
 };
 
 // `losses` are the blobs passed to minimize; `lr` is a rank-0 float32 value,
@@ -52,7 +55,8 @@ struct OptimizerLowering {
 // `params` the trainable Variable nodes the losses may depend on.
 OptimizerLowering lower_optimizer(const OptimizerConfig& cfg, const std::vector<ir::NodeRef>& losses,
                                   const ir::NodeRef& lr, const ir::NodeRef& step,
-                                  const std::vector<ir::NodeRef>& params);
+                                  const std::vector<ir::NodeRef>& params,
+                                  const std::vector<ir::NodeRef>& watched = {});
 
 std::string optimizer_name(OptimizerConfig::Kind k);
 

@@ -398,7 +398,8 @@ void register_jobs(py::module_& m) {
          const std::vector<PyNode>& outputs, const std::vector<PyNode>& effects,
          const std::vector<PyNode>& losses, py::object lr, py::object step,
          const std::vector<PyNode>& trainable, py::object optimizer, const std::string& source,
-         const std::string& signature, py::dict settings, py::object distribution) {
+         const std::string& signature, py::dict settings, py::object distribution,
+         const std::vector<PyNode>& watched_grads) {
         jit::JobDescription job;
         job.name = name;
         job.train = train;
@@ -410,6 +411,9 @@ void register_jobs(py::module_& m) {
         if (!lr.is_none()) job.lr = lr.cast<PyNode>().ref;
         if (!step.is_none()) job.step = step.cast<PyNode>().ref;
         job.trainable = refs(trainable);
+        job.watched_grads = refs(watched_grads);
+        FJ_USER_CHECK(job.watched_grads.empty() || train, ErrorKind::Value, "job '", name,
+                      "': flow.watch_diff needs a train job (gradients exist only where minimize runs)");
         if (!optimizer.is_none()) job.optimizer = optimizer_from_dict(optimizer.cast<py::dict>());
         job.source = source;
         job.signature = signature;
@@ -450,7 +454,8 @@ void register_jobs(py::module_& m) {
       },
       py::arg("name"), py::arg("train"), py::arg("params"), py::arg("outputs"), py::arg("effects"),
       py::arg("losses"), py::arg("lr"), py::arg("step"), py::arg("trainable"), py::arg("optimizer"),
-      py::arg("source"), py::arg("signature"), py::arg("settings"), py::arg("distribution") = py::none());
+      py::arg("source"), py::arg("signature"), py::arg("settings"), py::arg("distribution") = py::none(),
+      py::arg("watched_grads") = std::vector<PyNode>{});
 }
 
 }  // namespace flowjit::python

@@ -184,6 +184,7 @@ class JobBuilder:
         self.effects = []     # assign nodes a layer asked for (batch norm's moving statistics)
         self.placements = []  # flow.scope.placement scopes entered while tracing
         self.watches = []     # (blob, handler) of flow.watch, in trace order
+        self.watch_diffs = []  # (blob, handler) of flow.watch_diff: gradient outputs after the watches
         self.added_losses = []  # flow.losses.add_loss (minimized with function_config().train)
         self.regularizers = {}  # variable name -> (blob, flow.regularizers.Regularizer)
         self.finished = False
@@ -811,7 +812,8 @@ class JobFunction:
         with _tf32_for(self._config, settings):
             job = _C.compile_job(self._name, builder.type == "train", builder.params,
                                  [o._node for o in outs], list(builder.effects), losses, lr, step,
-                                 trainable, opt, self._source, sig, settings, dist)
+                                 trainable, opt, self._source, sig, settings, dist,
+                                 [blob._node for blob, _ in builder.watch_diffs])
         t_done = _inspect.now_ns()
         stages.append(_inspect.Stage("compile" + (" (disk cache hit)" if job.from_disk_cache else ""),
                                      t_compile, t_done - t_compile, tid))
@@ -828,7 +830,8 @@ class JobFunction:
         _check_result_groups(self._name, template, list(job.output_groups)[:n_user])
         mode = "callback" if self._async else "legacy" if template[0] != "none" and self._legacy else "sync"
         compiled = _Compiled(job, _builder_for(template, per_device, self._name), mode,
-                             [(blob.name, handler) for blob, handler in builder.watches], n_user, self._name,
+                             [(blob.name, handler) for blob, handler in builder.watches + builder.watch_diffs],
+                             n_user, self._name,
                              _inspect.CompiledJob(job, self._name, sig, stages))
         self._cache[key] = compiled
         if self._numpy_only and mode == "sync":

@@ -64,12 +64,27 @@ def watch(blob_watched, handler_or_prompt=None):
 
 
 def watch_diff(blob_watched, handler_or_prompt=None):
-    """Not supported: see the error."""
+    """Calls `handler(gradient)` with the gradient of the job's loss with
+    respect to the blob (as OneFlow's backward pass sees it: the loss seeded
+    with ones) at every call of a train job, in call order, on the callback
+    thread. The gradient becomes one more output of the compiled job."""
     b = _trace.require_builder("flow.watch_diff")
-    _trace.fail(NotImplementedError,
-                f"flow.watch_diff of blob '{getattr(blob_watched, 'name', blob_watched)}' in job "
-                f"'{b.job_name}': flowjit computes gradients only inside the optimizer lowering of "
-                "_C.compile_job (jit::lower_optimizer), which returns the variables' updates but no "
-                "gradient as a job output; watching the gradient of a value needs a compile_job argument "
-                "naming values whose gradients become extra outputs (the C++ autodiff, jit::gradients, "
-                "can compute them), which the bindings do not have yet")
+    loc = _trace.user_location()
+    if not isinstance(blob_watched, Blob):
+        _trace.fail(TypeError, f"flow.watch_diff: expected a Blob to watch, got {type(blob_watched).__name__}", loc)
+    b.check_owned(blob_watched, "flow.watch_diff", loc)
+    if b.type != "train":
+        _trace.fail(ValueError, f"flow.watch_diff: job '{b.job_name}' is a predict job; gradients exist only "
+                    "in train jobs (type=\"train\" with an optimizer's minimize)", loc)
+    if blob_watched.dtype not in (_dtypes.float32, _dtypes.float64):
+        _trace.fail(TypeError, f"flow.watch_diff: blob '{blob_watched.name}' is {blob_watched.dtype!r}; only "
+                    "floating-point blobs have gradients", loc)
+    handler = handler_or_prompt
+    if handler is None or isinstance(handler, str):
+        prompt = handler or f"{blob_watched.name} diff"
+
+        def handler(value):
+            print(f"{prompt}: {value!r}")
+    elif not callable(handler):
+        _trace.fail(TypeError, f"flow.watch_diff: the handler must be callable, got {type(handler).__name__}", loc)
+    b.watch_diffs.append((blob_watched, handler))

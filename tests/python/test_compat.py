@@ -612,18 +612,39 @@ def test_watch_errors():
     with pytest.raises(RuntimeError, match=r"^flow\.watch can only be used inside a function decorated"):
         flow.watch(None, print)
 
-    @flow.global_function(type="train")
-    def diff(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
-        w = flow.get_variable("w", shape=(2,))
-        h = x * w
-        flow.watch_diff(h, print)
-        flow.optimizer.SGD(0.1).minimize(h)
-        return h
+    @flow.global_function(type="predict")
+    def no_grads(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        flow.watch_diff(x * 2.0, print)
+        return x
 
-    with pytest.raises(NotImplementedError, match=r"flow\.watch_diff of blob 'multiply_0' in job 'diff': "
-                                                  r"flowjit computes gradients only inside the optimizer "
-                                                  r"lowering .* which the bindings do not have yet"):
-        diff(np.ones(2, np.float32))
+    with pytest.raises(ValueError, match=r"flow\.watch_diff: job 'no_grads' is a predict job; gradients "
+                                          r"exist only in train jobs"):
+        no_grads(np.ones(2, np.float32))
+
+
+def test_watch_diff_gets_the_backward_gradient_every_call():
+    """OneFlow 0.2's flow.watch_diff: the gradient of the loss at a blob, with
+    the loss seeded with ones (OneFlow scales only the variables' diffs)."""
+    seen = []
+
+    @flow.global_function(type="train")
+    def train(x: tp.Numpy.Placeholder((3, 2)), c: tp.Numpy.Placeholder((3, 2))) -> tp.Numpy:
+        w = flow.get_variable("w", shape=(2,), initializer=flow.constant_initializer(2.0))
+        h = x * w
+        flow.watch_diff(h, lambda g: seen.append(np.array(g)))
+        loss = flow.math.square(h) * c  # a (3, 2) loss: six instances
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.01]), momentum=0).minimize(loss)
+        return loss
+
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    c = np.full((3, 2), 0.5, np.float32)
+    train(x, c)
+    w1 = np.asarray(flow.get_all_variables()["w"]).copy()
+    train(x, c)
+    flow.sync_default_session()
+    assert len(seen) == 2
+    np.testing.assert_allclose(seen[0], 2 * (x * 2.0) * c, rtol=1e-6)  # d(h^2 c)/dh = 2 h c
+    np.testing.assert_allclose(seen[1], 2 * (x * w1) * c, rtol=1e-6)
 
 
 # ---------------------------------------------------------------- regularizers
