@@ -47,16 +47,27 @@ def flowjit_jobs(i, xs, ws, pad):
 
 
 def run():
+    """Rows for the common table (and run_all's targets)."""
     import flowjit as flow
     from flowjit import _C
-    C.header()
+    C.print_load("(conv)")
     p = max((_C.measure_fma_peak(0.3) for _ in range(3)), key=lambda d: d["gflops_per_thread"])
     peak = p["gflops_per_thread"] * _C.num_threads()
-    print(f"# FMA peak {peak:.1f} GFLOP/s ({p['lanes']} lanes, {_C.num_threads()} threads)")
+    print(f"# FMA peak {peak:.1f} GFLOP/s ({p['lanes']} lanes, {p['accumulators']} accumulators, "
+          f"{_C.num_threads()} threads)")
     torch = C.peer("torch")
     jax = C.peer("jax")
+    if torch is not None:
+        torch.set_num_threads(_C.num_threads())
     rng = np.random.default_rng(0)
-    print(f"{'case':<36} {'impl':<10} {'fwd GF/s':>9} {'%peak':>6} {'f+b GF/s':>9} {'%peak':>6}")
+    rows = []
+
+    def add(case, impl, flops, times, what):
+        best, med = times
+        g, gm = flops / best / 1e9, flops / med / 1e9
+        rows.append(C.row("conv", f"{case} {what}", impl, g, gm, "GFLOP/s", f"{100 * g / peak:.0f}% of peak",
+                          pct_peak=100 * g / peak))
+
     for i, (case, xs, ws, pad) in enumerate(CASES):
         x = rng.standard_normal(xs).astype(np.float32)
         w = rng.standard_normal(ws).astype(np.float32)
@@ -64,10 +75,8 @@ def run():
         f = conv_flops(xs, ws)
         fb = f * (3 if xs[1] > 1 else 2)  # forward, filter gradient, data gradient (not for 1 channel)
         fwd, step = flowjit_jobs(i, xs, ws, "SAME")
-        t_f, _ = C.timeit(lambda: fwd(x, w))
-        t_s, _ = C.timeit(lambda: step(x, c))
-        print(f"{case:<36} {'flowjit':<10} {f / t_f / 1e9:9.1f} {100 * f / t_f / 1e9 / peak:5.0f}% "
-              f"{fb / t_s / 1e9:9.1f} {100 * fb / t_s / 1e9 / peak:5.0f}%")
+        add(case, "flowjit", f, C.timeit(lambda: fwd(x, w)), "fwd")
+        add(case, "flowjit", fb, C.timeit(lambda: step(x, c)), "fwd+bwd")
         if torch is not None:
             tx, tw, tc = torch.tensor(x), torch.tensor(w, requires_grad=True), torch.tensor(c)
             txg = torch.tensor(x, requires_grad=xs[1] > 1)
@@ -76,20 +85,17 @@ def run():
                 y = torch.nn.functional.conv2d(txg, tw, padding=pad)
                 (y * tc).sum().backward()
             with torch.no_grad():
-                t_f, _ = C.timeit(lambda: torch.nn.functional.conv2d(tx, tw, padding=pad))
-            t_s, _ = C.timeit(tstep)
-            print(f"{'':<36} {'torch':<10} {f / t_f / 1e9:9.1f} {100 * f / t_f / 1e9 / peak:5.0f}% "
-                  f"{fb / t_s / 1e9:9.1f} {100 * fb / t_s / 1e9 / peak:5.0f}%")
+                add(case, "torch", f, C.timeit(lambda: torch.nn.functional.conv2d(tx, tw, padding=pad)), "fwd")
+            add(case, "torch", fb, C.timeit(tstep), "fwd+bwd")
         if jax is not None:
             import jax.numpy as jnp
             jf = jax.jit(lambda a, b: jax.lax.conv(a, b, (1, 1), "SAME"))
             jg = jax.jit(jax.grad(lambda a, b, cc: jnp.sum(jax.lax.conv(a, b, (1, 1), "SAME") * cc),
                                   argnums=(0, 1) if xs[1] > 1 else (1,)))
             jx, jw, jc = jnp.asarray(x), jnp.asarray(w), jnp.asarray(c)
-            t_f, _ = C.timeit(lambda: jf(jx, jw), sync=lambda r: r.block_until_ready())
-            t_s, _ = C.timeit(lambda: jg(jx, jw, jc), sync=lambda r: r[0].block_until_ready())
-            print(f"{'':<36} {'jax.jit':<10} {f / t_f / 1e9:9.1f} {100 * f / t_f / 1e9 / peak:5.0f}% "
-                  f"{fb / t_s / 1e9:9.1f} {100 * fb / t_s / 1e9 / peak:5.0f}%")
+            add(case, "jax.jit", f, C.timeit(lambda: jf(jx, jw), sync=lambda r: r.block_until_ready()), "fwd")
+            add(case, "jax.jit", fb, C.timeit(lambda: jg(jx, jw, jc), sync=lambda r: r[0].block_until_ready()),
+                "fwd+bwd")
         flow.clear_default_session()
 
     # The LeNet train step (examples/lenet_train.py's model, Adam).
@@ -100,16 +106,20 @@ def run():
     job = L.define_jobs("adam")
     xi = rng.standard_normal((100, 1, 28, 28)).astype(np.float32)
     li = rng.integers(0, 10, 100).astype(np.int32)
-    t, med = C.timeit(lambda: job(xi, li), reps=5)
-    print(f"{'lenet train step b100 (adam)':<36} {'flowjit':<10} {t * 1e3:8.2f} ms (median {med * 1e3:.2f})")
+    case = "lenet train step b100 (adam)"
+
+    def ms(times):
+        return times[0] * 1e3, times[1] * 1e3
+    rows.append(C.row("conv", case, "flowjit", *ms(C.timeit(lambda: job(xi, li), reps=5)), "ms/step"))
     if torch is not None:
-        for name, step in torch_lenet_steps(torch, xi, li):
-            t, med = C.timeit(step, reps=5)
-            print(f"{'':<36} {name:<10} {t * 1e3:8.2f} ms (median {med * 1e3:.2f})")
+        for name, tstep in torch_lenet_steps(torch, xi, li):
+            rows.append(C.row("conv", case, name, *ms(C.timeit(tstep, reps=5)), "ms/step"))
     if jax is not None:
-        step = jax_lenet_step(jax, xi, li)
-        t, med = C.timeit(step, reps=5, sync=lambda r: r.block_until_ready())
-        print(f"{'':<36} {'jax.jit':<10} {t * 1e3:8.2f} ms (median {med * 1e3:.2f})")
+        jstep = jax_lenet_step(jax, xi, li)
+        rows.append(C.row("conv", case, "jax.jit",
+                          *ms(C.timeit(jstep, reps=5, sync=lambda r: r.block_until_ready())), "ms/step"))
+    flow.clear_default_session()
+    return rows
 
 
 def torch_lenet_steps(torch, xi, li):
@@ -192,4 +202,5 @@ def jax_lenet_step(jax, xi, li):
 
 
 if __name__ == "__main__":
-    run()
+    C.header()
+    C.print_rows(run(), "convolutions")

@@ -62,6 +62,18 @@ def check_targets(rows):
     r = _find(rows, "overhead", None, "flowjit")
     add("per-call overhead <= 10 us", None if r is None else r["median"] <= 10,
         f"{r['median']:.2f} us/call (median)" if r else "no figure")
+    # [cnn]: the LeNet step ahead of every peer, the 3x3 conv at 70% of peak.
+    step = "lenet train step b100 (adam)"
+    fj = _val(_find(rows, "conv", step, "flowjit"))
+    peers = [r for r in rows if r["bench"] == "conv" and r["case"] == step and r["impl"] != "flowjit" and r["best"]]
+    add("LeNet train step faster than every peer", None if fj is None or not peers else
+        all(fj < r["best"] for r in peers),
+        ", ".join(f"{r['impl']} {r['best']:.1f} ms" for r in peers) + (f" vs flowjit {fj:.1f} ms" if fj else ""))
+    for what in ("fwd", "fwd+bwd"):
+        r = _find(rows, "conv", f"resnet 64->64 3x3 56x56 b8 {what}", "flowjit")
+        pct = _val(r, "pct_peak")
+        add(f"3x3 conv {what} >= 70% of FMA peak", None if pct is None else pct >= 70,
+            "-" if pct is None else f"{pct:.0f}% of peak")
     return out
 
 
@@ -76,13 +88,14 @@ def main():
     if args.wait > 0:
         C.wait_for_quiet(0.25, args.wait)
     la0 = C.print_load("(start)")
+    import bench_conv
     import bench_elementwise
     import bench_matmul
     import bench_overhead
     import bench_train_step
     rows = []
     t0 = time.perf_counter()
-    for mod in (bench_matmul, bench_train_step, bench_elementwise, bench_overhead):
+    for mod in (bench_matmul, bench_train_step, bench_conv, bench_elementwise, bench_overhead):
         t = time.perf_counter()
         print(f"\n# running {mod.__name__} ...", flush=True)
         rows.extend(mod.run())
