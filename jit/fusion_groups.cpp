@@ -1,0 +1,296 @@
+// fusion: preparation, analysis, and grouping nodes into kernels.
+#include "jit/fusion_internal.h"
+
+namespace flowjit::jit::fusion_detail {
+
+// Collectives write only their own buffer: a result or an assigned value
+// is copied out of it by a kernel.
+bool Fuser::needs_identity_for_store(const NodeRef& n) {
+  return !is_compute(n) || is_duplicable(n) || is_collective(n->op());
+}
+
+Graph Fuser::materialize(const Graph& g) {
+  Graph h = rewrite_graph(g, [](const NodeRef& n, std::vector<NodeRef> in) -> NodeRef {
+    if (is_contraction(n->op()) || is_addressed_view(n)) {
+      // Operands addressed as strided buffers (addressed views add their
+      // own offsets and coordinates).
+      for (auto& x : in) {
+        auto v = resolve_view(x);
+        if (!v || !v->plain() || is_duplicable(v->base) ||
+            (n->op() == OpKind::MatMul && !batch_collapses(*v, x)))
+          x = identity(x);
+      }
+    } else if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) {
+      if (!is_contiguous_view(in[0])) in[0] = identity(in[0]);
+    } else if (n->op() == OpKind::Assign) {
+      if (needs_identity_for_store(in[1])) in[1] = identity(in[1]);
+    } else if (is_collective(n->op())) {
+      // The runtime reads the operand as one contiguous buffer.
+      if (!is_buffer_leaf(in[0]) && !is_compute(in[0])) in[0] = identity(in[0]);
+    }
+    return Node::with_inputs(n, std::move(in));
+  });
+  std::unordered_set<const Node*> seen;
+  for (auto& o : h.outputs) {
+    if (needs_identity_for_store(o) || seen.count(o.get())) o = identity(o);
+    seen.insert(o.get());
+  }
+  return h;
+}
+
+// ---- analysis
+void Fuser::analyze() {
+  topo_ = g_.topo_order();
+  for (size_t i = 0; i < topo_.size(); ++i) pos_[topo_[i].get()] = static_cast<int>(i);
+  for (const NodeRef& n : topo_) {
+    if (n->op() == OpKind::Assign) {
+      assigns_[n->input(1).get()].push_back(n);
+      continue;
+    }
+    for (auto& i : n->inputs()) users_[i.get()].push_back(n);
+  }
+  for (size_t i = 0; i < g_.outputs.size(); ++i) output_of_[g_.outputs[i].get()] = static_cast<int>(i);
+  for (size_t i = 0; i < g_.params.size(); ++i)
+    param_index_[g_.params[i].get()] = static_cast<int>(g_.params[i]->attrs().get_int("index"));
+  // Elementwise chains right after a single-use matmul are kept for that
+  // matmul's epilogue: reduction kernels do not take them.
+  for (const NodeRef& n : topo_) {
+    if (!is_contraction(n->op())) continue;
+    NodeRef cur = n;
+    while (true) {
+      std::vector<const Node*> eff;
+      effective_users(cur, eff);
+      if (eff.size() != 1 || output_of_.count(cur.get())) break;
+      const Node* u = eff[0];
+      if (!is_elementwise(u->op()) || u->shape() != n->shape()) break;
+      epilogue_.insert(u);
+      cur = node_ref(u);
+      if (!cur) break;
+    }
+  }
+  // Bases of matmul operands and of reshapes must exist in memory.
+  for (const NodeRef& n : topo_) {
+    if (is_contraction(n->op()) || is_addressed_view(n)) {
+      for (auto& x : n->inputs()) must_store_.insert(resolve_view(x)->base.get());
+    } else if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) {
+      if (auto v = resolve_view(n->input(0))) must_store_.insert(v->base.get());
+    } else if (is_collective(n->op())) {
+      must_store_.insert(n->input(0).get());
+    }
+  }
+}
+
+NodeRef Fuser::node_ref(const Node* n) {
+  auto it = pos_.find(n);
+  return it == pos_.end() ? nullptr : topo_[it->second];
+}
+
+// Compute nodes that consume `n`, looking through duplicable users.
+void Fuser::effective_users(const NodeRef& n, std::vector<const Node*>& out) {
+  auto it = users_.find(n.get());
+  if (it == users_.end()) return;
+  for (const NodeRef& u : it->second) {
+    // A duplicable user that must be stored is a kernel root of its own.
+    bool stored = output_of_.count(u.get()) || assigns_.count(u.get());
+    if (is_duplicable(u) && !stored) {
+      effective_users(u, out);
+    } else {
+      out.push_back(u.get());
+    }
+  }
+}
+
+// ---- grouping
+void Fuser::form_groups() {
+  for (auto it = topo_.rbegin(); it != topo_.rend(); ++it) {
+    const NodeRef& n = *it;
+    if (!is_compute(n) || group_of_.count(n.get())) continue;
+    if (is_duplicable(n) && !output_of_.count(n.get()) && !assigns_.count(n.get()) &&
+        !must_store_.count(n.get()))
+      continue;
+    new_group(n);
+  }
+}
+
+void Fuser::new_group(const NodeRef& root) {
+  auto g = std::make_unique<Group>();
+  g->id = static_cast<int>(groups_.size());
+  g->root = root;
+  DimMap rm;
+  if (is_reduce(root->op())) {
+    const NodeRef& x = root->input(0);
+    g->domain = x->shape();
+    g->reduced.assign(x->rank(), false);
+    for (int64_t a : root->attrs().get_ints("axes")) g->reduced[a] = true;
+    g->has_reduce = true;
+    bool keep = root->attrs().get_bool("keepdims");
+    for (int d = 0; d < x->rank(); ++d) {
+      if (!g->reduced[d]) {
+        rm.push_back(d);
+      } else if (keep) {
+        rm.push_back(-1);
+      }
+    }
+  } else {
+    g->domain = root->shape();
+    g->reduced.assign(root->rank(), false);
+    for (int d = 0; d < root->rank(); ++d) rm.push_back(d);
+    if (is_contraction(root->op())) {
+      g->matmul = true;
+      g->mm = root;
+    }
+  }
+  Group* gp = g.get();
+  groups_.push_back(std::move(g));
+  add_member(*gp, root, rm);
+  grow(*gp);
+}
+
+void Fuser::add_member(Group& g, const NodeRef& n, const DimMap& m) {
+  auto& ms = g.maps[n.get()];
+  if (ms.empty()) g.members.push_back(n);
+  if (std::find(ms.begin(), ms.end(), m) == ms.end()) ms.push_back(m);
+  if (!is_duplicable(n)) group_of_[n.get()] = g.id;
+}
+
+// Absorbs producers, latest first, so that all users of a candidate that
+// can be in the group have been decided before the candidate.
+void Fuser::grow(Group& g) {
+  using Entry = std::pair<int, const Node*>;
+  std::priority_queue<Entry> heap;
+  std::unordered_map<const Node*, std::pair<NodeRef, std::vector<DimMap>>> pending;
+  auto push_operands = [&](const NodeRef& n, const DimMap& m) {
+    if (is_contraction(n->op())) return;  // operands are read by the matmul itself
+    if (is_addressed_view(n)) return;    // and by the view's guarded loads
+    if (is_collective(n->op())) return;     // and by the collective
+    if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) return;
+    for (size_t i = 0; i < n->inputs().size(); ++i) {
+      const NodeRef& o = n->input(i);
+      auto& p = pending[o.get()];
+      if (!p.first) {
+        p.first = o;
+        heap.push({pos_[o.get()], o.get()});
+      }
+      DimMap om = operand_map(n, m, i);
+      if (std::find(p.second.begin(), p.second.end(), om) == p.second.end()) p.second.push_back(om);
+    }
+  };
+  for (auto& m : g.maps[g.root.get()]) push_operands(g.root, m);
+  while (!heap.empty()) {
+    const Node* key = heap.top().second;
+    heap.pop();
+    auto node_maps = pending[key];
+    pending.erase(key);
+    const NodeRef& p = node_maps.first;
+    g.remap.clear();
+    if (!try_absorb(g, p, node_maps.second)) continue;
+    if (!g.remap.empty()) {
+      // The domain grew: renumber the maps still waiting in the heap.
+      for (auto& [k2, entry] : pending)
+        for (auto& mm : entry.second)
+          for (int& e : mm) e = e < 0 ? -1 : g.remap[e];
+    }
+    for (auto& m : node_maps.second) {
+      add_member(g, p, m);
+    }
+    for (auto& m : g.maps[p.get()]) push_operands(p, m);
+  }
+}
+
+bool Fuser::try_absorb(Group& g, const NodeRef& p, std::vector<DimMap>& maps) {
+  if (is_buffer_leaf(p)) return false;
+  if (is_view(p->op())) return is_unit_reshape(p) || p->op() != OpKind::Reshape;
+  if (is_duplicable(p)) return true;
+  if (!is_compute(p) || group_of_.count(p.get())) return false;
+  if (!opts_.fuse) return false;
+  if (output_of_.count(p.get()) || must_store_.count(p.get())) return false;
+  std::vector<const Node*> eff;
+  effective_users(p, eff);
+  for (const Node* u : eff)
+    if (!g.maps.count(u)) return false;
+  if (assigns_.count(p.get())) {
+    bool any_full = false;
+    for (auto& m : maps) any_full |= is_full_map(p, m);
+    if (!any_full) return false;
+  }
+  if (is_elementwise(p->op())) return !(g.has_reduce && epilogue_.count(p.get()));
+  if (is_contraction(p->op())) {
+    if (g.matmul || g.has_reduce || maps.size() != 1) return false;
+    if (p->shape() != g.domain) return false;
+    for (int d = 0; d < p->rank(); ++d)
+      if (maps[0][d] != d) return false;
+    g.matmul = true;
+    g.mm = p;
+    return true;
+  }
+  if (is_reduce(p->op())) return absorb_reduce(g, p, maps);
+  return false;
+}
+
+// A reduction joins a loop group when its operand spans the group's domain
+// with the same reduced dims (a further phase), or when the group has no
+// reduction yet and the reduction's kept dims cover the group's domain (the
+// group becomes the reduction's epilogue; the domain grows).
+bool Fuser::absorb_reduce(Group& g, const NodeRef& p, std::vector<DimMap>& maps) {
+  if (g.matmul || maps.size() != 1) return false;
+  const NodeRef& x = p->input(0);
+  const IntList& axes = p->attrs().get_ints("axes");
+  bool keep = p->attrs().get_bool("keepdims");
+  const DimMap& m = maps[0];
+  // Output dim j of p <-> operand dim in_dim[j].
+  std::vector<int> in_dim;
+  for (int d = 0; d < x->rank(); ++d) {
+    bool red = std::binary_search(axes.begin(), axes.end(), d);
+    if (!red || keep) in_dim.push_back(d);
+  }
+  // Same domain: the reduction is a further phase (or the group's first).
+  bool canonical = x->shape() == g.domain;
+  for (size_t j = 0; canonical && j < m.size(); ++j) {
+    int d = in_dim[j];
+    bool red = std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(d));
+    canonical = red ? (m[j] == -1 || g.domain[d] == 1) : m[j] == d;
+  }
+  if (canonical) {
+    if (g.has_reduce) {
+      for (int d = 0; d < x->rank(); ++d)
+        if (g.reduced[d] != std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(d)))
+          return false;
+    } else {
+      g.reduced.assign(x->rank(), false);
+      for (int64_t a : axes) g.reduced[a] = true;
+      g.has_reduce = true;
+    }
+    DimMap pm;
+    for (size_t j = 0; j < in_dim.size(); ++j) pm.push_back(g.reduced[in_dim[j]] ? -1 : in_dim[j]);
+    maps = {pm};
+    return true;
+  }
+  if (g.has_reduce) return false;
+  // Growth: old domain dim -> new domain dim (the reduction's operand dims).
+  std::vector<int> remap(g.domain.size(), -1);
+  for (size_t j = 0; j < m.size(); ++j) {
+    if (m[j] < 0) continue;
+    bool red = std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(in_dim[j]));
+    if (red) {
+      if (g.domain[m[j]] != 1) return false;  // the epilogue cannot index a reduced dim
+      continue;
+    }
+    remap[m[j]] = in_dim[j];
+  }
+  for (size_t d = 0; d < g.domain.size(); ++d)
+    if (remap[d] < 0 && g.domain[d] != 1) return false;
+  for (auto& [node, ms] : g.maps)
+    for (auto& mm : ms)
+      for (int& e : mm) e = e < 0 ? -1 : remap[e];
+  g.remap = remap;
+  g.domain = x->shape();
+  g.reduced.assign(x->rank(), false);
+  for (int64_t a : axes) g.reduced[a] = true;
+  g.has_reduce = true;
+  DimMap pm;
+  for (size_t j = 0; j < in_dim.size(); ++j) pm.push_back(g.reduced[in_dim[j]] ? -1 : in_dim[j]);
+  maps = {pm};
+  return true;
+}
+
+}  // namespace flowjit::jit::fusion_detail

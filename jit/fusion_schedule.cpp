@@ -1,0 +1,262 @@
+// fusion: launch order, deferred assigns, arena lives and the runtime plan.
+#include "jit/fusion_internal.h"
+
+namespace flowjit::jit::fusion_detail {
+
+Fuser::Fuser(const Graph& g, const std::string& job, FusionOptions opts) : job_(job), opts_(opts) {
+  g_ = materialize(g);
+}
+
+FusedProgram Fuser::run() {
+  analyze();
+  form_groups();
+  FusedProgram out;
+  out.graph = g_;
+  build_and_schedule(out);
+  return out;
+}
+
+// Builds every group's kernel, orders them, and writes the plan.
+void Fuser::build_and_schedule(FusedProgram& out) {
+  // Storage for inputs and for every value a group stores.
+  for (auto& [node, idx] : param_index_) storage_[node] = {Storage::Input, idx};
+  int arena_buffers = 0;
+  std::vector<const Node*> arena_nodes;
+  for (auto& g : groups_) {
+    const Node* r = g->root.get();
+    auto o = output_of_.find(r);
+    if (o != output_of_.end()) {
+      storage_[r] = {Storage::Output, o->second};
+    } else if (users_.count(r) && !users_[r].empty()) {
+      storage_[r] = {Storage::Arena, arena_buffers++};
+      arena_nodes.push_back(r);
+    }
+  }
+  // First attempt: assigns stored in place. If the schedule has a cycle or
+  // an in-place hazard, those assigns go through temporaries instead.
+  std::vector<Built> built;
+  std::vector<int> order;
+  std::set<std::string> deferred;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    built.clear();
+    std::set<std::string> hazards;
+    for (auto& g : groups_) built.push_back(build_group(*g, deferred, hazards));
+    if (!hazards.empty() && attempt == 0) {
+      deferred.insert(hazards.begin(), hazards.end());
+      continue;
+    }
+    if (schedule(built, order)) break;
+    FJ_CHECK(attempt == 0, "fusion: no schedule even with deferred assigns");
+    for (auto& [val, as] : assigns_)
+      for (auto& a : as) deferred.insert(a->input(0)->attrs().get_str("name"));
+  }
+  // Deferred assigns: copy kernels after everything else.
+  std::vector<Built> copies = build_deferred_copies(deferred);
+
+  // Launch order, arena lives and the plan.
+  runtime::Plan& plan = out.plan;
+  plan.job_name = job_;
+  for (auto& p : g_.params) plan.inputs.push_back(p->type());
+  for (auto& o : g_.outputs) plan.outputs.push_back(o->type());
+  std::vector<Built*> launches;
+  for (int gi : order) launches.push_back(&built[gi]);
+  for (auto& c : copies) launches.push_back(&c);
+
+  // Arena buffers: intermediates, then the temporaries of deferred assigns
+  // (live for the whole run).
+  std::vector<BufferLife> lives(arena_buffers);
+  for (int i = 0; i < arena_buffers; ++i) {
+    lives[i].bytes = arena_nodes[i]->type().bytes();
+    lives[i].first = -1;
+  }
+  lives.insert(lives.end(), temp_lives_.begin(), temp_lives_.end());
+  for (size_t li = 0; li < launches.size(); ++li) {
+    Built& b = *launches[li];
+    for (size_t a = 0; a < b.arg_storage.size(); ++a) {
+      const Storage& s = b.arg_storage[a];
+      if (s.kind != Storage::Arena) continue;
+      FJ_CHECK(s.index >= 0 && s.index < static_cast<int>(lives.size()), "arena buffer index");
+      BufferLife& l = lives[s.index];
+      if (b.k.args[a].written && l.first < 0) l.first = static_cast<int>(li);
+      l.last = std::max(l.last, static_cast<int>(li));
+    }
+  }
+  for (auto& l : lives)
+    if (l.first < 0) l.first = 0;
+  for (size_t t = 0; t < temp_lives_.size(); ++t) {
+    BufferLife& l = lives[arena_buffers + t];
+    l.first = 0;
+    l.last = static_cast<int>(launches.size());
+  }
+  ArenaPlan ap = plan_arena(lives);
+  plan.arena_bytes = ap.arena_bytes;
+  out.bytes_without_reuse = ap.total_bytes;
+  plan.variables = plan_vars_;
+
+  auto names = value_names(g_);
+  std::ostringstream desc;
+  for (size_t li = 0; li < launches.size(); ++li) {
+    Built& b = *launches[li];
+    runtime::Launch l;
+    l.symbol = b.k.name;
+    for (size_t a = 0; a < b.arg_storage.size(); ++a) {
+      const Storage& s = b.arg_storage[a];
+      runtime::BufferRef r;
+      switch (s.kind) {
+        case Storage::Input: r = {runtime::BufferKind::Input, s.index, 0}; break;
+        case Storage::Output: r = {runtime::BufferKind::Output, s.index, 0}; break;
+        case Storage::Variable: r = {runtime::BufferKind::Variable, s.index, 0}; break;
+        case Storage::Arena: r = {runtime::BufferKind::Arena, 0, ap.offsets[s.index]}; break;
+      }
+      l.args.push_back(r);
+    }
+    l.summary = b.k.summary;
+    l.collective = b.collective;
+    plan.launches.push_back(l);
+    // Description: name, computed values, stores.
+    desc << b.k.name << ":";
+    std::vector<const Node*> comp = b.computes;
+    std::sort(comp.begin(), comp.end(), [&](const Node* x, const Node* y) { return pos_[x] < pos_[y]; });
+    comp.erase(std::unique(comp.begin(), comp.end()), comp.end());
+    for (const Node* c : comp) desc << " " << names[c];
+    desc << " ->";
+    for (auto& s : b.k.stores) {
+      const Node* buf = static_cast<const Node*>(b.arg_buffers[s.where.arg]);
+      const Storage& st = b.arg_storage[s.where.arg];
+      switch (st.kind) {
+        case Storage::Output: desc << " out" << st.index; break;
+        case Storage::Variable: desc << " var:" << plan_vars_[st.index].first; break;
+        default: desc << " " << (names.count(buf) ? names[buf] : std::string("tmp")); break;
+      }
+    }
+    desc << "\n";
+    out.kernels.push_back(std::move(b.k));
+  }
+  out.description = desc.str();
+}
+
+int Fuser::temp_for(const std::string& name, const NodeRef& var) {
+  auto it = temp_index_.find(name);
+  if (it != temp_index_.end()) return it->second;
+  int idx = arena_base_count() + static_cast<int>(temp_lives_.size());
+  BufferLife l;
+  l.bytes = var->type().bytes();
+  temp_lives_.push_back(l);
+  temp_index_[name] = idx;
+  temp_vars_[name] = var;
+  return idx;
+}
+
+int Fuser::arena_base_count() {
+  int n = 0;
+  for (auto& [node, s] : storage_)
+    if (s.kind == Storage::Arena) n = std::max(n, s.index + 1);
+  return n;
+}
+
+std::vector<Built> Fuser::build_deferred_copies(const std::set<std::string>& deferred) {
+  std::vector<Built> out;
+  int i = 0;
+  for (const std::string& name : deferred) {
+    auto it = temp_vars_.find(name);
+    if (it == temp_vars_.end()) continue;
+    const NodeRef& var = it->second;
+    Built b;
+    Kernel& k = b.k;
+    k.name = "k" + std::to_string(groups_.size() + i++) + "_assign";
+    k.kind = Kernel::Kind::Loop;
+    k.domain = var->shape();
+    k.reduced.assign(var->rank(), false);
+    std::vector<int64_t> cs = contiguous_strides(var->shape());
+    auto add_arg = [&](const void* key, Storage s, bool write) {
+      b.arg_buffers.push_back(key);
+      b.arg_storage.push_back(s);
+      codegen::KernelArg a;
+      a.dtype = var->dtype();
+      a.elements = var->type().numel();
+      (write ? a.written : a.read) = true;
+      k.args.push_back(a);
+      return static_cast<int>(k.args.size()) - 1;
+    };
+    int src = add_arg(temp_key(name), {Storage::Arena, temp_index_.at(name)}, false);
+    int dst = add_arg(var.get(), {Storage::Variable, variable_index(var)}, true);
+    k.loads.push_back({src, cs, 0});
+    KNode ld;
+    ld.kind = KOp::Load;
+    ld.dtype = var->dtype();
+    ld.access = 0;
+    k.nodes.push_back(ld);
+    k.stores.push_back({0, {dst, cs, 0}});
+    k.summary = "assign " + name;
+    k.finalize();
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+// Kahn's algorithm over data and anti dependences (readers of a
+// variable's old value run before the kernel that overwrites it). Ties go
+// to program order. Returns false on a cycle.
+bool Fuser::schedule(std::vector<Built>& built, std::vector<int>& order) {
+  size_t n = built.size();
+  std::vector<std::set<int>> succ(n);
+  std::vector<int> indeg(n, 0);
+  std::unordered_map<const Node*, int> producer;
+  for (size_t i = 0; i < n; ++i) producer[groups_[i]->root.get()] = static_cast<int>(i);
+  auto edge = [&](int from, int to) {
+    if (from == to) return;
+    if (succ[from].insert(to).second) ++indeg[to];
+  };
+  std::unordered_map<std::string, int> writer;
+  for (size_t i = 0; i < n; ++i)
+    for (auto& v : built[i].var_writes) writer[v] = static_cast<int>(i);
+  for (size_t i = 0; i < n; ++i) {
+    for (const Node* r : built[i].reads) {
+      auto p = producer.find(r);
+      if (p != producer.end()) edge(p->second, static_cast<int>(i));
+    }
+    for (auto& v : built[i].var_reads) {
+      auto w = writer.find(v);
+      if (w != writer.end()) edge(static_cast<int>(i), w->second);
+    }
+  }
+  // Collectives go after all other ready work, and then all ready
+  // collectives go at once, so that those ready together (the gradients of
+  // a backward pass) become adjacent launches the runtime sends as one
+  // bucket: one exchange instead of one per variable. Synchronous
+  // collectives gain nothing from starting earlier.
+  using Queue = std::priority_queue<std::pair<int, int>, std::vector<std::pair<int, int>>, std::greater<>>;
+  Queue ready, collectives;
+  auto push = [&](int i) {
+    const Node* r = groups_[i]->root.get();
+    (is_collective(r->op()) ? collectives : ready).push({pos_[r], i});
+  };
+  for (size_t i = 0; i < n; ++i)
+    if (indeg[i] == 0) push(static_cast<int>(i));
+  order.clear();
+  auto take = [&](Queue& q) {
+    int i = q.top().second;
+    q.pop();
+    order.push_back(i);
+    for (int s : succ[i])
+      if (--indeg[s] == 0) push(s);
+  };
+  while (!ready.empty() || !collectives.empty()) {
+    if (!ready.empty()) {
+      take(ready);
+    } else {
+      while (!collectives.empty()) take(collectives);
+    }
+  }
+  return order.size() == n;
+}
+
+}  // namespace flowjit::jit::fusion_detail
+
+namespace flowjit::jit {
+
+FusedProgram fuse(const ir::Graph& g, const std::string& job_name, FusionOptions opts) {
+  return fusion_detail::Fuser(g, job_name, opts).run();
+}
+
+}  // namespace flowjit::jit
