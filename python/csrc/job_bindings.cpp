@@ -6,6 +6,7 @@
 
 #include "ir/error.h"
 #include "jit/compile.h"
+#include "jit/cache.h"
 #include "python/csrc/bindings.h"
 #include "python/csrc/gpu_bindings.h"
 #include "python/csrc/session.h"
@@ -359,7 +360,12 @@ void register_jobs(py::module_& m) {
       .def_property_readonly("output_groups", &CompiledJobPy::output_groups)
       .def_property_readonly("from_disk_cache", [](const CompiledJobPy& j) { return j.job().from_disk_cache; })
       .def_property_readonly("cache_key", [](const CompiledJobPy& j) { return j.job().cache_key; })
-      .def_property_readonly("warnings", [](const CompiledJobPy& j) { return j.job().warnings; })
+      .def_property_readonly("warnings",
+                             [](const CompiledJobPy& j) {
+                               std::vector<std::string> out;
+                               for (auto& w : j.job().warnings) out.push_back(jit::printable_text(w));
+                               return out;
+                             })
       .def_property_readonly("seconds_total", [](const CompiledJobPy& j) { return j.job().seconds_total; })
       .def_property_readonly("seconds_codegen", [](const CompiledJobPy& j) { return j.job().seconds_codegen; })
       .def_property_readonly("new_variables", [](const CompiledJobPy& j) {
@@ -417,11 +423,14 @@ void register_jobs(py::module_& m) {
         }
         // Cache problems (damaged entry, unwritable directory) are warnings,
         // never errors; they stay readable on the result too.
+        // (A cache path need not be UTF-8; the messages quoting it must be.)
         for (const std::string& w : cj.warnings)
-          if (PyErr_WarnEx(cache_warning(), w.c_str(), 1) != 0) throw py::error_already_set();
+          if (PyErr_WarnEx(cache_warning(), jit::printable_text(w).c_str(), 1) != 0)
+            throw py::error_already_set();
         if (cj.distributed)
           for (const std::string& w : cj.distributed->warnings)
-            if (PyErr_WarnEx(PyExc_UserWarning, w.c_str(), 1) != 0) throw py::error_already_set();
+            if (PyErr_WarnEx(PyExc_UserWarning, jit::printable_text(w).c_str(), 1) != 0)
+              throw py::error_already_set();
         return std::make_shared<CompiledJobPy>(std::move(cj), s.target.gpu_variables);
       },
       py::arg("name"), py::arg("train"), py::arg("params"), py::arg("outputs"), py::arg("effects"),
