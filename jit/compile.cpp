@@ -127,7 +127,14 @@ std::optional<DiskCache> open_cache(const CompileSettings& settings, const Fused
   // could be anyone's code. One warning per directory, then memory only.
   std::string why = cache->untrusted_root();
   if (!why.empty()) {
-    if (note_unwritable_cache(cache->dir()))
+    static std::mutex mu;
+    static std::set<std::string> warned;
+    bool first;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      first = warned.insert(cache->dir()).second;
+    }
+    if (first)
       out.warnings.push_back("flowjit: the kernel cache in " + printable_text(cache->dir()) +
                              " is not used because " + printable_text(why) +
                              "; compiled kernels are kept in memory only (chmod 700 it, or set "

@@ -1,0 +1,235 @@
+"""Hostile and careless use (issue #16): planted, foreign and odd cache files,
+symlinked dumps, sessions cleared under running jobs, out-of-range labels,
+overflowing shapes, empty inputs, re-entrant tracing, exit with daemon
+threads, stale checkpoint staging and the rendezvous store."""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import flowjit as flow
+import flowjit.typing as tp
+from flowjit import _C
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "python"), os.path.join(ROOT, "tools")] +
+                                        ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    for var in ("FLOWJIT_DEBUG", "FLOWJIT_DISABLE_CACHE", "FLOWJIT_DUMP_DIR"):
+        env.pop(var, None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _affine(name="affine", n=64):
+    def affine(x: tp.Numpy.Placeholder((n,))) -> tp.Numpy:
+        return x * 2.0 + 1.0
+    affine.__name__ = name
+    return flow.global_function(type="predict")(affine)
+
+
+def _call_affine(name="affine"):
+    """A fresh job called once (its in-memory cache is empty: only the disk can help)."""
+    job = _affine(name)
+    x = np.arange(64, dtype=np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = job(x)
+    np.testing.assert_array_equal(out, x * 2 + 1)
+    return job.compiled_jobs()[0], [str(w.message) for w in caught
+                                     if issubclass(w.category, _C.CacheWarning)]
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    d = tmp_path / "cache"
+    monkeypatch.setenv("FLOWJIT_CACHE_DIR", str(d))
+    for var in ("FLOWJIT_DISABLE_CACHE", "FLOWJIT_CACHE_MAX_BYTES", "FLOWJIT_DEBUG", "FLOWJIT_DUMP_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    return d
+
+
+def _entry_dir(cache, key):
+    return os.path.join(str(cache), key[:2], key)
+
+
+# ---------------------------------------------------------------- disk-cache trust
+
+def test_cache_directories_and_files_are_private_whatever_the_umask(cache_dir):
+    old = os.umask(0)
+    try:
+        first, _ = _call_affine()
+    finally:
+        os.umask(old)
+    entry = _entry_dir(cache_dir, first.cache_key)
+    for d in (cache_dir, cache_dir / "tmp", os.path.dirname(entry), entry):
+        assert os.stat(d).st_mode & 0o777 == 0o700, d
+    for name in os.listdir(entry):
+        assert os.stat(os.path.join(entry, name)).st_mode & 0o777 == 0o600, name
+    assert os.stat(cache_dir / "hmac.key").st_mode & 0o777 == 0o600
+
+
+def test_entry_copied_from_another_cache_is_recompiled_not_loaded(tmp_path, cache_dir, monkeypatch):
+    theirs = tmp_path / "theirs"
+    monkeypatch.setenv("FLOWJIT_CACHE_DIR", str(theirs))
+    planted, _ = _call_affine()
+    monkeypatch.setenv("FLOWJIT_CACHE_DIR", str(cache_dir))
+    mine, _ = _call_affine("other")  # makes our cache and its key
+    assert planted.cache_key != mine.cache_key
+    dst = _entry_dir(cache_dir, planted.cache_key)
+    os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
+    shutil.copytree(_entry_dir(theirs, planted.cache_key), dst)
+    again, msgs = _call_affine()
+    assert not again.from_disk_cache
+    assert len(msgs) == 1 and "not authenticated by this cache's key" in msgs[0], msgs
+    # Recompiled and stored under our key: the next job loads it silently.
+    third, msgs = _call_affine()
+    assert third.from_disk_cache and msgs == []
+    from flowjit_cache.store import Cache
+    assert Cache(str(cache_dir)).find(planted.cache_key).problems() == []
+
+
+def test_group_writable_cache_root_is_refused_with_one_warning(cache_dir):
+    cache_dir.mkdir(mode=0o700)
+    os.chmod(cache_dir, 0o770)
+    first, msgs = _call_affine()
+    assert not first.from_disk_cache
+    assert len(msgs) == 1 and "is not used because" in msgs[0] and "writable by its group" in msgs[0]
+    second, msgs = _call_affine("affine2")
+    assert msgs == []  # once per directory
+    assert os.listdir(cache_dir) == []  # nothing written into it
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_entry_owned_by_another_user_is_not_loaded(cache_dir):
+    first, _ = _call_affine()
+    entry = _entry_dir(cache_dir, first.cache_key)
+    os.chown(os.path.join(entry, "object.o"), 12345, 12345)
+    again, msgs = _call_affine()
+    assert not again.from_disk_cache
+    assert len(msgs) == 1 and "owned by uid 12345" in msgs[0] and "compiled in memory" in msgs[0]
+    assert os.path.exists(entry)  # not ours to remove
+    again, msgs = _call_affine()
+    assert msgs == []  # warned once
+
+
+FIFO_WORKER = textwrap.dedent('''
+    import sys, warnings, numpy as np
+    import flowjit as flow, flowjit.typing as tp
+    @flow.global_function(type="predict")
+    def affine(x: tp.Numpy.Placeholder((64,))) -> tp.Numpy:
+        return x * 2.0 + 1.0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = affine(np.ones(64, np.float32))
+    assert (out == 3).all()
+    print("|".join(str(w.message) for w in caught))
+''')
+
+
+@pytest.mark.parametrize("odd", ["fifo", "link to a device", "link to a file"])
+def test_fifo_or_link_in_an_entry_neither_hangs_the_job_nor_the_tool(tmp_path, cache_dir, odd):
+    first, _ = _call_affine()
+    entry = _entry_dir(cache_dir, first.cache_key)
+    target = os.path.join(entry, "object.o")
+    os.unlink(target)
+    if odd == "fifo":
+        os.mkfifo(target, 0o600)
+    elif odd == "link to a device":
+        os.symlink("/dev/zero", target)
+    else:
+        os.symlink(os.path.join(entry, "plan.txt"), target)
+    script = tmp_path / "w.py"
+    script.write_text(FIFO_WORKER)
+    p = subprocess.run([sys.executable, str(script)], env=_env(FLOWJIT_CACHE_DIR=cache_dir),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "is not loaded because" in p.stdout, p.stdout
+    for cmd in (["verify"], ["list"], ["stats"]):
+        q = subprocess.run([sys.executable, "-m", "flowjit_cache", "--dir", str(cache_dir)] + cmd,
+                           env=_env(), capture_output=True, text=True, timeout=60)
+        assert q.returncode in (0, 1), (cmd, q.stderr)
+        if cmd == ["verify"]:
+            assert "BAD" in q.stdout and ("not a regular file" in q.stdout or "symbolic link" in q.stdout), q.stdout
+
+
+def test_non_utf8_cache_path_and_entry_text_warn_never_raise(tmp_path, monkeypatch):
+    odd = os.fsencode(str(tmp_path)) + b"/cache-\xff\xfe"
+    os.mkdir(odd, 0o700)
+    os.chmod(odd, 0o777)  # so that a warning quotes the path
+    monkeypatch.setitem(os.environb, b"FLOWJIT_CACHE_DIR", odd)
+    first, msgs = _call_affine()
+    assert len(msgs) == 1 and "\\xff\\xfe" in msgs[0], msgs
+    assert "\\xff" in first.warnings[0]
+    # A (self-made, authentic) entry whose text is not UTF-8 is damage.
+    os.chmod(odd, 0o700)
+    second, _ = _call_affine("nonutf8")
+    entry = os.path.join(odd, os.fsencode(second.cache_key[:2]), os.fsencode(second.cache_key))
+    from flowjit_cache.store import Cache
+    e = Cache(os.fsdecode(odd)).find(second.cache_key)
+    assert e.problems() == []
+    plan = os.path.join(entry, b"plan.txt")
+    with open(plan, "rb") as f:
+        data = f.read()
+    data = data.replace(b"job nonutf8", b"job \xff\xfeutf8")
+    import hashlib, hmac, json
+    meta_path = os.path.join(entry, b"meta.json")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    meta["files"]["plan.txt"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    from flowjit_cache.store import mac_message
+    with open(os.path.join(odd, b"hmac.key"), "rb") as f:
+        secret = f.read()
+    meta["mac"] = hmac.new(secret, mac_message(second.cache_key, meta["files"]), "sha256").hexdigest()
+    with open(plan, "wb") as f:
+        f.write(data)
+    with open(meta_path, "w") as f:
+        json.dump(meta, f)
+    again, msgs = _call_affine("nonutf8")
+    assert not again.from_disk_cache
+    assert len(msgs) == 1 and "not UTF-8" in msgs[0], msgs
+
+
+# ---------------------------------------------------------------- FLOWJIT_DUMP_DIR
+
+def test_dump_dir_never_follows_a_planted_link(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLOWJIT_DISABLE_CACHE", "1")
+    first = tmp_path / "first"
+    monkeypatch.setenv("FLOWJIT_DUMP_DIR", str(first))
+    _affine("dumped")(np.zeros(64, np.float32))
+    names = sorted(os.listdir(first))
+    assert names and all(n.startswith("dumped.") for n in names)
+    # Someone plants links under the predictable names of the next dump.
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    for n in names:
+        os.symlink(victim, planted / n)
+    monkeypatch.setenv("FLOWJIT_DUMP_DIR", str(planted))
+    flow.clear_default_session()
+    p = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent('''
+            import numpy as np, flowjit as flow, flowjit.typing as tp
+            @flow.global_function(type="predict")
+            def dumped(x: tp.Numpy.Placeholder((64,))) -> tp.Numpy:
+                return x * 2.0 + 1.0
+            dumped(np.zeros(64, np.float32))
+        ''')], env=_env(FLOWJIT_DUMP_DIR=planted, FLOWJIT_DISABLE_CACHE=1), capture_output=True,
+        text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert victim.read_text() == "precious\n"
+    assert "FLOWJIT_DUMP_DIR: cannot write" in p.stderr and "link" in p.stderr
+    # A dump of our own from an earlier compile is replaced, not refused.
+    monkeypatch.setenv("FLOWJIT_DUMP_DIR", str(first))
+    _affine("dumped")(np.zeros(64, np.float32))
+    assert sorted(os.listdir(first)) == names
