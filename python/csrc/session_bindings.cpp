@@ -230,9 +230,14 @@ std::vector<runtime::VariableStore*> Session::device_stores() {
 
 void Session::clear() {
   sync();
+  // A job another thread is running holds the run lock (without the GIL)
+  // and reads the variables: wait for it, then free them. A call that was
+  // about to run sees the new generation under the lock and refuses.
+  py::gil_scoped_release release;
+  std::lock_guard<std::mutex> lock(run_mu_);
+  generation_.fetch_add(1);
   store_.clear();
   for (auto& s : device_stores_) s->clear();
-  generation_.fetch_add(1);
 }
 
 void Session::shutdown() {
@@ -263,18 +268,22 @@ void Session::shutdown() {
 namespace {
 
 py::array variable_value(const std::string& name) {
+  Session::get().wait_jobs();
+  // Looked up under the run lock: clear_default_session() frees variables
+  // under it.
+  std::lock_guard<std::mutex> lock(Session::get().run_mutex());
   runtime::VariableStorage* v = default_store().find(name);
   if (!v) throw_user(ErrorKind::Value, "no variable named '", name, "' in the session");
   std::vector<py::ssize_t> shape(v->type.shape.begin(), v->type.shape.end());
   py::array out(to_numpy_dtype(v->type.dtype), shape);
-  Session::get().wait_jobs();
-  std::lock_guard<std::mutex> lock(Session::get().run_mutex());
   runtime::sync_host(*v);
   std::memcpy(out.mutable_data(), v->ptr(), static_cast<size_t>(v->type.bytes()));
   return out;
 }
 
 void set_variable_value(const std::string& name, const py::array& value) {
+  Session::get().wait_jobs();
+  std::lock_guard<std::mutex> lock(Session::get().run_mutex());
   runtime::VariableStorage* v = default_store().find(name);
   if (!v) throw_user(ErrorKind::Value, "no variable named '", name, "' in the session");
   FJ_USER_CHECK(numpy_dtype_matches(value.dtype(), v->type.dtype), ErrorKind::Type, "variable '", name,
@@ -285,8 +294,6 @@ void set_variable_value(const std::string& name, const py::array& value) {
   FJ_USER_CHECK(shape == v->type.shape, ErrorKind::Value, "variable '", name, "' has shape ",
                 ir::shape_str(v->type.shape), " but the value has shape ", ir::shape_str(shape));
   py::array c = py::array::ensure(value, py::array::c_style | py::array::forcecast);
-  Session::get().wait_jobs();
-  std::lock_guard<std::mutex> lock(Session::get().run_mutex());
   std::memcpy(v->ptr(), c.data(), static_cast<size_t>(v->type.bytes()));
   runtime::mark_host_written(*v);
   v->initialized = true;
@@ -337,10 +344,12 @@ void register_session(py::module_& m) {
   });
   m.def("variable_names", [] {
     std::vector<std::string> out;
+    std::lock_guard<std::mutex> lock(Session::get().run_mutex());  // against clear()
     for (auto* v : default_store().all()) out.push_back(v->name);
     return out;
   });
   m.def("variable_info", [](const std::string& name) -> py::object {
+    std::lock_guard<std::mutex> lock(Session::get().run_mutex());  // against clear()
     runtime::VariableStorage* v = default_store().find(name);
     if (!v) return py::none();
     py::tuple shape(v->type.rank());
@@ -356,6 +365,7 @@ void register_session(py::module_& m) {
       },
       py::arg("name"), py::arg("shape"), py::arg("dtype"), py::arg("trainable"));
   m.def("mark_initialized", [](const std::string& name) {
+    std::lock_guard<std::mutex> lock(Session::get().run_mutex());
     if (auto* v = default_store().find(name)) v->initialized = true;
   });
   m.def("variable_value", &variable_value);

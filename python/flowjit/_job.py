@@ -686,6 +686,10 @@ class JobFunction:
                                    "validation")
             return fut
         outs = compiled.job.try_run(flat_t)
+        if outs is None and compiled.job.stale:  # cleared by another thread since the compile
+            raise RuntimeError(f"job '{self._name}': flow.clear_default_session() ran (in another "
+                               "thread) before this call could run; nothing ran (call the job again "
+                               "to recompile it)")
         if outs is None:
             raise RuntimeError(f"job '{self._name}': internal error: arguments rejected after validation")
         return compiled.sync_result(outs)

@@ -233,3 +233,64 @@ def test_dump_dir_never_follows_a_planted_link(tmp_path, monkeypatch):
     monkeypatch.setenv("FLOWJIT_DUMP_DIR", str(first))
     _affine("dumped")(np.zeros(64, np.float32))
     assert sorted(os.listdir(first)) == names
+
+
+# ---------------------------------------------------------------- clear_default_session vs running jobs
+
+CLEAR_RACE = textwrap.dedent('''
+    import sys, threading, numpy as np
+    import flowjit as flow, flowjit.typing as tp
+
+    @flow.global_function(type="predict")
+    def scaled(x: tp.Numpy.Placeholder((256, 256))) -> tp.Numpy:
+        w = flow.get_variable("w", shape=(256, 256), initializer=flow.constant_initializer(1.0))
+        return flow.matmul(x, w) + flow.math.reduce_sum(w) * 0.0
+
+    x = np.ones((256, 256), np.float32)
+    stop = threading.Event()
+    counts = {"ok": 0, "refused": 0}
+    failures = []
+
+    def runner():
+        for _ in range(150):
+            if stop.is_set():
+                break
+            try:
+                out = scaled(x)
+            except RuntimeError as e:
+                if "clear_default_session" not in str(e):
+                    failures.append(repr(e))
+                counts["refused"] += 1
+                continue
+            if not np.array_equal(out, np.full((256, 256), 256.0, np.float32)):
+                failures.append("wrong result %r" % out[0, :4])
+            counts["ok"] += 1
+
+    threads = [threading.Thread(target=runner) for _ in range(3)]
+    for t in threads:
+        t.start()
+    import time
+    for _ in range(150):  # bounded: clears while the runners call
+        if not any(t.is_alive() for t in threads):
+            break
+        flow.clear_default_session()
+        time.sleep(0.02)
+    stop.set()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a runner hangs"
+    assert not failures, failures[:3]
+    print("ok", counts)
+''')
+
+
+def test_clear_default_session_while_other_threads_run_jobs(tmp_path):
+    # In a subprocess: a use-after-free shows as a signal, not as a test that
+    # takes the whole run down.
+    script = tmp_path / "race.py"
+    script.write_text(CLEAR_RACE)
+    for _ in range(3):
+        p = subprocess.run([sys.executable, str(script)], env=_env(FLOWJIT_DISABLE_CACHE=1),
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, (p.returncode, p.stdout[-2000:], p.stderr[-4000:])
+        assert p.stdout.startswith("ok"), p.stdout
