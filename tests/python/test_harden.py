@@ -294,3 +294,51 @@ def test_clear_default_session_while_other_threads_run_jobs(tmp_path):
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, (p.returncode, p.stdout[-2000:], p.stderr[-4000:])
         assert p.stdout.startswith("ok"), p.stdout
+
+
+# ---------------------------------------------------------------- sizes that overflow int64
+
+def _predict(f):
+    return flow.global_function(type="predict")(f)
+
+
+@pytest.mark.parametrize("case", ["fill bytes", "fill elements", "zero extent", "variable", "broadcast"])
+def test_shapes_that_overflow_int64_are_a_clear_error_while_tracing(case):
+    def job(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        if case == "fill bytes":
+            return flow.math.reduce_sum(flow.constant(1.0, shape=(1, 2**62))) + x
+        if case == "fill elements":
+            return flow.math.reduce_sum(flow.constant(1.0, shape=(2**32, 2**32))) + x
+        if case == "zero extent":  # 0 elements, but the strides reach 2^124
+            return flow.math.reduce_sum(flow.constant(1.0, shape=(0, 2**62, 2**62))) + x
+        if case == "variable":
+            w = flow.get_variable("w", shape=(2**40, 2**40), initializer=flow.zeros_initializer())
+            return x + flow.math.reduce_sum(w)
+        big = flow.constant(1.0, shape=(2**31, 1))
+        return flow.math.reduce_sum(big * flow.constant(1.0, shape=(1, 2**31))) + x
+    with pytest.raises(ValueError) as e:
+        _predict(job)(np.zeros(4, np.float32))
+    msg = str(e.value)
+    assert "is too large" in msg and "overflow" in msg, msg
+    op = {"variable": "variable", "broadcast": "mul"}.get(case, "fill")
+    assert f"{op}: the result" in msg, msg
+    assert {"fill bytes": "4611686018427387904", "fill elements": "4294967296,4294967296",
+            "zero extent": "0,4611686018427387904", "variable": "1099511627776",
+            "broadcast": "2147483648,2147483648"}[case] in msg, msg
+
+
+# ---------------------------------------------------------------- empty inputs
+
+def test_reduce_mean_of_an_empty_list_numpy_is_nan_like_numpy():
+    @flow.global_function(type="predict")
+    def mean(x: tp.ListNumpy.Placeholder((8, 3))) -> tp.Numpy:
+        return flow.math.reduce_mean(x)
+
+    @flow.global_function(type="predict")
+    def total(x: tp.ListNumpy.Placeholder((8, 3))) -> tp.Numpy:
+        return flow.math.reduce_sum(x)
+
+    empty = [np.zeros((0, 3), np.float32)]
+    assert np.isnan(mean(empty))
+    assert total(empty) == 0
+    assert mean([np.ones((2, 3), np.float32)]) == 1
