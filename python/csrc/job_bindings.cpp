@@ -167,7 +167,7 @@ class CompiledJobPy {
     for (auto& o : outs) out_ptrs.push_back(o.mutable_data());
     bool cleared = false;
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       std::lock_guard<std::mutex> lock(s.run_mutex());
       // clear_default_session() in another thread may have freed this job's
       // variables between the check above and the lock: never run then.
@@ -440,7 +440,7 @@ void register_jobs(py::module_& m) {
         jit::CompiledJob cj;
         uint64_t generation;
         {
-          py::gil_scoped_release release;
+          GilRelease release;
           std::lock_guard<std::mutex> lock(sess.run_mutex());
           if (device == "gpu") set_gpu_target(s, gpu_ordinal);
           cj = jit::compile_job(job, s, sess.store());

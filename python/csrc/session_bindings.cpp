@@ -2,7 +2,9 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <thread>
 
 #include "codegen/cpu/backend.h"
 #include "codegen/cpu/peak.h"
@@ -63,7 +65,7 @@ void Session::acquire_slot() {
   while (true) {
     bool got;
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       std::unique_lock<std::mutex> lock(slots_mu_);  // released before the GIL is retaken
       got = slots_cv_.wait_for(lock, 50ms, [&] { return outstanding_ < async_capacity_; });
       if (got) ++outstanding_;
@@ -97,7 +99,7 @@ void Session::submit(runtime::WorkQueue::Task task) {
     while (true) {
       bool ok;
       {
-        py::gil_scoped_release release;
+        GilRelease release;
         ok = worker_->push_for(task, 50ms);
       }
       if (ok) return;
@@ -165,7 +167,7 @@ void Session::wait(runtime::WorkQueue& q) {
   while (true) {
     bool idle;
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       idle = q.wait_idle_for(50ms);
     }
     if (idle) return;
@@ -233,14 +235,56 @@ void Session::clear() {
   // A job another thread is running holds the run lock (without the GIL)
   // and reads the variables: wait for it, then free them. A call that was
   // about to run sees the new generation under the lock and refuses.
-  py::gil_scoped_release release;
+  GilRelease release;
   std::lock_guard<std::mutex> lock(run_mu_);
   generation_.fetch_add(1);
   store_.clear();
   for (auto& s : device_stores_) s->clear();
 }
 
+namespace {
+std::mutex g_exit_mu;
+std::condition_variable g_exit_cv;
+bool g_exiting = false;
+std::thread::id g_exit_thread;
+int g_retaking = 0;  // threads between the exit check and holding the GIL again
+}  // namespace
+
+GilRelease::GilRelease() : state_(PyEval_SaveThread()) {}
+
+GilRelease::~GilRelease() {
+  {
+    std::unique_lock<std::mutex> lock(g_exit_mu);
+    if (g_exiting && std::this_thread::get_id() != g_exit_thread) {
+      lock.unlock();
+      while (true) std::this_thread::sleep_for(std::chrono::hours(1));  // ends with the process
+    }
+    ++g_retaking;
+  }
+  PyEval_RestoreThread(state_);
+  std::lock_guard<std::mutex> lock(g_exit_mu);
+  --g_retaking;
+  g_exit_cv.notify_all();
+}
+
+void begin_exit() {
+  std::unique_lock<std::mutex> lock(g_exit_mu);
+  if (g_exiting) return;
+  g_exiting = true;
+  g_exit_thread = std::this_thread::get_id();
+  if (g_retaking == 0) return;
+  // Those threads wait for the GIL we hold: let them have it (bounded).
+  lock.unlock();
+  PyThreadState* state = PyEval_SaveThread();
+  {
+    std::unique_lock<std::mutex> wait_lock(g_exit_mu);
+    g_exit_cv.wait_for(wait_lock, std::chrono::seconds(10), [] { return g_retaking == 0; });
+  }
+  PyEval_RestoreThread(state);
+}
+
 void Session::shutdown() {
+  begin_exit();
   {
     std::lock_guard<std::mutex> lock(threads_mu_);
     if (shut_down_) return;
@@ -260,7 +304,7 @@ void Session::shutdown() {
     w = std::move(worker_);
     c = std::move(callbacks_);
   }
-  py::gil_scoped_release release;
+  GilRelease release;
   w.reset();
   c.reset();
 }
@@ -325,7 +369,7 @@ void register_session(py::module_& m) {
         o.tag = "session";
         std::shared_ptr<runtime::Communicator> comm;
         {
-          py::gil_scoped_release release;  // the rendezvous waits for the other processes
+          GilRelease release;  // the rendezvous waits for the other processes
           comm = runtime::make_gloo_communicator(o);
         }
         Session::get().configure_devices(local, std::move(comm), rank * local, processes > 1);
@@ -411,7 +455,7 @@ void register_session(py::module_& m) {
       [](double seconds) {
         codegen::cpu::PeakResult r;
         {
-          py::gil_scoped_release release;
+          GilRelease release;
           r = codegen::cpu::measure_fma_peak(seconds);
         }
         py::dict d;

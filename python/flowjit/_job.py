@@ -510,6 +510,7 @@ class JobFunction:
         self._misses = []
         self._warned_recompile = False
         self._compile_lock = threading.Lock()
+        self._tracing_thread = None  # the thread tracing this job, while it does
         self._defined_in = _C.session_generation()
         _defined_jobs.add(self)
 
@@ -661,6 +662,7 @@ class JobFunction:
         compiled = self._cache.get(key)
         if compiled is None:
             # One trace per signature even when several threads call at once.
+            self._refuse_reentry()
             with self._compile_lock:
                 compiled = self._cache.get(key)
                 if compiled is None:
@@ -672,6 +674,7 @@ class JobFunction:
         key, flat = self._check_args(args)
         compiled = self._cache.get(key)
         if compiled is None:  # (not self._compiled_for: warnings count the frames up to the call)
+            self._refuse_reentry()
             with self._compile_lock:
                 compiled = self._cache.get(key)
                 if compiled is None:
@@ -733,7 +736,23 @@ class JobFunction:
 
     # ---- tracing and compiling
 
+    def _refuse_reentry(self):
+        """A job called from its own body while it is traced would wait for
+        its own trace forever (the compile lock): say so instead."""
+        if self._tracing_thread == threading.get_ident():
+            raise RuntimeError(f"job '{self._name}' ({self._source}) called itself while it was "
+                               "being traced; a job function cannot call itself (call another job "
+                               "outside the job function, or factor the shared part into a plain "
+                               "Python function)")
+
     def _compile(self, key, flat):
+        self._tracing_thread = threading.get_ident()
+        try:
+            return self._compile_traced(key, flat)
+        finally:
+            self._tracing_thread = None
+
+    def _compile_traced(self, key, flat):
         self._note_miss(key)
         builder = JobBuilder(self._name, self._type, self._config)
         builder.source = self._source

@@ -342,3 +342,74 @@ def test_reduce_mean_of_an_empty_list_numpy_is_nan_like_numpy():
     assert np.isnan(mean(empty))
     assert total(empty) == 0
     assert mean([np.ones((2, 3), np.float32)]) == 1
+
+
+# ---------------------------------------------------------------- re-entry, exit, stale staging
+
+def test_a_job_that_calls_itself_while_traced_raises_instead_of_deadlocking():
+    @flow.global_function(type="predict")
+    def rec(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        rec(np.zeros(4, np.float32))
+        return x + 1.0
+
+    result = {}
+
+    def call():
+        try:
+            rec(np.zeros(4, np.float32))
+        except RuntimeError as e:
+            result["error"] = str(e)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(timeout=60)
+    assert not t.is_alive(), "the recursive trace deadlocked"
+    assert "called itself while it was being traced" in result.get("error", ""), result
+
+
+DAEMON_EXIT = textwrap.dedent('''
+    import threading, time, numpy as np
+    import flowjit as flow, flowjit.typing as tp
+    @flow.global_function(type="predict")
+    def f(x: tp.Numpy.Placeholder((256, 256))) -> tp.Numpy:
+        return flow.matmul(x, x) + 1.0
+    x = np.ones((256, 256), np.float32)
+    f(x)
+    def loop():
+        while True:
+            f(x)
+    for _ in range(4):
+        threading.Thread(target=loop, daemon=True).start()
+    time.sleep(0.2)
+    print("exiting")
+''')
+
+
+def test_daemon_threads_calling_a_job_at_interpreter_exit_exit_cleanly(tmp_path):
+    script = tmp_path / "daemon.py"
+    script.write_text(DAEMON_EXIT)
+    for _ in range(3):
+        p = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0 and "terminate called" not in p.stderr, (p.returncode, p.stderr[-2000:])
+        assert p.stdout.strip() == "exiting"
+
+
+def test_a_save_cleans_staging_directories_that_killed_saves_left(tmp_path):
+    parent = tmp_path / "ckpts"
+    parent.mkdir()
+    # A killed save of an older flowjit (no pid, old), one of a dead process,
+    # and one of a live process (this test's parent: still saving).
+    old = parent / ".model.0123456789ab.saving"
+    dead = parent / ".model.999999999-0123456789ab.saving"
+    live = parent / f".model.{os.getppid()}-0123456789ab.saving"
+    for d in (old, dead, live):
+        (d / "w").mkdir(parents=True)
+        (d / "w" / "out").write_bytes(b"\0" * 1024)
+    os.utime(old, (1, 1))
+    other = parent / "keep.saving"  # not a staging name
+    other.mkdir()
+    flow.checkpoint.save(str(parent / "model2"), {"w": np.ones(3, np.float32)})
+    assert not old.exists() and not dead.exists()
+    assert live.exists() and other.exists()
+    assert sorted(os.listdir(parent)) == sorted([live.name, other.name, "model2"])
