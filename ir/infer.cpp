@@ -137,7 +137,7 @@ TensorType infer_reshape(const TensorType& x, Attrs& attrs) {
       infer_at = static_cast<int>(i);
     } else {
       FJ_USER_CHECK(s[i] >= 0, kValue, "reshape: invalid extent ", s[i], " in ", shape_str(s));
-      known *= s[i];
+      if (__builtin_mul_overflow(known, s[i], &known)) known = INT64_MAX;  // cannot match
     }
   }
   int64_t n = x.numel();

@@ -2,6 +2,7 @@
 #include "ir/node.h"
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <functional>
 
@@ -104,6 +105,21 @@ std::string SourceLoc::str() const {
   return file + ":" + std::to_string(line);
 }
 
+bool Attrs::operator==(const Attrs& o) const {
+  if (items_.size() != o.items_.size()) return false;
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const auto& [k, v] = items_[i];
+    const auto& [ok, ov] = o.items_[i];
+    if (k != ok || v.index() != ov.index()) return false;
+    if (const double* d = std::get_if<double>(&v)) {
+      if (std::memcmp(d, &std::get<double>(ov), sizeof(double)) != 0) return false;
+    } else if (!(v == ov)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // ---------------------------------------------------------------- factory
 
 namespace {
@@ -153,6 +169,17 @@ NodeRef make_node(OpKind op, std::vector<NodeRef> inputs, Attrs attrs, SourceLoc
   for (size_t i = 0; i < inputs.size(); ++i)
     FJ_CHECK(inputs[i] != nullptr, op_name(op), ": operand ", i, " is null");
   TensorType t = infer_type(op, inputs, attrs);
+  // Every kernel indexes with int64: a shape whose size overflows it would
+  // make generated code fault, loop forever or compute zeros.
+  std::string too_big = shape_size_problem(t.dtype, t.shape);
+  FJ_USER_CHECK(too_big.empty(), ErrorKind::Value, op_name(op), ": the result ", t.str(),
+                " is too large: ", too_big,
+                inputs.empty() ? std::string() : " (operands: " + [&] {
+                  std::string o;
+                  for (size_t i = 0; i < inputs.size(); ++i)
+                    o += (i ? ", " : "") + inputs[i]->type().str();
+                  return o;
+                }() + ")");
   auto* n = new Node();
   n->op_ = op;
   n->inputs_ = std::move(inputs);

@@ -40,7 +40,10 @@ class Attrs {
   DType get_dtype(const std::string& key) const;
 
   const std::vector<std::pair<std::string, AttrValue>>& items() const { return items_; }
-  bool operator==(const Attrs& o) const { return items_ == o.items_; }
+  // Identical attributes: floats compare by their bits, so a NaN fill equals
+  // itself (the verifier re-infers and compares) and 0.0 is not -0.0 (CSE
+  // must not merge them).
+  bool operator==(const Attrs& o) const;
   size_t hash() const;
 
  private:

@@ -1,6 +1,8 @@
 // Element types, shapes and tensor types.
 #include "ir/types.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <sstream>
 
 namespace flowjit::ir {
@@ -37,8 +39,22 @@ std::optional<DType> dtype_from_short_name(std::string_view name) {
 
 int64_t num_elements(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (__builtin_mul_overflow(n, d, &n)) return INT64_MAX;
   return n;
+}
+
+std::string shape_size_problem(DType dtype, const Shape& s) {
+  int64_t n = 1, reach = 1, bytes = 0;
+  for (int64_t d : s) {
+    if (d < 0) return "extent " + std::to_string(d) + " is negative";
+    if (__builtin_mul_overflow(n, d, &n) || __builtin_mul_overflow(reach, std::max<int64_t>(d, 1), &reach))
+      return "its element count overflows int64 (more than 9223372036854775807)";
+  }
+  if (__builtin_mul_overflow(n, static_cast<int64_t>(dtype_bytes(dtype)), &bytes))
+    return std::to_string(n) + " elements of " + std::to_string(dtype_bytes(dtype)) +
+           " bytes overflow int64 bytes";
+  return "";
 }
 
 std::string shape_str(const Shape& s) {
@@ -54,7 +70,7 @@ std::vector<int64_t> contiguous_strides(const Shape& s) {
   int64_t acc = 1;
   for (size_t i = s.size(); i-- > 0;) {
     st[i] = acc;
-    acc *= s[i];
+    if (__builtin_mul_overflow(acc, s[i], &acc)) acc = INT64_MAX;  // (never for a node's shape)
   }
   return st;
 }

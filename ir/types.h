@@ -33,7 +33,14 @@ inline bool is_signed_int(DType t) { return is_int(t) && t != DType::UInt8; }
 // A shape is a list of non-negative extents; rank 0 is a scalar.
 using Shape = std::vector<int64_t>;
 
+// The element count. Every shape a node has passed shape_size_problem(), so
+// this cannot overflow there; for any other shape it saturates at INT64_MAX
+// instead of overflowing.
 int64_t num_elements(const Shape& s);
+// Why a tensor of this dtype and shape cannot be indexed with int64 ("" when
+// it can): the element count, the product of the non-zero extents (which the
+// strides reach even when an extent is 0) or the byte size overflows.
+std::string shape_size_problem(DType dtype, const Shape& s);
 std::string shape_str(const Shape& s);  // "[100,784]"
 
 // Row-major (C-order) strides in elements.

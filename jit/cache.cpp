@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <link.h>
 #include <sys/file.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -110,6 +111,64 @@ bool note_unwritable_cache(const std::string& dir) {
 bool is_unwritable_cache(const std::string& dir) {
   std::lock_guard<std::mutex> lock(g_unwritable_mu);
   return g_unwritable.count(dir) > 0;
+}
+
+namespace {
+// The length of the well-formed UTF-8 sequence at s[i] (as Python's strict
+// decoder accepts it: no overlongs, surrogates or code points past U+10FFFF),
+// or 0.
+size_t utf8_sequence(std::string_view s, size_t i) {
+  auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  unsigned char c = byte(i);
+  if (c < 0x80) return 1;
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xbf;  // the second byte's range
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+  } else {
+    return 0;
+  }
+  if (s.size() - i < n) return 0;
+  if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k)
+    if ((byte(i + k) & 0xc0) != 0x80) return 0;
+  return n;
+}
+}  // namespace
+
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    size_t n = utf8_sequence(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string printable_text(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    size_t n = utf8_sequence(s, i);
+    if (n == 0) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned char>(s[i]));
+      out += buf;
+      ++i;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------- JSON
@@ -404,7 +463,9 @@ std::string errno_text(const std::string& what, const std::string& path) {
 // Writes and (optionally) fsyncs a whole file. On failure `why` says why.
 bool write_file(const std::string& path, const char* data, size_t size, bool sync,
                 std::string& why) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Exclusive and without following links: every name written is fresh (a
+  // private staging directory, or a temporary that was unlinked first).
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) {
     why = errno_text("cannot create", path);
     return false;
@@ -458,6 +519,89 @@ bool read_file(const std::string& path, std::string& out, bool* missing = nullpt
   return true;
 }
 
+// Why a file or directory of the cache may not be trusted ("" when it may):
+// it must be owned by this user and writable by nobody else. Anyone else who
+// can write it could have replaced what this process is about to run.
+std::string untrusted_why(const struct stat& st, const std::string& path) {
+  if (st.st_uid != ::geteuid())
+    return path + " is owned by uid " + std::to_string(st.st_uid) + ", not by this user (uid " +
+           std::to_string(::geteuid()) + ")";
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%03o", static_cast<unsigned>(st.st_mode & 0777));
+    return path + " is writable by " + ((st.st_mode & S_IWOTH) ? "others" : "its group") +
+           " (mode " + mode + ")";
+  }
+  return "";
+}
+
+enum class Read { Ok, Missing, Untrusted, Error };
+
+// Reads a file of the cache: without following a link, only a regular file
+// (a FIFO or device is opened non-blocking and refused, never waited on),
+// only one this user owns and nobody else can write. `why` says what was
+// wrong for Untrusted and Error.
+Read read_entry_file(const std::string& path, std::string& out, std::string& why) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return Read::Missing;
+    if (errno == ELOOP) {
+      why = path + " is a symbolic link";
+      return Read::Untrusted;
+    }
+    why = errno_text("cannot open", path);
+    return Read::Error;
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    why = errno_text("cannot stat", path);
+    ::close(fd);
+    return Read::Error;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    why = path + " is not a regular file";
+    ::close(fd);
+    return Read::Untrusted;
+  }
+  if (!(why = untrusted_why(st, path)).empty()) {
+    ::close(fd);
+    return Read::Untrusted;
+  }
+  out.clear();
+  if (st.st_size > 0) out.reserve(static_cast<size_t>(st.st_size));
+  char buf[1 << 16];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      why = errno_text("cannot read", path);
+      ::close(fd);
+      return Read::Error;
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return Read::Ok;
+}
+
+// A directory of the cache, not followed if it is a link: Missing, Ok, or
+// Untrusted with `why`.
+Read check_dir(const std::string& path, bool follow, std::string& why) {
+  struct stat st;
+  if ((follow ? ::stat(path.c_str(), &st) : ::lstat(path.c_str(), &st)) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return Read::Missing;
+    why = errno_text("cannot stat", path);
+    return Read::Error;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    why = path + (S_ISLNK(st.st_mode) ? " is a symbolic link" : " is not a directory");
+    return Read::Untrusted;
+  }
+  why = untrusted_why(st, path);
+  return why.empty() ? Read::Ok : Read::Untrusted;
+}
+
 bool fsync_dir(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return false;
@@ -471,11 +615,24 @@ bool is_dir(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+// Creates `path` and its missing parents, each 0700 whatever the umask (the
+// cache is private; a group- or world-writable directory would let others
+// plant entries).
 bool make_dirs(const std::string& path, std::string& why) {
-  std::error_code ec;
-  fs::create_directories(path, ec);
-  if (ec && !is_dir(path)) {
-    why = "cannot create " + path + ": " + ec.message();
+  if (is_dir(path)) return true;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    std::string part = path.substr(0, pos);
+    if (part.empty() || is_dir(part)) continue;
+    if (::mkdir(part.c_str(), 0700) != 0 && errno != EEXIST) {
+      why = errno_text("cannot create", part);
+      return false;
+    }
+    ::chmod(part.c_str(), 0700);  // the umask may have cleared bits, never added any
+  }
+  if (!is_dir(path)) {
+    why = "cannot create " + path + ": not a directory";
     return false;
   }
   return true;
@@ -491,8 +648,14 @@ bool is_key(const std::string& s) {
 class FileLock {
  public:
   FileLock(const std::string& path, bool directory) {
-    fd_ = directory ? ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-                    : ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    fd_ = directory ? ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                    : ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                             0600);
+    struct stat st;
+    if (fd_ >= 0 && (::fstat(fd_, &st) != 0 || (!directory && !S_ISREG(st.st_mode)))) {
+      ::close(fd_);
+      fd_ = -1;
+    }
     if (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
       ::close(fd_);
       fd_ = -1;
@@ -565,7 +728,7 @@ std::vector<EntryInfo> list_entries(const std::string& dir) {
   for (auto top = fs::directory_iterator(dir, ec); !ec && top != fs::directory_iterator();
        top.increment(ec)) {
     std::string prefix = top->path().filename().string();
-    if (prefix.size() != 2 || !top->is_directory()) continue;
+    if (prefix.size() != 2 || top->is_symlink() || !top->is_directory()) continue;
     std::error_code ec2;
     for (auto it = fs::directory_iterator(top->path(), ec2); !ec2 && it != fs::directory_iterator();
          it.increment(ec2)) {
@@ -574,9 +737,10 @@ std::vector<EntryInfo> list_entries(const std::string& dir) {
       EntryInfo info;
       info.key = key;
       std::string path = it->path().string();
-      std::string text;
+      std::string text, why;
       Json meta;
-      if (read_file(path + "/meta.json", text) && JsonParser(text).parse(meta)) {
+      if (read_entry_file(path + "/meta.json", text, why) == Read::Ok &&
+          JsonParser(text).parse(meta)) {
         info.last_used = number_or(meta.get("last_used"), 0);
         info.bytes = static_cast<int64_t>(number_or(meta.get("total_bytes"), 0)) +
                      static_cast<int64_t>(text.size());
@@ -677,6 +841,90 @@ std::string DiskCache::unique_tmp_name(const std::string& what) const {
   return dir_ + "/tmp/" + buf;
 }
 
+namespace {
+
+constexpr const char* kSecretFile = "hmac.key";
+
+// What an entry's MAC covers: its key and each listed file's name, size and
+// checksum, in meta.json's order (tools/flowjit_cache computes the same).
+std::string mac_message(const std::string& key, const Json& files) {
+  std::string m = "flowjit-cache-mac 1\n" + key + "\n";
+  for (auto& [name, f] : files.obj) {
+    const Json* sha = f.get("sha256");
+    m += name + " " + std::to_string(static_cast<long long>(number_or(f.get("bytes"), -1))) + " " +
+         (sha && sha->type == Json::String ? sha->str : std::string("-")) + "\n";
+  }
+  return m;
+}
+
+bool random_bytes(uint8_t* out, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    ssize_t got = ::getrandom(out + done, n - done, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    done += static_cast<size_t>(got);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string DiskCache::untrusted_root() const {
+  std::string why;
+  Read r = check_dir(dir_, /*follow=*/true, why);
+  return r == Read::Untrusted ? why : "";
+}
+
+bool DiskCache::load_secret(std::string& why) {
+  if (!secret_.empty()) return true;
+  const std::string path = dir_ + "/" + kSecretFile;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::string text;
+    Read r = read_entry_file(path, text, why);
+    if (r == Read::Ok) {
+      // (Made 0600; a user who makes a populated cache read-only with 0444
+      // files keeps it usable: others can read the key but not write entries.)
+      if (text.size() != 64 || !is_key(text)) {
+        why = path + " is not a key (64 hex digits)";
+        return false;
+      }
+      secret_ = text;
+      return true;
+    }
+    if (r != Read::Missing) return false;
+    uint8_t raw[32];
+    if (!random_bytes(raw, sizeof raw)) {
+      why = "no random bytes for " + path;
+      return false;
+    }
+    static const char* digits = "0123456789abcdef";
+    std::string hex;
+    for (uint8_t b : raw) {
+      hex += digits[b >> 4];
+      hex += digits[b & 15];
+    }
+    if (!make_dirs(dir_, why)) return false;
+    static std::atomic<uint64_t> counter{0};
+    std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" +
+                      std::to_string(counter.fetch_add(1));
+    ::unlink(tmp.c_str());
+    if (!write_file(tmp, hex.data(), hex.size(), /*sync=*/true, why)) {
+      ::unlink(tmp.c_str());
+      return false;
+    }
+    int rc = ::link(tmp.c_str(), path.c_str());  // fails if another process made one first
+    int err = errno;
+    ::unlink(tmp.c_str());
+    if (rc != 0 && err != EEXIST) {
+      why = "cannot create " + path + ": " + std::strerror(err);
+      return false;
+    }
+  }
+  why = "cannot read or create " + path;
+  return false;
+}
+
 DiskCache::Found DiskCache::lookup(const std::string& key, bool want_llvm_ir, CacheHit& hit,
                                    std::string& why, const std::vector<std::string>& extra) {
   const std::string path = entry_dir(key);
@@ -687,12 +935,23 @@ DiskCache::Found DiskCache::lookup(const std::string& key, bool want_llvm_ir, Ca
     remove(key);
     return Found::Damaged;
   };
+  // 1. Every directory on the way is ours and private (a link is refused).
+  Read r = check_dir(dir_, /*follow=*/true, why);
+  if (r == Read::Missing) return Found::Miss;
+  if (r != Read::Ok) return Found::Untrusted;
+  r = check_dir(dir_ + "/" + key.substr(0, 2), /*follow=*/false, why);
+  if (r == Read::Missing) return Found::Miss;
+  if (r != Read::Ok) return Found::Untrusted;
+  r = check_dir(path, /*follow=*/false, why);
+  if (r == Read::Missing) return Found::Miss;
+  if (r != Read::Ok) return Found::Untrusted;
+
+  // 2. meta.json parses and is authentic.
   std::string text;
-  bool missing = false;
-  if (!read_file(path + "/meta.json", text, &missing)) {
-    if (missing && !is_dir(path)) return Found::Miss;
-    return damaged("meta.json is missing or unreadable");
-  }
+  r = read_entry_file(path + "/meta.json", text, why);
+  if (r == Read::Untrusted) return Found::Untrusted;
+  if (r == Read::Missing && !is_dir(path)) return Found::Miss;
+  if (r != Read::Ok) return damaged("meta.json is missing or unreadable");
   Json meta;
   if (!JsonParser(text).parse(meta) || meta.type != Json::Object)
     return damaged("meta.json does not parse");
@@ -701,29 +960,48 @@ DiskCache::Found DiskCache::lookup(const std::string& key, bool want_llvm_ir, Ca
   if (number_or(meta.get("format"), 0) != 1) return damaged("meta.json has an unknown format");
   const Json* files = meta.get("files");
   if (!files || files->type != Json::Object) return damaged("meta.json lists no files");
+  if (!load_secret(why)) return Found::Untrusted;
+  const Json* mac = meta.get("mac");
+  if (!mac || mac->type != Json::String ||
+      !constant_time_equal(mac->str, hmac_sha256_hex(secret_, mac_message(key, *files))))
+    return damaged(
+        "it is not authenticated by this cache's key (copied from another cache, planted, or "
+        "written by an older flowjit)");
 
-  auto read_checked = [&](const char* name, std::string& out) -> std::string {
+  // 3. Each file read is the one meta.json describes.
+  bool untrusted_file = false;
+  auto read_checked = [&](const char* name, std::string& out, bool text) -> std::string {
     const Json* f = files->get(name);
     const Json* sha = f ? f->get("sha256") : nullptr;
     if (!f || !sha || sha->type != Json::String)
       return std::string(name) + " is not listed in meta.json";
-    if (!read_file(path + "/" + name, out)) return std::string(name) + " is missing";
+    std::string problem;
+    Read got = read_entry_file(path + "/" + name, out, problem);
+    if (got == Read::Untrusted) untrusted_file = true;
+    if (got == Read::Missing) return std::string(name) + " is missing";
+    if (got != Read::Ok) return problem;
     auto want_bytes = static_cast<int64_t>(number_or(f->get("bytes"), -1));
     if (static_cast<int64_t>(out.size()) != want_bytes)
       return std::string(name) + " has " + std::to_string(out.size()) + " bytes, meta.json says " +
              std::to_string(want_bytes) + " (truncated?)";
     if (sha256_hex(out) != sha->str) return std::string(name) + " fails its SHA-256 checksum";
+    if (text && !valid_utf8(out)) return std::string(name) + " is not UTF-8 text";
     return "";
   };
+  auto bad = [&](const std::string& problem) {
+    if (!untrusted_file) return damaged(problem);
+    why = problem;
+    return Found::Untrusted;
+  };
   std::string object, problem;
-  if (!(problem = read_checked("object.o", object)).empty()) return damaged(problem);
-  if (!(problem = read_checked("plan.txt", hit.plan)).empty()) return damaged(problem);
-  if (want_llvm_ir && !(problem = read_checked("llvm.ll", hit.llvm_ir)).empty())
-    return damaged(problem);
+  if (!(problem = read_checked("object.o", object, false)).empty()) return bad(problem);
+  if (!(problem = read_checked("plan.txt", hit.plan, true)).empty()) return bad(problem);
+  if (want_llvm_ir && !(problem = read_checked("llvm.ll", hit.llvm_ir, true)).empty())
+    return bad(problem);
   hit.extra.clear();
   for (const std::string& name : extra) {
     hit.extra.emplace_back();
-    if (!(problem = read_checked(name.c_str(), hit.extra.back())).empty()) return damaged(problem);
+    if (!(problem = read_checked(name.c_str(), hit.extra.back(), true)).empty()) return bad(problem);
   }
   hit.object.assign(object.begin(), object.end());
   hit.hits = static_cast<int64_t>(number_or(meta.get("hits"), 0));
@@ -732,18 +1010,21 @@ DiskCache::Found DiskCache::lookup(const std::string& key, bool want_llvm_ir, Ca
 
 void DiskCache::touch(const std::string& key) {
   const std::string path = entry_dir(key);
+  std::string why;
+  if (check_dir(path, /*follow=*/false, why) != Read::Ok) return;
   FileLock lock(path, /*directory=*/true);
   if (!lock.held()) return;
   std::string text;
   Json meta;
-  if (!read_file(path + "/meta.json", text) || !JsonParser(text).parse(meta)) return;
+  if (read_entry_file(path + "/meta.json", text, why) != Read::Ok || !JsonParser(text).parse(meta))
+    return;
   meta.set("hits", Json::number(number_or(meta.get("hits"), 0) + 1));
   meta.set("last_used", Json::number(now_seconds()));
   std::string out;
   write_json(out, meta, 0);
   out += '\n';
   std::string tmp = path + "/meta.json.tmp-" + std::to_string(::getpid());
-  std::string why;
+  ::unlink(tmp.c_str());  // a crashed toucher's; write_file creates exclusively
   if (!write_file(tmp, out.data(), out.size(), /*sync=*/false, why)) {
     ::unlink(tmp.c_str());
     return;
@@ -759,8 +1040,12 @@ DiskCache::Stored DiskCache::store(const CacheEntry& e, std::string& why) {
   if (is_dir(final_dir)) return Stored::AlreadyPresent;
   if (!make_dirs(dir_ + "/tmp", why) || !make_dirs(dir_ + "/" + e.key.substr(0, 2), why))
     return Stored::Failed;
+  // Nobody else may be able to swap the staging directory or the entry.
+  for (const std::string& d : {dir_, dir_ + "/tmp", dir_ + "/" + e.key.substr(0, 2)})
+    if (check_dir(d, /*follow=*/d == dir_, why) != Read::Ok) return Stored::Failed;
+  if (!load_secret(why)) return Stored::Failed;
   const std::string stage = unique_tmp_name("stage-" + e.key.substr(0, 16));
-  if (::mkdir(stage.c_str(), 0755) != 0) {
+  if (::mkdir(stage.c_str(), 0700) != 0) {
     why = errno_text("cannot create", stage);
     return Stored::Failed;
   }
@@ -805,6 +1090,7 @@ DiskCache::Stored DiskCache::store(const CacheEntry& e, std::string& why) {
   meta.set("num_kernels", Json::number(static_cast<double>(e.num_kernels)));
   meta.set("object_bytes", Json::number(static_cast<double>(e.object.size())));
   meta.set("total_bytes", Json::number(static_cast<double>(total)));
+  meta.set("mac", Json::string(hmac_sha256_hex(secret_, mac_message(e.key, files))));
   meta.set("files", std::move(files));
   std::string text;
   write_json(text, meta, 0);

@@ -19,6 +19,8 @@
 //   <dir>/tmp/                 private staging directories and entries being
 //                              deleted
 //   <dir>/lock                 taken (flock) while evicting
+//   <dir>/hmac.key             this user's secret (64 hex digits, 0600),
+//                              made on first use; authenticates entries
 //
 // Contracts:
 //  * Publication is one rename(2) of a fully written and fsynced staging
@@ -26,6 +28,15 @@
 //    present fails, and the existing entry is kept (both are equally good).
 //  * Readers trust nothing: every file read is checked against the size and
 //    SHA-256 recorded in meta.json; a mismatch makes the entry "damaged".
+//  * An entry is native code this process will run, so it must also be
+//    authentic: meta.json carries an HMAC-SHA256, under <dir>/hmac.key, of
+//    the key and every file's size and checksum. An entry copied from
+//    another cache or planted by someone else fails it and is recompiled.
+//  * Directories are made 0700 and files 0600. A cache root, entry
+//    directory or file that is not owned by this user or is writable by its
+//    group or others is "untrusted": never read, never removed. Files are
+//    opened without following links, and only regular files (a FIFO or a
+//    device is refused, never waited on).
 //  * meta.json is rewritten only to update hits and last_used, under flock
 //    on the entry directory, by writing a new file and renaming it over the
 //    old, so a reader sees the old or the new file, never a mix.
@@ -37,6 +48,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace flowjit::jit {
@@ -94,10 +106,16 @@ class DiskCache {
   int64_t max_bytes() const { return max_bytes_; }
   std::string entry_dir(const std::string& key) const;
 
-  enum class Found { Miss, Hit, Damaged };
+  // Why the cache directory must not be used at all ("" when it may): it
+  // exists but is not owned by this user or is writable by group or others.
+  std::string untrusted_root() const;
+
+  enum class Found { Miss, Hit, Damaged, Untrusted };
   // Reads the entry for `key`. A damaged entry (unparsable metadata, a
-  // missing file, a size or checksum mismatch) is removed and `why` says
-  // what was wrong.
+  // missing file, a size or checksum mismatch, a MAC that this cache's key
+  // did not make, text that is not UTF-8) is removed and `why` says what
+  // was wrong. Untrusted (someone else's entry, directory or file, a link,
+  // a FIFO; or no key can be read or made): left alone, `why` says why.
   // `extra`: names of CacheEntry::extra_files that must be present too.
   Found lookup(const std::string& key, bool want_llvm_ir, CacheHit& hit, std::string& why,
                const std::vector<std::string>& extra = {});
@@ -125,6 +143,10 @@ class DiskCache {
 
  private:
   std::string unique_tmp_name(const std::string& what) const;
+  // Reads <dir>/hmac.key, or makes it (0600, 32 random bytes, published
+  // with link(2) so that concurrent first users agree on one key).
+  bool load_secret(std::string& why);
+  std::string secret_;
 
   std::string dir_;
   int64_t max_bytes_;
@@ -147,5 +169,11 @@ int64_t parse_byte_size(const std::string& text);
 // this process (the caller warns once).
 bool note_unwritable_cache(const std::string& dir);
 bool is_unwritable_cache(const std::string& dir);
+
+// Whether `s` is well-formed UTF-8 as Python's strict decoder sees it.
+bool valid_utf8(std::string_view s);
+// `s` with each byte that is not part of well-formed UTF-8 written as \xNN:
+// paths and entry texts go into messages and Python strings through this.
+std::string printable_text(std::string_view s);
 
 }  // namespace flowjit::jit

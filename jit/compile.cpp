@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <mutex>
 #include <optional>
+#include <set>
 
 #include "codegen/cpu/backend.h"
 #include "ir/error.h"
@@ -121,17 +123,53 @@ std::optional<DiskCache> open_cache(const CompileSettings& settings, const Fused
   out.cache_key = cache_key({out.ir_optimized, fp.description, out.kernels, fp.plan.serialize(),
                              target, llvm_version(), flowjit_build_id() + "+" + loaded_binary_id(),
                              flowjit_version()});
+  // A root someone else owns or can write is not used at all: its entries
+  // could be anyone's code. One warning per directory, then memory only.
+  std::string why = cache->untrusted_root();
+  if (!why.empty()) {
+    static std::mutex mu;
+    static std::set<std::string> warned;
+    bool first;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      first = warned.insert(cache->dir()).second;
+    }
+    if (first)
+      out.warnings.push_back("flowjit: the kernel cache in " + printable_text(cache->dir()) +
+                             " is not used because " + printable_text(why) +
+                             "; compiled kernels are kept in memory only (chmod 700 it, or set "
+                             "FLOWJIT_CACHE_DIR to a directory of your own)");
+    cache.reset();
+  }
   return cache;
 }
 
 bool note_cache_miss(DiskCache::Found found, const std::string& why, DiskCache& cache,
                      const std::string& key, const std::string& job_name, CompiledJob& out,
                      PassLog& log, std::chrono::steady_clock::time_point t0) {
+  if (found == DiskCache::Found::Untrusted) {
+    // Left in place (it may not be ours to remove); warned about once.
+    static std::mutex mu;
+    static std::set<std::string> warned;
+    bool first;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      first = warned.insert(cache.entry_dir(key)).second;
+    }
+    if (first)
+      out.warnings.push_back("flowjit: the disk-cache entry " + short_key(key) + " of job '" +
+                             job_name + "' in " + printable_text(cache.dir()) +
+                             " is not loaded because " + printable_text(why) +
+                             "; the job is compiled in memory");
+    log.stage("disk cache untrusted", since(t0), short_key(key) + ": " + why);
+    return true;
+  }
   if (found == DiskCache::Found::Damaged) {
     std::error_code ec;
     bool gone = !std::filesystem::exists(cache.entry_dir(key), ec);
     out.warnings.push_back("flowjit: the disk-cache entry " + short_key(key) + " of job '" +
-                           job_name + "' in " + cache.dir() + " was damaged (" + why + "); " +
+                           job_name + "' in " + printable_text(cache.dir()) + " was damaged (" +
+                           printable_text(why) + "); " +
                            (gone ? "it was removed" : "it could not be removed") +
                            " and the job is recompiled");
     log.stage("disk cache damaged", since(t0), short_key(key) + ": " + why);
@@ -182,7 +220,8 @@ void publish_cache_entry(DiskCache& cache, const CacheEntry& e, CompiledJob& out
       log.stage("disk cache store", since(t0), "failed: " + why);
       if (note_unwritable_cache(cache.dir()))
         out.warnings.push_back(
-            "flowjit: the kernel cache in " + cache.dir() + " cannot be written (" + why +
+            "flowjit: the kernel cache in " + printable_text(cache.dir()) + " cannot be written (" +
+            printable_text(why) +
             "); compiled kernels are kept in memory only (set FLOWJIT_CACHE_DIR to a "
             "writable directory, or FLOWJIT_DISABLE_CACHE=1)");
       return;

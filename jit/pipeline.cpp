@@ -1,7 +1,13 @@
 // pipeline: the pass pipeline and its logging.
 #include "jit/pipeline.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -38,12 +44,42 @@ void PassLog::dump(const std::string& stage, const std::string& text) {
   // reported once instead of silently missing.
   std::error_code ec;
   std::filesystem::create_directories(dump_dir, ec);
-  std::string path = dump_dir + "/" + job + "." + prefix + "." + stage + ".txt";
-  std::ofstream f(path);
-  f << text;
-  if (!f && !dump_failed) {
+  std::string name = job;  // a job name never leaves the directory
+  for (char& c : name)
+    if (c == '/' || c == '\0') c = '_';
+  if (!name.empty() && name[0] == '.') name[0] = '_';
+  std::string path = dump_dir + "/" + name + "." + prefix + "." + stage + ".txt";
+  // The names are predictable, so a file is created exclusively and never
+  // through a link: a planted link must not make us overwrite its target.
+  // An earlier compile's dump (a regular file of ours) is replaced; unlink
+  // removes a name, never what a link points to.
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = ::open(path.c_str(), flags, 0600);
+  std::string why;
+  if (fd < 0 && errno == EEXIST) {
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+        ::unlink(path.c_str()) == 0)
+      fd = ::open(path.c_str(), flags, 0600);
+    else
+      why = "it exists and is not a regular file of this user (a link?)";
+  }
+  if (fd < 0 && why.empty()) why = std::strerror(errno);
+  size_t done = 0;
+  while (fd >= 0 && done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      why = std::strerror(errno);
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fd >= 0 && ::close(fd) != 0 && why.empty()) why = std::strerror(errno);
+  if (!why.empty() && !dump_failed) {
     dump_failed = true;
-    std::fprintf(stderr, "[flowjit] FLOWJIT_DUMP_DIR: cannot write %s\n", path.c_str());
+    std::fprintf(stderr, "[flowjit] FLOWJIT_DUMP_DIR: cannot write %s: %s\n", path.c_str(),
+                 why.c_str());
   }
 }
 

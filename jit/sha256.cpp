@@ -122,4 +122,47 @@ std::string sha256_hex(std::string_view data) {
   return h.hex_digest();
 }
 
+std::array<uint8_t, 32> hmac_sha256(std::string_view key, std::string_view message) {
+  uint8_t block[64] = {0};
+  if (key.size() > sizeof block) {
+    Sha256 h;
+    h.update(key);
+    std::array<uint8_t, 32> d = h.digest();
+    std::memcpy(block, d.data(), d.size());
+  } else {
+    std::memcpy(block, key.data(), key.size());
+  }
+  uint8_t ipad[64], opad[64];
+  for (int i = 0; i < 64; ++i) {
+    ipad[i] = static_cast<uint8_t>(block[i] ^ 0x36);
+    opad[i] = static_cast<uint8_t>(block[i] ^ 0x5c);
+  }
+  Sha256 inner;
+  inner.update(ipad, sizeof ipad);
+  inner.update(message);
+  std::array<uint8_t, 32> inner_digest = inner.digest();
+  Sha256 outer;
+  outer.update(opad, sizeof opad);
+  outer.update(inner_digest.data(), inner_digest.size());
+  return outer.digest();
+}
+
+std::string hmac_sha256_hex(std::string_view key, std::string_view message) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : hmac_sha256(key, message)) {
+    s += digits[b >> 4];
+    s += digits[b & 15];
+  }
+  return s;
+}
+
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  volatile uint8_t diff = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    diff = static_cast<uint8_t>(diff | (static_cast<uint8_t>(a[i]) ^ static_cast<uint8_t>(b[i])));
+  return diff == 0;
+}
+
 }  // namespace flowjit::jit

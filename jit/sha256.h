@@ -1,4 +1,5 @@
-// SHA-256 (FIPS 180-4), for disk-cache keys and entry checksums.
+// SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), for disk-cache keys,
+// entry checksums and entry authentication.
 #pragma once
 
 #include <array>
@@ -29,5 +30,14 @@ class Sha256 {
 };
 
 std::string sha256_hex(std::string_view data);
+
+// HMAC-SHA256 of `message` under `key` (any length; longer than a block is
+// hashed first, as RFC 2104 says).
+std::array<uint8_t, 32> hmac_sha256(std::string_view key, std::string_view message);
+std::string hmac_sha256_hex(std::string_view key, std::string_view message);
+
+// Whether a == b, in time that depends only on the lengths (for comparing
+// MACs and tokens without telling an attacker how many bytes matched).
+bool constant_time_equal(std::string_view a, std::string_view b);
 
 }  // namespace flowjit::jit

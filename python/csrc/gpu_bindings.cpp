@@ -140,7 +140,7 @@ void register_gpu(py::module_& m) {
         py::dict d;
         std::string why;
         {
-          py::gil_scoped_release release;
+          GilRelease release;
           why = gpu_problem(ordinal);
         }
         d["available"] = why.empty();

@@ -4,6 +4,7 @@
 #include "ir/error.h"
 #include "ir/graph.h"
 #include "ir/printer.h"
+#include "jit/cache.h"
 #include "python/csrc/bindings.h"
 
 namespace flowjit::python {
@@ -16,14 +17,16 @@ void translate(std::exception_ptr p) {
   try {
     std::rethrow_exception(p);
   } catch (const UserError& e) {
+    // Messages may quote paths and file texts, which need not be UTF-8.
+    std::string what = jit::printable_text(e.what());
     switch (e.kind()) {
-      case ErrorKind::Type: PyErr_SetString(PyExc_TypeError, e.what()); break;
-      case ErrorKind::Value: PyErr_SetString(PyExc_ValueError, e.what()); break;
-      case ErrorKind::NotImplemented: PyErr_SetString(PyExc_NotImplementedError, e.what()); break;
-      case ErrorKind::Runtime: PyErr_SetString(PyExc_RuntimeError, e.what()); break;
+      case ErrorKind::Type: PyErr_SetString(PyExc_TypeError, what.c_str()); break;
+      case ErrorKind::Value: PyErr_SetString(PyExc_ValueError, what.c_str()); break;
+      case ErrorKind::NotImplemented: PyErr_SetString(PyExc_NotImplementedError, what.c_str()); break;
+      case ErrorKind::Runtime: PyErr_SetString(PyExc_RuntimeError, what.c_str()); break;
     }
   } catch (const InternalError& e) {
-    PyErr_SetString(g_internal_error.ptr(), e.what());
+    PyErr_SetString(g_internal_error.ptr(), jit::printable_text(e.what()).c_str());
   }
 }
 

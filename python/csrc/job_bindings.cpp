@@ -6,6 +6,7 @@
 
 #include "ir/error.h"
 #include "jit/compile.h"
+#include "jit/cache.h"
 #include "python/csrc/bindings.h"
 #include "python/csrc/gpu_bindings.h"
 #include "python/csrc/session.h"
@@ -67,8 +68,10 @@ struct PyRefs {
 class CompiledJobPy {
  public:
   // `gpu_variables`: a GPU job's variable copies, kept alive with the job.
-  explicit CompiledJobPy(jit::CompiledJob job,
-                         std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables = nullptr)
+  // `generation`: the session generation the job was compiled in (read under
+  // the run lock, so a clear that follows the compile is seen as one).
+  CompiledJobPy(jit::CompiledJob job, uint64_t generation,
+                std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables = nullptr)
       : job_(std::move(job)), gpu_variables_(std::move(gpu_variables)) {
     const auto& plan = job_.plan();
     Session& s = Session::get();
@@ -97,7 +100,7 @@ class CompiledJobPy {
       in_nums_.push_back(in_dtypes_.back().num());
     }
     for (auto& t : out_types_) out_dtypes_.push_back(to_numpy_dtype(t.dtype));
-    generation_ = s.generation();
+    generation_ = generation;
   }
 
   // Per result: 0 for one array, n for a list of one array per device.
@@ -172,12 +175,19 @@ class CompiledJobPy {
     std::vector<void*> out_ptrs;
     out_ptrs.reserve(outs.size());
     for (auto& o : outs) out_ptrs.push_back(o.mutable_data());
+    bool cleared = false;
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       std::lock_guard<std::mutex> lock(s.run_mutex());
-      if (gpu_) gpu_->run(ins.data(), out_ptrs.data());
-      else run_on(job_.executable, dist_, ins.data(), out_ptrs.data());
+      // clear_default_session() in another thread may have freed this job's
+      // variables between the check above and the lock: never run then.
+      cleared = generation_ != s.generation();
+      if (!cleared) {
+        if (gpu_) gpu_->run(ins.data(), out_ptrs.data());
+        else run_on(job_.executable, dist_, ins.data(), out_ptrs.data());
+      }
     }
+    if (cleared) throw_cleared();
     return group_results(outs);
   }
 
@@ -211,12 +221,17 @@ class CompiledJobPy {
     std::string name = plan.job_name;
     std::vector<int> groups = out_groups_;
     Session& s = Session::get();
-    s.submit([exe, dist, gpu, copies, in_ptrs, out_ptrs, refs, name, groups]() mutable {
+    uint64_t generation = generation_;
+    s.submit([exe, dist, gpu, copies, in_ptrs, out_ptrs, refs, name, groups, generation]() mutable {
       Session& ss = Session::get();
       std::exception_ptr err;
       std::shared_ptr<GpuRunner::Ticket> ticket;
       try {
         std::lock_guard<std::mutex> lock(ss.run_mutex());
+        if (generation != ss.generation())  // cleared after the submit: the variables are gone
+          throw_user(ErrorKind::Runtime, "job '", name,
+                     "': flow.clear_default_session() ran before this queued call could run; "
+                     "nothing ran (call the job again to recompile it)");
         // A GPU run is only enqueued here: the worker goes on with the next
         // job while the GPU computes.
         if (gpu) ticket = gpu->submit(in_ptrs->data(), *out_ptrs);
@@ -242,6 +257,8 @@ class CompiledJobPy {
   }
 
   const jit::CompiledJob& job() const { return job_; }
+  // Compiled before the session's last clear (its variables are gone).
+  bool stale() const { return generation_ != Session::get().generation(); }
 
  private:
   // On the callback thread: the outputs (refs.objs, then the deliver
@@ -269,6 +286,12 @@ class CompiledJobPy {
       record_async_error(std::current_exception(), name);
     }
     refs.objs.clear();
+  }
+
+  [[noreturn]] void throw_cleared() const {
+    throw_user(ErrorKind::Runtime, "job '", job_.plan().job_name,
+               "': flow.clear_default_session() ran (in another thread) before this call could "
+               "run; nothing ran (call the job again to recompile it)");
   }
 
   void check_generation() {
@@ -341,6 +364,7 @@ void register_jobs(py::module_& m) {
   m.attr("CacheWarning") = py::handle(cache_warning());
   py::class_<CompiledJobPy, std::shared_ptr<CompiledJobPy>>(m, "CompiledJob")
       .def("try_run", &CompiledJobPy::try_run)
+      .def_property_readonly("stale", &CompiledJobPy::stale)
       .def("try_run_async", &CompiledJobPy::try_run_async)
       .def_property_readonly("ir_traced", [](const CompiledJobPy& j) { return j.job().ir_traced; })
       .def_property_readonly("ir_optimized", [](const CompiledJobPy& j) { return j.job().ir_optimized; })
@@ -382,7 +406,12 @@ void register_jobs(py::module_& m) {
       .def_property_readonly("output_groups", &CompiledJobPy::output_groups)
       .def_property_readonly("from_disk_cache", [](const CompiledJobPy& j) { return j.job().from_disk_cache; })
       .def_property_readonly("cache_key", [](const CompiledJobPy& j) { return j.job().cache_key; })
-      .def_property_readonly("warnings", [](const CompiledJobPy& j) { return j.job().warnings; })
+      .def_property_readonly("warnings",
+                             [](const CompiledJobPy& j) {
+                               std::vector<std::string> out;
+                               for (auto& w : j.job().warnings) out.push_back(jit::printable_text(w));
+                               return out;
+                             })
       .def_property_readonly("seconds_total", [](const CompiledJobPy& j) { return j.job().seconds_total; })
       .def_property_readonly("seconds_codegen", [](const CompiledJobPy& j) { return j.job().seconds_codegen; })
       .def_property_readonly("seconds_passes", [](const CompiledJobPy& j) { return j.job().seconds_passes; })
@@ -437,20 +466,25 @@ void register_jobs(py::module_& m) {
         Session& sess = Session::get();
         sess.wait_jobs();
         jit::CompiledJob cj;
+        uint64_t generation;
         {
-          py::gil_scoped_release release;
+          GilRelease release;
           std::lock_guard<std::mutex> lock(sess.run_mutex());
           if (device == "gpu") set_gpu_target(s, gpu_ordinal);
           cj = jit::compile_job(job, s, sess.store());
+          generation = sess.generation();
         }
         // Cache problems (damaged entry, unwritable directory) are warnings,
         // never errors; they stay readable on the result too.
+        // (A cache path need not be UTF-8; the messages quoting it must be.)
         for (const std::string& w : cj.warnings)
-          if (PyErr_WarnEx(cache_warning(), w.c_str(), 1) != 0) throw py::error_already_set();
+          if (PyErr_WarnEx(cache_warning(), jit::printable_text(w).c_str(), 1) != 0)
+            throw py::error_already_set();
         if (cj.distributed)
           for (const std::string& w : cj.distributed->warnings)
-            if (PyErr_WarnEx(PyExc_UserWarning, w.c_str(), 1) != 0) throw py::error_already_set();
-        return std::make_shared<CompiledJobPy>(std::move(cj), s.target.gpu_variables);
+            if (PyErr_WarnEx(PyExc_UserWarning, jit::printable_text(w).c_str(), 1) != 0)
+              throw py::error_already_set();
+        return std::make_shared<CompiledJobPy>(std::move(cj), generation, s.target.gpu_variables);
       },
       py::arg("name"), py::arg("train"), py::arg("params"), py::arg("outputs"), py::arg("effects"),
       py::arg("losses"), py::arg("lr"), py::arg("step"), py::arg("trainable"), py::arg("optimizer"),

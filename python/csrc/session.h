@@ -20,6 +20,27 @@ namespace flowjit::python {
 
 namespace py = pybind11;
 
+// Releases the GIL for a blocking section, as py::gil_scoped_release does,
+// but safe for daemon threads at interpreter exit. A thread that retakes the
+// GIL once the interpreter finalizes is ended by pthread_exit, and from a C++
+// destructor (noexcept) that is std::terminate: "terminate called without an
+// active exception", SIGABRT. So once begin_exit() has run, any other thread
+// leaving a GilRelease never touches Python again: it parks until the
+// process ends. begin_exit() lets threads that were already retaking the GIL
+// finish first. The thread that called begin_exit() is exempt.
+class GilRelease {
+ public:
+  GilRelease();
+  ~GilRelease();
+  GilRelease(const GilRelease&) = delete;
+  GilRelease& operator=(const GilRelease&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+// At interpreter exit, with the GIL (the atexit hook; Session::shutdown).
+void begin_exit();
+
 class Session {
  public:
   static Session& get();

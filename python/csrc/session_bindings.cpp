@@ -2,7 +2,9 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <thread>
 
 #include "codegen/cpu/backend.h"
 #include "codegen/cpu/peak.h"
@@ -63,7 +65,7 @@ void Session::acquire_slot() {
   while (true) {
     bool got;
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       std::unique_lock<std::mutex> lock(slots_mu_);  // released before the GIL is retaken
       got = slots_cv_.wait_for(lock, 50ms, [&] { return outstanding_ < async_capacity_; });
       if (got) ++outstanding_;
@@ -97,7 +99,7 @@ void Session::submit(runtime::WorkQueue::Task task) {
     while (true) {
       bool ok;
       {
-        py::gil_scoped_release release;
+        GilRelease release;
         ok = worker_->push_for(task, 50ms);
       }
       if (ok) return;
@@ -165,7 +167,7 @@ void Session::wait(runtime::WorkQueue& q) {
   while (true) {
     bool idle;
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       idle = q.wait_idle_for(50ms);
     }
     if (idle) return;
@@ -230,12 +232,59 @@ std::vector<runtime::VariableStore*> Session::device_stores() {
 
 void Session::clear() {
   sync();
+  // A job another thread is running holds the run lock (without the GIL)
+  // and reads the variables: wait for it, then free them. A call that was
+  // about to run sees the new generation under the lock and refuses.
+  GilRelease release;
+  std::lock_guard<std::mutex> lock(run_mu_);
+  generation_.fetch_add(1);
   store_.clear();
   for (auto& s : device_stores_) s->clear();
-  generation_.fetch_add(1);
+}
+
+namespace {
+std::mutex g_exit_mu;
+std::condition_variable g_exit_cv;
+bool g_exiting = false;
+std::thread::id g_exit_thread;
+int g_retaking = 0;  // threads between the exit check and holding the GIL again
+}  // namespace
+
+GilRelease::GilRelease() : state_(PyEval_SaveThread()) {}
+
+GilRelease::~GilRelease() {
+  {
+    std::unique_lock<std::mutex> lock(g_exit_mu);
+    if (g_exiting && std::this_thread::get_id() != g_exit_thread) {
+      lock.unlock();
+      while (true) std::this_thread::sleep_for(std::chrono::hours(1));  // ends with the process
+    }
+    ++g_retaking;
+  }
+  PyEval_RestoreThread(state_);
+  std::lock_guard<std::mutex> lock(g_exit_mu);
+  --g_retaking;
+  g_exit_cv.notify_all();
+}
+
+void begin_exit() {
+  std::unique_lock<std::mutex> lock(g_exit_mu);
+  if (g_exiting) return;
+  g_exiting = true;
+  g_exit_thread = std::this_thread::get_id();
+  if (g_retaking == 0) return;
+  // Those threads wait for the GIL we hold: let them have it (bounded).
+  lock.unlock();
+  PyThreadState* state = PyEval_SaveThread();
+  {
+    std::unique_lock<std::mutex> wait_lock(g_exit_mu);
+    g_exit_cv.wait_for(wait_lock, std::chrono::seconds(10), [] { return g_retaking == 0; });
+  }
+  PyEval_RestoreThread(state);
 }
 
 void Session::shutdown() {
+  begin_exit();
   {
     std::lock_guard<std::mutex> lock(threads_mu_);
     if (shut_down_) return;
@@ -255,7 +304,7 @@ void Session::shutdown() {
     w = std::move(worker_);
     c = std::move(callbacks_);
   }
-  py::gil_scoped_release release;
+  GilRelease release;
   w.reset();
   c.reset();
 }
@@ -263,18 +312,22 @@ void Session::shutdown() {
 namespace {
 
 py::array variable_value(const std::string& name) {
+  Session::get().wait_jobs();
+  // Looked up under the run lock: clear_default_session() frees variables
+  // under it.
+  std::lock_guard<std::mutex> lock(Session::get().run_mutex());
   runtime::VariableStorage* v = default_store().find(name);
   if (!v) throw_user(ErrorKind::Value, "no variable named '", name, "' in the session");
   std::vector<py::ssize_t> shape(v->type.shape.begin(), v->type.shape.end());
   py::array out(to_numpy_dtype(v->type.dtype), shape);
-  Session::get().wait_jobs();
-  std::lock_guard<std::mutex> lock(Session::get().run_mutex());
   runtime::sync_host(*v);
   std::memcpy(out.mutable_data(), v->ptr(), static_cast<size_t>(v->type.bytes()));
   return out;
 }
 
 void set_variable_value(const std::string& name, const py::array& value) {
+  Session::get().wait_jobs();
+  std::lock_guard<std::mutex> lock(Session::get().run_mutex());
   runtime::VariableStorage* v = default_store().find(name);
   if (!v) throw_user(ErrorKind::Value, "no variable named '", name, "' in the session");
   FJ_USER_CHECK(numpy_dtype_matches(value.dtype(), v->type.dtype), ErrorKind::Type, "variable '", name,
@@ -285,8 +338,6 @@ void set_variable_value(const std::string& name, const py::array& value) {
   FJ_USER_CHECK(shape == v->type.shape, ErrorKind::Value, "variable '", name, "' has shape ",
                 ir::shape_str(v->type.shape), " but the value has shape ", ir::shape_str(shape));
   py::array c = py::array::ensure(value, py::array::c_style | py::array::forcecast);
-  Session::get().wait_jobs();
-  std::lock_guard<std::mutex> lock(Session::get().run_mutex());
   std::memcpy(v->ptr(), c.data(), static_cast<size_t>(v->type.bytes()));
   runtime::mark_host_written(*v);
   v->initialized = true;
@@ -318,7 +369,7 @@ void register_session(py::module_& m) {
         o.tag = "session";
         std::shared_ptr<runtime::Communicator> comm;
         {
-          py::gil_scoped_release release;  // the rendezvous waits for the other processes
+          GilRelease release;  // the rendezvous waits for the other processes
           comm = runtime::make_gloo_communicator(o);
         }
         Session::get().configure_devices(local, std::move(comm), rank * local, processes > 1);
@@ -337,10 +388,12 @@ void register_session(py::module_& m) {
   });
   m.def("variable_names", [] {
     std::vector<std::string> out;
+    std::lock_guard<std::mutex> lock(Session::get().run_mutex());  // against clear()
     for (auto* v : default_store().all()) out.push_back(v->name);
     return out;
   });
   m.def("variable_info", [](const std::string& name) -> py::object {
+    std::lock_guard<std::mutex> lock(Session::get().run_mutex());  // against clear()
     runtime::VariableStorage* v = default_store().find(name);
     if (!v) return py::none();
     py::tuple shape(v->type.rank());
@@ -356,6 +409,7 @@ void register_session(py::module_& m) {
       },
       py::arg("name"), py::arg("shape"), py::arg("dtype"), py::arg("trainable"));
   m.def("mark_initialized", [](const std::string& name) {
+    std::lock_guard<std::mutex> lock(Session::get().run_mutex());
     if (auto* v = default_store().find(name)) v->initialized = true;
   });
   m.def("variable_value", &variable_value);
@@ -401,7 +455,7 @@ void register_session(py::module_& m) {
       [](double seconds) {
         codegen::cpu::PeakResult r;
         {
-          py::gil_scoped_release release;
+          GilRelease release;
           r = codegen::cpu::measure_fma_peak(seconds);
         }
         py::dict d;

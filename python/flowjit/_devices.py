@@ -119,7 +119,7 @@ def job_target(job, config, builder, params):
         warned.add(job)
         warnings.warn(f"job '{job}' is placed on GPU {ordinal} but runs on the CPU: {reason} "
                       "(function_config.allow_cpu_fallback(True))", RuntimeWarning,
-                      stacklevel=5)  # job_target < _compile < _call_slow < __call__ < the call
+                      stacklevel=6)  # job_target < _compile_traced < _compile < _call_slow < __call__ < the call
     return {}
 
 

@@ -511,6 +511,7 @@ class JobFunction:
         self._misses = []
         self._warned_recompile = False
         self._compile_lock = threading.Lock()
+        self._tracing_thread = None  # the thread tracing this job, while it does
         self._defined_in = _C.session_generation()
         _defined_jobs.add(self)
 
@@ -667,6 +668,7 @@ class JobFunction:
         compiled = self._cache.get(key)
         if compiled is None:
             # One trace per signature even when several threads call at once.
+            self._refuse_reentry()
             with self._compile_lock:
                 compiled = self._cache.get(key)
                 if compiled is None:
@@ -678,6 +680,7 @@ class JobFunction:
         key, flat = self._check_args(args)
         compiled = self._cache.get(key)
         if compiled is None:  # (not self._compiled_for: warnings count the frames up to the call)
+            self._refuse_reentry()
             with self._compile_lock:
                 compiled = self._cache.get(key)
                 if compiled is None:
@@ -692,6 +695,10 @@ class JobFunction:
                                    "validation")
             return fut
         outs = compiled.job.try_run(flat_t)
+        if outs is None and compiled.job.stale:  # cleared by another thread since the compile
+            raise RuntimeError(f"job '{self._name}': flow.clear_default_session() ran (in another "
+                               "thread) before this call could run; nothing ran (call the job again "
+                               "to recompile it)")
         if outs is None:
             raise RuntimeError(f"job '{self._name}': internal error: arguments rejected after validation")
         return compiled.sync_result(outs)
@@ -735,7 +742,23 @@ class JobFunction:
 
     # ---- tracing and compiling
 
+    def _refuse_reentry(self):
+        """A job called from its own body while it is traced would wait for
+        its own trace forever (the compile lock): say so instead."""
+        if self._tracing_thread == threading.get_ident():
+            raise RuntimeError(f"job '{self._name}' ({self._source}) called itself while it was "
+                               "being traced; a job function cannot call itself (call another job "
+                               "outside the job function, or factor the shared part into a plain "
+                               "Python function)")
+
     def _compile(self, key, flat, keep_text=False):
+        self._tracing_thread = threading.get_ident()
+        try:
+            return self._compile_traced(key, flat, keep_text)
+        finally:
+            self._tracing_thread = None
+
+    def _compile_traced(self, key, flat, keep_text=False):
         self._note_miss(key)
         tid = threading.get_native_id()
         t_trace = _inspect.now_ns()
@@ -878,7 +901,7 @@ class JobFunction:
                 warnings.warn(f"job '{self._name}' has been compiled {len(self._cache) + 1} times (limit "
                               f"{limit}); the last recompile was because {why}. Each new concrete shape "
                               "of a tp.ListNumpy placeholder compiles once: pad inputs to a few fixed "
-                              "shapes to avoid this.", RuntimeWarning, stacklevel=4)
+                              "shapes to avoid this.", RuntimeWarning, stacklevel=5)
                 self._warned_recompile = True
 
     # ---- introspection (tests, debugging)

@@ -56,6 +56,8 @@ import os
 import re
 import secrets
 import shutil
+import stat
+import time
 
 import numpy as np
 
@@ -382,6 +384,51 @@ def _check_target(path, api):
                               "never overwritten (as in OneFlow): remove it or choose another path")
 
 
+# Staging directories: .<name>.<pid>-<12 hex>.saving (older flowjit: no pid).
+_STAGING = re.compile(r"^\..*\.(?:(\d+)-)?[0-9a-f]{12}\.saving$")
+_STALE_WITHOUT_PID_S = 3600  # a save whose process cannot be asked is stale after an hour
+
+
+def _remove_stale_staging(parent):
+    """Removes what killed saves left in `parent`: staging directories of ours
+    whose process is gone (or, without a pid, older than an hour). A save in
+    progress in another live process is left alone."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        m = _STAGING.match(name)
+        if not m:
+            continue
+        path = os.path.join(parent, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            continue
+        if m.group(1) is not None:
+            pid = int(m.group(1))
+            if pid == os.getpid():
+                continue  # another thread of ours may be saving into it
+            try:
+                os.kill(pid, 0)
+                alive = True
+            except ProcessLookupError:
+                alive = False
+            except (PermissionError, OverflowError):
+                alive = True
+            # (A pid reused by a live process keeps the directory until the
+            # hour has passed.)
+            if alive and now - st.st_mtime < _STALE_WITHOUT_PID_S:
+                continue
+        elif now - st.st_mtime < _STALE_WITHOUT_PID_S:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def save(path, var_dict=None):
     """Saves every session variable (or the {name: array} `var_dict`) to the
     directory `path` in OneFlow's layout, atomically.
@@ -417,9 +464,10 @@ def save(path, var_dict=None):
     target = os.path.abspath(path)
     parent, base = os.path.split(target)
     os.makedirs(parent, exist_ok=True)
+    _remove_stale_staging(parent)
     tmp = None
     while tmp is None:
-        candidate = os.path.join(parent, f".{base[:200]}.{secrets.token_hex(6)}.saving")
+        candidate = os.path.join(parent, f".{base[:200]}.{os.getpid()}-{secrets.token_hex(6)}.saving")
         try:
             os.mkdir(candidate)
             tmp = candidate

@@ -1,6 +1,7 @@
 // The disk cache: SHA-256 vectors, key stability, round trips, damage
 // detection, concurrent writers, eviction, and compile_job's hit path.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -69,6 +70,29 @@ size_t count_entries(const std::string& dir) {
     for (auto& e : fs::directory_iterator(top.path())) n += e.is_directory() ? 1 : 0;
   }
   return n;
+}
+
+// Recomputes an edited entry's MAC with the cache's own key, as flowjit
+// would have written it (for damage that must be caught by later checks).
+void reseal(const std::string& cache_dir, const std::string& entry, const std::string& key) {
+  std::string meta = slurp(entry + "/meta.json");
+  std::string secret = slurp(cache_dir + "/hmac.key");
+  std::string msg = "flowjit-cache-mac 1\n" + key + "\n";
+  size_t pos = meta.find("\"files\": {");
+  ASSERT_NE(pos, std::string::npos);
+  while (true) {
+    size_t name_at = meta.find("\"", meta.find('\n', pos) + 1);
+    size_t brace = meta.find("\": {", name_at);
+    if (name_at == std::string::npos || brace == std::string::npos) break;
+    std::string name = meta.substr(name_at + 1, brace - name_at - 1);
+    size_t b = meta.find("\"bytes\": ", brace) + 9;
+    size_t h = meta.find("\"sha256\": \"", brace) + 11;
+    msg += name + " " + meta.substr(b, meta.find(',', b) - b) + " " + meta.substr(h, 64) + "\n";
+    pos = meta.find('}', h);
+  }
+  size_t mac = meta.find("\"mac\": \"") + 8;
+  meta.replace(mac, 64, hmac_sha256_hex(secret, msg));
+  spit(entry + "/meta.json", meta);
 }
 
 size_t count_files(const std::string& dir) {
@@ -424,10 +448,151 @@ TEST(CompileJobCache, ObjectThatFailsToLoadIsDamaged) {
   ASSERT_NE(pos, std::string::npos);
   meta.replace(pos, 64, sha256_hex(junk));
   spit(dir + "/meta.json", meta);
+  reseal(tmp.path, dir, cold.cache_key);
   CompiledJob again = compile_job(small_job(), s, store);
   EXPECT_FALSE(again.from_disk_cache);
   ASSERT_EQ(again.warnings.size(), 1u);
   EXPECT_NE(again.warnings[0].find("cannot load compiled kernels"), std::string::npos)
       << again.warnings[0];
   EXPECT_EQ(run(again), run(cold));
+}
+
+// ---------------------------------------------------------------- trust
+
+TEST(Sha256, HmacRfc4231Vectors) {
+  // RFC 4231 test cases 1, 2 and 6 (a key longer than the block).
+  EXPECT_EQ(hmac_sha256_hex(std::string(20, '\x0b'), "Hi There"),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  EXPECT_EQ(hmac_sha256_hex("Jefe", "what do ya want for nothing?"),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  EXPECT_EQ(hmac_sha256_hex(std::string(131, '\xaa'),
+                            "Test Using Larger Than Block-Size Key - Hash Key First"),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  EXPECT_TRUE(constant_time_equal("abc", "abc"));
+  EXPECT_FALSE(constant_time_equal("abc", "abd"));
+  EXPECT_FALSE(constant_time_equal("abc", "ab"));
+}
+
+TEST(DiskCacheTrust, PrivateModesWhateverTheUmask) {
+  TempDir tmp;
+  mode_t old = ::umask(0);
+  std::string root = tmp.path + "/a/b/cache";
+  DiskCache cache(root, 0);
+  std::string key = key_of("modes"), why;
+  ASSERT_EQ(cache.store(sample_entry(key), why), DiskCache::Stored::Published) << why;
+  ::umask(old);
+  auto mode = [](const std::string& p) {
+    struct stat st;
+    EXPECT_EQ(::lstat(p.c_str(), &st), 0) << p;
+    return st.st_mode & 0777;
+  };
+  for (std::string d : {tmp.path + "/a", root, root + "/tmp", root + "/" + key.substr(0, 2),
+                        cache.entry_dir(key)})
+    EXPECT_EQ(mode(d), 0700u) << d;
+  for (const char* f : {"meta.json", "object.o", "plan.txt", "llvm.ll"})
+    EXPECT_EQ(mode(cache.entry_dir(key) + "/" + f), 0600u) << f;
+  EXPECT_EQ(mode(root + "/hmac.key"), 0600u);
+  EXPECT_EQ(slurp(root + "/hmac.key").size(), 64u);
+}
+
+TEST(DiskCacheTrust, CopiedOrPlantedEntriesAreRecompiledNotLoaded) {
+  TempDir a, b;
+  DiskCache mine(a.path, 0), theirs(b.path, 0);
+  std::string key = key_of("copied"), why;
+  ASSERT_EQ(theirs.store(sample_entry(key), why), DiskCache::Stored::Published) << why;
+  CacheHit hit;
+  ASSERT_EQ(mine.lookup(key, false, hit, why), DiskCache::Found::Miss);
+  // A whole valid entry of another cache (another user's key), copied in.
+  std::string why2;
+  ASSERT_EQ(mine.store(sample_entry(key_of("other")), why2), DiskCache::Stored::Published);
+  fs::create_directories(a.path + "/" + key.substr(0, 2));
+  fs::copy(theirs.entry_dir(key), mine.entry_dir(key), fs::copy_options::recursive);
+  EXPECT_EQ(mine.lookup(key, false, hit, why), DiskCache::Found::Damaged);
+  EXPECT_NE(why.find("not authenticated"), std::string::npos) << why;
+  EXPECT_FALSE(fs::exists(mine.entry_dir(key)));
+  // A planted entry: right checksums, no MAC (as an attacker who knows the
+  // key's recipe would write it).
+  fs::copy(theirs.entry_dir(key), mine.entry_dir(key), fs::copy_options::recursive);
+  std::string meta = slurp(mine.entry_dir(key) + "/meta.json");
+  size_t at = meta.find("  \"mac\"");
+  ASSERT_NE(at, std::string::npos);
+  meta.erase(at, meta.find('\n', at) + 1 - at);
+  spit(mine.entry_dir(key) + "/meta.json", meta);
+  EXPECT_EQ(mine.lookup(key, false, hit, why), DiskCache::Found::Damaged);
+  // Our own entries still load.
+  EXPECT_EQ(mine.lookup(key_of("other"), false, hit, why), DiskCache::Found::Hit) << why;
+}
+
+TEST(DiskCacheTrust, ForeignOrWritableRootsEntriesAndFilesAreRefused) {
+  TempDir tmp;
+  DiskCache cache(tmp.path, 0);
+  std::string key = key_of("foreign"), why;
+  ASSERT_EQ(cache.store(sample_entry(key), why), DiskCache::Stored::Published) << why;
+  std::string entry = cache.entry_dir(key);
+  CacheHit hit;
+  EXPECT_EQ(cache.untrusted_root(), "");
+  // Group- or world-writable: the root, the entry, a file.
+  ::chmod(tmp.path.c_str(), 0777);
+  EXPECT_NE(cache.untrusted_root().find("writable by others"), std::string::npos);
+  EXPECT_EQ(cache.lookup(key, false, hit, why), DiskCache::Found::Untrusted);
+  EXPECT_EQ(cache.store(sample_entry(key_of("x")), why), DiskCache::Stored::Failed);
+  ::chmod(tmp.path.c_str(), 0700);
+  ::chmod(entry.c_str(), 0770);
+  EXPECT_EQ(cache.lookup(key, false, hit, why), DiskCache::Found::Untrusted);
+  EXPECT_NE(why.find("writable by its group"), std::string::npos) << why;
+  ::chmod(entry.c_str(), 0700);
+  ::chmod((entry + "/plan.txt").c_str(), 0666);
+  EXPECT_EQ(cache.lookup(key, false, hit, why), DiskCache::Found::Untrusted);
+  EXPECT_NE(why.find("plan.txt"), std::string::npos) << why;
+  ::chmod((entry + "/plan.txt").c_str(), 0600);
+  ASSERT_EQ(cache.lookup(key, false, hit, why), DiskCache::Found::Hit) << why;
+  // Owned by someone else (needs root to arrange).
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown((entry + "/object.o").c_str(), 12345, 12345), 0);
+    EXPECT_EQ(cache.lookup(key, false, hit, why), DiskCache::Found::Untrusted);
+    EXPECT_NE(why.find("owned by uid 12345"), std::string::npos) << why;
+    EXPECT_TRUE(fs::exists(entry));  // never removed: it is not ours
+    ASSERT_EQ(::chown(tmp.path.c_str(), 12345, 12345), 0);
+    EXPECT_NE(cache.untrusted_root().find("owned by uid 12345"), std::string::npos);
+    ASSERT_EQ(::chown(tmp.path.c_str(), 0, 0), 0);
+  }
+}
+
+TEST(DiskCacheTrust, LinksFifosAndDevicesAreRefusedWithoutBlocking) {
+  TempDir tmp;
+  DiskCache cache(tmp.path, 0);
+  std::string key = key_of("fifo"), why;
+  ASSERT_EQ(cache.store(sample_entry(key), why), DiskCache::Stored::Published) << why;
+  std::string entry = cache.entry_dir(key);
+  CacheHit hit;
+  fs::remove(entry + "/object.o");
+  ASSERT_EQ(::mkfifo((entry + "/object.o").c_str(), 0600), 0);
+  EXPECT_EQ(cache.lookup(key, false, hit, why), DiskCache::Found::Untrusted);  // returns: no hang
+  EXPECT_NE(why.find("not a regular file"), std::string::npos) << why;
+  fs::remove(entry + "/object.o");
+  fs::create_symlink("/dev/zero", entry + "/object.o");
+  EXPECT_EQ(cache.lookup(key, false, hit, why), DiskCache::Found::Untrusted);
+  EXPECT_NE(why.find("symbolic link"), std::string::npos) << why;
+  fs::remove(entry + "/meta.json");
+  ASSERT_EQ(::mkfifo((entry + "/meta.json").c_str(), 0600), 0);
+  EXPECT_EQ(cache.lookup(key, false, hit, why), DiskCache::Found::Untrusted);
+  cache.touch(key);  // no hang either
+  EXPECT_GE(cache.total_bytes(), 0);
+}
+
+TEST(DiskCacheTrust, TextThatIsNotUtf8IsDamage) {
+  TempDir tmp;
+  DiskCache cache(tmp.path, 0);
+  std::string key = key_of("utf8"), why;
+  CacheEntry e = sample_entry(key);
+  e.plan = "flowjit-plan 1\njob \xff\xfe\nend\n";
+  ASSERT_EQ(cache.store(e, why), DiskCache::Stored::Published) << why;
+  CacheHit hit;
+  EXPECT_EQ(cache.lookup(key, false, hit, why), DiskCache::Found::Damaged);
+  EXPECT_NE(why.find("not UTF-8"), std::string::npos) << why;
+  EXPECT_TRUE(valid_utf8("plain \xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80"));
+  EXPECT_FALSE(valid_utf8("\xed\xa0\x80"));  // a surrogate
+  EXPECT_FALSE(valid_utf8("\xc0\xaf"));      // overlong
+  EXPECT_FALSE(valid_utf8("\xe2\x82"));      // cut short
+  EXPECT_EQ(printable_text("a\xff/b\xc3\xa9"), "a\\xff/b\xc3\xa9");
 }

@@ -164,3 +164,22 @@ TEST(IR, AttributesFollowTheirSchema) {
       EXPECT_TRUE(keys.insert(a->key).second) << op_name(static_cast<OpKind>(i)) << " " << a->key;
   }
 }
+
+TEST(Types, SizesThatOverflowInt64AreNamedNotWrapped) {
+  using flowjit::ir::DType;
+  EXPECT_EQ(flowjit::ir::num_elements({int64_t{1} << 32, int64_t{1} << 32}), INT64_MAX);
+  EXPECT_EQ(flowjit::ir::shape_size_problem(DType::Float32, {1000, 1000}), "");
+  EXPECT_NE(flowjit::ir::shape_size_problem(DType::Float32, {int64_t{1} << 62}).find("bytes"),
+            std::string::npos);
+  EXPECT_NE(flowjit::ir::shape_size_problem(DType::Int8, {0, int64_t{1} << 62, int64_t{1} << 62})
+                .find("element count"),
+            std::string::npos);
+}
+
+TEST(Attrs, FloatsCompareByBitsSoNanFillsVerify) {
+  using flowjit::ir::Attrs;
+  Attrs a{{"value", std::nan("")}}, b{{"value", std::nan("")}};
+  EXPECT_TRUE(a == b);
+  EXPECT_FALSE((Attrs{{"value", 0.0}} == Attrs{{"value", -0.0}}));
+  EXPECT_TRUE((Attrs{{"value", 1.5}} == Attrs{{"value", 1.5}}));
+}

@@ -41,8 +41,13 @@ _GPU_ONLY = ("ptx", "launches")
 _DEFAULT_SECTIONS = ("ir_before", "ir", "fusion", "kernels")
 
 
+def _printable(text):
+    """Paths and entry texts need not be UTF-8 (os gives such bytes as surrogates): show them as \\xNN."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _out(text=""):
-    sys.stdout.write(text + "\n")
+    sys.stdout.write(_printable(text) + "\n")
 
 
 _print = _out
@@ -58,7 +63,7 @@ def _json(obj):
 
 
 def _err(style, text):
-    sys.stderr.write(style("flowjit-cache: ", "bold") + text + "\n")
+    sys.stderr.write(style("flowjit-cache: ", "bold") + _printable(text) + "\n")
 
 
 # ---------------------------------------------------------------- list

@@ -4,7 +4,14 @@ An entry is <dir>/<key[:2]>/<key>/ with meta.json (job, signature, times,
 hits, sizes and {bytes, sha256} per file) and the files it lists. Removal
 renames the entry into <dir>/tmp/ first, as the compiler does, so that a
 process reading the cache never sees half an entry.
+
+Like the compiler, the tool opens files without following links and only if
+they are regular files (a FIFO or device is reported, never waited on), and
+`verify` checks each entry's MAC under <dir>/hmac.key and who owns and can
+write it: what the compiler would refuse is reported as bad.
 """
+import hmac
+import stat
 import errno
 import fcntl
 import hashlib
@@ -42,18 +49,64 @@ class CacheError(Exception):
     """A user-facing problem (no such key, ambiguous prefix)."""
 
 
+def read_regular(path):
+    """The bytes of `path`, which must be a regular file and not a link (OSError otherwise).
+
+    Opened non-blocking, so a FIFO or a device fails at once instead of hanging."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, f"{os.path.basename(path)} is a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"{os.path.basename(path)} is not a regular file")
+        chunks = []
+        while True:
+            b = os.read(fd, 1 << 16)
+            if not b:
+                return b"".join(chunks)
+            chunks.append(b)
+    finally:
+        os.close(fd)
+
+
+def untrusted(st, name):
+    """Why the compiler would refuse a file or directory with this stat (None when it would not)."""
+    if st.st_uid != os.geteuid():
+        return f"{name} is owned by uid {st.st_uid}, not by this user (uid {os.geteuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "others" if st.st_mode & stat.S_IWOTH else "its group"
+        return f"{name} is writable by {who} (mode {st.st_mode & 0o777:03o})"
+    return None
+
+
+def mac_message(key, files):
+    """What an entry's MAC covers (jit/cache.cpp mac_message)."""
+    m = f"flowjit-cache-mac 1\n{key}\n"
+    for name, info in files.items():
+        info = info if isinstance(info, dict) else {}
+        size = info.get("bytes", -1)
+        size = int(size) if isinstance(size, (int, float)) else -1
+        sha = info.get("sha256")
+        m += f"{name} {size} {sha if isinstance(sha, str) else '-'}\n"
+    return m.encode("utf-8", "surrogateescape")
+
+
 class Entry:
     """One cache entry; `meta` is None and `error` says why when meta.json is unusable."""
 
-    def __init__(self, path, key):
+    def __init__(self, path, key, cache=None):
         self.path = path
         self.key = key
+        self.cache = cache
         self.meta = None
         self.error = None
         self.meta_bytes = 0
         try:
-            with open(os.path.join(path, "meta.json"), "rb") as f:
-                raw = f.read()
+            raw = read_regular(os.path.join(path, "meta.json"))
             self.meta_bytes = len(raw)
             meta = json.loads(raw)
             if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
@@ -85,7 +138,7 @@ class Entry:
         try:
             for name in os.listdir(self.path):
                 try:
-                    total += os.path.getsize(os.path.join(self.path, name))
+                    total += os.lstat(os.path.join(self.path, name)).st_size
                 except OSError:
                     pass
         except OSError:
@@ -113,8 +166,7 @@ class Entry:
 
     def read(self, name, verify=True):
         """The bytes of one listed file; ValueError when it fails its checksum."""
-        with open(os.path.join(self.path, name), "rb") as f:
-            data = f.read()
+        data = read_regular(os.path.join(self.path, name))
         if verify and self.meta:
             info = self.meta["files"].get(name)
             if info is None:
@@ -127,13 +179,29 @@ class Entry:
         return data
 
     def text(self, name, verify=True):
-        return self.read(name, verify).decode("utf-8", errors="replace")
+        return self.read(name, verify).decode("utf-8", errors="backslashreplace")
 
     def problems(self):
         """Everything wrong with the entry (empty when it is good)."""
         if self.error:
             return [self.error]
         out = []
+        for name in ("",) + tuple(self.meta["files"]) + ("meta.json",):
+            try:
+                why = untrusted(os.lstat(os.path.join(self.path, name)), name or "the entry directory")
+            except OSError:
+                continue
+            if why:
+                out.append(why)
+        secret = self.cache.secret() if self.cache else None
+        mac = self.meta.get("mac")
+        if secret is None:
+            out.append("the cache has no usable key (hmac.key) to authenticate it")
+        elif not isinstance(mac, str) or not hmac.compare_digest(
+                mac.encode("ascii", "replace"),
+                hmac.new(secret, mac_message(self.key, self.meta["files"]), "sha256").hexdigest().encode()):
+            out.append("it is not authenticated by this cache's key (copied from another cache, planted, "
+                       "or written by an older flowjit)")
         if self.meta.get("format") != 1:
             out.append(f"unknown format {self.meta.get('format')!r}")
         for name in FILES + (GPU_FILES if self.is_gpu else ()):
@@ -144,7 +212,9 @@ class Entry:
                 self.read(name)
             except FileNotFoundError:
                 out.append(f"{name} is missing")
-            except (OSError, ValueError) as e:
+            except OSError as e:
+                out.append(e.strerror if e.filename is None else str(e))
+            except ValueError as e:
                 out.append(str(e))
         if out:
             return out
@@ -223,12 +293,25 @@ class Cache:
             return out
         for top in tops:
             tdir = os.path.join(self.path, top)
-            if len(top) != 2 or not os.path.isdir(tdir):
+            if len(top) != 2 or os.path.islink(tdir) or not os.path.isdir(tdir):
                 continue
             for key in sorted(os.listdir(tdir)):
-                if _KEY.match(key) and key.startswith(top) and os.path.isdir(os.path.join(tdir, key)):
-                    out.append(Entry(os.path.join(tdir, key), key))
+                edir = os.path.join(tdir, key)
+                if _KEY.match(key) and key.startswith(top) and not os.path.islink(edir) and os.path.isdir(edir):
+                    out.append(Entry(edir, key, self))
         return out
+
+    def secret(self):
+        """The key of <dir>/hmac.key as the compiler uses it (its hex text), or None."""
+        if not hasattr(self, "_secret"):
+            self._secret = None
+            try:
+                raw = read_regular(os.path.join(self.path, "hmac.key"))
+                if len(raw) == 64 and re.match(rb"^[0-9a-f]{64}$", raw):
+                    self._secret = raw
+            except OSError:
+                pass
+        return self._secret
 
     def find(self, prefix):
         """The entry whose key starts with `prefix` (which must pick one)."""
@@ -253,7 +336,7 @@ class Cache:
 
     def remove_path(self, path, key):
         tmp = os.path.join(self.path, "tmp")
-        os.makedirs(tmp, exist_ok=True)
+        os.makedirs(tmp, mode=0o700, exist_ok=True)
         dead = os.path.join(tmp, f"dead-{key[:16]}-{os.getpid()}-{time.monotonic_ns()}")
         try:
             os.rename(path, dead)
@@ -315,7 +398,9 @@ class _Lock:
 
     def __enter__(self):
         try:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+            if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+                raise OSError(errno.EINVAL, "the lock is not a regular file")
             fcntl.flock(self.fd, fcntl.LOCK_EX)
         except OSError:
             if self.fd is not None:
