@@ -12,7 +12,7 @@ import pytest
 import flowjit as flow
 import flowjit.typing as tp
 from test_autodiff import check as check_grad
-from test_ops import run
+from test_ops import build, run
 
 ERF = np.vectorize(math.erf, otypes=[np.float64])
 ERFC = np.vectorize(math.erfc, otypes=[np.float64])
@@ -80,7 +80,9 @@ def test_gelu_tail_keeps_relative_accuracy():
 
 def test_gelu_is_one_fused_kernel_and_matches_unfused(monkeypatch):
     x = np.random.default_rng(1).standard_normal((37, 19)).astype(np.float32)
-    fused = run(lambda b: flow.nn.gelu(b), x)
+    job, args = build(lambda b: flow.nn.gelu(b), x, name="gelu_fused")
+    fused = job(*args)
+    assert job.compiled_jobs()[0].num_kernels == 1
     monkeypatch.setenv("FLOWJIT_DISABLE_FUSION", "1")
     unfused = run(lambda b: flow.nn.gelu(b), x)
     np.testing.assert_allclose(fused, unfused, rtol=1e-6, atol=1e-7)
