@@ -454,6 +454,8 @@ Value* ExprEmitter::compute(const KNode& n, const std::vector<Value*>& ops) {
     case OpKind::Sigmoid:
     case OpKind::Sin:
     case OpKind::Cos:
+    case OpKind::Erf:
+    case OpKind::Erfc:
       return math_.unary(b_, n.op, x);
     case OpKind::LogicalNot: return b_.CreateNot(x);
     case OpKind::Add: return f ? b_.CreateFAdd(x, y) : b_.CreateAdd(x, y);

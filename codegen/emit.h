@@ -20,7 +20,7 @@ namespace flowjit::codegen {
 class MathProvider {
  public:
   virtual ~MathProvider() = default;
-  // op is one of Exp, Log, Tanh, Sigmoid, Sin, Cos.
+  // op is one of Exp, Log, Tanh, Sigmoid, Sin, Cos, Erf, Erfc.
   virtual llvm::Value* unary(llvm::IRBuilderBase& b, OpKind op, llvm::Value* x) = 0;
   virtual llvm::Value* pow(llvm::IRBuilderBase& b, llvm::Value* x, llvm::Value* y) = 0;
   // op is one of RandomUniform, RandomNormal, TruncatedNormal; counter is i64

@@ -74,6 +74,16 @@ Grads vjp_Sin(const NodeRef& n, const NodeRef& dy) {
 Grads vjp_Cos(const NodeRef& n, const NodeRef& dy) {
   return {neg(mul(dy, unary(OpKind::Sin, n->input(0))))};
 }
+// d/dx erf(x) = 2/sqrt(pi) e^(-x^2); erfc = 1 - erf has the opposite sign.
+NodeRef erf_slope(const NodeRef& x, double scale) {
+  return mul(c(scale, x), unary(OpKind::Exp, neg(mul(x, x))));
+}
+Grads vjp_Erf(const NodeRef& n, const NodeRef& dy) {
+  return {mul(dy, erf_slope(n->input(0), 1.1283791670955126))};
+}
+Grads vjp_Erfc(const NodeRef& n, const NodeRef& dy) {
+  return {mul(dy, erf_slope(n->input(0), -1.1283791670955126))};
+}
 
 Grads vjp_Add(const NodeRef& n, const NodeRef& dy) {
   return {sum_to_shape(dy, n->input(0)->shape()), sum_to_shape(dy, n->input(1)->shape())};

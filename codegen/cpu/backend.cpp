@@ -126,6 +126,8 @@ class CpuMath : public MathProvider {
       case OpKind::Sigmoid: return emit_sigmoid(b, x);
       case OpKind::Sin: return emit_sin(b, x);
       case OpKind::Cos: return emit_cos(b, x);
+      case OpKind::Erf: return emit_erf(b, x);
+      case OpKind::Erfc: return emit_erfc(b, x);
       default: FJ_CHECK(false, "no CPU math for ", ir::op_name(op));
     }
   }

@@ -87,6 +87,8 @@ class LibdeviceMath : public RandomFromMathlib {
       case OpKind::Tanh: return call(b, "tanh", {x});
       case OpKind::Sin: return call(b, "sin", {x});
       case OpKind::Cos: return call(b, "cos", {x});
+      case OpKind::Erf: return call(b, "erf", {x});
+      case OpKind::Erfc: return call(b, "erfc", {x});
       case OpKind::Sigmoid:
         return sigmoid_from_exp(b, x, [&](Value* v) { return call(b, "exp", {v}); });
       default: FJ_CHECK(false, "no libdevice function for ", ir::op_name(op));
@@ -120,6 +122,8 @@ class BuiltinMath : public RandomFromMathlib {
       case OpKind::Sigmoid: return cpu::emit_sigmoid(b, x);
       case OpKind::Sin: return cpu::emit_sin(b, x);
       case OpKind::Cos: return cpu::emit_cos(b, x);
+      case OpKind::Erf: return cpu::emit_erf(b, x);
+      case OpKind::Erfc: return cpu::emit_erfc(b, x);
       default: FJ_CHECK(false, "no builtin GPU math for ", ir::op_name(op));
     }
   }

@@ -51,6 +51,8 @@ std::optional<double> eval_elementwise(OpKind op, DType in, const std::vector<do
     case OpKind::Relu: return a < 0 ? 0.0 : a;
     case OpKind::Sin: return std::sin(a);
     case OpKind::Cos: return std::cos(a);
+    case OpKind::Erf: return std::erf(a);
+    case OpKind::Erfc: return std::erfc(a);
     case OpKind::LogicalNot: return a == 0 ? 1.0 : 0.0;
     case OpKind::Add: return a + b;
     case OpKind::Sub: return a - b;

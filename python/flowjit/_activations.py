@@ -54,6 +54,15 @@ def swish(x, beta=1.0, name=None):
     return _ops.multiply(x, _ops.sigmoid(z), name=name)
 
 
+def gelu(x, name=None):
+    """OneFlow's exact GELU, 0.5 x (1 + erf(x / sqrt(2))), computed as
+    0.5 x erfc(-x / sqrt(2)), the same function without the cancellation of
+    1 + erf for negative x (so gelu(-10) keeps its relative accuracy)."""
+    floating(x, "gelu")
+    return _ops.multiply(_ops.multiply(x, 0.5), _ops.erfc(_ops.multiply(x, -0.7071067811865476)),
+                         name=name)
+
+
 def silu(x, name=None):
     """swish with beta = 1: x * sigmoid(x)."""
     floating(x, "silu")

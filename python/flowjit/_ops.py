@@ -98,6 +98,8 @@ round = _unary(K.round, "round")  # noqa: A001
 reciprocal = _unary(K.reciprocal, "reciprocal")
 sin = _unary(K.sin, "sin")
 cos = _unary(K.cos, "cos")
+erf = _unary(K.erf, "erf")
+erfc = _unary(K.erfc, "erfc")
 
 
 def _truth(x, api):

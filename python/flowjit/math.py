@@ -1,6 +1,6 @@
 """flow.math: elementwise math, comparisons and reductions."""
-from ._ops import (abs, add, argmax, argmin, ceil, cos, divide, equal, exp, floor, greater,  # noqa: F401
-                   greater_equal, less, less_equal, log, logical_and, logical_not, logical_or,
+from ._ops import (abs, add, argmax, argmin, ceil, cos, divide, equal, erf, erfc, exp, floor,  # noqa: F401
+                   greater, greater_equal, less, less_equal, log, logical_and, logical_not, logical_or,
                    maximum, minimum, multiply, negative, not_equal, pow, reciprocal, reduce_max,
                    reduce_mean, reduce_min, reduce_prod, reduce_sum, relu, round, rsqrt, sigmoid,
                    sign, sin, sqrt, square, subtract, tanh)
@@ -27,3 +27,6 @@ clip = clip_by_value
 
 # Array ops of flow.math (issue #12).
 from ._array import in_top_k, top_k, unsorted_segment_sum, unsorted_segment_sum_like  # noqa: E402,F401
+
+# GELU is flow.math.gelu in OneFlow; flow.nn.gelu is the same function.
+from ._activations import gelu  # noqa: E402,F401

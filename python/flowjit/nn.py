@@ -32,7 +32,7 @@ logsoftmax = log_softmax  # the name the OneFlow docs use
 
 # Activations and losses composed of primitive ops (issue #12); the capitalized
 # names are the ones OneFlow's lazy API exports the losses under.
-from ._activations import (elu, hardsigmoid, hardswish, hardtanh, leaky_relu, mish,  # noqa: E402,F401
+from ._activations import (elu, gelu, hardsigmoid, hardswish, hardtanh, leaky_relu, mish,  # noqa: E402,F401
                            relu6, silu, softsign, swish)
 from ._composite import moments, tril  # noqa: E402,F401
 from ._losses import (bce_loss, bce_with_logits_loss, kldiv_loss, l1_loss, mse_loss,  # noqa: E402,F401

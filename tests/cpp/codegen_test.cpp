@@ -87,7 +87,9 @@ INSTANTIATE_TEST_SUITE_P(
         UnaryCase{OpKind::Sigmoid, -30, 30, [](double x) { return 1 / (1 + std::exp(-x)); }},
         UnaryCase{OpKind::Relu, -5, 5, [](double x) { return x < 0 ? 0.0 : x; }},
         UnaryCase{OpKind::Sin, -10, 10, [](double x) { return std::sin(x); }},
-        UnaryCase{OpKind::Cos, -10, 10, [](double x) { return std::cos(x); }}),
+        UnaryCase{OpKind::Cos, -10, 10, [](double x) { return std::cos(x); }},
+        UnaryCase{OpKind::Erf, -5, 5, [](double x) { return std::erf(x); }},
+        UnaryCase{OpKind::Erfc, -5, 12, [](double x) { return std::erfc(x); }}),
     [](const auto& info) { return std::string(op_name(info.param.op)); });
 
 struct BinaryCase {

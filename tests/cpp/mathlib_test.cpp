@@ -369,6 +369,13 @@ const std::vector<UnaryCase>& unary_cases() {
        [](long double x) { return std::tanh(x); }, 2, 4},
       {"sigmoid", fc::emit_sigmoid, -100, 100, -700, 700,
        [](double x) { return 1.0 / (1.0 + std::exp(-x)); }, sigmoid_ref, 2, 4},
+      // erfc over its tail down to the float subnormals (10.05) and to near the
+      // double underflow (26.5, erfc ~ 1e-307), where it has to keep relative
+      // accuracy; erf to where it is +-1 in double.
+      {"erf", fc::emit_erf, -10, 10, -7, 7, [](double x) { return std::erf(x); },
+       [](long double x) { return std::erf(x); }, 1, 4},
+      {"erfc", fc::emit_erfc, -10, 10.05, -6, 26.5, [](double x) { return std::erfc(x); },
+       [](long double x) { return std::erfc(x); }, 1, 8},
   };
   return cases;
 }
@@ -464,6 +471,12 @@ void expect_all_specials() {
   expect_specials<T>("sin", fc::emit_sin,
                      {{kNaN, kNaN}, {kInf, kNaN}, {-kInf, kNaN}, {0, 0}, {-0.0, -0.0}});
   expect_specials<T>("cos", fc::emit_cos, {{kNaN, kNaN}, {kInf, kNaN}, {-kInf, kNaN}, {0, 1}});
+  expect_specials<T>("erf", fc::emit_erf,
+                     {{kNaN, kNaN}, {kInf, 1}, {-kInf, -1}, {0, 0}, {-0.0, -0.0}, {1e30, 1},
+                      {-1e30, -1}});
+  expect_specials<T>("erfc", fc::emit_erfc,
+                     {{kNaN, kNaN}, {kInf, 0}, {-kInf, 2}, {0, 1}, {-0.0, 1}, {1e30, 0},
+                      {-1e30, 2}, {f32 ? 10.1 : 27.3, 0}});
   expect_specials<T>("erfinv", fc::emit_erfinv,
                      {{kNaN, kNaN},
                       {1, kInf},
