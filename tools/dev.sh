@@ -107,7 +107,8 @@ run_suite() {
   out=$(mktemp)
   "$@" 2>&1 | tee "$out" || rc=$?
   local summary
-  summary=$(grep -E 'tests passed|tests failed|^=+ .*(passed|failed|error|skipped|deselected|no tests ran).* =+$' "$out" | tail -n 1)
+  # pytest -q prints "N passed, M skipped in Ts" bare; without -q it is framed in "="s.
+  summary=$(grep -E 'tests passed|tests failed|^=* ?[0-9]+ (passed|failed|error|skipped|deselected)|no tests ran' "$out" | tail -n 1 || true)
   [ -n "$summary" ] || summary="(no summary line; exit status $rc)"
   rm -f "$out"
   SUMMARIES+=("$(printf '%-44s %s %s' "$name" "$([ $rc -eq 0 ] && echo ok || echo FAILED)" "$summary")")
