@@ -20,10 +20,8 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)

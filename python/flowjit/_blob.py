@@ -1,5 +1,5 @@
 """Blob: a value of the job being traced (OneFlow's BlobDef)."""
-from . import _C, _dtypes, _trace
+from . import _dtypes
 
 
 class Blob:

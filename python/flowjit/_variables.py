@@ -12,7 +12,6 @@ import zlib
 import numpy as np
 
 from . import _C, _dtypes, _trace
-from ._blob import Blob
 
 _global_seed = [0]
 

@@ -1,7 +1,7 @@
 """flow.layers: layers built from variables and ops."""
 import numbers
 
-from . import _C, _dtypes, _ops, _trace, nn
+from . import _C, _ops, _trace, nn
 from ._blob import Blob
 from ._variables import get_variable
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import flowjit as flow
-import flowjit.typing as tp
 from test_autodiff import check as check_grad
 from test_ops import build, run
 

@@ -8,7 +8,6 @@ give the same result as one kernel per op. Float32, tolerance rtol 1e-5.
 from typing import Tuple
 
 import numpy as np
-import pytest
 
 import flowjit as flow
 import flowjit.typing as tp

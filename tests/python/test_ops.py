@@ -142,7 +142,7 @@ def test_round_half_to_even():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_unary_special_values(dtype):
-    inf, nan = np.inf, np.nan
+    inf = np.inf
     x = np.array([0.0, -0.0, 1e-30, 100.0, -100.0, 1000.0, -1000.0, inf, -inf] + [1.0] * 8, dtype)
     with np.errstate(all="ignore"):
         got = run(lambda a: (flow.math.exp(a), flow.math.tanh(a), flow.math.sigmoid(a),

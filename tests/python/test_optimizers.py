@@ -618,8 +618,6 @@ def test_polynomial_alias_is_the_same_scheduler():
 def test_schedule_with_momentum_and_adam_bias_correction_do_not_recompile():
     # A schedule feeding a stateful optimizer: still one compiled job.
     lr = opt.CosineScheduler(0.01, 5, warmup=opt.warmup.linear(2, 0.5))
-    params = make_params()
-    xs, ys = make_data(steps=8)
     base = ref_cosine(0.01, 5, 0.0)
     sched = with_linear_warmup(base, 0.01, 2, 0.5)
 
