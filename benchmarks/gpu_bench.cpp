@@ -48,14 +48,16 @@ double now() {
 }
 
 NodeRef param(const std::string& name, int64_t index, Shape s, DType dt = DType::Float32) {
-  return make_node(OpKind::Parameter, {}, Attrs{{"name", name}, {"index", index}, {"shape", s}, {"dtype", dt}});
+  return make_node(OpKind::Parameter, {},
+                   Attrs{{"name", name}, {"index", index}, {"shape", s}, {"dtype", dt}});
 }
 NodeRef variable(const std::string& name, Shape s, DType dt = DType::Float32) {
   return make_node(OpKind::Variable, {}, Attrs{{"name", name}, {"shape", s}, {"dtype", dt}});
 }
 NodeRef assign(const NodeRef& var, const NodeRef& v) { return make_node(OpKind::Assign, {var, v}); }
 
-Graph graph(std::vector<NodeRef> params, std::vector<NodeRef> outputs, std::vector<NodeRef> effects) {
+Graph graph(std::vector<NodeRef> params, std::vector<NodeRef> outputs,
+            std::vector<NodeRef> effects) {
   Graph g;
   g.name = "bench";
   g.params = std::move(params);
@@ -87,7 +89,8 @@ Compiled compile_gpu(const Graph& g, int sm, bool tf32) {
   return c;
 }
 
-std::unique_ptr<rc::CudaExecutable> load(const Compiled& c, const std::shared_ptr<rc::Device>& dev, int sm) {
+std::unique_ptr<rc::CudaExecutable> load(const Compiled& c, const std::shared_ptr<rc::Device>& dev,
+                                         int sm) {
   std::vector<rc::GpuLaunch> ls;
   for (auto& l : c.mod.launches) {
     rc::GpuLaunch r;
@@ -97,7 +100,8 @@ std::unique_ptr<rc::CudaExecutable> load(const Compiled& c, const std::shared_pt
     r.shared_bytes = l.shared_bytes;
     ls.push_back(r);
   }
-  return std::make_unique<rc::CudaExecutable>(dev, c.fp.plan, ls, rc::GpuImage{c.mod.ptx, c.mod.cubin, sm});
+  return std::make_unique<rc::CudaExecutable>(dev, c.fp.plan, ls,
+                                              rc::GpuImage{c.mod.ptx, c.mod.cubin, sm});
 }
 
 // Uniform in [-0.1, 0.1), from a cheap hash (the buffers reach a gigabyte).
@@ -108,7 +112,8 @@ void randomize(runtime::VariableStore& store, uint32_t seed) {
     uint64_t x = seed * 0x9e3779b97f4a7c15ull + std::hash<std::string>()(v->name);
     for (int64_t i = 0; i < v->type.numel(); ++i) {
       x = x * 6364136223846793005ull + 1442695040888963407ull;
-      p[i] = static_cast<float>(static_cast<double>(x >> 40) / static_cast<double>(1ull << 24) * 0.2 - 0.1);
+      p[i] = static_cast<float>(
+          static_cast<double>(x >> 40) / static_cast<double>(1ull << 24) * 0.2 - 0.1);
     }
   }
 }
@@ -141,12 +146,13 @@ struct Cublas {
   int (*destroy)(void*) = nullptr;
   int (*set_stream)(void*, void*) = nullptr;
   int (*set_math_mode)(void*, int) = nullptr;
-  int (*sgemm)(void*, int, int, int, int, int, const float*, const float*, int, const float*, int, const float*,
-               float*, int) = nullptr;
+  int (*sgemm)(void*, int, int, int, int, int, const float*, const float*, int, const float*, int,
+               const float*, float*, int) = nullptr;
   std::string name;
 
   bool open(rc::CUstream stream) {
-    for (const char* n : {"libcublas.so.13", "libcublas.so.12", "libcublas.so.11", "libcublas.so"}) {
+    for (const char* n :
+         {"libcublas.so.13", "libcublas.so.12", "libcublas.so.11", "libcublas.so"}) {
       lib = dlopen(n, RTLD_NOW | RTLD_LOCAL);
       if (lib) {
         name = n;
@@ -195,7 +201,8 @@ jit::OptimizerLowering seed_step(Graph& g) {
   auto b1 = variable("hidden-bias", {hidden});
   auto w2 = variable("output-weight", {classes, hidden});
   auto b2 = variable("output-bias", {classes});
-  auto h = unary(OpKind::Relu, binary(OpKind::Add, matmul(reshape(images, {batch, in}), w1, false, true), b1));
+  auto h = unary(OpKind::Relu,
+                 binary(OpKind::Add, matmul(reshape(images, {batch, in}), w1, false, true), b1));
   auto logits = binary(OpKind::Add, matmul(h, w2, false, true), b2);
   auto loss = make_node(OpKind::SparseCrossEntropy, {labels, logits});
   auto step = variable("train-step", {}, DType::Int64);
@@ -231,7 +238,8 @@ int main(int argc, char** argv) {
     if (!compile_only) {
       std::string why;
       if (!rc::driver_available(&why) || rc::device_count() == 0) {
-        std::fprintf(stderr, "gpu_bench: no GPU: %s\n", why.empty() ? "the CUDA driver sees no device" : why.c_str());
+        std::fprintf(stderr, "gpu_bench: no GPU: %s\n",
+                     why.empty() ? "the CUDA driver sees no device" : why.c_str());
         return 2;
       }
       dev = rc::Device::open(0);
@@ -243,10 +251,12 @@ int main(int argc, char** argv) {
     const int64_t elems = quick ? (int64_t{64} << 20) : (int64_t{256} << 20);
 
     // Graphs.
-    auto ma = variable("mm-a", {n, n}), mb = variable("mm-b", {n, n}), mc = variable("mm-c", {n, n});
+    auto ma = variable("mm-a", {n, n}), mb = variable("mm-b", {n, n}),
+         mc = variable("mm-c", {n, n});
     Graph mm = graph({}, {}, {assign(mc, matmul(ma, mb, false, false))});
     auto ex = variable("ew-x", {elems}), ey = variable("ew-y", {elems});
-    NodeRef chain = binary(OpKind::Sub, unary(OpKind::Tanh, binary(OpKind::Mul, unary(OpKind::Exp, ex), ex)), ex);
+    NodeRef chain = binary(
+        OpKind::Sub, unary(OpKind::Tanh, binary(OpKind::Mul, unary(OpKind::Exp, ex), ex)), ex);
     Graph ew = graph({}, {}, {assign(ey, chain)});
     Graph train;
     jit::OptimizerLowering low = seed_step(train);
@@ -255,9 +265,12 @@ int main(int argc, char** argv) {
     Compiled mm_exact = compile_gpu(mm, sm, false), mm_tf32 = compile_gpu(mm, sm, true);
     Compiled ew_c = compile_gpu(ew, sm, false), train_c = compile_gpu(train, sm, false);
     std::printf("compiled the benchmark kernels in %.2fs (ptxas: %s)\n", now() - t0,
-                mm_exact.mod.cubin.empty() ? "not found, the driver JIT-compiles the PTX" : mm_exact.mod.ptxas_path.c_str());
+                mm_exact.mod.cubin.empty() ? "not found, the driver JIT-compiles the PTX"
+                                           : mm_exact.mod.ptxas_path.c_str());
     for (const Compiled* c : {&mm_exact, &mm_tf32, &ew_c, &train_c})
-      for (auto& l : c->mod.launches) std::printf("  %-40s %s grid=%u block=%u\n", l.symbol.c_str(), l.mapping.c_str(), l.grid[0], l.block[0]);
+      for (auto& l : c->mod.launches)
+        std::printf("  %-40s %s grid=%u block=%u\n", l.symbol.c_str(), l.mapping.c_str(), l.grid[0],
+                    l.block[0]);
     if (compile_only) return 0;
 
     // ---- matmul
@@ -291,8 +304,9 @@ int main(int argc, char** argv) {
         int ni = static_cast<int>(n);
         auto gemm = [&] {
           rc::Device::Scope s(*dev);
-          int st = cb.sgemm(cb.handle, 0, 0, ni, ni, ni, &one, reinterpret_cast<const float*>(B), ni,
-                            reinterpret_cast<const float*>(A), ni, &zero, reinterpret_cast<float*>(C.ptr()), ni);
+          int st = cb.sgemm(cb.handle, 0, 0, ni, ni, ni, &one, reinterpret_cast<const float*>(B),
+                            ni, reinterpret_cast<const float*>(A), ni, &zero,
+                            reinterpret_cast<float*>(C.ptr()), ni);
           if (st != 0) throw std::runtime_error("cublasSgemm failed: status " + std::to_string(st));
           dev->synchronize();
         };
@@ -300,7 +314,8 @@ int main(int argc, char** argv) {
         double tc = time_it(gemm, reps);
         rep.add("matmul_fp32_cublas_tflops", flops / tc * 1e-12);
         rep.add("matmul_fp32_flowjit_vs_cublas", tc / t_exact);
-        FLOWJIT_CU(dev->api(), cuMemcpyDtoHAsync, theirs.data(), C.ptr(), theirs.size() * 4, dev->stream());
+        FLOWJIT_CU(dev->api(), cuMemcpyDtoHAsync, theirs.data(), C.ptr(), theirs.size() * 4,
+                   dev->stream());
         dev->synchronize();
         double maxdiff = 0, maxval = 0;
         for (size_t i = 0; i < ours.size(); ++i) {
@@ -313,7 +328,8 @@ int main(int argc, char** argv) {
         rep.add("matmul_tf32_cublas_tflops", flops / tt * 1e-12);
         rep.add("matmul_tf32_flowjit_vs_cublas", tt / t_tf32);
       } else {
-        std::printf("  (cuBLAS not found: no comparison; torch's numbers follow in gpu_torch_bench.py)\n");
+        std::printf(
+            "  (cuBLAS not found: no comparison; torch's numbers follow in gpu_torch_bench.py)\n");
       }
     }
 
@@ -325,16 +341,20 @@ int main(int argc, char** argv) {
     double t_ew = time_it([&] { run0(*ew_e); }, reps * 2);
     rep.add("elementwise_chain_flowjit_gbps", bytes / t_ew * 1e-9);
     auto X = dv.get(*store.find("ew-x")), Y = dv.get(*store.find("ew-y"));
-    double t_copy = time_it([&] {
-      rc::Device::Scope s(*dev);
-      FLOWJIT_CU(dev->api(), cuMemcpyDtoDAsync, Y, X, static_cast<size_t>(elems * 4), dev->stream());
-      dev->synchronize();
-    }, reps * 2);
+    double t_copy = time_it(
+        [&] {
+          rc::Device::Scope s(*dev);
+          FLOWJIT_CU(dev->api(), cuMemcpyDtoDAsync, Y, X, static_cast<size_t>(elems * 4),
+                     dev->stream());
+          dev->synchronize();
+        },
+        reps * 2);
     rep.add("device_copy_gbps", bytes / t_copy * 1e-9);
     rep.add("elementwise_chain_vs_copy", t_copy / t_ew);
 
     // ---- the seed's train step
-    std::printf("seed train step (100 x 784 -> 512 -> 10, SGD), inputs and loss copied each step\n");
+    std::printf(
+        "seed train step (100 x 784 -> 512 -> 10, SGD), inputs and loss copied each step\n");
     runtime::VariableStore tstore_gpu, tstore_cpu;
     for (auto* s : {&tstore_gpu, &tstore_cpu}) {
       create_variables(train_c.fp, *s, low.new_variables);

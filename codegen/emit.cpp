@@ -35,13 +35,19 @@ void emit_for(llvm::IRBuilderBase& b, Value* lo, Value* hi, Value* step,
 
 llvm::Type* reg_type(llvm::LLVMContext& c, DType t) {
   switch (t) {
-    case DType::Bool: return llvm::Type::getInt1Ty(c);
+    case DType::Bool:
+      return llvm::Type::getInt1Ty(c);
     case DType::Int8:
-    case DType::UInt8: return llvm::Type::getInt8Ty(c);
-    case DType::Int32: return llvm::Type::getInt32Ty(c);
-    case DType::Int64: return llvm::Type::getInt64Ty(c);
-    case DType::Float32: return llvm::Type::getFloatTy(c);
-    case DType::Float64: return llvm::Type::getDoubleTy(c);
+    case DType::UInt8:
+      return llvm::Type::getInt8Ty(c);
+    case DType::Int32:
+      return llvm::Type::getInt32Ty(c);
+    case DType::Int64:
+      return llvm::Type::getInt64Ty(c);
+    case DType::Float32:
+      return llvm::Type::getFloatTy(c);
+    case DType::Float64:
+      return llvm::Type::getDoubleTy(c);
   }
   FJ_CHECK(false, "bad dtype");
 }
@@ -65,10 +71,10 @@ Value* typed_constant(llvm::Type* t, DType dt, double v) {
 
 Value* int_extreme(llvm::Type* t, DType dt, bool max) {
   unsigned bits = t->getScalarSizeInBits();
-  llvm::APInt v = dt == DType::UInt8 || dt == DType::Bool
-                      ? (max ? llvm::APInt::getMaxValue(bits) : llvm::APInt::getMinValue(bits))
-                      : (max ? llvm::APInt::getSignedMaxValue(bits)
-                             : llvm::APInt::getSignedMinValue(bits));
+  llvm::APInt v =
+      dt == DType::UInt8 || dt == DType::Bool
+          ? (max ? llvm::APInt::getMaxValue(bits) : llvm::APInt::getMinValue(bits))
+          : (max ? llvm::APInt::getSignedMaxValue(bits) : llvm::APInt::getSignedMinValue(bits));
   return llvm::ConstantInt::get(t, v);
 }
 
@@ -80,23 +86,28 @@ Value* reduce_identity(llvm::IRBuilderBase& b, OpKind op, DType t, int width) {
   llvm::Type* ty = with_width(reg_type(b.getContext(), t), width);
   bool f = ir::is_float(t);
   switch (op) {
-    case OpKind::ReduceSum: return typed_constant(ty, t, 0);
-    case OpKind::ReduceProd: return typed_constant(ty, t, 1);
+    case OpKind::ReduceSum:
+      return typed_constant(ty, t, 0);
+    case OpKind::ReduceProd:
+      return typed_constant(ty, t, 1);
     case OpKind::ReduceMax:
     case OpKind::ArgMax:
       return f ? llvm::ConstantFP::getInfinity(ty, true) : int_extreme(ty, t, false);
     case OpKind::ReduceMin:
     case OpKind::ArgMin:
       return f ? llvm::ConstantFP::getInfinity(ty, false) : int_extreme(ty, t, true);
-    default: FJ_CHECK(false, "not a reduction: ", ir::op_name(op));
+    default:
+      FJ_CHECK(false, "not a reduction: ", ir::op_name(op));
   }
 }
 
 Value* reduce_combine(llvm::IRBuilderBase& b, OpKind op, DType t, Value* acc, Value* v) {
   bool f = ir::is_float(t);
   switch (op) {
-    case OpKind::ReduceSum: return f ? b.CreateFAdd(acc, v) : b.CreateAdd(acc, v);
-    case OpKind::ReduceProd: return f ? b.CreateFMul(acc, v) : b.CreateMul(acc, v);
+    case OpKind::ReduceSum:
+      return f ? b.CreateFAdd(acc, v) : b.CreateAdd(acc, v);
+    case OpKind::ReduceProd:
+      return f ? b.CreateFMul(acc, v) : b.CreateMul(acc, v);
     case OpKind::ReduceMax:
       if (f) return b.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, acc, v);
       return b.CreateBinaryIntrinsic(is_unsigned(t) ? llvm::Intrinsic::umax : llvm::Intrinsic::smax,
@@ -105,7 +116,8 @@ Value* reduce_combine(llvm::IRBuilderBase& b, OpKind op, DType t, Value* acc, Va
       if (f) return b.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, acc, v);
       return b.CreateBinaryIntrinsic(is_unsigned(t) ? llvm::Intrinsic::umin : llvm::Intrinsic::smin,
                                      acc, v);
-    default: FJ_CHECK(false, "no combine for ", ir::op_name(op));
+    default:
+      FJ_CHECK(false, "no combine for ", ir::op_name(op));
   }
 }
 
@@ -120,18 +132,23 @@ Value* reduce_horizontal(llvm::IRBuilderBase& b, OpKind op, DType t, Value* vec)
   b.setFastMathFlags(fmf);
   switch (op) {
     case OpKind::ReduceSum:
-      return f ? b.CreateFAddReduce(llvm::ConstantFP::get(vec->getType()->getScalarType(), -0.0), vec)
+      return f ? b.CreateFAddReduce(llvm::ConstantFP::get(vec->getType()->getScalarType(), -0.0),
+                                    vec)
                : b.CreateAddReduce(vec);
     case OpKind::ReduceProd:
-      return f ? b.CreateFMulReduce(llvm::ConstantFP::get(vec->getType()->getScalarType(), 1.0), vec)
+      return f ? b.CreateFMulReduce(llvm::ConstantFP::get(vec->getType()->getScalarType(), 1.0),
+                                    vec)
                : b.CreateMulReduce(vec);
     case OpKind::ReduceMax:
       return f ? b.CreateFPMaximumReduce(vec)
-               : (is_unsigned(t) ? b.CreateIntMaxReduce(vec, false) : b.CreateIntMaxReduce(vec, true));
+               : (is_unsigned(t) ? b.CreateIntMaxReduce(vec, false)
+                                 : b.CreateIntMaxReduce(vec, true));
     case OpKind::ReduceMin:
       return f ? b.CreateFPMinimumReduce(vec)
-               : (is_unsigned(t) ? b.CreateIntMinReduce(vec, false) : b.CreateIntMinReduce(vec, true));
-    default: FJ_CHECK(false, "no horizontal reduction for ", ir::op_name(op));
+               : (is_unsigned(t) ? b.CreateIntMinReduce(vec, false)
+                                 : b.CreateIntMinReduce(vec, true));
+    default:
+      FJ_CHECK(false, "no horizontal reduction for ", ir::op_name(op));
   }
 }
 
@@ -254,7 +271,8 @@ Value* ExprEmitter::guarded_load(const Access& a, DType t) {
   }
   for (const Coord& co : a.coords) {
     Value* cv = index_value(co.coef, co.c0);
-    Value* ok = b_.CreateAnd(b_.CreateICmpSGE(cv, k64(0)), b_.CreateICmpSLT(cv, k64(co.limit * co.div)));
+    Value* ok =
+        b_.CreateAnd(b_.CreateICmpSGE(cv, k64(0)), b_.CreateICmpSLT(cv, k64(co.limit * co.div)));
     Value* safe = b_.CreateSelect(ok, cv, k64(0));
     Value* q = safe;
     if (co.div != 1) {
@@ -264,8 +282,9 @@ Value* ExprEmitter::guarded_load(const Access& a, DType t) {
     off = b_.CreateAdd(off, b_.CreateMul(q, k64(co.stride)));
     valid = valid ? b_.CreateAnd(valid, ok) : ok;
   }
-  Value* pad = splat(t == DType::Bool ? llvm::ConstantInt::get(mt, a.pad != 0)
-                                      : typed_constant(mt, t, a.pad), width);
+  Value* pad = splat(
+      t == DType::Bool ? llvm::ConstantInt::get(mt, a.pad != 0) : typed_constant(mt, t, a.pad),
+      width);
   Value* base = args_.at(a.arg);
   Value* v;
   if (width == 1) {
@@ -359,16 +378,20 @@ Value* ExprEmitter::constant(double v, DType t) {
 Value* ExprEmitter::eval_here(int node) {
   const KNode& n = k_.nodes[node];
   switch (n.kind) {
-    case KOp::Load: return load(k_.loads.at(n.access), n.dtype);
+    case KOp::Load:
+      return load(k_.loads.at(n.access), n.dtype);
     case KOp::Const:
       if (ir::is_int(n.dtype))
         return splat(llvm::ConstantInt::get(reg_type(b_.getContext(), n.dtype),
-                                            static_cast<uint64_t>(n.ivalue), true), width);
+                                            static_cast<uint64_t>(n.ivalue), true),
+                     width);
       return splat(constant(n.value, n.dtype), width);
-    case KOp::Index: return cast(index_value(n.index_strides, 0), DType::Int64, n.dtype);
+    case KOp::Index:
+      return cast(index_value(n.index_strides, 0), DType::Int64, n.dtype);
     case KOp::Random: {
       Value* counter = index_value(n.index_strides, 0);
-      if (!n.operands.empty()) counter = b_.CreateAdd(counter, eval(n.operands[0]));  // random_uniform_at
+      if (!n.operands.empty())
+        counter = b_.CreateAdd(counter, eval(n.operands[0]));  // random_uniform_at
       llvm::Type* ty = with_width(reg_type(b_.getContext(), n.dtype), width);
       return math_.random(b_, n.op, counter, static_cast<uint64_t>(n.seed), ty);
     }
@@ -387,10 +410,12 @@ Value* ExprEmitter::eval_here(int node) {
 
 Value* ExprEmitter::cast(Value* v, DType from, DType to) {
   if (from == to) return v;
-  llvm::Type* tt = v->getType()->isVectorTy()
-                       ? with_width(reg_type(b_.getContext(), to),
-                                    static_cast<int>(llvm::cast<llvm::FixedVectorType>(v->getType())->getNumElements()))
-                       : reg_type(b_.getContext(), to);
+  llvm::Type* tt =
+      v->getType()->isVectorTy()
+          ? with_width(
+                reg_type(b_.getContext(), to),
+                static_cast<int>(llvm::cast<llvm::FixedVectorType>(v->getType())->getNumElements()))
+          : reg_type(b_.getContext(), to);
   if (to == DType::Bool) {
     return ir::is_float(from) ? b_.CreateFCmpUNE(v, llvm::Constant::getNullValue(v->getType()))
                               : b_.CreateICmpNE(v, llvm::Constant::getNullValue(v->getType()));
@@ -419,9 +444,12 @@ Value* ExprEmitter::compute(const KNode& n, const std::vector<Value*>& ops) {
   auto fconst = [&](Value* like, double c) { return llvm::ConstantFP::get(like->getType(), c); };
   auto unary_intr = [&](ID id, Value* a) { return b_.CreateUnaryIntrinsic(id, a); };
   switch (n.op) {
-    case OpKind::Identity: return x;
-    case OpKind::Cast: return cast(x, in, n.dtype);
-    case OpKind::Neg: return f ? b_.CreateFNeg(x) : b_.CreateNeg(x);
+    case OpKind::Identity:
+      return x;
+    case OpKind::Cast:
+      return cast(x, in, n.dtype);
+    case OpKind::Neg:
+      return f ? b_.CreateFNeg(x) : b_.CreateNeg(x);
     case OpKind::Abs:
       return f ? unary_intr(llvm::Intrinsic::fabs, x)
                : (u ? x : b_.CreateBinaryIntrinsic(llvm::Intrinsic::abs, x, b_.getFalse()));
@@ -438,13 +466,20 @@ Value* ExprEmitter::compute(const KNode& n, const std::vector<Value*>& ops) {
       Value* mone = llvm::ConstantInt::getSigned(x->getType(), -1);
       return b_.CreateSelect(pos, one, b_.CreateSelect(neg, mone, zero(x)));
     }
-    case OpKind::Floor: return unary_intr(llvm::Intrinsic::floor, x);
-    case OpKind::Ceil: return unary_intr(llvm::Intrinsic::ceil, x);
-    case OpKind::Round: return unary_intr(llvm::Intrinsic::roundeven, x);
-    case OpKind::Sqrt: return unary_intr(llvm::Intrinsic::sqrt, x);
-    case OpKind::Rsqrt: return b_.CreateFDiv(fconst(x, 1.0), unary_intr(llvm::Intrinsic::sqrt, x));
-    case OpKind::Reciprocal: return b_.CreateFDiv(fconst(x, 1.0), x);
-    case OpKind::Square: return f ? b_.CreateFMul(x, x) : b_.CreateMul(x, x);
+    case OpKind::Floor:
+      return unary_intr(llvm::Intrinsic::floor, x);
+    case OpKind::Ceil:
+      return unary_intr(llvm::Intrinsic::ceil, x);
+    case OpKind::Round:
+      return unary_intr(llvm::Intrinsic::roundeven, x);
+    case OpKind::Sqrt:
+      return unary_intr(llvm::Intrinsic::sqrt, x);
+    case OpKind::Rsqrt:
+      return b_.CreateFDiv(fconst(x, 1.0), unary_intr(llvm::Intrinsic::sqrt, x));
+    case OpKind::Reciprocal:
+      return b_.CreateFDiv(fconst(x, 1.0), x);
+    case OpKind::Square:
+      return f ? b_.CreateFMul(x, x) : b_.CreateMul(x, x);
     case OpKind::Relu:
       if (f) return b_.CreateSelect(b_.CreateFCmpOLT(x, zero(x)), zero(x), x);
       return u ? x : b_.CreateBinaryIntrinsic(llvm::Intrinsic::smax, x, zero(x));
@@ -457,10 +492,14 @@ Value* ExprEmitter::compute(const KNode& n, const std::vector<Value*>& ops) {
     case OpKind::Erf:
     case OpKind::Erfc:
       return math_.unary(b_, n.op, x);
-    case OpKind::LogicalNot: return b_.CreateNot(x);
-    case OpKind::Add: return f ? b_.CreateFAdd(x, y) : b_.CreateAdd(x, y);
-    case OpKind::Sub: return f ? b_.CreateFSub(x, y) : b_.CreateSub(x, y);
-    case OpKind::Mul: return f ? b_.CreateFMul(x, y) : b_.CreateMul(x, y);
+    case OpKind::LogicalNot:
+      return b_.CreateNot(x);
+    case OpKind::Add:
+      return f ? b_.CreateFAdd(x, y) : b_.CreateAdd(x, y);
+    case OpKind::Sub:
+      return f ? b_.CreateFSub(x, y) : b_.CreateSub(x, y);
+    case OpKind::Mul:
+      return f ? b_.CreateFMul(x, y) : b_.CreateMul(x, y);
     case OpKind::Div: {
       if (f) return b_.CreateFDiv(x, y);
       // Integer division truncates toward zero; division by zero gives 0 and
@@ -471,19 +510,23 @@ Value* ExprEmitter::compute(const KNode& n, const std::vector<Value*>& ops) {
         return b_.CreateSelect(yz, zero(x), b_.CreateUDiv(x, safe));
       }
       Value* ym1 = b_.CreateICmpEQ(y, llvm::ConstantInt::getSigned(y->getType(), -1));
-      Value* safe = b_.CreateSelect(b_.CreateOr(yz, ym1), llvm::ConstantInt::get(y->getType(), 1), y);
+      Value* safe =
+          b_.CreateSelect(b_.CreateOr(yz, ym1), llvm::ConstantInt::get(y->getType(), 1), y);
       Value* q = b_.CreateSDiv(x, safe);
       return b_.CreateSelect(yz, zero(x), b_.CreateSelect(ym1, b_.CreateNeg(x), q));
     }
-    case OpKind::Pow: return math_.pow(b_, x, y);
+    case OpKind::Pow:
+      return math_.pow(b_, x, y);
     case OpKind::Maximum:
       if (f) return b_.CreateBinaryIntrinsic(llvm::Intrinsic::maximum, x, y);
       return b_.CreateBinaryIntrinsic(u ? llvm::Intrinsic::umax : llvm::Intrinsic::smax, x, y);
     case OpKind::Minimum:
       if (f) return b_.CreateBinaryIntrinsic(llvm::Intrinsic::minimum, x, y);
       return b_.CreateBinaryIntrinsic(u ? llvm::Intrinsic::umin : llvm::Intrinsic::smin, x, y);
-    case OpKind::Equal: return f ? b_.CreateFCmpOEQ(x, y) : b_.CreateICmpEQ(x, y);
-    case OpKind::NotEqual: return f ? b_.CreateFCmpUNE(x, y) : b_.CreateICmpNE(x, y);
+    case OpKind::Equal:
+      return f ? b_.CreateFCmpOEQ(x, y) : b_.CreateICmpEQ(x, y);
+    case OpKind::NotEqual:
+      return f ? b_.CreateFCmpUNE(x, y) : b_.CreateICmpNE(x, y);
     case OpKind::Less:
       return f ? b_.CreateFCmpOLT(x, y) : (u ? b_.CreateICmpULT(x, y) : b_.CreateICmpSLT(x, y));
     case OpKind::LessEqual:
@@ -492,10 +535,14 @@ Value* ExprEmitter::compute(const KNode& n, const std::vector<Value*>& ops) {
       return f ? b_.CreateFCmpOGT(x, y) : (u ? b_.CreateICmpUGT(x, y) : b_.CreateICmpSGT(x, y));
     case OpKind::GreaterEqual:
       return f ? b_.CreateFCmpOGE(x, y) : (u ? b_.CreateICmpUGE(x, y) : b_.CreateICmpSGE(x, y));
-    case OpKind::LogicalAnd: return b_.CreateAnd(x, y);
-    case OpKind::LogicalOr: return b_.CreateOr(x, y);
-    case OpKind::Where: return b_.CreateSelect(ops[0], ops[1], ops[2]);
-    default: break;
+    case OpKind::LogicalAnd:
+      return b_.CreateAnd(x, y);
+    case OpKind::LogicalOr:
+      return b_.CreateOr(x, y);
+    case OpKind::Where:
+      return b_.CreateSelect(ops[0], ops[1], ops[2]);
+    default:
+      break;
   }
   FJ_CHECK(false, "kernel ", k_.name, ": no lowering for elementwise op ", ir::op_name(n.op));
 }

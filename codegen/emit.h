@@ -34,8 +34,8 @@ class MathProvider {
 void emit_for(llvm::IRBuilderBase& b, llvm::Value* lo, llvm::Value* hi, llvm::Value* step,
               const std::function<void(llvm::Value*)>& body, const char* name = "i");
 
-llvm::Type* reg_type(llvm::LLVMContext& c, DType t);  // i1 for bool
-llvm::Type* mem_type(llvm::LLVMContext& c, DType t);  // i8 for bool
+llvm::Type* reg_type(llvm::LLVMContext& c, DType t);    // i1 for bool
+llvm::Type* mem_type(llvm::LLVMContext& c, DType t);    // i8 for bool
 llvm::Type* with_width(llvm::Type* scalar, int width);  // width 1: the scalar
 
 // Reduction algebra, shared by loop and backend code.

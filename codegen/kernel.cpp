@@ -125,7 +125,8 @@ std::string strides_str(const std::vector<int64_t>& s) {
 }
 
 std::string access_str(const Access& a) {
-  std::string s = "arg" + std::to_string(a.arg) + strides_str(a.strides) + "+" + std::to_string(a.offset);
+  std::string s =
+      "arg" + std::to_string(a.arg) + strides_str(a.strides) + "+" + std::to_string(a.offset);
   for (const Coord& c : a.coords) {
     s += " coord(" + strides_str(c.coef) + "+" + std::to_string(c.c0);
     if (c.div != 1) s += " /" + std::to_string(c.div);
@@ -166,8 +167,9 @@ std::string describe_kernel(const Kernel& k) {
     os << "  mm: batch=" << k.mm.batch << " m=" << k.mm.m << " n=" << k.mm.n << " k=" << k.mm.k
        << " a=" << access_str(k.mm.a) << " b=" << access_str(k.mm.b);
   if (k.kind == Kernel::Kind::MatMul && !(k.mm.plain(0) && k.mm.plain(1)))
-    os << " digits batch=" << strides_str(k.mm.batch_digits) << " a=" << strides_str(k.mm.a_rows) << "x" << strides_str(k.mm.a_cols)
-       << " b=" << strides_str(k.mm.b_rows) << "x" << strides_str(k.mm.b_cols);
+    os << " digits batch=" << strides_str(k.mm.batch_digits) << " a=" << strides_str(k.mm.a_rows)
+       << "x" << strides_str(k.mm.a_cols) << " b=" << strides_str(k.mm.b_rows) << "x"
+       << strides_str(k.mm.b_cols);
   if (k.kind == Kernel::Kind::MatMul) os << "\n";
   for (size_t i = 0; i < k.nodes.size(); ++i) {
     const KNode& n = k.nodes[i];
@@ -178,12 +180,19 @@ std::string describe_kernel(const Kernel& k) {
         os << "load " << access_str(a);
         break;
       }
-      case KOp::Const: os << "const " << n.value; break;
-      case KOp::Index: os << "index " << strides_str(n.index_strides); break;
-      case KOp::Random:
-        os << ir::op_name(n.op) << " seed=" << n.seed << " counter=" << strides_str(n.index_strides);
+      case KOp::Const:
+        os << "const " << n.value;
         break;
-      case KOp::Acc: os << "acc"; break;
+      case KOp::Index:
+        os << "index " << strides_str(n.index_strides);
+        break;
+      case KOp::Random:
+        os << ir::op_name(n.op) << " seed=" << n.seed
+           << " counter=" << strides_str(n.index_strides);
+        break;
+      case KOp::Acc:
+        os << "acc";
+        break;
       case KOp::Compute:
       case KOp::Reduce:
         os << ir::op_name(n.op);
@@ -194,8 +203,8 @@ std::string describe_kernel(const Kernel& k) {
         }
         break;
     }
-    os << " : " << ir::dtype_short_name(n.dtype) << (n.kept_space && k.has_reduction() ? " kept" : "")
-       << "\n";
+    os << " : " << ir::dtype_short_name(n.dtype)
+       << (n.kept_space && k.has_reduction() ? " kept" : "") << "\n";
   }
   for (const Store& s : k.stores)
     os << "  store $" << s.node << " -> arg" << s.where.arg << strides_str(s.where.strides) << "+"

@@ -77,14 +77,14 @@ struct Access {
 };
 
 enum class KOp : uint8_t {
-  Load,       // access; operands: the index nodes of its indirect coordinates
-  Const,      // value
-  Index,      // sum over d of idx[d] * index_strides[d], as `dtype`
-  Random,     // op = RandomUniform/RandomNormal/TruncatedNormal; counter from index_strides
-              // (plus operand 0, an i64 scalar, when it has one: random_uniform_at)
-  Compute,    // op = an elementwise OpKind over operands
-  Reduce,     // op = ReduceSum/Max/Min/Prod/ArgMax/ArgMin of operand 0 over the reduced dims
-  Acc,        // the matmul accumulator (MatMul kernels only)
+  Load,     // access; operands: the index nodes of its indirect coordinates
+  Const,    // value
+  Index,    // sum over d of idx[d] * index_strides[d], as `dtype`
+  Random,   // op = RandomUniform/RandomNormal/TruncatedNormal; counter from index_strides
+            // (plus operand 0, an i64 scalar, when it has one: random_uniform_at)
+  Compute,  // op = an elementwise OpKind over operands
+  Reduce,   // op = ReduceSum/Max/Min/Prod/ArgMax/ArgMin of operand 0 over the reduced dims
+  Acc,      // the matmul accumulator (MatMul kernels only)
 };
 
 struct KNode {
@@ -95,8 +95,9 @@ struct KNode {
   int access = -1;               // Load: index into Kernel::loads
   double value = 0;              // Const (floating-point)
   int64_t ivalue = 0;            // Const (integers: exact)
-  std::vector<int64_t> index_strides;  // Index, Random (counter), ArgMax/ArgMin (index along the axis)
-  int64_t seed = 0;                    // Random
+  std::vector<int64_t>
+      index_strides;        // Index, Random (counter), ArgMax/ArgMin (index along the axis)
+  int64_t seed = 0;         // Random
   bool kept_space = false;  // depends on no reduced index (set by Kernel::finalize)
   int phase = 0;            // Reduce: 1 + max phase of reductions it depends on
 };

@@ -18,13 +18,14 @@ IntList ints_or(const Attrs& a, const std::string& key, size_t n, int64_t dflt) 
 }
 
 void check_len(std::string_view op, const char* what, const IntList& v, const TensorType& x) {
-  FJ_USER_CHECK(v.size() == static_cast<size_t>(x.rank()), kValue, op, ": ", what, " has ", v.size(),
-                " entries but the input ", x.str(), " has rank ", x.rank(), " (one per dim expected)");
+  FJ_USER_CHECK(v.size() == static_cast<size_t>(x.rank()), kValue, op, ": ", what, " has ",
+                v.size(), " entries but the input ", x.str(), " has rank ", x.rank(),
+                " (one per dim expected)");
 }
 
 void check_index(std::string_view op, const TensorType& idx) {
-  FJ_USER_CHECK(is_int(idx.dtype), kType, op, ": indices must be an integer tensor (int32 or int64), got ",
-                idx.str());
+  FJ_USER_CHECK(is_int(idx.dtype), kType, op,
+                ": indices must be an integer tensor (int32 or int64), got ", idx.str());
 }
 
 TensorType infer_pad(const TensorType& x, Attrs& a) {
@@ -62,8 +63,9 @@ TensorType infer_slice(const TensorType& x, Attrs& a) {
     }
     int64_t last = begin[d] + (shape[d] - 1) * step[d];
     FJ_USER_CHECK(begin[d] >= 0 && begin[d] < x.shape[d] && last >= 0 && last < x.shape[d], kValue,
-                  "slice: dim ", d, " reads ", shape[d], " elements from ", begin[d], " in steps of ",
-                  step[d], " (up to ", last, "), outside the input extent ", x.shape[d], " of ", x.str());
+                  "slice: dim ", d, " reads ", shape[d], " elements from ", begin[d],
+                  " in steps of ", step[d], " (up to ", last, "), outside the input extent ",
+                  x.shape[d], " of ", x.str());
   }
   a.set("begin", begin);
   a.set("step", step);
@@ -75,7 +77,8 @@ TensorType infer_gather(const TensorType& p, const TensorType& idx, Attrs& a) {
   FJ_USER_CHECK(p.rank() >= 1, kValue, "gather: params must have rank >= 1, got ", p.str());
   int64_t axis = a.get_int("axis", 0);
   FJ_USER_CHECK(axis >= -p.rank() && axis < p.rank(), kValue, "gather: axis ", axis,
-                " is out of range for params ", p.str(), " (expected -", p.rank(), " <= axis < ", p.rank(), ")");
+                " is out of range for params ", p.str(), " (expected -", p.rank(), " <= axis < ",
+                p.rank(), ")");
   if (axis < 0) axis += p.rank();
   int64_t bd = a.get_int("batch_dims", 0);
   if (bd < 0) bd += idx.rank();
@@ -83,13 +86,13 @@ TensorType infer_gather(const TensorType& p, const TensorType& idx, Attrs& a) {
                 a.get_int("batch_dims", 0), " must be in [0, ", std::min<int64_t>(axis, idx.rank()),
                 "] for params ", p.str(), ", indices ", idx.str(), " and axis ", axis);
   for (int64_t d = 0; d < bd; ++d)
-    FJ_USER_CHECK(idx.shape[d] == p.shape[d], kValue, "gather: batch dim ", d, " of indices ", idx.str(),
-                  " is ", idx.shape[d], " but params ", p.str(), " have ", p.shape[d]);
+    FJ_USER_CHECK(idx.shape[d] == p.shape[d], kValue, "gather: batch dim ", d, " of indices ",
+                  idx.str(), " is ", idx.shape[d], " but params ", p.str(), " have ", p.shape[d]);
   Shape out(p.shape.begin(), p.shape.begin() + axis);
   out.insert(out.end(), idx.shape.begin() + bd, idx.shape.end());
   out.insert(out.end(), p.shape.begin() + axis + 1, p.shape.end());
-  FJ_USER_CHECK(p.shape[axis] > 0 || num_elements(out) == 0, kValue, "gather: axis ", axis, " of params ",
-                p.str(), " is empty, so there is nothing to gather");
+  FJ_USER_CHECK(p.shape[axis] > 0 || num_elements(out) == 0, kValue, "gather: axis ", axis,
+                " of params ", p.str(), " is empty, so there is nothing to gather");
   a.set("axis", axis);
   a.set("batch_dims", bd);
   return {p.dtype, out};
@@ -100,8 +103,8 @@ TensorType infer_gather_nd(const TensorType& p, const TensorType& idx) {
   FJ_USER_CHECK(idx.rank() >= 1, kValue, "gather_nd: indices must have rank >= 1, got ", idx.str());
   int64_t k = idx.shape.back();
   FJ_USER_CHECK(k >= 1 && k <= p.rank(), kValue, "gather_nd: the last dim of indices ", idx.str(),
-                " indexes ", k, " dims, but params ", p.str(), " have ", p.rank(), " (expected 1 to ",
-                p.rank(), ")");
+                " indexes ", k, " dims, but params ", p.str(), " have ", p.rank(),
+                " (expected 1 to ", p.rank(), ")");
   Shape out(idx.shape.begin(), idx.shape.end() - 1);
   out.insert(out.end(), p.shape.begin() + k, p.shape.end());
   for (int64_t d = 0; d < k; ++d)
@@ -114,11 +117,16 @@ TensorType infer_gather_nd(const TensorType& p, const TensorType& idx) {
 
 TensorType infer_array_view(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attrs) {
   switch (op) {
-    case OpKind::Pad: return infer_pad(inputs[0]->type(), attrs);
-    case OpKind::Slice: return infer_slice(inputs[0]->type(), attrs);
-    case OpKind::Gather: return infer_gather(inputs[0]->type(), inputs[1]->type(), attrs);
-    case OpKind::GatherNd: return infer_gather_nd(inputs[0]->type(), inputs[1]->type());
-    default: FJ_CHECK(false, "infer_array_view: ", op_name(op));
+    case OpKind::Pad:
+      return infer_pad(inputs[0]->type(), attrs);
+    case OpKind::Slice:
+      return infer_slice(inputs[0]->type(), attrs);
+    case OpKind::Gather:
+      return infer_gather(inputs[0]->type(), inputs[1]->type(), attrs);
+    case OpKind::GatherNd:
+      return infer_gather_nd(inputs[0]->type(), inputs[1]->type());
+    default:
+      FJ_CHECK(false, "infer_array_view: ", op_name(op));
   }
   return {};
 }

@@ -42,8 +42,8 @@ ConvGeometry conv_geometry(std::string_view op, const Attrs& a, const std::vecto
   g.pads_hi = ints_or(a, "pads_hi", s, 0);
   g.groups = a.get_int("groups", 1);
   auto check_len = [&](const char* what, const std::vector<int64_t>& v) {
-    FJ_USER_CHECK(v.size() == s, kValue, op, ": ", what, " has ", v.size(), " entries, expected ", s,
-                  " (one per spatial dim)");
+    FJ_USER_CHECK(v.size() == s, kValue, op, ": ", what, " has ", v.size(), " entries, expected ",
+                  s, " (one per spatial dim)");
   };
   check_len("strides", g.strides);
   check_len("dilations", g.dilations);
@@ -52,15 +52,17 @@ ConvGeometry conv_geometry(std::string_view op, const Attrs& a, const std::vecto
   FJ_USER_CHECK(g.groups >= 1, kValue, op, ": groups must be >= 1, got ", g.groups);
   for (size_t i = 0; i < s; ++i) {
     FJ_USER_CHECK(g.strides[i] >= 1, kValue, op, ": strides must be >= 1, got ", g.strides[i]);
-    FJ_USER_CHECK(g.dilations[i] >= 1, kValue, op, ": dilations must be >= 1, got ", g.dilations[i]);
+    FJ_USER_CHECK(g.dilations[i] >= 1, kValue, op, ": dilations must be >= 1, got ",
+                  g.dilations[i]);
     FJ_USER_CHECK(g.pads_lo[i] >= 0 && g.pads_hi[i] >= 0, kValue, op,
                   ": padding must be >= 0, got ", g.pads_lo[i], " and ", g.pads_hi[i]);
     FJ_USER_CHECK(kernel[i] >= 1, kValue, op, ": kernel extent must be >= 1, got ", kernel[i]);
     int64_t span = g.dilations[i] * (kernel[i] - 1) + 1;
     int64_t padded = in[i] + g.pads_lo[i] + g.pads_hi[i];
-    FJ_USER_CHECK(span <= padded, kValue, op, ": the kernel spans ", span, " positions along spatial dim ",
-                  i, " (extent ", kernel[i], ", dilation ", g.dilations[i], ") but the padded input has only ",
-                  padded, " (", in[i], " + padding ", g.pads_lo[i], " + ", g.pads_hi[i], ")");
+    FJ_USER_CHECK(span <= padded, kValue, op, ": the kernel spans ", span,
+                  " positions along spatial dim ", i, " (extent ", kernel[i], ", dilation ",
+                  g.dilations[i], ") but the padded input has only ", padded, " (", in[i],
+                  " + padding ", g.pads_lo[i], " + ", g.pads_hi[i], ")");
     g.out.push_back((padded - span) / g.strides[i] + 1);
   }
   return g;
@@ -97,8 +99,10 @@ ConvGeometry geometry_of(const Node& n) {
 TensorType infer_conv_family(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attrs) {
   std::string_view name = op_name(op);
   auto same_float = [&](const TensorType& a, const TensorType& b) {
-    FJ_USER_CHECK(is_float(a.dtype), kType, name, ": expected a floating-point input, got ", a.str());
-    FJ_USER_CHECK(a.dtype == b.dtype, kType, name, ": operand dtypes differ: ", a.str(), " and ", b.str());
+    FJ_USER_CHECK(is_float(a.dtype), kType, name, ": expected a floating-point input, got ",
+                  a.str());
+    FJ_USER_CHECK(a.dtype == b.dtype, kType, name, ": operand dtypes differ: ", a.str(), " and ",
+                  b.str());
   };
   switch (op) {
     case OpKind::Conv: {
@@ -116,8 +120,8 @@ TensorType infer_conv_family(OpKind op, const std::vector<NodeRef>& inputs, Attr
       FJ_USER_CHECK(co % g.groups == 0, kValue, name, ": filters (", co,
                     ") are not divisible by groups (", g.groups, ")");
       FJ_USER_CHECK(w.shape[1] * g.groups == c, kValue, name, ": weight ", w.str(), " expects ",
-                    w.shape[1] * g.groups, " input channels (", w.shape[1], " per group x ", g.groups,
-                    " groups) but the input has ", c);
+                    w.shape[1] * g.groups, " input channels (", w.shape[1], " per group x ",
+                    g.groups, " groups) but the input has ", c);
       return {x.dtype, {x.shape[0], g.groups, co / g.groups, g.out_size()}};
     }
     case OpKind::ConvDataGrad: {

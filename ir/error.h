@@ -60,13 +60,13 @@ template <class... Args>
 }  // namespace flowjit
 
 // user_check: the condition is the user's responsibility.
-#define FJ_USER_CHECK(cond, kind, ...)                 \
-  do {                                                 \
+#define FJ_USER_CHECK(cond, kind, ...)                     \
+  do {                                                     \
     if (!(cond)) ::flowjit::throw_user(kind, __VA_ARGS__); \
   } while (0)
 
 // internal_check: the condition is an invariant of flowjit itself.
-#define FJ_CHECK(cond, ...)                                                      \
-  do {                                                                           \
+#define FJ_CHECK(cond, ...)                                                                \
+  do {                                                                                     \
     if (!(cond)) ::flowjit::throw_internal(__FILE__, __LINE__, #cond ": ", ##__VA_ARGS__); \
   } while (0)

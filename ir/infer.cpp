@@ -44,7 +44,8 @@ void check_not_bool(std::string_view op, const TensorType& t) {
 Shape broadcast_or_throw(std::string_view op, const TensorType& a, const TensorType& b) {
   auto s = broadcast_shapes(a.shape, b.shape);
   FJ_USER_CHECK(s.has_value(), kValue, op, ": shapes ", shape_str(a.shape), " and ",
-                shape_str(b.shape), " cannot be broadcast together (numpy rules: trailing "
+                shape_str(b.shape),
+                " cannot be broadcast together (numpy rules: trailing "
                 "dimensions must be equal or 1)");
   return *s;
 }
@@ -113,8 +114,7 @@ TensorType infer_reduce(OpKind op, const TensorType& x, Attrs& attrs) {
     }
   }
   if (op == OpKind::ArgMax || op == OpKind::ArgMin) {
-    FJ_USER_CHECK(axes.size() == 1, kValue, name, ": expected exactly one axis, got ",
-                  axes.size());
+    FJ_USER_CHECK(axes.size() == 1, kValue, name, ": expected exactly one axis, got ", axes.size());
     DType dt = attrs.has("dtype") ? attrs.get_dtype("dtype") : DType::Int32;
     FJ_USER_CHECK(is_int(dt), kType, name, ": index dtype must be an integer type, got ",
                   dtype_name(dt));
@@ -142,8 +142,8 @@ TensorType infer_reshape(const TensorType& x, Attrs& attrs) {
   }
   int64_t n = x.numel();
   if (infer_at >= 0) {
-    FJ_USER_CHECK(known > 0 && n % known == 0, kValue, "reshape: cannot reshape ", x.str(), " (",
-                  n, " elements) to ", shape_str(s));
+    FJ_USER_CHECK(known > 0 && n % known == 0, kValue, "reshape: cannot reshape ", x.str(), " (", n,
+                  " elements) to ", shape_str(s));
     s[infer_at] = n / known;
   }
   FJ_USER_CHECK(num_elements(s) == n, kValue, "reshape: cannot reshape ", x.str(), " (", n,
@@ -182,8 +182,8 @@ TensorType infer_matmul(const TensorType& a, const TensorType& b, Attrs& attrs) 
   Shape batch(a.shape.begin(), a.shape.end() - 2);
   if (rb == ra) {
     Shape bb(b.shape.begin(), b.shape.end() - 2);
-    FJ_USER_CHECK(batch == bb, kValue, "matmul: batch dimensions differ: a is ", a.str(),
-                  ", b is ", b.str());
+    FJ_USER_CHECK(batch == bb, kValue, "matmul: batch dimensions differ: a is ", a.str(), ", b is ",
+                  b.str());
   }
   int64_t m = ta ? a.shape[ra - 1] : a.shape[ra - 2];
   int64_t ka = ta ? a.shape[ra - 2] : a.shape[ra - 1];
@@ -257,8 +257,8 @@ TensorType infer_type(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attr
       return infer_transpose(in(inputs, 0), attrs);
     case OpKind::Broadcast: {
       Shape s = attr_shape(name, attrs);
-      FJ_USER_CHECK(broadcasts_to(in(inputs, 0).shape, s), kValue, "broadcast: ",
-                    in(inputs, 0).str(), " cannot be broadcast to ", shape_str(s));
+      FJ_USER_CHECK(broadcasts_to(in(inputs, 0).shape, s), kValue,
+                    "broadcast: ", in(inputs, 0).str(), " cannot be broadcast to ", shape_str(s));
       return {in(inputs, 0).dtype, s};
     }
     case OpKind::MatMul:
@@ -277,9 +277,11 @@ TensorType infer_type(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attr
     case OpKind::RandomUniformAt: {
       const TensorType& off = in(inputs, 0);
       FJ_USER_CHECK(off.dtype == DType::Int64 && off.rank() == 0, kType,
-                    "random_uniform_at: the counter offset must be an int64 scalar, got ", off.str());
+                    "random_uniform_at: the counter offset must be an int64 scalar, got ",
+                    off.str());
       DType dt = attrs.get_dtype("dtype");
-      FJ_USER_CHECK(is_float(dt), kType, name, ": dtype must be floating point, got ", dtype_name(dt));
+      FJ_USER_CHECK(is_float(dt), kType, name, ": dtype must be floating point, got ",
+                    dtype_name(dt));
       attrs.set("seed", attrs.get_int("seed", 0));
       return {dt, attr_shape(name, attrs)};
     }
@@ -300,9 +302,8 @@ TensorType infer_type(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attr
                     logits.str());
       Shape expect(logits.shape.begin(), logits.shape.end() - 1);
       FJ_USER_CHECK(labels.shape == expect, kValue, name, ": labels have shape ",
-                    shape_str(labels.shape), " but logits ", logits.str(),
-                    " need labels of shape ", shape_str(expect),
-                    " (one class index per row of logits)");
+                    shape_str(labels.shape), " but logits ", logits.str(), " need labels of shape ",
+                    shape_str(expect), " (one class index per row of logits)");
       return {logits.dtype, expect};
     }
     case OpKind::OneHot: {

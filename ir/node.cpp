@@ -2,8 +2,8 @@
 #include "ir/node.h"
 
 #include <algorithm>
-#include <cstring>
 #include <atomic>
+#include <cstring>
 #include <functional>
 
 #include "ir/error.h"
@@ -138,17 +138,31 @@ std::string check_attrs(OpKind op, const Attrs& attrs) {
     for (const AttrSpec* a : specs)
       if (a->key == key) spec = a;
     if (spec == nullptr)
-      return std::string(op_name(op)) + ": unknown attribute '" + key + "' (" + std::string(op_name(op)) +
-             " takes " + takes() + ")";
+      return std::string(op_name(op)) + ": unknown attribute '" + key + "' (" +
+             std::string(op_name(op)) + " takes " + takes() + ")";
     bool ok = false;
     switch (spec->kind) {
-      case AttrKind::Bool: ok = std::holds_alternative<bool>(value); break;
-      case AttrKind::Int: ok = std::holds_alternative<int64_t>(value); break;
-      case AttrKind::Float: ok = std::holds_alternative<double>(value); break;
-      case AttrKind::Number: ok = std::holds_alternative<int64_t>(value) || std::holds_alternative<double>(value); break;
-      case AttrKind::Str: ok = std::holds_alternative<std::string>(value); break;
-      case AttrKind::Ints: ok = std::holds_alternative<IntList>(value); break;
-      case AttrKind::DType: ok = std::holds_alternative<DType>(value); break;
+      case AttrKind::Bool:
+        ok = std::holds_alternative<bool>(value);
+        break;
+      case AttrKind::Int:
+        ok = std::holds_alternative<int64_t>(value);
+        break;
+      case AttrKind::Float:
+        ok = std::holds_alternative<double>(value);
+        break;
+      case AttrKind::Number:
+        ok = std::holds_alternative<int64_t>(value) || std::holds_alternative<double>(value);
+        break;
+      case AttrKind::Str:
+        ok = std::holds_alternative<std::string>(value);
+        break;
+      case AttrKind::Ints:
+        ok = std::holds_alternative<IntList>(value);
+        break;
+      case AttrKind::DType:
+        ok = std::holds_alternative<DType>(value);
+        break;
     }
     if (!ok)
       return std::string(op_name(op)) + ": attribute '" + key + "' must be " +
@@ -164,22 +178,21 @@ std::string check_attrs(OpKind op, const Attrs& attrs) {
 NodeRef make_node(OpKind op, std::vector<NodeRef> inputs, Attrs attrs, SourceLoc loc) {
   if (std::string bad = check_attrs(op, attrs); !bad.empty()) throw_user(ErrorKind::Value, bad);
   int arity = op_arity(op);
-  FJ_USER_CHECK(arity < 0 || static_cast<int>(inputs.size()) == arity, ErrorKind::Type,
-                op_name(op), ": expected ", arity, " operand(s) but got ", inputs.size());
+  FJ_USER_CHECK(arity < 0 || static_cast<int>(inputs.size()) == arity, ErrorKind::Type, op_name(op),
+                ": expected ", arity, " operand(s) but got ", inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i)
     FJ_CHECK(inputs[i] != nullptr, op_name(op), ": operand ", i, " is null");
   TensorType t = infer_type(op, inputs, attrs);
   // Every kernel indexes with int64: a shape whose size overflows it would
   // make generated code fault, loop forever or compute zeros.
   std::string too_big = shape_size_problem(t.dtype, t.shape);
-  FJ_USER_CHECK(too_big.empty(), ErrorKind::Value, op_name(op), ": the result ", t.str(),
-                " is too large: ", too_big,
-                inputs.empty() ? std::string() : " (operands: " + [&] {
-                  std::string o;
-                  for (size_t i = 0; i < inputs.size(); ++i)
-                    o += (i ? ", " : "") + inputs[i]->type().str();
-                  return o;
-                }() + ")");
+  FJ_USER_CHECK(
+      too_big.empty(), ErrorKind::Value, op_name(op), ": the result ", t.str(),
+      " is too large: ", too_big, inputs.empty() ? std::string() : " (operands: " + [&] {
+        std::string o;
+        for (size_t i = 0; i < inputs.size(); ++i) o += (i ? ", " : "") + inputs[i]->type().str();
+        return o;
+      }() + ")");
   auto* n = new Node();
   n->op_ = op;
   n->inputs_ = std::move(inputs);

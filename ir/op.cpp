@@ -11,7 +11,8 @@ struct OpInfo {
   GradKind grad;
 };
 constexpr OpInfo kOps[] = {
-#define OP(E, name, arity, traits, grad) {name, arity, static_cast<uint32_t>(traits), GradKind::grad},
+#define OP(E, name, arity, traits, grad) \
+  {name, arity, static_cast<uint32_t>(traits), GradKind::grad},
 #include "ir/ops.def"
 };
 }  // namespace
@@ -38,13 +39,20 @@ constexpr AttrSpec kAttrs[] = {
 
 std::string_view attr_kind_name(AttrKind k) {
   switch (k) {
-    case AttrKind::Bool: return "a bool";
-    case AttrKind::Int: return "an int";
-    case AttrKind::Float: return "a float";
-    case AttrKind::Number: return "a number";
-    case AttrKind::Str: return "a string";
-    case AttrKind::Ints: return "a list of ints";
-    case AttrKind::DType: return "a dtype";
+    case AttrKind::Bool:
+      return "a bool";
+    case AttrKind::Int:
+      return "an int";
+    case AttrKind::Float:
+      return "a float";
+    case AttrKind::Number:
+      return "a number";
+    case AttrKind::Str:
+      return "a string";
+    case AttrKind::Ints:
+      return "a list of ints";
+    case AttrKind::DType:
+      return "a dtype";
   }
   return "?";
 }

@@ -124,7 +124,8 @@ std::string print_graph(const Graph& g, PrintOptions opts) {
     std::string at = print_attrs(n->attrs());
     if (!at.empty()) os << " " << at;
     os << " : " << n->type().str();
-    if (opts.locations && n->loc().known()) os << "  @" << quote(n->loc().file) << ":" << n->loc().line;
+    if (opts.locations && n->loc().known())
+      os << "  @" << quote(n->loc().file) << ":" << n->loc().line;
     os << "\n";
   }
   os << "  return";
@@ -160,11 +161,13 @@ class Parser {
     expect_word("return");
     skip_ws_inline();
     if (!at_eol()) {
-      do g.outputs.push_back(ref()); while (accept(','));
+      do g.outputs.push_back(ref());
+      while (accept(','));
     }
     if (peek_word("effects")) {
       expect_word("effects");
-      do g.effects.push_back(ref()); while (accept(','));
+      do g.effects.push_back(ref());
+      while (accept(','));
     }
     expect('}');
     skip_ws();
@@ -185,7 +188,8 @@ class Parser {
     expect('(');
     std::vector<NodeRef> ins;
     if (!accept(')')) {
-      do ins.push_back(ref()); while (accept(','));
+      do ins.push_back(ref());
+      while (accept(','));
       expect(')');
     }
     Attrs attrs;
@@ -282,7 +286,8 @@ class Parser {
     expect('[');
     IntList out;
     if (accept(']')) return out;
-    do out.push_back(integer()); while (accept(','));
+    do out.push_back(integer());
+    while (accept(','));
     expect(']');
     return out;
   }

@@ -48,7 +48,8 @@ std::string shape_size_problem(DType dtype, const Shape& s) {
   int64_t n = 1, reach = 1, bytes = 0;
   for (int64_t d : s) {
     if (d < 0) return "extent " + std::to_string(d) + " is negative";
-    if (__builtin_mul_overflow(n, d, &n) || __builtin_mul_overflow(reach, std::max<int64_t>(d, 1), &reach))
+    if (__builtin_mul_overflow(n, d, &n) ||
+        __builtin_mul_overflow(reach, std::max<int64_t>(d, 1), &reach))
       return "its element count overflows int64 (more than 9223372036854775807)";
   }
   if (__builtin_mul_overflow(n, static_cast<int64_t>(dtype_bytes(dtype)), &bytes))

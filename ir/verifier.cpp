@@ -12,8 +12,7 @@ namespace flowjit::ir {
 namespace {
 std::string describe(const NodeRef& n) {
   std::string s = std::string(op_name(n->op())) + "(";
-  for (size_t i = 0; i < n->inputs().size(); ++i)
-    s += (i ? ", " : "") + n->input(i)->type().str();
+  for (size_t i = 0; i < n->inputs().size(); ++i) s += (i ? ", " : "") + n->input(i)->type().str();
   s += ") " + print_attrs(n->attrs()) + " : " + n->type().str();
   if (n->loc().known()) s += " at " + n->loc().str();
   return s;
@@ -62,8 +61,10 @@ std::string verify_graph(const Graph& g, VerifyOptions opts) {
 void verify_or_throw(const Graph& g, const std::string& after_pass, VerifyOptions opts) {
   std::string err = verify_graph(g, opts);
   if (!err.empty())
-    throw InternalError("flowjit internal error (a bug in flowjit, please report it): IR verifier "
-                        "failed after pass '" + after_pass + "': " + err);
+    throw InternalError(
+        "flowjit internal error (a bug in flowjit, please report it): IR verifier "
+        "failed after pass '" +
+        after_pass + "': " + err);
 }
 
 }  // namespace flowjit::ir

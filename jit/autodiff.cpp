@@ -58,9 +58,7 @@ Grads vjp_Square(const NodeRef& n, const NodeRef& dy) {
   return {mul(dy, mul(c(2, n), n->input(0)))};
 }
 Grads vjp_Reciprocal(const NodeRef& n, const NodeRef& dy) { return {neg(mul(dy, mul(n, n)))}; }
-Grads vjp_Tanh(const NodeRef& n, const NodeRef& dy) {
-  return {mul(dy, sub(c(1, n), mul(n, n)))};
-}
+Grads vjp_Tanh(const NodeRef& n, const NodeRef& dy) { return {mul(dy, sub(c(1, n), mul(n, n)))}; }
 Grads vjp_Sigmoid(const NodeRef& n, const NodeRef& dy) {
   return {mul(dy, mul(n, sub(c(1, n), n)))};
 }
@@ -138,7 +136,9 @@ Grads vjp_ReduceProd(const NodeRef& n, const NodeRef& dy) {
   return {div(mul(unreduce(dy, n), unreduce_value(n)), n->input(0))};
 }
 
-Grads vjp_Reshape(const NodeRef& n, const NodeRef& dy) { return {reshape(dy, n->input(0)->shape())}; }
+Grads vjp_Reshape(const NodeRef& n, const NodeRef& dy) {
+  return {reshape(dy, n->input(0)->shape())};
+}
 Grads vjp_Transpose(const NodeRef& n, const NodeRef& dy) {
   const IntList& perm = n->attrs().get_ints("perm");
   IntList inv(perm.size());
@@ -224,7 +224,9 @@ Grads vjp_Slice(const NodeRef& n, const NodeRef& dy) {
     }
   }
   NodeRef g = dy;
-  if (reverse) g = make_node(OpKind::Slice, {dy}, Attrs{{"begin", rbegin}, {"step", rstep}, {"shape", out}}, n->loc());
+  if (reverse)
+    g = make_node(OpKind::Slice, {dy}, Attrs{{"begin", rbegin}, {"step", rstep}, {"shape", out}},
+                  n->loc());
   Attrs pa{{"pads_lo", lo}, {"pads_hi", hi}, {"interior", interior}, {"pad_value", 0.0}};
   return {make_node(OpKind::Pad, {g}, pa, n->loc())};
 }
@@ -233,16 +235,20 @@ Grads vjp_Slice(const NodeRef& n, const NodeRef& dy) {
 // the (clamped) index equals the params position, a compare-and-reduce over
 // [index dims..., params dims...] that fusion makes one loop kernel.
 NodeRef clamp_index(const NodeRef& idx, int64_t extent) {
-  NodeRef hi = fill(static_cast<double>(std::max<int64_t>(extent - 1, 0)), {}, idx->dtype(), idx->loc());
-  return binary(OpKind::Maximum, binary(OpKind::Minimum, idx, hi), fill(0, {}, idx->dtype(), idx->loc()));
+  NodeRef hi =
+      fill(static_cast<double>(std::max<int64_t>(extent - 1, 0)), {}, idx->dtype(), idx->loc());
+  return binary(OpKind::Maximum, binary(OpKind::Minimum, idx, hi),
+                fill(0, {}, idx->dtype(), idx->loc()));
 }
 NodeRef iota(const Shape& s, int axis, DType dt) {
-  return make_node(OpKind::Iota, {}, Attrs{{"shape", s}, {"dtype", dt}, {"axis", static_cast<int64_t>(axis)}});
+  return make_node(OpKind::Iota, {},
+                   Attrs{{"shape", s}, {"dtype", dt}, {"axis", static_cast<int64_t>(axis)}});
 }
 Grads vjp_Gather(const NodeRef& n, const NodeRef& dy) {
   const NodeRef &p = n->input(0), &idx = n->input(1);
   if (!is_float(p->dtype())) return {nullptr, nullptr};
-  int axis = static_cast<int>(n->attrs().get_int("axis")), bd = static_cast<int>(n->attrs().get_int("batch_dims"));
+  int axis = static_cast<int>(n->attrs().get_int("axis")),
+      bd = static_cast<int>(n->attrs().get_int("batch_dims"));
   const Shape &ps = p->shape(), &is = idx->shape();
   int rp = static_cast<int>(ps.size()), ni = static_cast<int>(is.size()) - bd;
   // T = [p[:axis], idx[bd:], p[axis], p[axis+1:]]
@@ -273,7 +279,8 @@ Grads vjp_GatherNd(const NodeRef& n, const NodeRef& dy) {
   const NodeRef &p = n->input(0), &idx = n->input(1);
   if (!is_float(p->dtype())) return {nullptr, nullptr};
   const Shape &ps = p->shape(), &is = idx->shape();
-  int k = static_cast<int>(is.back()), nj = static_cast<int>(is.size()) - 1, rp = static_cast<int>(ps.size());
+  int k = static_cast<int>(is.back()), nj = static_cast<int>(is.size()) - 1,
+      rp = static_cast<int>(ps.size());
   // T = [idx[:-1], p...]
   Shape t(is.begin(), is.end() - 1), dys = t, ids = t;
   for (int d = 0; d < rp; ++d) {
@@ -287,7 +294,8 @@ Grads vjp_GatherNd(const NodeRef& n, const NodeRef& dy) {
     Shape one = is;
     begin.back() = c0;
     one.back() = 1;
-    NodeRef comp = make_node(OpKind::Slice, {idx}, Attrs{{"begin", begin}, {"step", step}, {"shape", one}}, n->loc());
+    NodeRef comp = make_node(OpKind::Slice, {idx},
+                             Attrs{{"begin", begin}, {"step", step}, {"shape", one}}, n->loc());
     NodeRef ib = broadcast(reshape(clamp_index(comp, ps[c0]), ids), t);
     NodeRef h = binary(OpKind::Equal, ib, iota(t, nj + c0, idx->dtype()));
     hit = hit ? binary(OpKind::LogicalAnd, hit, h) : h;
@@ -312,8 +320,8 @@ Grads vjp_MatMul(const NodeRef& n, const NodeRef& dy) {
     da = matmul(dy, b, false, !tb);
   } else {
     // dA = op(B) dC^T, produced as (dC op(B)^T)^T when b is shared.
-    da = b_shared ? transpose(matmul(dy, b, false, !tb), swap_last_two(r))
-                  : matmul(b, dy, tb, true);
+    da =
+        b_shared ? transpose(matmul(dy, b, false, !tb), swap_last_two(r)) : matmul(b, dy, tb, true);
   }
   if (!b_shared) {
     db = !tb ? matmul(a, dy, !ta, false) : matmul(dy, a, true, ta);

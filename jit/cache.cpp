@@ -648,9 +648,9 @@ bool is_key(const std::string& s) {
 class FileLock {
  public:
   FileLock(const std::string& path, bool directory) {
-    fd_ = directory ? ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-                    : ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
-                             0600);
+    fd_ = directory
+              ? ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+              : ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
     struct stat st;
     if (fd_ >= 0 && (::fstat(fd_, &st) != 0 || (!directory && !S_ISREG(st.st_mode)))) {
       ::close(fd_);
@@ -906,8 +906,8 @@ bool DiskCache::load_secret(std::string& why) {
     }
     if (!make_dirs(dir_, why)) return false;
     static std::atomic<uint64_t> counter{0};
-    std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" +
-                      std::to_string(counter.fetch_add(1));
+    std::string tmp =
+        path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
     ::unlink(tmp.c_str());
     if (!write_file(tmp, hex.data(), hex.size(), /*sync=*/true, why)) {
       ::unlink(tmp.c_str());
@@ -1001,7 +1001,8 @@ DiskCache::Found DiskCache::lookup(const std::string& key, bool want_llvm_ir, Ca
   hit.extra.clear();
   for (const std::string& name : extra) {
     hit.extra.emplace_back();
-    if (!(problem = read_checked(name.c_str(), hit.extra.back(), true)).empty()) return bad(problem);
+    if (!(problem = read_checked(name.c_str(), hit.extra.back(), true)).empty())
+      return bad(problem);
   }
   hit.object.assign(object.begin(), object.end());
   hit.hits = static_cast<int64_t>(number_or(meta.get("hits"), 0));

@@ -92,9 +92,9 @@ struct CacheEntry {
 struct CacheHit {
   std::vector<char> object;
   std::string plan;
-  std::string llvm_ir;  // only when asked for
+  std::string llvm_ir;             // only when asked for
   std::vector<std::string> extra;  // the extra files asked for, in that order
-  int64_t hits = 0;     // before this one
+  int64_t hits = 0;                // before this one
 };
 
 class DiskCache {

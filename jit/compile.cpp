@@ -11,22 +11,22 @@
 #include <optional>
 #include <set>
 
+#include <map>
 #include "codegen/cpu/backend.h"
 #include "ir/error.h"
 #include "ir/printer.h"
+#include "ir/verifier.h"
 #include "jit/build_info.h"
 #include "jit/cache.h"
 #include "jit/compile_internal.h"
 #include "jit/fusion.h"
-#include "ir/verifier.h"
 #include "jit/pipeline.h"
-#include <map>
 
 namespace flowjit::jit {
 
 using namespace ir;
-using detail::since;
 using detail::short_key;
+using detail::since;
 
 namespace {
 std::string env(const char* name) {
@@ -120,9 +120,9 @@ std::optional<DiskCache> open_cache(const CompileSettings& settings, const Fused
   cache.emplace(settings.cache_dir, settings.cache_max_bytes);
   // Everything that decides the generated code is in the key. (A GPU launch
   // list follows from the kernels and the target and is stored with the code.)
-  out.cache_key = cache_key({out.ir_optimized, fp.description, out.kernels, fp.plan.serialize(),
-                             target, llvm_version(), flowjit_build_id() + "+" + loaded_binary_id(),
-                             flowjit_version()});
+  out.cache_key =
+      cache_key({out.ir_optimized, fp.description, out.kernels, fp.plan.serialize(), target,
+                 llvm_version(), flowjit_build_id() + "+" + loaded_binary_id(), flowjit_version()});
   // A root someone else owns or can write is not used at all: its entries
   // could be anyone's code. One warning per directory, then memory only.
   std::string why = cache->untrusted_root();
@@ -167,11 +167,10 @@ bool note_cache_miss(DiskCache::Found found, const std::string& why, DiskCache& 
   if (found == DiskCache::Found::Damaged) {
     std::error_code ec;
     bool gone = !std::filesystem::exists(cache.entry_dir(key), ec);
-    out.warnings.push_back("flowjit: the disk-cache entry " + short_key(key) + " of job '" +
-                           job_name + "' in " + printable_text(cache.dir()) + " was damaged (" +
-                           printable_text(why) + "); " +
-                           (gone ? "it was removed" : "it could not be removed") +
-                           " and the job is recompiled");
+    out.warnings.push_back(
+        "flowjit: the disk-cache entry " + short_key(key) + " of job '" + job_name + "' in " +
+        printable_text(cache.dir()) + " was damaged (" + printable_text(why) + "); " +
+        (gone ? "it was removed" : "it could not be removed") + " and the job is recompiled");
     log.stage("disk cache damaged", since(t0), short_key(key) + ": " + why);
     return true;
   }
@@ -264,8 +263,8 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   if (job.train) {
     FJ_CHECK(job.optimizer.has_value(), "train job without optimizer reached the compiler");
     auto t0 = std::chrono::steady_clock::now();
-    OptimizerLowering low =
-        lower_optimizer(*job.optimizer, job.losses, job.lr, job.step, job.trainable, job.watched_grads);
+    OptimizerLowering low = lower_optimizer(*job.optimizer, job.losses, job.lr, job.step,
+                                            job.trainable, job.watched_grads);
     for (auto& e : low.effects) g.effects.push_back(e);
     for (auto& w : low.watched_grads) g.outputs.push_back(w);
     out.new_variables = low.new_variables;
@@ -292,8 +291,8 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
     if (settings.debug >= 2)
       std::fprintf(stderr, "[flowjit] %s over %d devices, boxing:\n%s", job.name.c_str(),
                    job.distribution.parts, out.distributed->description.c_str());
-    log.dump("distributed", print_graph(opt, PrintOptions{true}) + "\nboxing:\n" +
-                                out.distributed->description);
+    log.dump("distributed",
+             print_graph(opt, PrintOptions{true}) + "\nboxing:\n" + out.distributed->description);
   }
   out.ir_optimized = print_graph(opt);
 
@@ -305,7 +304,8 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
             std::to_string(fp.kernels.size()) + " kernels, arena " +
                 std::to_string(fp.plan.arena_bytes) + " bytes (" +
                 std::to_string(fp.bytes_without_reuse) + " without reuse)");
-  if (settings.debug >= 2) std::fprintf(stderr, "[flowjit] %s fusion plan:\n%s", job.name.c_str(), fp.description.c_str());
+  if (settings.debug >= 2)
+    std::fprintf(stderr, "[flowjit] %s fusion plan:\n%s", job.name.c_str(), fp.description.c_str());
   log.dump("fusion", fp.description + "\n" + out.kernels);
   out.seconds_passes = since(t_passes);
 
@@ -326,7 +326,8 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
     code_kernels.push_back(fp.kernels[i]);
   }
   const bool keep_llvm_ir = detail::keep_llvm_ir(settings);
-  std::optional<DiskCache> cache = detail::open_cache(settings, fp, codegen::cpu::host_target_id(), out);
+  std::optional<DiskCache> cache =
+      detail::open_cache(settings, fp, codegen::cpu::host_target_id(), out);
 
   auto t_cg = std::chrono::steady_clock::now();
   std::shared_ptr<codegen::cpu::LoadedCode> code;
@@ -391,9 +392,9 @@ std::shared_ptr<runtime::DistributedExecutable> make_distributed(
   const int n = static_cast<int>(device_stores.size());
   auto slot = [](const Sbp& s, const TensorType& logical, const TensorType& local) {
     runtime::DeviceSlot d;
-    d.kind = s.kind == Sbp::Local   ? runtime::DeviceSlot::PerDevice
-             : s == Sbp::S(0)       ? runtime::DeviceSlot::Rows
-                                    : runtime::DeviceSlot::Whole;
+    d.kind = s.kind == Sbp::Local ? runtime::DeviceSlot::PerDevice
+             : s == Sbp::S(0)     ? runtime::DeviceSlot::Rows
+                                  : runtime::DeviceSlot::Whole;
     FJ_CHECK(s.kind != Sbp::Split || s.axis == 0, "results split along an axis other than 0");
     FJ_CHECK(s.kind != Sbp::Partial, "partial results are reduced before they are returned");
     d.type = d.kind == runtime::DeviceSlot::PerDevice ? local : logical;

@@ -54,28 +54,28 @@ struct JobDescription {
   ir::Graph graph;  // params, returned values, explicit effects
   std::optional<OptimizerConfig> optimizer;
   std::vector<ir::NodeRef> losses;
-  ir::NodeRef lr;    // rank-0 float learning rate (train jobs)
-  ir::NodeRef step;  // the job's int64 train-step variable (train jobs)
+  ir::NodeRef lr;                      // rank-0 float learning rate (train jobs)
+  ir::NodeRef step;                    // the job's int64 train-step variable (train jobs)
   std::vector<ir::NodeRef> trainable;  // trainable variables the job reads
   // Values whose gradients become extra outputs after graph.outputs (train
   // jobs; flow.watch_diff).
   std::vector<ir::NodeRef> watched_grads;
-  std::string source;                  // "file.py:12" of the job function
-  std::string signature;               // the placeholder signature, for the cache
+  std::string source;     // "file.py:12" of the job function
+  std::string signature;  // the placeholder signature, for the cache
   // parts > 1: compile the per-device graph of a job spread over devices.
   DistributeOptions distribution;
 };
 
 struct CompileSettings {
-  int debug = 0;             // FLOWJIT_DEBUG
-  std::string dump_dir;      // FLOWJIT_DUMP_DIR
+  int debug = 0;         // FLOWJIT_DEBUG
+  std::string dump_dir;  // FLOWJIT_DUMP_DIR
   // FLOWJIT_CACHE_DIR, default ~/.cache/flowjit; "" (FLOWJIT_DISABLE_CACHE=1)
   // disables the disk cache.
   std::string cache_dir;
   int64_t cache_max_bytes = 0;  // FLOWJIT_CACHE_MAX_BYTES (0: default bound, -1: unparsable)
-  bool keep_text = false;    // keep IR/LLVM text on the result even without debug
-  bool fuse = true;          // FLOWJIT_DISABLE_FUSION=1 turns fusion off (tests)
-  Target target;             // the CPU unless the job is placed on a GPU
+  bool keep_text = false;       // keep IR/LLVM text on the result even without debug
+  bool fuse = true;             // FLOWJIT_DISABLE_FUSION=1 turns fusion off (tests)
+  Target target;                // the CPU unless the job is placed on a GPU
   static CompileSettings from_environment();
 };
 
@@ -90,12 +90,12 @@ struct CompiledJob {
   std::optional<DistributedGraph> distributed;  // layouts, for distributed jobs
   std::vector<ir::TensorType> logical_inputs, logical_outputs;
   bool writes_variables = true;  // the job has assigns (train steps, initializers)
-  std::string ir_traced;      // before optimization
-  std::string ir_optimized;   // after the pipeline
-  std::string fusion_plan;    // kernels and what they compute
-  std::string kernels;        // loop-level kernel descriptions
-  std::string llvm_ir;        // optimized LLVM IR (kept with debug >= 3 or keep_text)
-  std::string assembly;       // with debug >= 4 (GPU jobs: the PTX, also with keep_text)
+  std::string ir_traced;         // before optimization
+  std::string ir_optimized;      // after the pipeline
+  std::string fusion_plan;       // kernels and what they compute
+  std::string kernels;           // loop-level kernel descriptions
+  std::string llvm_ir;           // optimized LLVM IR (kept with debug >= 3 or keep_text)
+  std::string assembly;          // with debug >= 4 (GPU jobs: the PTX, also with keep_text)
   std::vector<std::pair<std::string, ir::TensorType>> new_variables;
   double seconds_passes = 0, seconds_codegen = 0, seconds_total = 0;
   bool from_disk_cache = false;

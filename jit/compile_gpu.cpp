@@ -34,11 +34,10 @@ namespace flowjit::jit {
 namespace nv = codegen::nvptx;
 namespace rc = runtime::cuda;
 using namespace ir;
-using detail::since;
 using detail::short_key;
+using detail::since;
 
 namespace {
-
 
 constexpr const char* kPtxFile = "kernels.ptx";
 constexpr const char* kLaunchesFile = "launches.txt";

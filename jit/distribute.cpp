@@ -17,10 +17,14 @@ using namespace ir;
 
 std::string Sbp::str() const {
   switch (kind) {
-    case Broadcast: return "B";
-    case Split: return "S(" + std::to_string(axis) + ")";
-    case Partial: return "P";
-    case Local: return "L";
+    case Broadcast:
+      return "B";
+    case Split:
+      return "S(" + std::to_string(axis) + ")";
+    case Partial:
+      return "P";
+    case Local:
+      return "L";
   }
   return "?";
 }
@@ -85,7 +89,8 @@ class Distributor {
     if (it == o_.split_vars.end()) return Sbp::B();
     int axis = it->second;
     FJ_USER_CHECK(!o_.mirrored, ErrorKind::NotImplemented, "variable '", name,
-                  "' is declared split(", axis, "), which the mirrored view does not support "
+                  "' is declared split(", axis,
+                  "), which the mirrored view does not support "
                   "(its variables are replicated); use the consistent view or drop the split");
     FJ_USER_CHECK(axis >= 0 && axis < n->rank(), ErrorKind::Value, "variable '", name,
                   "' is declared split(axis=", axis, ") but has shape ", shape_str(n->shape()),
@@ -93,11 +98,11 @@ class Distributor {
     if (n->shape()[axis] % p_ != 0) {
       // Pieces of unequal size would need a program per device.
       if (warned_.insert(name).second)
-        warnings_.push_back("flowjit: variable '" + name + "' is declared split(axis=" +
-                            std::to_string(axis) + ") over " + std::to_string(p_) +
-                            " devices, but dimension " + std::to_string(axis) + " of " +
-                            shape_str(n->shape()) + " does not divide into " + std::to_string(p_) +
-                            " equal pieces; every device holds the whole variable instead");
+        warnings_.push_back(
+            "flowjit: variable '" + name + "' is declared split(axis=" + std::to_string(axis) +
+            ") over " + std::to_string(p_) + " devices, but dimension " + std::to_string(axis) +
+            " of " + shape_str(n->shape()) + " does not divide into " + std::to_string(p_) +
+            " equal pieces; every device holds the whole variable instead");
       return Sbp::B();
     }
     return Sbp::S(axis);
@@ -150,16 +155,17 @@ class Distributor {
     Sbp from = v.sbp;
     NodeRef r;
     if (from.kind == Sbp::Local || to.kind == Sbp::Local)
-      throw_user(ErrorKind::NotImplemented, "value ", describe(n), " is per-device (mirrored view) "
-                 "but is used where the whole value is needed (layout ", to.str(),
-                 "); in the mirrored view only gradients are combined across devices");
+      throw_user(ErrorKind::NotImplemented, "value ", describe(n),
+                 " is per-device (mirrored view) "
+                 "but is used where the whole value is needed (layout ",
+                 to.str(), "); in the mirrored view only gradients are combined across devices");
     FJ_CHECK(to.kind != Sbp::Partial, "distribute: boxing to a partial value");
     if (to.kind == Sbp::Broadcast) {
       r = from.kind == Sbp::Partial ? collective(OpKind::AllReduce, v.local, 0, n)
                                     : collective(OpKind::AllGather, v.local, from.axis, n);
-    } else if (from.kind == Sbp::Broadcast && (n->op() == OpKind::Fill ||
-                                               (n->op() == OpKind::Iota &&
-                                                n->attrs().get_int("axis") != to.axis))) {
+    } else if (from.kind == Sbp::Broadcast &&
+               (n->op() == OpKind::Fill ||
+                (n->op() == OpKind::Iota && n->attrs().get_int("axis") != to.axis))) {
       // A constant's piece is the same constant, smaller: no slice needed.
       Attrs a = n->attrs();
       a.set("shape", split_shape(n->shape(), to.axis, p_));
@@ -194,7 +200,8 @@ class Distributor {
       bool ok = true;
       for (size_t i = 0; i < c.in.size() && ok; ++i) {
         const NodeRef& x = n->input(i);
-        double b = box_cost(values_.at(x.get()).sbp, c.in[i], static_cast<double>(x->type().bytes()));
+        double b =
+            box_cost(values_.at(x.get()).sbp, c.in[i], static_cast<double>(x->type().bytes()));
         if (b < 0) ok = false;
         cost += b;
       }
@@ -289,7 +296,8 @@ class Distributor {
       const IntList& perm = n->attrs().get_ints("perm");
       v.sbp = x;
       if (x.kind == Sbp::Split)
-        v.sbp = Sbp::S(static_cast<int>(std::find(perm.begin(), perm.end(), x.axis) - perm.begin()));
+        v.sbp =
+            Sbp::S(static_cast<int>(std::find(perm.begin(), perm.end(), x.axis) - perm.begin()));
       v.local = Node::with_inputs(n, in);
     } else if (op == OpKind::Softmax || op == OpKind::LogSoftmax || op == OpKind::OneHot) {
       Sbp x = in_sbp(n, 0);
@@ -319,12 +327,12 @@ class Distributor {
     Sbp x = in_sbp(n, 0);
     Attrs a = n->attrs();
     bool keep = x.kind == Sbp::Broadcast;
-    if (x.kind == Sbp::Partial)
-      keep = n->op() == OpKind::Slice || a.get_float("pad_value") == 0.0;
+    if (x.kind == Sbp::Partial) keep = n->op() == OpKind::Slice || a.get_float("pad_value") == 0.0;
     if (x.kind == Sbp::Split) {
       int d = x.axis;
       if (n->op() == OpKind::Pad) {
-        keep = a.get_ints("pads_lo")[d] == 0 && a.get_ints("pads_hi")[d] == 0 && a.get_ints("interior")[d] == 0;
+        keep = a.get_ints("pads_lo")[d] == 0 && a.get_ints("pads_hi")[d] == 0 &&
+               a.get_ints("interior")[d] == 0;
       } else {
         keep = a.get_ints("begin")[d] == 0 && a.get_ints("step")[d] == 1 &&
                a.get_ints("shape")[d] == n->input(0)->shape()[d];
@@ -351,7 +359,9 @@ class Distributor {
     int bd = nd ? 0 : static_cast<int>(n->attrs().get_int("batch_dims"));
     int k = nd ? static_cast<int>(n->input(1)->shape().back()) : 1;
     // Output dim of an index dim j and of a params dim d (-1: none).
-    auto from_index = [&](int j) { return nd ? (j < ri - 1 ? j : -1) : (j < bd ? j : axis + j - bd); };
+    auto from_index = [&](int j) {
+      return nd ? (j < ri - 1 ? j : -1) : (j < bd ? j : axis + j - bd);
+    };
     auto from_params = [&](int d) {
       if (nd) return d >= k ? ri - 1 + d - k : -1;
       return d < axis ? d : d > axis ? d + ri - bd - 1 : -1;
@@ -360,7 +370,8 @@ class Distributor {
     if (p.kind == Sbp::Broadcast && i.kind == Sbp::Split && from_index(i.axis) >= 0 &&
         (nd || i.axis >= bd))
       return local(Sbp::S(from_index(i.axis)));
-    if (p.kind == Sbp::Split && from_params(p.axis) >= 0 && (nd || p.axis >= bd) && i.kind == Sbp::Broadcast)
+    if (p.kind == Sbp::Split && from_params(p.axis) >= 0 && (nd || p.axis >= bd) &&
+        i.kind == Sbp::Broadcast)
       return local(Sbp::S(from_params(p.axis)));
     if (!nd && p.kind == Sbp::Split && i.kind == Sbp::Split && p.axis == i.axis && p.axis < bd)
       return local(Sbp::S(p.axis));  // split batch dims
@@ -411,7 +422,8 @@ class Distributor {
     if (partials > 0) {
       int split_axis = -1;
       for (size_t i = 0; i < k && split_axis < 0; ++i)
-        if (s[i].kind == Sbp::Split && n->input(i)->shape()[s[i].axis] == n->shape()[out_axis(i, s[i].axis)])
+        if (s[i].kind == Sbp::Split &&
+            n->input(i)->shape()[s[i].axis] == n->shape()[out_axis(i, s[i].axis)])
           split_axis = out_axis(i, s[i].axis);
       for (size_t i = 0; i < k; ++i) {
         if (s[i].kind != Sbp::Partial) continue;
@@ -485,7 +497,8 @@ class Distributor {
       // outer products agree and os[b] divides.
       int64_t outer = prod(is, 0, x.axis);
       for (size_t b = 0; b < os.size(); ++b) {
-        if (prod(os, 0, b) == outer && os[b] % p_ == 0 && os[b] >= p_) return Sbp::S(static_cast<int>(b));
+        if (prod(os, 0, b) == outer && os[b] % p_ == 0 && os[b] >= p_)
+          return Sbp::S(static_cast<int>(b));
         if (prod(os, 0, b) > outer) break;
       }
     }

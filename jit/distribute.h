@@ -60,7 +60,7 @@ struct DistributedGraph {
   std::vector<std::tuple<std::string, Sbp, ir::TensorType>> variables;
   int collectives = 0;
   std::vector<std::string> warnings;  // declared layouts that could not be kept
-  std::string description;  // one line per boxing, for FLOWJIT_DEBUG
+  std::string description;            // one line per boxing, for FLOWJIT_DEBUG
 };
 
 // Throws UserError on layouts that cannot work (a declared split that does

@@ -49,7 +49,8 @@ void Fuser::analyze() {
     }
     for (auto& i : n->inputs()) users_[i.get()].push_back(n);
   }
-  for (size_t i = 0; i < g_.outputs.size(); ++i) output_of_[g_.outputs[i].get()] = static_cast<int>(i);
+  for (size_t i = 0; i < g_.outputs.size(); ++i)
+    output_of_[g_.outputs[i].get()] = static_cast<int>(i);
   for (size_t i = 0; i < g_.params.size(); ++i)
     param_index_[g_.params[i].get()] = static_cast<int>(g_.params[i]->attrs().get_int("index"));
   // Elementwise chains right after a single-use matmul are kept for that
@@ -161,8 +162,8 @@ void Fuser::grow(Group& g) {
   std::unordered_map<const Node*, std::pair<NodeRef, std::vector<DimMap>>> pending;
   auto push_operands = [&](const NodeRef& n, const DimMap& m) {
     if (is_contraction(n->op())) return;  // operands are read by the matmul itself
-    if (is_addressed_view(n)) return;    // and by the view's guarded loads
-    if (is_collective(n->op())) return;     // and by the collective
+    if (is_addressed_view(n)) return;     // and by the view's guarded loads
+    if (is_collective(n->op())) return;   // and by the collective
     if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) return;
     for (size_t i = 0; i < n->inputs().size(); ++i) {
       const NodeRef& o = n->input(i);

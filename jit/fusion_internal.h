@@ -27,11 +27,10 @@ namespace flowjit::jit::fusion_detail {
 
 using namespace ir;
 using codegen::Access;
+using codegen::Kernel;
 using codegen::KNode;
 using codegen::KOp;
-using codegen::Kernel;
 using DimMap = std::vector<int>;  // per node dim: domain dim, or -1 (index 0)
-
 
 // An index read by a gather: a strided view of an integer buffer, clamped
 // into [0, limit) and scaled by `stride` (codegen::Indirect).
@@ -43,7 +42,6 @@ struct IndirectView {
   int64_t stride = 0;  // elements of the gathered buffer per index unit
 };
 
-
 struct View {
   NodeRef base;                  // a buffer: parameter, variable or computed node
   std::vector<int64_t> strides;  // elements, per dim of the viewed node
@@ -53,7 +51,6 @@ struct View {
   std::vector<IndirectView> indirect;  // strides per dim of the viewed node
   bool plain() const { return coords.empty() && indirect.empty(); }
 };
-
 
 // ---------------------------------------------------------------- groups
 
@@ -67,16 +64,14 @@ struct Group {
   bool has_reduce = false;
   std::vector<int> remap;  // set when absorbing a reduction renumbered the domain
   std::unordered_map<const Node*, std::vector<DimMap>> maps;  // members and their maps
-  std::vector<NodeRef> members;                                 // in absorption order
+  std::vector<NodeRef> members;                               // in absorption order
   bool member(const NodeRef& n) const { return maps.count(n.get()) > 0; }
 };
-
 
 struct Storage {  // where a materialized value lives
   enum Kind { Input, Output, Arena, Variable } kind = Arena;
   int index = 0;  // input/output index, variable index, or arena buffer index
 };
-
 
 // ---------------------------------------------------------------- views
 
@@ -138,18 +133,16 @@ DimMap operand_map(const NodeRef& n, const DimMap& m, size_t i);
 // domain dim.
 bool is_full_map(const NodeRef& n, const DimMap& m);
 
-
 struct Built {
   Kernel k;
   std::vector<const void*> arg_buffers;  // which buffer each arg is: a node, or a temporary's key
   std::vector<Storage> arg_storage;
-  std::vector<const Node*> reads;   // buffers read
+  std::vector<const Node*> reads;  // buffers read
   std::vector<std::string> var_writes;
   std::vector<std::string> var_reads;
-  std::vector<const Node*> computes;  // members, for the description
+  std::vector<const Node*> computes;                  // members, for the description
   std::optional<runtime::CollectiveStep> collective;  // a collective's launch: no kernel code
 };
-
 
 // One operand of an implicit GEMM while it is being described: its index
 // dims are {batch digits..., row digits..., col digits...}.
@@ -163,14 +156,15 @@ class KernelBuilder;
 // Groups an optimized graph's nodes into kernels and plans their launches.
 class Fuser {
  public:
-
   Fuser(const Graph& g, const std::string& job, FusionOptions opts);
 
   FusedProgram run();
   // ---- preparation: make every output, assign value and matmul operand a
   // kernel-computed buffer.
 
-  static NodeRef identity(const NodeRef& n) { return make_node(OpKind::Identity, {n}, {}, n->loc()); }
+  static NodeRef identity(const NodeRef& n) {
+    return make_node(OpKind::Identity, {n}, {}, n->loc());
+  }
 
   // Collectives write only their own buffer: a result or an assigned value
   // is copied out of it by a kernel.
@@ -224,7 +218,8 @@ class Fuser {
   // typed step the runtime runs (the name is for dumps only).
   Built build_collective(Group& g);
 
-  Built build_group(Group& g, const std::set<std::string>& deferred, std::set<std::string>& hazards);
+  Built build_group(Group& g, const std::set<std::string>& deferred,
+                    std::set<std::string>& hazards);
 
   // The operand `x` of a contraction as a strided buffer (materialize made
   // it one): its kernel argument, strides per dim of x, and offset.
@@ -238,8 +233,8 @@ class Fuser {
   // A coordinate of x (channels-first, spatial dim i) read at window
   // position * stride + tap * dilation - pad; folded into plain strides when
   // it can never leave the input.
-  static void add_spatial_coord(DigitOperand& o, const ConvGeometry& cg, int i, int pos_dim, int tap_dim,
-                                int64_t x_stride);
+  static void add_spatial_coord(DigitOperand& o, const ConvGeometry& cg, int i, int pos_dim,
+                                int tap_dim, int64_t x_stride);
 
   // Convolutions as implicit GEMMs (ir/conv.h). With S spatial dims, G
   // groups, Cg = C/G input and Cog = Co/G output channels per group:
@@ -290,7 +285,6 @@ class Fuser {
   std::unordered_map<std::string, NodeRef> temp_vars_;
   std::vector<BufferLife> temp_lives_;
 };
-
 
 class KernelBuilder {
  public:
@@ -379,7 +373,8 @@ class KernelBuilder {
 
   int inst_new(const NodeRef& n, const DimMap& m) {
     if (is_view(n->op())) {
-      if ((n->op() == OpKind::Reshape && !is_unit_reshape(n)) || is_addressed_view(n)) return leaf(n, m);
+      if ((n->op() == OpKind::Reshape && !is_unit_reshape(n)) || is_addressed_view(n))
+        return leaf(n, m);
       return inst(n->input(0), operand_map(n, m, 0));  // re-indexed, no arithmetic
     }
     if (is_buffer_leaf(n)) return leaf(n, m);
@@ -396,8 +391,10 @@ class KernelBuilder {
         kn.kind = KOp::Const;
         kn.value = a.get_float("value");
         const AttrValue* v = a.find("value");
-        if (auto* i = std::get_if<int64_t>(v)) kn.ivalue = *i;  // exact for int64
-        else kn.ivalue = static_cast<int64_t>(kn.value);
+        if (auto* i = std::get_if<int64_t>(v))
+          kn.ivalue = *i;  // exact for int64
+        else
+          kn.ivalue = static_cast<int64_t>(kn.value);
         return push(kn);
       }
       case OpKind::Iota: {

@@ -76,17 +76,27 @@ Built Fuser::build_collective(Group& g) {
     for (size_t d = axis; d < piece.size(); ++d) inner *= piece[d];
   }
   std::string op(op_name(c->op()));
-  k.name = "@k" + std::to_string(g.id) + "." + op + "." + std::string(dtype_short_name(c->dtype())) +
-           ".p" + std::to_string(parts) + ".o" + std::to_string(outer) + ".i" + std::to_string(inner);
+  k.name = "@k" + std::to_string(g.id) + "." + op + "." +
+           std::string(dtype_short_name(c->dtype())) + ".p" + std::to_string(parts) + ".o" +
+           std::to_string(outer) + ".i" + std::to_string(inner);
   k.summary = op + " " + x->type().str() + " -> " + c->type().str() + " over " +
               std::to_string(parts) + " devices";
   runtime::CollectiveStep step;
   switch (c->op()) {
-    case OpKind::AllReduce: step.op = runtime::CollectiveStep::Op::AllReduce; break;
-    case OpKind::AllGather: step.op = runtime::CollectiveStep::Op::AllGather; break;
-    case OpKind::ReduceScatter: step.op = runtime::CollectiveStep::Op::ReduceScatter; break;
-    case OpKind::LocalSlice: step.op = runtime::CollectiveStep::Op::LocalSlice; break;
-    default: FJ_CHECK(false, "build_collective: ", op_name(c->op()));
+    case OpKind::AllReduce:
+      step.op = runtime::CollectiveStep::Op::AllReduce;
+      break;
+    case OpKind::AllGather:
+      step.op = runtime::CollectiveStep::Op::AllGather;
+      break;
+    case OpKind::ReduceScatter:
+      step.op = runtime::CollectiveStep::Op::ReduceScatter;
+      break;
+    case OpKind::LocalSlice:
+      step.op = runtime::CollectiveStep::Op::LocalSlice;
+      break;
+    default:
+      FJ_CHECK(false, "build_collective: ", op_name(c->op()));
   }
   step.dtype = c->dtype();
   step.parts = parts;
@@ -97,7 +107,8 @@ Built Fuser::build_collective(Group& g) {
   return b;
 }
 
-Built Fuser::build_group(Group& g, const std::set<std::string>& deferred, std::set<std::string>& hazards) {
+Built Fuser::build_group(Group& g, const std::set<std::string>& deferred,
+                         std::set<std::string>& hazards) {
   if (is_collective(g.root->op())) return build_collective(g);
   Built b;
   Kernel& k = b.k;
@@ -132,7 +143,8 @@ Built Fuser::build_group(Group& g, const std::set<std::string>& deferred, std::s
     int vi = var_index_.at(name);
     const Access* w = nullptr;
     for (auto& s : k.stores)
-      if (b.arg_storage[s.where.arg].kind == Storage::Variable && b.arg_storage[s.where.arg].index == vi)
+      if (b.arg_storage[s.where.arg].kind == Storage::Variable &&
+          b.arg_storage[s.where.arg].index == vi)
         w = &s.where;
     for (auto& l : k.loads)
       if (b.arg_storage[l.arg].kind == Storage::Variable && b.arg_storage[l.arg].index == vi &&
@@ -200,8 +212,8 @@ void Fuser::simplify_digits(DigitOperand& o, size_t nbatch) {
 // A coordinate of x (channels-first, spatial dim i) read at window
 // position * stride + tap * dilation - pad; folded into plain strides when
 // it can never leave the input.
-void Fuser::add_spatial_coord(DigitOperand& o, const ConvGeometry& cg, int i, int pos_dim, int tap_dim,
-                              int64_t x_stride) {
+void Fuser::add_spatial_coord(DigitOperand& o, const ConvGeometry& cg, int i, int pos_dim,
+                              int tap_dim, int64_t x_stride) {
   bool inside = cg.pads_lo[i] == 0 &&
                 (cg.out[i] - 1) * cg.strides[i] + (cg.kernel[i] - 1) * cg.dilations[i] < cg.in[i];
   if (inside) {
@@ -378,8 +390,9 @@ void Fuser::build_matmul_spec(Group& g, Built& b, KernelBuilder& kb) {
     auto v = resolve_view(x);
     FJ_CHECK(v.has_value(), "matmul operand not addressable");
     const Node* base = v->base.get();
-    Storage st = base->op() == OpKind::Variable ? Storage{Storage::Variable, variable_index(v->base)}
-                                                : storage_of(base);
+    Storage st = base->op() == OpKind::Variable
+                     ? Storage{Storage::Variable, variable_index(v->base)}
+                     : storage_of(base);
     if (base->op() == OpKind::Variable) b.var_reads.push_back(v->base->attrs().get_str("name"));
     if (std::find(b.reads.begin(), b.reads.end(), base) == b.reads.end()) b.reads.push_back(base);
     int arg = kb.arg_for(base, st, v->base->dtype(), v->base->type().numel(), false);
@@ -389,9 +402,11 @@ void Fuser::build_matmul_spec(Group& g, Built& b, KernelBuilder& kb) {
     if (xr > 2) {
       for (int i = xr - 3; i >= 0; --i) {
         if (i < xr - 3)
-          FJ_USER_CHECK(v->strides[i] == v->strides[i + 1] * x->shape()[i + 1], ErrorKind::NotImplemented,
+          FJ_USER_CHECK(v->strides[i] == v->strides[i + 1] * x->shape()[i + 1],
+                        ErrorKind::NotImplemented,
                         "matmul: an operand whose batch dimensions are not contiguous is not "
-                        "supported yet (operand ", x->type().str(), ")");
+                        "supported yet (operand ",
+                        x->type().str(), ")");
       }
       bstride = v->strides[xr - 3];
     }

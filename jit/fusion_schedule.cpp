@@ -103,10 +103,18 @@ void Fuser::build_and_schedule(FusedProgram& out) {
       const Storage& s = b.arg_storage[a];
       runtime::BufferRef r;
       switch (s.kind) {
-        case Storage::Input: r = {runtime::BufferKind::Input, s.index, 0}; break;
-        case Storage::Output: r = {runtime::BufferKind::Output, s.index, 0}; break;
-        case Storage::Variable: r = {runtime::BufferKind::Variable, s.index, 0}; break;
-        case Storage::Arena: r = {runtime::BufferKind::Arena, 0, ap.offsets[s.index]}; break;
+        case Storage::Input:
+          r = {runtime::BufferKind::Input, s.index, 0};
+          break;
+        case Storage::Output:
+          r = {runtime::BufferKind::Output, s.index, 0};
+          break;
+        case Storage::Variable:
+          r = {runtime::BufferKind::Variable, s.index, 0};
+          break;
+        case Storage::Arena:
+          r = {runtime::BufferKind::Arena, 0, ap.offsets[s.index]};
+          break;
       }
       l.args.push_back(r);
     }
@@ -116,7 +124,8 @@ void Fuser::build_and_schedule(FusedProgram& out) {
     // Description: name, computed values, stores.
     desc << b.k.name << ":";
     std::vector<const Node*> comp = b.computes;
-    std::sort(comp.begin(), comp.end(), [&](const Node* x, const Node* y) { return pos_[x] < pos_[y]; });
+    std::sort(comp.begin(), comp.end(),
+              [&](const Node* x, const Node* y) { return pos_[x] < pos_[y]; });
     comp.erase(std::unique(comp.begin(), comp.end()), comp.end());
     for (const Node* c : comp) desc << " " << names[c];
     desc << " ->";
@@ -124,9 +133,15 @@ void Fuser::build_and_schedule(FusedProgram& out) {
       const Node* buf = static_cast<const Node*>(b.arg_buffers[s.where.arg]);
       const Storage& st = b.arg_storage[s.where.arg];
       switch (st.kind) {
-        case Storage::Output: desc << " out" << st.index; break;
-        case Storage::Variable: desc << " var:" << plan_vars_[st.index].first; break;
-        default: desc << " " << (names.count(buf) ? names[buf] : std::string("tmp")); break;
+        case Storage::Output:
+          desc << " out" << st.index;
+          break;
+        case Storage::Variable:
+          desc << " var:" << plan_vars_[st.index].first;
+          break;
+        default:
+          desc << " " << (names.count(buf) ? names[buf] : std::string("tmp"));
+          break;
       }
     }
     desc << "\n";
@@ -225,7 +240,8 @@ bool Fuser::schedule(std::vector<Built>& built, std::vector<int>& order) {
   // a backward pass) become adjacent launches the runtime sends as one
   // bucket: one exchange instead of one per variable. Synchronous
   // collectives gain nothing from starting earlier.
-  using Queue = std::priority_queue<std::pair<int, int>, std::vector<std::pair<int, int>>, std::greater<>>;
+  using Queue =
+      std::priority_queue<std::pair<int, int>, std::vector<std::pair<int, int>>, std::greater<>>;
   Queue ready, collectives;
   auto push = [&](int i) {
     const Node* r = groups_[i]->root.get();

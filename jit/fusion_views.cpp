@@ -54,7 +54,8 @@ std::optional<View> resolve_window(const NodeRef& n) {
       c.coef[L + S + i] = g.dilations[i];
       c.c0 = -g.pads_lo[i];
       c.limit = g.in[i];
-      bool inside = g.pads_lo[i] == 0 && (g.out[i] - 1) * g.strides[i] + (g.kernel[i] - 1) * g.dilations[i] < g.in[i];
+      bool inside = g.pads_lo[i] == 0 &&
+                    (g.out[i] - 1) * g.strides[i] + (g.kernel[i] - 1) * g.dilations[i] < g.in[i];
       if (inside) {
         w.strides[L + i] = g.strides[i] * st;
         w.strides[L + S + i] = g.dilations[i] * st;
@@ -79,7 +80,8 @@ std::optional<View> resolve_pad(const NodeRef& n) {
   auto v = resolve_view(n->input(0));
   if (!v || !v->plain()) return std::nullopt;
   const Attrs& a = n->attrs();
-  const IntList &lo = a.get_ints("pads_lo"), &hi = a.get_ints("pads_hi"), &in = a.get_ints("interior");
+  const IntList &lo = a.get_ints("pads_lo"), &hi = a.get_ints("pads_hi"),
+                &in = a.get_ints("interior");
   const Shape& x = n->input(0)->shape();
   View w{v->base, v->strides, v->offset, {}, a.get_float("pad_value"), {}};
   for (int d = 0; d < n->rank(); ++d) {
@@ -120,7 +122,8 @@ std::optional<View> resolve_gather(const NodeRef& n) {
     int bd = static_cast<int>(n->attrs().get_int("batch_dims"));
     for (int d = 0; d < axis; ++d) w.strides[d] = vp->strides[d];
     for (int d = axis + 1; d < rp; ++d) w.strides[d + ri - bd - 1] = vp->strides[d];
-    IndirectView iv{vi->base, std::vector<int64_t>(n->rank(), 0), vi->offset, p[axis], vp->strides[axis]};
+    IndirectView iv{vi->base, std::vector<int64_t>(n->rank(), 0), vi->offset, p[axis],
+                    vp->strides[axis]};
     for (int j = 0; j < ri; ++j) iv.strides[j < bd ? j : axis + j - bd] = vi->strides[j];
     w.indirect.push_back(iv);
     return w;
@@ -128,8 +131,8 @@ std::optional<View> resolve_gather(const NodeRef& n) {
   int k = static_cast<int>(idx.back());
   for (int d = k; d < rp; ++d) w.strides[ri - 1 + d - k] = vp->strides[d];
   for (int c = 0; c < k; ++c) {
-    IndirectView iv{vi->base, std::vector<int64_t>(n->rank(), 0), vi->offset + c * vi->strides[ri - 1],
-                    p[c], vp->strides[c]};
+    IndirectView iv{vi->base, std::vector<int64_t>(n->rank(), 0),
+                    vi->offset + c * vi->strides[ri - 1], p[c], vp->strides[c]};
     for (int j = 0; j + 1 < ri; ++j) iv.strides[j] = vi->strides[j];
     w.indirect.push_back(iv);
   }
@@ -203,7 +206,8 @@ std::optional<View> resolve_view(const NodeRef& n) {
       return v;
     }
     default:
-      if (is_buffer_leaf(n) || is_compute(n)) return View{n, contiguous_strides(n->shape()), 0, {}, 0, {}};
+      if (is_buffer_leaf(n) || is_compute(n))
+        return View{n, contiguous_strides(n->shape()), 0, {}, 0, {}};
       return std::nullopt;
   }
 }

@@ -12,12 +12,18 @@ using namespace ir;
 
 std::string optimizer_name(OptimizerConfig::Kind k) {
   switch (k) {
-    case OptimizerConfig::Kind::SGD: return "SGD";
-    case OptimizerConfig::Kind::Adam: return "Adam";
-    case OptimizerConfig::Kind::AdamW: return "AdamW";
-    case OptimizerConfig::Kind::RMSProp: return "RMSProp";
-    case OptimizerConfig::Kind::LAMB: return "LAMB";
-    case OptimizerConfig::Kind::LARS: return "LARS";
+    case OptimizerConfig::Kind::SGD:
+      return "SGD";
+    case OptimizerConfig::Kind::Adam:
+      return "Adam";
+    case OptimizerConfig::Kind::AdamW:
+      return "AdamW";
+    case OptimizerConfig::Kind::RMSProp:
+      return "RMSProp";
+    case OptimizerConfig::Kind::LAMB:
+      return "LAMB";
+    case OptimizerConfig::Kind::LARS:
+      return "LARS";
   }
   return "?";
 }
@@ -45,7 +51,8 @@ class Lowering {
   }
   NodeRef rms(const NodeRef& x) {  // sqrt(sum(x^2) / n)
     double n = static_cast<double>(std::max<int64_t>(1, x->type().numel()));
-    return sqrt(mul(reduce(OpKind::ReduceSum, unary(OpKind::Square, x), all_axes(x), false), k(1.0 / n, x)));
+    return sqrt(mul(reduce(OpKind::ReduceSum, unary(OpKind::Square, x), all_axes(x), false),
+                    k(1.0 / n, x)));
   }
 
   // The learning rate in the parameter's dtype.
@@ -98,7 +105,8 @@ class Lowering {
       case K::LAMB: {
         NodeRef m = state(w, "m"), v = state(w, "v");
         NodeRef m2 = add(mul(k(cfg_.beta1, w), m), mul(k(1 - cfg_.beta1, w), g));
-        NodeRef v2 = add(mul(k(cfg_.beta2, w), v), mul(k(1 - cfg_.beta2, w), unary(OpKind::Square, g)));
+        NodeRef v2 =
+            add(mul(k(cfg_.beta2, w), v), mul(k(1 - cfg_.beta2, w), unary(OpKind::Square, g)));
         assign(m, m2);
         assign(v, v2);
         NodeRef mh = m2, vh = v2;
@@ -180,9 +188,12 @@ class Lowering {
       for (size_t i = 0; i < watched.size(); ++i) {
         // OneFlow seeds the loss with ones and scales only the variables'
         // gradients by 1 / (loss elements): undo the scaled seed here.
-        NodeRef w = mul(all[params.size() + i], k(n / cfg_.loss_scale_factor, all[params.size() + i]));
-        if (seen.size() <= i) seen.push_back(w);
-        else seen[i] = add(seen[i], w);
+        NodeRef w =
+            mul(all[params.size() + i], k(n / cfg_.loss_scale_factor, all[params.size() + i]));
+        if (seen.size() <= i)
+          seen.push_back(w);
+        else
+          seen[i] = add(seen[i], w);
       }
       if (grads.empty()) {
         grads = gs;
@@ -193,7 +204,8 @@ class Lowering {
     out_.watched_grads = seen;
     if (cfg_.mirrored_parts > 1)
       for (auto& g : grads)
-        g = mul(make_node(OpKind::AllReduce, {g}, Attrs{{"parts", int64_t{cfg_.mirrored_parts}}}, g->loc()),
+        g = mul(make_node(OpKind::AllReduce, {g}, Attrs{{"parts", int64_t{cfg_.mirrored_parts}}},
+                          g->loc()),
                 k(1.0 / cfg_.mirrored_parts, g));
     if (cfg_.loss_scale_factor != 1)
       for (auto& g : grads) g = mul(g, k(1.0 / cfg_.loss_scale_factor, g));
@@ -205,7 +217,8 @@ class Lowering {
         if (g->dtype() == DType::Float64) acc_t = DType::Float64;
       NodeRef total;
       for (auto& g : grads) {
-        NodeRef s = cast(reduce(OpKind::ReduceSum, unary(OpKind::Square, g), all_axes(g), false), acc_t);
+        NodeRef s =
+            cast(reduce(OpKind::ReduceSum, unary(OpKind::Square, g), all_axes(g), false), acc_t);
         total = total ? add(total, s) : s;
       }
       NodeRef gnorm = sqrt(total);
@@ -228,7 +241,8 @@ class Lowering {
 
 OptimizerLowering lower_optimizer(const OptimizerConfig& cfg, const std::vector<NodeRef>& losses,
                                   const NodeRef& lr, const NodeRef& step,
-                                  const std::vector<NodeRef>& params, const std::vector<NodeRef>& watched) {
+                                  const std::vector<NodeRef>& params,
+                                  const std::vector<NodeRef>& watched) {
   FJ_CHECK(lr->rank() == 0 && is_float(lr->dtype()), "learning rate must be a float scalar");
   FJ_CHECK(step->op() == OpKind::Variable && step->dtype() == DType::Int64, "bad step variable");
   FJ_USER_CHECK(!losses.empty(), ErrorKind::Value, "minimize: no loss given");

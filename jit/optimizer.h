@@ -53,9 +53,9 @@ struct OptimizerLowering {
 // `losses` are the blobs passed to minimize; `lr` is a rank-0 float32 value,
 // `step` the job's int64 train-step variable (read before the update), and
 // `params` the trainable Variable nodes the losses may depend on.
-OptimizerLowering lower_optimizer(const OptimizerConfig& cfg, const std::vector<ir::NodeRef>& losses,
-                                  const ir::NodeRef& lr, const ir::NodeRef& step,
-                                  const std::vector<ir::NodeRef>& params,
+OptimizerLowering lower_optimizer(const OptimizerConfig& cfg,
+                                  const std::vector<ir::NodeRef>& losses, const ir::NodeRef& lr,
+                                  const ir::NodeRef& step, const std::vector<ir::NodeRef>& params,
                                   const std::vector<ir::NodeRef>& watched = {});
 
 std::string optimizer_name(OptimizerConfig::Kind k);

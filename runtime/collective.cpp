@@ -34,18 +34,25 @@ void accumulate(void* dst, const void* src, int64_t count, ir::DType dtype) {
       for (int64_t i = 0; i < count; ++i) d[i] = (d[i] | s[i]) ? 1 : 0;
       return;
     }
-    case DType::Int8: return add_into<int8_t>(dst, src, count);
-    case DType::UInt8: return add_into<uint8_t>(dst, src, count);
-    case DType::Int32: return add_into<int32_t>(dst, src, count);
-    case DType::Int64: return add_into<int64_t>(dst, src, count);
-    case DType::Float32: return add_into<float>(dst, src, count);
-    case DType::Float64: return add_into<double>(dst, src, count);
+    case DType::Int8:
+      return add_into<int8_t>(dst, src, count);
+    case DType::UInt8:
+      return add_into<uint8_t>(dst, src, count);
+    case DType::Int32:
+      return add_into<int32_t>(dst, src, count);
+    case DType::Int64:
+      return add_into<int64_t>(dst, src, count);
+    case DType::Float32:
+      return add_into<float>(dst, src, count);
+    case DType::Float64:
+      return add_into<double>(dst, src, count);
   }
   FJ_CHECK(false, "accumulate: unknown dtype");
 }
 
 void Communicator::all_reduce_many(int rank, const std::vector<Buffer>& buffers, ir::DType dtype) {
-  if (buffers.size() == 1) return all_reduce(rank, buffers[0].in, buffers[0].out, buffers[0].count, dtype);
+  if (buffers.size() == 1)
+    return all_reduce(rank, buffers[0].in, buffers[0].out, buffers[0].count, dtype);
   size_t es = static_cast<size_t>(ir::dtype_bytes(dtype));
   int64_t total = 0;
   for (auto& b : buffers) total += b.count;
@@ -110,19 +117,22 @@ class ThreadCommunicator final : public Communicator {
       for (int q = 1; q < n_; ++q)
         accumulate(sum, static_cast<const char*>((*lists_[q])[b].in) + lo * es, hi - lo, dtype);
       for (int q = 1; q < n_; ++q)
-        std::memcpy(static_cast<char*>((*lists_[q])[b].out) + lo * es, sum, static_cast<size_t>(hi - lo) * es);
+        std::memcpy(static_cast<char*>((*lists_[q])[b].out) + lo * es, sum,
+                    static_cast<size_t>(hi - lo) * es);
     }
     wait(rank);
   }
 
-  void all_gather(int rank, const void* in, void* out, int64_t outer, int64_t inner_bytes) override {
+  void all_gather(int rank, const void* in, void* out, int64_t outer,
+                  int64_t inner_bytes) override {
     publish(rank, in, out);
     // Rank r writes its own block into every output.
     const char* src = static_cast<const char*>(in);
     for (int q = 0; q < n_; ++q) {
       char* dst = static_cast<char*>(out_[q]);
       for (int64_t o = 0; o < outer; ++o)
-        std::memcpy(dst + (o * n_ + rank) * inner_bytes, src + o * inner_bytes, static_cast<size_t>(inner_bytes));
+        std::memcpy(dst + (o * n_ + rank) * inner_bytes, src + o * inner_bytes,
+                    static_cast<size_t>(inner_bytes));
     }
     wait(rank);
   }
@@ -137,7 +147,8 @@ class ThreadCommunicator final : public Communicator {
       char* d = sum.data() + o * inner * es;
       std::memcpy(d, static_cast<const char*>(in_[0]) + (o * n_ + rank) * inner * es, inner * es);
       for (int q = 1; q < n_; ++q)
-        accumulate(d, static_cast<const char*>(in_[q]) + (o * n_ + rank) * inner * es, inner, dtype);
+        accumulate(d, static_cast<const char*>(in_[q]) + (o * n_ + rank) * inner * es, inner,
+                   dtype);
     }
     wait(rank);  // out may alias in
     std::memcpy(out, sum.data(), sum.size());
@@ -176,8 +187,7 @@ class ThreadCommunicator final : public Communicator {
   }
 
   void check_aborted() {
-    if (!aborted_.empty())
-      throw_user(ErrorKind::Runtime, "a collective was aborted: ", aborted_);
+    if (!aborted_.empty()) throw_user(ErrorKind::Runtime, "a collective was aborted: ", aborted_);
   }
 
   int n_;

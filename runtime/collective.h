@@ -32,7 +32,8 @@ class Communicator {
   virtual void all_reduce(int rank, const void* in, void* out, int64_t count, ir::DType dtype) = 0;
   // in: [outer][inner_bytes]; out: [outer][size()][inner_bytes], rank r's
   // block at position r (the gather of a tensor split along one axis).
-  virtual void all_gather(int rank, const void* in, void* out, int64_t outer, int64_t inner_bytes) = 0;
+  virtual void all_gather(int rank, const void* in, void* out, int64_t outer,
+                          int64_t inner_bytes) = 0;
   // in: [outer][size()][inner] elements; out[o][i] = sum over ranks q of
   // in_q[o][rank][i] (the scatter of a partial sum along one axis).
   virtual void reduce_scatter(int rank, const void* in, void* out, int64_t outer, int64_t inner,

@@ -122,8 +122,10 @@ void copy_piece(const VariableStorage& host, const Replicas& r, int d, bool to_h
   char* local = r.local[d]->ptr();
   if (r.split_axis < 0) {
     size_t bytes = static_cast<size_t>(host.type.bytes());
-    if (to_host) std::memcpy(host.ptr(), local, bytes);
-    else std::memcpy(local, host.ptr(), bytes);
+    if (to_host)
+      std::memcpy(host.ptr(), local, bytes);
+    else
+      std::memcpy(local, host.ptr(), bytes);
     return;
   }
   int64_t outer, piece;
@@ -132,8 +134,10 @@ void copy_piece(const VariableStorage& host, const Replicas& r, int d, bool to_h
   for (int64_t o = 0; o < outer; ++o) {
     char* h = host.ptr() + (o * r.parts + g) * piece;
     char* l = local + o * piece;
-    if (to_host) std::memcpy(h, l, static_cast<size_t>(piece));
-    else std::memcpy(l, h, static_cast<size_t>(piece));
+    if (to_host)
+      std::memcpy(h, l, static_cast<size_t>(piece));
+    else
+      std::memcpy(l, h, static_cast<size_t>(piece));
   }
 }
 
@@ -150,12 +154,13 @@ void attach_replicas(VariableStorage& host, int split_axis, int parts, int first
                      std::vector<VariableStorage*> local) {
   if (host.replicas) {
     Replicas& r = *host.replicas;
-    FJ_USER_CHECK(r.split_axis == split_axis && r.parts == parts, ErrorKind::Value, "variable '",
-                  host.name, "' is used by jobs that lay it out differently over the devices (",
-                  r.split_axis < 0 ? std::string("broadcast") : "split(" + std::to_string(r.split_axis) + ")",
-                  " before, ",
-                  split_axis < 0 ? std::string("broadcast") : "split(" + std::to_string(split_axis) + ")",
-                  " now); declare the same distribute= wherever it is used");
+    FJ_USER_CHECK(
+        r.split_axis == split_axis && r.parts == parts, ErrorKind::Value, "variable '", host.name,
+        "' is used by jobs that lay it out differently over the devices (",
+        r.split_axis < 0 ? std::string("broadcast") : "split(" + std::to_string(r.split_axis) + ")",
+        " before, ",
+        split_axis < 0 ? std::string("broadcast") : "split(" + std::to_string(split_axis) + ")",
+        " now); declare the same distribute= wherever it is used");
     return;
   }
   auto r = std::make_unique<Replicas>();
@@ -244,13 +249,12 @@ void DistributedExecutable::run(const void* const* inputs, void* const* outputs)
   // Per device pointer tables.
   std::vector<std::vector<const void*>> ins(n);
   std::vector<std::vector<void*>> outs(n);
-  auto rows_offset = [&](const ir::TensorType& t, int rank) {
-    return t.bytes() / parts * rank;
-  };
+  auto rows_offset = [&](const ir::TensorType& t, int rank) { return t.bytes() / parts * rank; };
   size_t p = 0;
   for (auto& s : inputs_) {
     for (int d = 0; d < n; ++d) {
-      const char* base = static_cast<const char*>(inputs[p + (s.kind == DeviceSlot::PerDevice ? d : 0)]);
+      const char* base =
+          static_cast<const char*>(inputs[p + (s.kind == DeviceSlot::PerDevice ? d : 0)]);
       if (s.kind == DeviceSlot::Rows) base += rows_offset(s.type, first_rank_ + d);
       ins[d].push_back(base);
     }

@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 #include <sys/syscall.h>
@@ -50,10 +50,14 @@ namespace {
 
 const char* kind_tag(BufferKind k) {
   switch (k) {
-    case BufferKind::Input: return "I";
-    case BufferKind::Output: return "O";
-    case BufferKind::Variable: return "V";
-    case BufferKind::Arena: return "A";
+    case BufferKind::Input:
+      return "I";
+    case BufferKind::Output:
+      return "O";
+    case BufferKind::Variable:
+      return "V";
+    case BufferKind::Arena:
+      return "A";
   }
   return "?";
 }
@@ -93,8 +97,8 @@ std::string Plan::serialize() const {
     for (auto& a : l.args) os << " " << kind_tag(a.kind) << a.index << "+" << a.offset_bytes;
     os << "\n";
     if (const auto& c = l.collective)
-      os << "collective " << collective_op_name(c->op) << " " << ir::dtype_short_name(c->dtype) << " "
-         << c->parts << " " << c->outer << " " << c->inner << "\n";
+      os << "collective " << collective_op_name(c->op) << " " << ir::dtype_short_name(c->dtype)
+         << " " << c->parts << " " << c->outer << " " << c->inner << "\n";
     os << "summary " << l.summary << "\n";
   }
   os << "end\n";
@@ -132,11 +136,20 @@ Plan Plan::deserialize(const std::string& text) {
         while (ls >> a) {
           BufferRef r;
           switch (a[0]) {
-            case 'I': r.kind = BufferKind::Input; break;
-            case 'O': r.kind = BufferKind::Output; break;
-            case 'V': r.kind = BufferKind::Variable; break;
-            case 'A': r.kind = BufferKind::Arena; break;
-            default: bad_plan("bad buffer '" + a + "'");
+            case 'I':
+              r.kind = BufferKind::Input;
+              break;
+            case 'O':
+              r.kind = BufferKind::Output;
+              break;
+            case 'V':
+              r.kind = BufferKind::Variable;
+              break;
+            case 'A':
+              r.kind = BufferKind::Arena;
+              break;
+            default:
+              bad_plan("bad buffer '" + a + "'");
           }
           auto plus = a.find('+');
           if (plus == std::string::npos) bad_plan("bad buffer '" + a + "'");
@@ -150,7 +163,8 @@ Plan Plan::deserialize(const std::string& text) {
         if (p.launches.empty()) bad_plan("collective before launch");
         std::string op, dt;
         CollectiveStep c;
-        if (!(ls >> op >> dt >> c.parts >> c.outer >> c.inner)) bad_plan("bad collective line '" + line + "'");
+        if (!(ls >> op >> dt >> c.parts >> c.outer >> c.inner))
+          bad_plan("bad collective line '" + line + "'");
         bool known = false;
         for (auto o : {CollectiveStep::Op::AllReduce, CollectiveStep::Op::AllGather,
                        CollectiveStep::Op::ReduceScatter, CollectiveStep::Op::LocalSlice})
@@ -244,10 +258,14 @@ void Executable::record(size_t li, std::chrono::steady_clock::time_point t0) {
 
 const char* collective_op_name(CollectiveStep::Op op) {
   switch (op) {
-    case CollectiveStep::Op::AllReduce: return "all_reduce";
-    case CollectiveStep::Op::AllGather: return "all_gather";
-    case CollectiveStep::Op::ReduceScatter: return "reduce_scatter";
-    case CollectiveStep::Op::LocalSlice: return "local_slice";
+    case CollectiveStep::Op::AllReduce:
+      return "all_reduce";
+    case CollectiveStep::Op::AllGather:
+      return "all_gather";
+    case CollectiveStep::Op::ReduceScatter:
+      return "reduce_scatter";
+    case CollectiveStep::Op::LocalSlice:
+      return "local_slice";
   }
   return "?";
 }
@@ -373,11 +391,13 @@ void Executable::bind_variables(VariableStore& store) {
   variable_storages_.clear();
   for (auto& [name, type] : plan_.variables) {
     VariableStorage* v = store.find(name);
-    FJ_USER_CHECK(v != nullptr, ErrorKind::Runtime, "job '", plan_.job_name,
-                  "' uses variable '", name, "', which no longer exists in the session (was "
+    FJ_USER_CHECK(v != nullptr, ErrorKind::Runtime, "job '", plan_.job_name, "' uses variable '",
+                  name,
+                  "', which no longer exists in the session (was "
                   "flow.clear_default_session() called?)");
-    FJ_USER_CHECK(v->type == type, ErrorKind::Value, "job '", plan_.job_name, "' expects variable '",
-                  name, "' as ", type.str(), " but the session holds ", v->type.str());
+    FJ_USER_CHECK(v->type == type, ErrorKind::Value, "job '", plan_.job_name,
+                  "' expects variable '", name, "' as ", type.str(), " but the session holds ",
+                  v->type.str());
     variable_ptrs_.push_back(v->ptr());
     variable_storages_.push_back(v);
   }
@@ -413,10 +433,18 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
       const BufferRef& r = l.args[ai];
       char* base = nullptr;
       switch (r.kind) {
-        case BufferKind::Input: base = const_cast<char*>(static_cast<const char*>(inputs[r.index])); break;
-        case BufferKind::Output: base = static_cast<char*>(outputs[r.index]); break;
-        case BufferKind::Variable: base = variable_ptrs_[r.index]; break;
-        case BufferKind::Arena: base = arena_.get(); break;
+        case BufferKind::Input:
+          base = const_cast<char*>(static_cast<const char*>(inputs[r.index]));
+          break;
+        case BufferKind::Output:
+          base = static_cast<char*>(outputs[r.index]);
+          break;
+        case BufferKind::Variable:
+          base = variable_ptrs_[r.index];
+          break;
+        case BufferKind::Arena:
+          base = arena_.get();
+          break;
       }
       dst[ai] = base + r.offset_bytes;
     }
@@ -425,8 +453,8 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
   int64_t need = 0;
   for (auto& l : plan_.launches) need = std::max(need, l.scratch_bytes);
   int threads = tbb::this_task_arena::max_concurrency();
-  if (need > 0 && (static_cast<int>(scratch_.size()) < threads ||
-                   scratch_size_.empty() || scratch_size_[0] < need)) {
+  if (need > 0 && (static_cast<int>(scratch_.size()) < threads || scratch_size_.empty() ||
+                   scratch_size_[0] < need)) {
     scratch_.clear();
     scratch_size_.clear();
     for (int t = 0; t < threads; ++t) {

@@ -7,8 +7,8 @@
 // its grain is split over the TBB thread pool.
 #pragma once
 
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -44,7 +44,8 @@ struct CollectiveStep {
   ir::DType dtype = ir::DType::Float32;
   int64_t parts = 1, outer = 1, inner = 1;
   bool operator==(const CollectiveStep& o) const {
-    return op == o.op && dtype == o.dtype && parts == o.parts && outer == o.outer && inner == o.inner;
+    return op == o.op && dtype == o.dtype && parts == o.parts && outer == o.outer &&
+           inner == o.inner;
   }
 };
 const char* collective_op_name(CollectiveStep::Op op);
@@ -55,7 +56,7 @@ struct Launch {
   int64_t range = 1;  // iterations of the parallel loop
   int64_t grain = 1;  // smallest chunk worth a task
   int64_t scratch_bytes = 0;
-  std::string summary;  // what the kernel computes, for dumps
+  std::string summary;                       // what the kernel computes, for dumps
   std::optional<CollectiveStep> collective;  // set: no code, the runtime runs this collective
 };
 

@@ -417,7 +417,8 @@ class GlooCommunicator final : public Communicator {
     allgather_in_place(acc_.data(), acc_.size());
     char* out0 = static_cast<char*>(slots_[0].out);
     std::memcpy(out0, acc_.data(), piece);
-    for (int r = 1; r < P_ * L_; ++r) accumulate(out0, acc_.data() + static_cast<size_t>(r) * piece, count, dtype);
+    for (int r = 1; r < P_ * L_; ++r)
+      accumulate(out0, acc_.data() + static_cast<size_t>(r) * piece, count, dtype);
     for (int l = 1; l < L_; ++l) std::memcpy(slots_[static_cast<size_t>(l)].out, out0, piece);
   }
 

@@ -19,7 +19,8 @@ VariableStorage* VariableStore::get_or_create(const std::string& name, const ir:
   if (it != vars_.end()) {
     FJ_USER_CHECK(it->second->type == type, ErrorKind::Value, "variable '", name,
                   "' already exists as ", it->second->type.str(), " but is now requested as ",
-                  type.str(), "; two jobs (or two layers) use the same name with different "
+                  type.str(),
+                  "; two jobs (or two layers) use the same name with different "
                   "shapes: give one of them another name");
     return it->second.get();
   }

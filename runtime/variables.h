@@ -19,12 +19,12 @@ struct VariableStorage;
 // along `split_axis`) that the devices of this process work on, kept in step
 // with the session's value lazily (runtime/distributed.h).
 struct Replicas {
-  int split_axis = -1;  // -1: every device holds the whole value
-  int parts = 1;        // devices in all (all processes)
-  int first_rank = 0;   // global rank of local[0]
+  int split_axis = -1;                  // -1: every device holds the whole value
+  int parts = 1;                        // devices in all (all processes)
+  int first_rank = 0;                   // global rank of local[0]
   std::vector<VariableStorage*> local;  // one per device of this process
-  bool host_stale = false;     // the devices hold newer values than `data`
-  bool devices_stale = true;   // `data` holds newer values than the devices
+  bool host_stale = false;              // the devices hold newer values than `data`
+  bool devices_stale = true;            // `data` holds newer values than the devices
 };
 
 // Copies of a variable in memory the host cannot address (GPUs: runtime/cuda,
@@ -46,8 +46,8 @@ struct VariableStorage {
   ir::TensorType type;
   bool trainable = true;
   bool initialized = false;
-  AlignedBuffer data;  // type.bytes() bytes; the address never changes
-  std::unique_ptr<Replicas> replicas;  // set when a distributed job uses it
+  AlignedBuffer data;                           // type.bytes() bytes; the address never changes
+  std::unique_ptr<Replicas> replicas;           // set when a distributed job uses it
   std::unique_ptr<DeviceCopies> device_copies;  // set when a GPU job uses it
   char* ptr() const { return data.get(); }
 };

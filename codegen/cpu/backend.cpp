@@ -69,13 +69,16 @@ bool cpu_override(llvm::StringMap<bool>& feats, std::string& cpu) {
   llvm::SmallVector<llvm::StringRef, 128> named;
   llvm::X86::getFeaturesForCPU(want, named, /*NeedPlus=*/false);
   if (named.empty()) {
-    std::fprintf(stderr, "flowjit: FLOWJIT_CPU=%s is not an x86-64 CPU name LLVM knows; using the host\n", want);
+    std::fprintf(stderr,
+                 "flowjit: FLOWJIT_CPU=%s is not an x86-64 CPU name LLVM knows; using the host\n",
+                 want);
     return false;
   }
   for (llvm::StringRef f : named) {
     auto it = feats.find(f);  // features the host does not list (x87, 64bit) are implied
     if (it != feats.end() && !it->second) {
-      std::fprintf(stderr, "flowjit: FLOWJIT_CPU=%s needs '%s', which this host lacks; using the host\n",
+      std::fprintf(stderr,
+                   "flowjit: FLOWJIT_CPU=%s needs '%s', which this host lacks; using the host\n",
                    want, f.str().c_str());
       return false;
     }
@@ -120,15 +123,24 @@ class CpuMath : public MathProvider {
  public:
   llvm::Value* unary(llvm::IRBuilderBase& b, OpKind op, llvm::Value* x) override {
     switch (op) {
-      case OpKind::Exp: return emit_exp(b, x);
-      case OpKind::Log: return emit_log(b, x);
-      case OpKind::Tanh: return emit_tanh(b, x);
-      case OpKind::Sigmoid: return emit_sigmoid(b, x);
-      case OpKind::Sin: return emit_sin(b, x);
-      case OpKind::Cos: return emit_cos(b, x);
-      case OpKind::Erf: return emit_erf(b, x);
-      case OpKind::Erfc: return emit_erfc(b, x);
-      default: FJ_CHECK(false, "no CPU math for ", ir::op_name(op));
+      case OpKind::Exp:
+        return emit_exp(b, x);
+      case OpKind::Log:
+        return emit_log(b, x);
+      case OpKind::Tanh:
+        return emit_tanh(b, x);
+      case OpKind::Sigmoid:
+        return emit_sigmoid(b, x);
+      case OpKind::Sin:
+        return emit_sin(b, x);
+      case OpKind::Cos:
+        return emit_cos(b, x);
+      case OpKind::Erf:
+        return emit_erf(b, x);
+      case OpKind::Erfc:
+        return emit_erfc(b, x);
+      default:
+        FJ_CHECK(false, "no CPU math for ", ir::op_name(op));
     }
   }
   llvm::Value* pow(llvm::IRBuilderBase& b, llvm::Value* x, llvm::Value* y) override {
@@ -137,10 +149,14 @@ class CpuMath : public MathProvider {
   llvm::Value* random(llvm::IRBuilderBase& b, OpKind op, llvm::Value* counter, uint64_t seed,
                       llvm::Type* type) override {
     switch (op) {
-      case OpKind::RandomUniform: return emit_random_uniform(b, counter, seed, type);
-      case OpKind::RandomNormal: return emit_random_normal(b, counter, seed, type);
-      case OpKind::TruncatedNormal: return emit_truncated_normal(b, counter, seed, type);
-      default: FJ_CHECK(false, "no CPU random for ", ir::op_name(op));
+      case OpKind::RandomUniform:
+        return emit_random_uniform(b, counter, seed, type);
+      case OpKind::RandomNormal:
+        return emit_random_normal(b, counter, seed, type);
+      case OpKind::TruncatedNormal:
+        return emit_truncated_normal(b, counter, seed, type);
+      default:
+        FJ_CHECK(false, "no CPU random for ", ir::op_name(op));
     }
   }
 };
@@ -237,8 +253,10 @@ CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions&
   std::string verify_err;
   llvm::raw_string_ostream vos(verify_err);
   if (llvm::verifyModule(m, &vos)) {
-    throw InternalError("flowjit internal error (a bug in flowjit, please report it): generated "
-                        "LLVM IR for module '" + opts.module_name + "' is invalid: " + verify_err);
+    throw InternalError(
+        "flowjit internal error (a bug in flowjit, please report it): generated "
+        "LLVM IR for module '" +
+        opts.module_name + "' is invalid: " + verify_err);
   }
   if (opts.want_unoptimized_ir) out.unoptimized_ir = module_text(m);
   out.seconds_emit = seconds_since(t0);
@@ -273,15 +291,14 @@ CompiledObject compile_ir_text(const std::string& llvm_ir) {
   return out;
 }
 
-
-
 std::string assembly_from_ir(const std::string& llvm_ir) {
   init_llvm();
   llvm::LLVMContext ctx;
   llvm::SMDiagnostic diag;
   auto buf = llvm::MemoryBuffer::getMemBuffer(llvm_ir, "cached.ll", false);
   std::unique_ptr<llvm::Module> m = llvm::parseIR(buf->getMemBufferRef(), diag, ctx);
-  if (!m) throw_user(ErrorKind::Value, "cannot parse the cached LLVM IR: ", diag.getMessage().str());
+  if (!m)
+    throw_user(ErrorKind::Value, "cannot parse the cached LLVM IR: ", diag.getMessage().str());
   auto tm = make_target_machine(host_target());
   m->setDataLayout(tm->createDataLayout());
   return emit_file(*m, *tm, llvm::CodeGenFileType::AssemblyFile);

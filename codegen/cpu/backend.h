@@ -20,8 +20,8 @@ struct KernelLaunch {
 
 struct CompileOptions {
   std::string module_name = "flowjit";
-  bool want_llvm_ir = false;    // keep the optimized module's text
-  bool want_assembly = false;   // also emit assembly text
+  bool want_llvm_ir = false;   // keep the optimized module's text
+  bool want_assembly = false;  // also emit assembly text
   bool want_unoptimized_ir = false;
 };
 

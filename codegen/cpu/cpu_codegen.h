@@ -16,8 +16,8 @@ namespace flowjit::codegen::cpu {
 // What the code generator knows about the host, as data.
 struct CpuTarget {
   std::string triple;
-  std::string cpu;       // e.g. "sapphirerapids"
-  std::string features;  // "+avx512f,+fma,..."
+  std::string cpu;        // e.g. "sapphirerapids"
+  std::string features;   // "+avx512f,+fma,..."
   int vector_bits = 128;  // widest vector unit: 512 with AVX-512, 256 with AVX2
   bool has_fma = false;
   int64_t l1d_bytes = 32 << 10;

@@ -94,22 +94,28 @@ class LoopKernelEmitter {
     }
     int d = kept_[level];
     if (d == vdim_ && !inner_reduced_) {
-      emit_vector_for(b_, lo_of(d), hi_of(d), lanes_, [&](Value* iv, int w) {
-        e_->push_scope();
-        e_->idx[d] = iv;
-        e_->vec_dim = d;
-        e_->width = w;
-        emit_kept_point(w);
-        e_->pop_scope();
-      }, "k");
+      emit_vector_for(
+          b_, lo_of(d), hi_of(d), lanes_,
+          [&](Value* iv, int w) {
+            e_->push_scope();
+            e_->idx[d] = iv;
+            e_->vec_dim = d;
+            e_->width = w;
+            emit_kept_point(w);
+            e_->pop_scope();
+          },
+          "k");
       return;
     }
-    emit_for(b_, lo_of(d), hi_of(d), 1, [&](Value* iv) {
-      e_->push_scope();
-      e_->idx[d] = iv;
-      emit_kept_loops(level + 1);
-      e_->pop_scope();
-    }, "k");
+    emit_for(
+        b_, lo_of(d), hi_of(d), 1,
+        [&](Value* iv) {
+          e_->push_scope();
+          e_->idx[d] = iv;
+          emit_kept_loops(level + 1);
+          e_->pop_scope();
+        },
+        "k");
   }
 
   // At one kept point (or one vector of kept points, width w).
@@ -228,7 +234,9 @@ class LoopKernelEmitter {
       Value* result;
       if (!is_arg(a.op)) {
         result = inner_reduced_ ? reduce_horizontal(b_, a.op, a.t, acc) : acc;
-        if (a.tail) result = reduce_combine(b_, a.op, a.t, result, b_.CreateLoad(a.tail->getAllocatedType(), a.tail));
+        if (a.tail)
+          result = reduce_combine(b_, a.op, a.t, result,
+                                  b_.CreateLoad(a.tail->getAllocatedType(), a.tail));
       } else {
         Value* iacc = b_.CreateLoad(a.vidx->getAllocatedType(), a.vidx);
         Value* best_v = acc;
@@ -249,7 +257,10 @@ class LoopKernelEmitter {
           best_i = b_.CreateSelect(better, ti, best_i);
         }
         const KNode& rn = k_.nodes[a.node];
-        result = b_.CreateIntCast(best_i, with_width(reg_type(c, rn.dtype), a.vec_width > 1 && !inner_reduced_ ? a.vec_width : 1), true);
+        result = b_.CreateIntCast(
+            best_i,
+            with_width(reg_type(c, rn.dtype), a.vec_width > 1 && !inner_reduced_ ? a.vec_width : 1),
+            true);
       }
       e_->set_value(a.node, result);
     }
@@ -275,7 +286,8 @@ class LoopKernelEmitter {
     strictly = op == OpKind::ArgMax ? (u ? b_.CreateICmpUGT(v, best) : b_.CreateICmpSGT(v, best))
                                     : (u ? b_.CreateICmpULT(v, best) : b_.CreateICmpSLT(v, best));
     if (tie_by_index)
-      strictly = b_.CreateOr(strictly, b_.CreateAnd(b_.CreateICmpEQ(v, best), b_.CreateICmpSLT(i, bi)));
+      strictly =
+          b_.CreateOr(strictly, b_.CreateAnd(b_.CreateICmpEQ(v, best), b_.CreateICmpSLT(i, bi)));
     return strictly;
   }
 
@@ -290,21 +302,27 @@ class LoopKernelEmitter {
     int d = red_[level];
     if (d == vdim_) {
       int saved_w = e_->width, saved_v = e_->vec_dim;
-      emit_vector_for(b_, b_.getInt64(0), b_.getInt64(k_.domain[d]), lanes_, [&](Value* iv, int w) {
-        e_->idx[d] = iv;
-        e_->vec_dim = d;
-        e_->width = w;
-        emit_reduced_loops(level + 1, body);
-      }, "r");
+      emit_vector_for(
+          b_, b_.getInt64(0), b_.getInt64(k_.domain[d]), lanes_,
+          [&](Value* iv, int w) {
+            e_->idx[d] = iv;
+            e_->vec_dim = d;
+            e_->width = w;
+            emit_reduced_loops(level + 1, body);
+          },
+          "r");
       e_->width = saved_w;
       e_->vec_dim = saved_v;
       e_->idx[d] = nullptr;
       return;
     }
-    emit_for(b_, b_.getInt64(0), b_.getInt64(k_.domain[d]), 1, [&](Value* iv) {
-      e_->idx[d] = iv;
-      emit_reduced_loops(level + 1, body);
-    }, "r");
+    emit_for(
+        b_, b_.getInt64(0), b_.getInt64(k_.domain[d]), 1,
+        [&](Value* iv) {
+          e_->idx[d] = iv;
+          emit_reduced_loops(level + 1, body);
+        },
+        "r");
     e_->idx[d] = nullptr;
   }
 

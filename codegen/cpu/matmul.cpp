@@ -60,8 +60,10 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   bl.num_kb = std::max<int64_t>(1, ceil_div(mm.k, kc_max));
   bl.kc = std::max<int64_t>(1, ceil_div(mm.k, bl.num_kb));
   // MC: an A block of MC x KC in half of L2; NC: a B block in the other half.
-  int64_t mc_max = std::max<int64_t>(bl.mr, (t.l2_bytes / 4) / (bl.kc * elem_bytes) / bl.mr * bl.mr);
-  int64_t nc_max = std::max<int64_t>(bl.nr, (t.l2_bytes / 2) / (bl.kc * elem_bytes) / bl.nr * bl.nr);
+  int64_t mc_max =
+      std::max<int64_t>(bl.mr, (t.l2_bytes / 4) / (bl.kc * elem_bytes) / bl.mr * bl.mr);
+  int64_t nc_max =
+      std::max<int64_t>(bl.nr, (t.l2_bytes / 2) / (bl.kc * elem_bytes) / bl.nr * bl.nr);
   // Tasks: as few column blocks as the cache allows, then enough tasks for
   // every thread, splitting whichever dimension is larger per task.
   if (mm.m == 0 || mm.n == 0 || mm.batch == 0) {  // an empty result: nothing to do
@@ -75,7 +77,8 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   // One task per thread, but not for matmuls too small to pay for a fork
   // (about a megaflop per task).
   double flops = 2.0 * mm.m * mm.n * mm.k * mm.batch;
-  int64_t want = std::max<int64_t>(1, std::min<int64_t>(t.threads, static_cast<int64_t>(flops / 1.5e6)));
+  int64_t want =
+      std::max<int64_t>(1, std::min<int64_t>(t.threads, static_cast<int64_t>(flops / 1.5e6)));
   while (mm.batch * row_groups * col_blocks < want) {
     bool can_cols = col_blocks < max_col_blocks;
     bool can_rows = row_groups < max_row_groups;
@@ -162,26 +165,36 @@ class MatMulEmitter {
     int64_t kc = bl_.kc;
     int64_t kc_last = mm_.k - (bl_.num_kb - 1) * kc;
     if (bl_.num_kb > 1) {
-      emit_for(b_, i64(0), i64(bl_.num_kb - 1), 1, [&](Value* kb) {
-        Value* first = b_.CreateICmpEQ(kb, i64(0));
-        emit_k_block(b_.CreateMul(kb, i64(kc)), kc, first, /*last=*/false);
-      }, "kb");
+      emit_for(
+          b_, i64(0), i64(bl_.num_kb - 1), 1,
+          [&](Value* kb) {
+            Value* first = b_.CreateICmpEQ(kb, i64(0));
+            emit_k_block(b_.CreateMul(kb, i64(kc)), kc, first, /*last=*/false);
+          },
+          "kb");
     }
-    emit_k_block(i64((bl_.num_kb - 1) * kc), kc_last, bl_.num_kb == 1 ? b_.getTrue() : b_.getFalse(),
+    emit_k_block(i64((bl_.num_kb - 1) * kc), kc_last,
+                 bl_.num_kb == 1 ? b_.getTrue() : b_.getFalse(),
                  /*last=*/true);
   }
 
   void emit_k_block(Value* k0, int64_t kc, Value* first, bool last) {
     emit_pack_b(k0, kc);
-    emit_for(b_, m_lo_, m_hi_, bl_.mc, [&](Value* ic) {
-      Value* mc_hi = min64(b_.CreateAdd(ic, i64(bl_.mc)), m_hi_);
-      emit_pack_a(ic, mc_hi, k0, kc);
-      emit_for(b_, n_lo_, n_hi_, bl_.nr, [&](Value* jr) {
-        emit_for(b_, ic, mc_hi, bl_.mr, [&](Value* ir) {
-          emit_micro_tile(ic, jr, ir, mc_hi, kc, first, last);
-        }, "ir");
-      }, "jr");
-    }, "ic");
+    emit_for(
+        b_, m_lo_, m_hi_, bl_.mc,
+        [&](Value* ic) {
+          Value* mc_hi = min64(b_.CreateAdd(ic, i64(bl_.mc)), m_hi_);
+          emit_pack_a(ic, mc_hi, k0, kc);
+          emit_for(
+              b_, n_lo_, n_hi_, bl_.nr,
+              [&](Value* jr) {
+                emit_for(
+                    b_, ic, mc_hi, bl_.mr,
+                    [&](Value* ir) { emit_micro_tile(ic, jr, ir, mc_hi, kc, first, last); }, "ir");
+              },
+              "jr");
+        },
+        "ic");
   }
 
   // A element (batch bi, row m, col k) address.
@@ -207,41 +220,51 @@ class MatMulEmitter {
   // Bp[q][k][j] = B[k0 + k, n_lo + q*NR + j], zero beyond n_hi.
   void emit_pack_b(Value* k0, int64_t kc) {
     const auto& st = mm_.b.strides;  // (batch, k, n)
-    emit_for(b_, n_lo_, n_hi_, bl_.nr, [&](Value* n0) {
-      Value* q = b_.CreateSDiv(b_.CreateSub(n0, n_lo_), i64(bl_.nr));
-      Value* panel = b_.CreateGEP(et_, bp_, b_.CreateMul(q, i64(kc * bl_.nr)));
-      Value* width = b_.CreateSub(n_hi_, n0);  // valid columns in this panel (may exceed NR)
-      auto src = [&](Value* line, Value* k) { return b_ptr(b_.CreateAdd(k, k0), b_.CreateAdd(n0, line)); };
-      if (!mm_.plain(1)) {
-        emit_pack_general(1, n0, width, bl_.nr, panel, k0, kc);
-      } else if (st[2] == 1) {
-        emit_pack_lines_contiguous(src, width, bl_.nr, panel, kc);
-      } else if (st[1] == 1) {
-        emit_pack_transposed(src, width, bl_.nr, panel, kc);
-      } else {
-        emit_pack_scalar(src, width, bl_.nr, panel, kc);
-      }
-    }, "pbn");
+    emit_for(
+        b_, n_lo_, n_hi_, bl_.nr,
+        [&](Value* n0) {
+          Value* q = b_.CreateSDiv(b_.CreateSub(n0, n_lo_), i64(bl_.nr));
+          Value* panel = b_.CreateGEP(et_, bp_, b_.CreateMul(q, i64(kc * bl_.nr)));
+          Value* width = b_.CreateSub(n_hi_, n0);  // valid columns in this panel (may exceed NR)
+          auto src = [&](Value* line, Value* k) {
+            return b_ptr(b_.CreateAdd(k, k0), b_.CreateAdd(n0, line));
+          };
+          if (!mm_.plain(1)) {
+            emit_pack_general(1, n0, width, bl_.nr, panel, k0, kc);
+          } else if (st[2] == 1) {
+            emit_pack_lines_contiguous(src, width, bl_.nr, panel, kc);
+          } else if (st[1] == 1) {
+            emit_pack_transposed(src, width, bl_.nr, panel, kc);
+          } else {
+            emit_pack_scalar(src, width, bl_.nr, panel, kc);
+          }
+        },
+        "pbn");
   }
 
   // Ap[p][k][i] = A[ic + p*MR + i, k0 + k], zero beyond mc_hi.
   void emit_pack_a(Value* ic, Value* mc_hi, Value* k0, int64_t kc) {
     const auto& st = mm_.a.strides;  // (batch, m, k)
-    emit_for(b_, ic, mc_hi, bl_.mr, [&](Value* m0) {
-      Value* p = b_.CreateSDiv(b_.CreateSub(m0, ic), i64(bl_.mr));
-      Value* panel = b_.CreateGEP(et_, ap_, b_.CreateMul(p, i64(kc * bl_.mr)));
-      Value* rows = b_.CreateSub(mc_hi, m0);
-      auto src = [&](Value* line, Value* k) { return a_ptr(b_.CreateAdd(m0, line), b_.CreateAdd(k, k0)); };
-      if (!mm_.plain(0)) {
-        emit_pack_general(0, m0, rows, bl_.mr, panel, k0, kc);
-      } else if (st[1] == 1) {
-        emit_pack_lines_contiguous(src, rows, bl_.mr, panel, kc);
-      } else if (st[2] == 1) {
-        emit_pack_transposed(src, rows, bl_.mr, panel, kc);
-      } else {
-        emit_pack_scalar(src, rows, bl_.mr, panel, kc);
-      }
-    }, "pam");
+    emit_for(
+        b_, ic, mc_hi, bl_.mr,
+        [&](Value* m0) {
+          Value* p = b_.CreateSDiv(b_.CreateSub(m0, ic), i64(bl_.mr));
+          Value* panel = b_.CreateGEP(et_, ap_, b_.CreateMul(p, i64(kc * bl_.mr)));
+          Value* rows = b_.CreateSub(mc_hi, m0);
+          auto src = [&](Value* line, Value* k) {
+            return a_ptr(b_.CreateAdd(m0, line), b_.CreateAdd(k, k0));
+          };
+          if (!mm_.plain(0)) {
+            emit_pack_general(0, m0, rows, bl_.mr, panel, k0, kc);
+          } else if (st[1] == 1) {
+            emit_pack_lines_contiguous(src, rows, bl_.mr, panel, kc);
+          } else if (st[2] == 1) {
+            emit_pack_transposed(src, rows, bl_.mr, panel, kc);
+          } else {
+            emit_pack_scalar(src, rows, bl_.mr, panel, kc);
+          }
+        },
+        "pam");
   }
 
   // The packing routines copy a panel of `lines` lines (columns of B or rows
@@ -251,27 +274,30 @@ class MatMulEmitter {
   // Lines adjacent in memory: for each k, vector loads across the lines.
   void emit_pack_lines_contiguous(const std::function<Value*(Value*, Value*)>& src, Value* valid,
                                   int lines, Value* dst, int64_t kc) {
-    emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
-      for (int g = 0; g < lines; g += bl_.vl) {
-        int n = std::min(bl_.vl, lines - g);
-        Value* mask = b_.CreateAnd(lane_mask(b_.CreateSub(valid, i64(g))), lane_mask(i64(n)));
-        Value* x = b_.CreateMaskedLoad(vt_, src(i64(g), k), ealign(), mask,
-                                       llvm::Constant::getNullValue(vt_));
-        Value* d = b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(k, i64(lines)), i64(g)));
-        if (n == bl_.vl) {
-          b_.CreateAlignedStore(x, d, ealign());
-        } else {
-          b_.CreateMaskedStore(x, d, ealign(), lane_mask(i64(n)));
-        }
-      }
-    }, "pk");
+    emit_for(
+        b_, i64(0), i64(kc), 1,
+        [&](Value* k) {
+          for (int g = 0; g < lines; g += bl_.vl) {
+            int n = std::min(bl_.vl, lines - g);
+            Value* mask = b_.CreateAnd(lane_mask(b_.CreateSub(valid, i64(g))), lane_mask(i64(n)));
+            Value* x = b_.CreateMaskedLoad(vt_, src(i64(g), k), ealign(), mask,
+                                           llvm::Constant::getNullValue(vt_));
+            Value* d = b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(k, i64(lines)), i64(g)));
+            if (n == bl_.vl) {
+              b_.CreateAlignedStore(x, d, ealign());
+            } else {
+              b_.CreateMaskedStore(x, d, ealign(), lane_mask(i64(n)));
+            }
+          }
+        },
+        "pk");
   }
 
   // Each line contiguous along k: blocks of VL lines x VL k are loaded as VL
   // vectors along k, transposed in registers, and stored as VL vectors
   // across the lines.
-  void emit_pack_transposed(const std::function<Value*(Value*, Value*)>& src, Value* valid, int lines,
-                            Value* dst, int64_t kc) {
+  void emit_pack_transposed(const std::function<Value*(Value*, Value*)>& src, Value* valid,
+                            int lines, Value* dst, int64_t kc) {
     const int vl = bl_.vl;
     int64_t full = kc / vl * vl;
     auto chunk = [&](Value* kk, int klanes) {
@@ -287,11 +313,13 @@ class MatMulEmitter {
           Value* ok = b_.CreateICmpSLT(i64(g + j), valid);
           Value* m = b_.CreateAnd(kmask, b_.CreateVectorSplat(vl, ok));
           Value* line = b_.CreateSelect(ok, i64(g + j), i64(0));
-          v[j] = b_.CreateMaskedLoad(vt_, src(line, kk), ealign(), m, llvm::Constant::getNullValue(vt_));
+          v[j] = b_.CreateMaskedLoad(vt_, src(line, kk), ealign(), m,
+                                     llvm::Constant::getNullValue(vt_));
         }
         transpose_in_registers(v);
         for (int t = 0; t < klanes; ++t) {
-          Value* d = b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kk, i64(t)), i64(lines)), i64(g)));
+          Value* d = b_.CreateGEP(
+              et_, dst, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kk, i64(t)), i64(lines)), i64(g)));
           if (n == vl) {
             b_.CreateAlignedStore(v[t], d, ealign());
           } else {
@@ -336,11 +364,13 @@ class MatMulEmitter {
     const std::vector<int64_t>& cols = operand == 0 ? mm_.a_cols : mm_.b_cols;
     const std::vector<int64_t>& kdig = operand == 0 ? cols : rows;
     const std::vector<int64_t>& ldig = operand == 0 ? rows : cols;
-    std::vector<int64_t> batch = mm_.batch_digits.empty() ? std::vector<int64_t>{mm_.batch} : mm_.batch_digits;
+    std::vector<int64_t> batch =
+        mm_.batch_digits.empty() ? std::vector<int64_t>{mm_.batch} : mm_.batch_digits;
     const int vl = bl_.vl;
     bool narrow = k_.args.at(acc.arg).elements < (int64_t{1} << 30) && mm_.m < (1 << 30) &&
                   mm_.n < (1 << 30) && mm_.k < (1 << 30) && mm_.batch < (1 << 30);
-    for (const Coord& c : acc.coords) narrow &= std::abs(c.c0) < (1 << 28) && c.limit * c.div < (1 << 28);
+    for (const Coord& c : acc.coords)
+      narrow &= std::abs(c.c0) < (1 << 28) && c.limit * c.div < (1 << 28);
     llvm::Type* it = narrow ? b_.getInt32Ty() : b_.getInt64Ty();
     auto cs = [&](int64_t v) { return llvm::ConstantInt::get(it, static_cast<uint64_t>(v), true); };
     auto cv = [&](int64_t v) { return b_.CreateVectorSplat(vl, cs(v)); };
@@ -362,63 +392,80 @@ class MatMulEmitter {
     std::vector<llvm::Constant*> iota;
     for (int l = 0; l < vl; ++l) iota.push_back(cs(l));
     Value* lanes = llvm::ConstantVector::get(iota);
-    emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
-      std::vector<Value*> kd = digits(to_it(b_.CreateAdd(k, k0)), kdig, false);
-      for (int g = 0; g < lines; g += vl) {
-        int n = std::min(vl, lines - g);
-        Value* lv = b_.CreateAdd(b_.CreateVectorSplat(vl, to_it(b_.CreateAdd(line0, i64(g)))), lanes);
-        std::vector<Value*> ld = digits(lv, ldig, true);
-        // Index dims {batch..., rows..., cols...}: scalars splat to vectors.
-        std::vector<Value*> dims;
-        for (Value* v : bd) dims.push_back(b_.CreateVectorSplat(vl, v));
-        const std::vector<Value*>& rd = operand == 0 ? ld : kd;
-        const std::vector<Value*>& cd = operand == 0 ? kd : ld;
-        for (Value* v : rd) dims.push_back(v->getType()->isVectorTy() ? v : b_.CreateVectorSplat(vl, v));
-        for (Value* v : cd) dims.push_back(v->getType()->isVectorTy() ? v : b_.CreateVectorSplat(vl, v));
-        FJ_CHECK(dims.size() == acc.strides.size(), "kernel ", k_.name, ": operand index dims");
-        auto affine = [&](const std::vector<int64_t>& coef, int64_t c0) {
-          Value* r = cv(c0);
-          for (size_t d = 0; d < dims.size(); ++d)
-            if (coef[d] != 0) r = b_.CreateAdd(r, coef[d] == 1 ? dims[d] : b_.CreateMul(dims[d], cv(coef[d])));
-          return r;
-        };
-        Value* off = affine(acc.strides, acc.offset);
-        Value* m = b_.CreateAnd(lane_mask(b_.CreateSub(valid, i64(g))), lane_mask(i64(n)));
-        for (const Coord& c : acc.coords) {
-          Value* x = affine(c.coef, c.c0);
-          Value* ok = b_.CreateAnd(b_.CreateICmpSGE(x, cv(0)), b_.CreateICmpSLT(x, cv(c.limit * c.div)));
-          Value* q = b_.CreateSelect(ok, x, cv(0));
-          if (c.div != 1) {
-            ok = b_.CreateAnd(ok, b_.CreateICmpEQ(b_.CreateURem(q, cv(c.div)), cv(0)));
-            q = b_.CreateSelect(ok, b_.CreateUDiv(q, cv(c.div)), cv(0));
+    emit_for(
+        b_, i64(0), i64(kc), 1,
+        [&](Value* k) {
+          std::vector<Value*> kd = digits(to_it(b_.CreateAdd(k, k0)), kdig, false);
+          for (int g = 0; g < lines; g += vl) {
+            int n = std::min(vl, lines - g);
+            Value* lv =
+                b_.CreateAdd(b_.CreateVectorSplat(vl, to_it(b_.CreateAdd(line0, i64(g)))), lanes);
+            std::vector<Value*> ld = digits(lv, ldig, true);
+            // Index dims {batch..., rows..., cols...}: scalars splat to vectors.
+            std::vector<Value*> dims;
+            for (Value* v : bd) dims.push_back(b_.CreateVectorSplat(vl, v));
+            const std::vector<Value*>& rd = operand == 0 ? ld : kd;
+            const std::vector<Value*>& cd = operand == 0 ? kd : ld;
+            for (Value* v : rd)
+              dims.push_back(v->getType()->isVectorTy() ? v : b_.CreateVectorSplat(vl, v));
+            for (Value* v : cd)
+              dims.push_back(v->getType()->isVectorTy() ? v : b_.CreateVectorSplat(vl, v));
+            FJ_CHECK(dims.size() == acc.strides.size(), "kernel ", k_.name, ": operand index dims");
+            auto affine = [&](const std::vector<int64_t>& coef, int64_t c0) {
+              Value* r = cv(c0);
+              for (size_t d = 0; d < dims.size(); ++d)
+                if (coef[d] != 0)
+                  r = b_.CreateAdd(r, coef[d] == 1 ? dims[d] : b_.CreateMul(dims[d], cv(coef[d])));
+              return r;
+            };
+            Value* off = affine(acc.strides, acc.offset);
+            Value* m = b_.CreateAnd(lane_mask(b_.CreateSub(valid, i64(g))), lane_mask(i64(n)));
+            for (const Coord& c : acc.coords) {
+              Value* x = affine(c.coef, c.c0);
+              Value* ok = b_.CreateAnd(b_.CreateICmpSGE(x, cv(0)),
+                                       b_.CreateICmpSLT(x, cv(c.limit * c.div)));
+              Value* q = b_.CreateSelect(ok, x, cv(0));
+              if (c.div != 1) {
+                ok = b_.CreateAnd(ok, b_.CreateICmpEQ(b_.CreateURem(q, cv(c.div)), cv(0)));
+                q = b_.CreateSelect(ok, b_.CreateUDiv(q, cv(c.div)), cv(0));
+              }
+              off = b_.CreateAdd(off, b_.CreateMul(q, cv(c.stride)));
+              m = b_.CreateAnd(m, ok);
+            }
+            Value* ptrs = b_.CreateGEP(et_, ptrs_.at(acc.arg), off);
+            Value* x =
+                b_.CreateMaskedGather(vt_, ptrs, ealign(), m, llvm::Constant::getNullValue(vt_));
+            Value* d = b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(k, i64(lines)), i64(g)));
+            if (n == vl) {
+              b_.CreateAlignedStore(x, d, ealign());
+            } else {
+              b_.CreateMaskedStore(x, d, ealign(), lane_mask(i64(n)));
+            }
           }
-          off = b_.CreateAdd(off, b_.CreateMul(q, cv(c.stride)));
-          m = b_.CreateAnd(m, ok);
-        }
-        Value* ptrs = b_.CreateGEP(et_, ptrs_.at(acc.arg), off);
-        Value* x = b_.CreateMaskedGather(vt_, ptrs, ealign(), m, llvm::Constant::getNullValue(vt_));
-        Value* d = b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(k, i64(lines)), i64(g)));
-        if (n == vl) {
-          b_.CreateAlignedStore(x, d, ealign());
-        } else {
-          b_.CreateMaskedStore(x, d, ealign(), lane_mask(i64(n)));
-        }
-      }
-    }, "pg");
+        },
+        "pg");
   }
 
   // General strides: element by element.
   void emit_pack_scalar(const std::function<Value*(Value*, Value*)>& src, Value* valid, int lines,
                         Value* dst, int64_t kc) {
-    emit_for(b_, i64(0), i64(lines), 1, [&](Value* j) {
-      Value* ok = b_.CreateICmpSLT(j, valid);
-      Value* line = b_.CreateSelect(ok, j, i64(0));
-      emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
-        Value* x = b_.CreateAlignedLoad(et_, src(line, k), ealign());
-        x = b_.CreateSelect(ok, x, llvm::Constant::getNullValue(et_));
-        b_.CreateAlignedStore(x, b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(k, i64(lines)), j)), ealign());
-      }, "psk");
-    }, "psj");
+    emit_for(
+        b_, i64(0), i64(lines), 1,
+        [&](Value* j) {
+          Value* ok = b_.CreateICmpSLT(j, valid);
+          Value* line = b_.CreateSelect(ok, j, i64(0));
+          emit_for(
+              b_, i64(0), i64(kc), 1,
+              [&](Value* k) {
+                Value* x = b_.CreateAlignedLoad(et_, src(line, k), ealign());
+                x = b_.CreateSelect(ok, x, llvm::Constant::getNullValue(et_));
+                b_.CreateAlignedStore(
+                    x, b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(k, i64(lines)), j)),
+                    ealign());
+              },
+              "psk");
+        },
+        "psj");
   }
 
   // <VL x i1>: lane < valid.
@@ -461,21 +508,27 @@ class MatMulEmitter {
         }
         b_.CreateStore(init, acc[i * nv + v]);
       }
-    emit_for(b_, i64(0), i64(kc), 1, [&](Value* k) {
-      std::vector<Value*> bv(nv);
-      for (int v = 0; v < nv; ++v)
-        bv[v] = b_.CreateAlignedLoad(
-            vt_, b_.CreateGEP(et_, bp, b_.CreateAdd(b_.CreateMul(k, i64(bl_.nr)), i64(v * bl_.vl))),
-            ealign());
-      for (int i = 0; i < mr; ++i) {
-        Value* a = b_.CreateAlignedLoad(et_, b_.CreateGEP(et_, ap, b_.CreateAdd(b_.CreateMul(k, i64(mr)), i64(i))), ealign());
-        Value* as = b_.CreateVectorSplat(bl_.vl, a);
-        for (int v = 0; v < nv; ++v) {
-          Value* c = b_.CreateLoad(vt_, acc[i * nv + v]);
-          b_.CreateStore(fma(as, bv[v], c), acc[i * nv + v]);
-        }
-      }
-    }, "kk");
+    emit_for(
+        b_, i64(0), i64(kc), 1,
+        [&](Value* k) {
+          std::vector<Value*> bv(nv);
+          for (int v = 0; v < nv; ++v)
+            bv[v] = b_.CreateAlignedLoad(
+                vt_,
+                b_.CreateGEP(et_, bp, b_.CreateAdd(b_.CreateMul(k, i64(bl_.nr)), i64(v * bl_.vl))),
+                ealign());
+          for (int i = 0; i < mr; ++i) {
+            Value* a = b_.CreateAlignedLoad(
+                et_, b_.CreateGEP(et_, ap, b_.CreateAdd(b_.CreateMul(k, i64(mr)), i64(i))),
+                ealign());
+            Value* as = b_.CreateVectorSplat(bl_.vl, a);
+            for (int v = 0; v < nv; ++v) {
+              Value* c = b_.CreateLoad(vt_, acc[i * nv + v]);
+              b_.CreateStore(fma(as, bv[v], c), acc[i * nv + v]);
+            }
+          }
+        },
+        "kk");
     if (!last) {
       for (int i = 0; i < mr; ++i)
         for (int v = 0; v < nv; ++v)
@@ -484,7 +537,8 @@ class MatMulEmitter {
     }
     // Epilogue: a fast path for whole tiles, a masked path for edges.
     llvm::LLVMContext& c = m_.getContext();
-    Value* full = b_.CreateAnd(b_.CreateICmpSGE(rows, i64(mr)), b_.CreateICmpSGE(cols, i64(bl_.nr)));
+    Value* full =
+        b_.CreateAnd(b_.CreateICmpSGE(rows, i64(mr)), b_.CreateICmpSGE(cols, i64(bl_.nr)));
     auto* fast = llvm::BasicBlock::Create(c, "tile.full", f_);
     auto* edge = llvm::BasicBlock::Create(c, "tile.edge", f_);
     auto* done = llvm::BasicBlock::Create(c, "tile.done", f_);

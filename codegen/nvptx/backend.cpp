@@ -54,8 +54,9 @@ std::unique_ptr<llvm::TargetMachine> make_target_machine(int sm) {
   const llvm::Target* target = llvm::TargetRegistry::lookupTarget(kTriple, err);
   FJ_CHECK(target != nullptr, "no LLVM NVPTX target: ", err);
   llvm::TargetOptions to;  // IEEE: no contraction, precise division and square root
-  auto* tm = target->createTargetMachine(kTriple, "sm_" + std::to_string(sm), "", to, llvm::Reloc::PIC_,
-                                         std::nullopt, llvm::CodeGenOptLevel::Aggressive);
+  auto* tm =
+      target->createTargetMachine(kTriple, "sm_" + std::to_string(sm), "", to, llvm::Reloc::PIC_,
+                                  std::nullopt, llvm::CodeGenOptLevel::Aggressive);
   FJ_CHECK(tm != nullptr, "cannot create an NVPTX target machine for sm_", sm);
   return std::unique_ptr<llvm::TargetMachine>(tm);
 }
@@ -76,8 +77,9 @@ bool is_supported_sm(int sm) {
 }
 
 CompiledModule compile(const std::vector<Kernel>& kernels, const CompileOptions& opts) {
-  FJ_USER_CHECK(is_supported_sm(opts.sm), ErrorKind::Value, "GPU code generation: sm_", opts.sm,
-                " is not supported (supported: sm_70, sm_72, sm_75, sm_80, sm_86, sm_87, sm_89, sm_90)");
+  FJ_USER_CHECK(
+      is_supported_sm(opts.sm), ErrorKind::Value, "GPU code generation: sm_", opts.sm,
+      " is not supported (supported: sm_70, sm_72, sm_75, sm_80, sm_86, sm_87, sm_89, sm_90)");
   CompiledModule out;
   auto t0 = std::chrono::steady_clock::now();
   llvm::LLVMContext ctx;
@@ -88,11 +90,12 @@ CompiledModule compile(const std::vector<Kernel>& kernels, const CompileOptions&
   m.addModuleFlag(llvm::Module::Override, "nvvm-reflect-ftz", uint32_t{0});
 
   std::string libdevice = opts.libdevice_path.empty() ? find_libdevice() : opts.libdevice_path;
-  bool use_libdevice = opts.math == MathLibrary::Libdevice ||
-                       (opts.math == MathLibrary::Auto && !libdevice.empty());
-  FJ_USER_CHECK(!(use_libdevice && libdevice.empty()), ErrorKind::Runtime,
-                "GPU code generation needs libdevice.10.bc from the CUDA toolkit and none was found "
-                "(set FLOWJIT_LIBDEVICE or CUDA_HOME)");
+  bool use_libdevice =
+      opts.math == MathLibrary::Libdevice || (opts.math == MathLibrary::Auto && !libdevice.empty());
+  FJ_USER_CHECK(
+      !(use_libdevice && libdevice.empty()), ErrorKind::Runtime,
+      "GPU code generation needs libdevice.10.bc from the CUDA toolkit and none was found "
+      "(set FLOWJIT_LIBDEVICE or CUDA_HOME)");
   out.math_library = use_libdevice ? "libdevice" : "builtin";
   auto math = make_math(m, use_libdevice);
 
@@ -111,7 +114,8 @@ CompiledModule compile(const std::vector<Kernel>& kernels, const CompileOptions&
   }
   std::string verify_err;
   llvm::raw_string_ostream vos(verify_err);
-  if (llvm::verifyModule(m, &vos)) internal(opts.module_name, "generated LLVM IR is invalid: " + verify_err);
+  if (llvm::verifyModule(m, &vos))
+    internal(opts.module_name, "generated LLVM IR is invalid: " + verify_err);
   link_libdevice(m, libdevice);
   out.seconds_emit = seconds_since(t0);
 

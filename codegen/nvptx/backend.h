@@ -34,10 +34,10 @@ struct CompileOptions {
   // 10 bits of mantissa per product). Off: an exact FP32 FMA kernel.
   bool allow_tf32 = false;
   MathLibrary math = MathLibrary::Auto;
-  bool run_ptxas = true;          // produce a cubin when ptxas is found
-  bool want_llvm_ir = false;      // keep the optimized module's text
-  std::string libdevice_path;     // "" searches (see find_libdevice)
-  std::string ptxas_path;         // "" searches (see find_ptxas)
+  bool run_ptxas = true;       // produce a cubin when ptxas is found
+  bool want_llvm_ir = false;   // keep the optimized module's text
+  std::string libdevice_path;  // "" searches (see find_libdevice)
+  std::string ptxas_path;      // "" searches (see find_ptxas)
 };
 
 // How to launch one kernel (cuLaunchKernel's arguments besides the function).
@@ -52,11 +52,11 @@ struct KernelLaunch {
 
 struct CompiledModule {
   std::string ptx;
-  std::vector<char> cubin;   // empty when ptxas was not run or not found
-  std::string ptxas_log;     // ptxas' messages (warnings), when it ran
-  std::string ptxas_path;    // the ptxas that produced `cubin`
+  std::vector<char> cubin;             // empty when ptxas was not run or not found
+  std::string ptxas_log;               // ptxas' messages (warnings), when it ran
+  std::string ptxas_path;              // the ptxas that produced `cubin`
   std::vector<KernelLaunch> launches;  // one per kernel, in order
-  std::string llvm_ir;       // optimized (if asked)
+  std::string llvm_ir;                 // optimized (if asked)
   std::string target_id;     // part of the disk-cache key: triple, SM, PTX version, options
   std::string math_library;  // "libdevice" or "builtin"
   int ptx_version = 0;       // e.g. 70 for ".version 7.0"

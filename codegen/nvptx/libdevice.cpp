@@ -46,7 +46,8 @@ Value* per_lane2(llvm::IRBuilderBase& b, Value* x, Value* y,
 
 // sigmoid(x) = 1 / (1 + e^-|x|) for x >= 0 and e^-|x| / (1 + e^-|x|) below,
 // so that large negative x keeps its relative accuracy.
-Value* sigmoid_from_exp(llvm::IRBuilderBase& b, Value* x, const std::function<Value*(Value*)>& exp) {
+Value* sigmoid_from_exp(llvm::IRBuilderBase& b, Value* x,
+                        const std::function<Value*(Value*)>& exp) {
   Value* ax = b.CreateUnaryIntrinsic(llvm::Intrinsic::fabs, x);
   Value* t = exp(b.CreateFNeg(ax));
   Value* one = llvm::ConstantFP::get(x->getType(), 1.0);
@@ -60,10 +61,14 @@ class RandomFromMathlib : public MathProvider {
   Value* random(llvm::IRBuilderBase& b, OpKind op, Value* counter, uint64_t seed,
                 llvm::Type* type) override {
     switch (op) {
-      case OpKind::RandomUniform: return cpu::emit_random_uniform(b, counter, seed, type);
-      case OpKind::RandomNormal: return cpu::emit_random_normal(b, counter, seed, type);
-      case OpKind::TruncatedNormal: return cpu::emit_truncated_normal(b, counter, seed, type);
-      default: FJ_CHECK(false, "no GPU random for ", ir::op_name(op));
+      case OpKind::RandomUniform:
+        return cpu::emit_random_uniform(b, counter, seed, type);
+      case OpKind::RandomNormal:
+        return cpu::emit_random_normal(b, counter, seed, type);
+      case OpKind::TruncatedNormal:
+        return cpu::emit_truncated_normal(b, counter, seed, type);
+      default:
+        FJ_CHECK(false, "no GPU random for ", ir::op_name(op));
     }
   }
 };
@@ -82,16 +87,24 @@ class LibdeviceMath : public RandomFromMathlib {
  private:
   Value* scalar_unary(llvm::IRBuilderBase& b, OpKind op, Value* x) {
     switch (op) {
-      case OpKind::Exp: return call(b, "exp", {x});
-      case OpKind::Log: return call(b, "log", {x});
-      case OpKind::Tanh: return call(b, "tanh", {x});
-      case OpKind::Sin: return call(b, "sin", {x});
-      case OpKind::Cos: return call(b, "cos", {x});
-      case OpKind::Erf: return call(b, "erf", {x});
-      case OpKind::Erfc: return call(b, "erfc", {x});
+      case OpKind::Exp:
+        return call(b, "exp", {x});
+      case OpKind::Log:
+        return call(b, "log", {x});
+      case OpKind::Tanh:
+        return call(b, "tanh", {x});
+      case OpKind::Sin:
+        return call(b, "sin", {x});
+      case OpKind::Cos:
+        return call(b, "cos", {x});
+      case OpKind::Erf:
+        return call(b, "erf", {x});
+      case OpKind::Erfc:
+        return call(b, "erfc", {x});
       case OpKind::Sigmoid:
         return sigmoid_from_exp(b, x, [&](Value* v) { return call(b, "exp", {v}); });
-      default: FJ_CHECK(false, "no libdevice function for ", ir::op_name(op));
+      default:
+        FJ_CHECK(false, "no libdevice function for ", ir::op_name(op));
     }
   }
 
@@ -116,15 +129,24 @@ class BuiltinMath : public RandomFromMathlib {
  public:
   Value* unary(llvm::IRBuilderBase& b, OpKind op, Value* x) override {
     switch (op) {
-      case OpKind::Exp: return cpu::emit_exp(b, x);
-      case OpKind::Log: return cpu::emit_log(b, x);
-      case OpKind::Tanh: return cpu::emit_tanh(b, x);
-      case OpKind::Sigmoid: return cpu::emit_sigmoid(b, x);
-      case OpKind::Sin: return cpu::emit_sin(b, x);
-      case OpKind::Cos: return cpu::emit_cos(b, x);
-      case OpKind::Erf: return cpu::emit_erf(b, x);
-      case OpKind::Erfc: return cpu::emit_erfc(b, x);
-      default: FJ_CHECK(false, "no builtin GPU math for ", ir::op_name(op));
+      case OpKind::Exp:
+        return cpu::emit_exp(b, x);
+      case OpKind::Log:
+        return cpu::emit_log(b, x);
+      case OpKind::Tanh:
+        return cpu::emit_tanh(b, x);
+      case OpKind::Sigmoid:
+        return cpu::emit_sigmoid(b, x);
+      case OpKind::Sin:
+        return cpu::emit_sin(b, x);
+      case OpKind::Cos:
+        return cpu::emit_cos(b, x);
+      case OpKind::Erf:
+        return cpu::emit_erf(b, x);
+      case OpKind::Erfc:
+        return cpu::emit_erfc(b, x);
+      default:
+        FJ_CHECK(false, "no builtin GPU math for ", ir::op_name(op));
     }
   }
   Value* pow(llvm::IRBuilderBase& b, Value* x, Value* y) override { return cpu::emit_pow(b, x, y); }

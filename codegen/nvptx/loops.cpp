@@ -99,18 +99,22 @@ class LoopEmitter {
     int64_t units = points / w;
     launch.grid[0] = blocks_for(units, kBlock);
     launch.mapping = w > 1 ? "elementwise x" + std::to_string(w) : "elementwise";
-    Value* gid = b_.CreateAdd(b_.CreateMul(b_.CreateZExt(block_idx(b_), b_.getInt64Ty()), i64(kBlock)), tid64());
+    Value* gid = b_.CreateAdd(
+        b_.CreateMul(b_.CreateZExt(block_idx(b_), b_.getInt64Ty()), i64(kBlock)), tid64());
     Value* stride = b_.CreateMul(b_.CreateZExt(grid_dim(b_), b_.getInt64Ty()), i64(kBlock));
-    emit_for(b_, gid, i64(units), stride, [&](Value* u) {
-      Value* p = w > 1 ? b_.CreateMul(u, i64(w)) : u;
-      std::vector<Value*> idx = delinearize(b_, p, k_.domain);
-      e_->push_scope();
-      e_->idx = idx;
-      e_->vec_dim = w > 1 ? k_.rank() - 1 : -1;
-      e_->width = w;
-      for (const Store& s : k_.stores) e_->store(s, e_->eval(s.node));
-      e_->pop_scope();
-    }, "pt");
+    emit_for(
+        b_, gid, i64(units), stride,
+        [&](Value* u) {
+          Value* p = w > 1 ? b_.CreateMul(u, i64(w)) : u;
+          std::vector<Value*> idx = delinearize(b_, p, k_.domain);
+          e_->push_scope();
+          e_->idx = idx;
+          e_->vec_dim = w > 1 ? k_.rank() - 1 : -1;
+          e_->width = w;
+          for (const Store& s : k_.stores) e_->store(s, e_->eval(s.node));
+          e_->pop_scope();
+        },
+        "pt");
     if (w > 1) align_vector_accesses();
   }
 
@@ -127,7 +131,8 @@ class LoopEmitter {
         if (auto* ld = llvm::dyn_cast<llvm::LoadInst>(&inst)) {
           if (uint64_t n = bytes_of(ld->getType())) ld->setAlignment(llvm::Align(n));
         } else if (auto* st = llvm::dyn_cast<llvm::StoreInst>(&inst)) {
-          if (uint64_t n = bytes_of(st->getValueOperand()->getType())) st->setAlignment(llvm::Align(n));
+          if (uint64_t n = bytes_of(st->getValueOperand()->getType()))
+            st->setAlignment(llvm::Align(n));
         }
       }
   }
@@ -176,19 +181,25 @@ class LoopEmitter {
           if (k_.nodes[r].phase == p) s += is_arg(k_.nodes[r].op) ? 2 : 1;
         slots = std::max(slots, s);
       }
-      smem_ = shared_array(m_, k_.name + ".partials", b_.getInt64Ty(), int64_t{slots} * (kBlock / kWarp));
+      smem_ = shared_array(m_, k_.name + ".partials", b_.getInt64Ty(),
+                           int64_t{slots} * (kBlock / kWarp));
       launch.static_shared_bytes = static_cast<uint32_t>(slots * (kBlock / kWarp) * 8);
     }
     tid_ = tid64();
     lane_ = g_ == 1 ? i64(0) : g_ == kBlock ? tid_ : b_.CreateURem(tid_, i64(g_));
     Value* blk = b_.CreateZExt(block_idx(b_), b_.getInt64Ty());
-    Value* first = g_ == kBlock ? blk : b_.CreateAdd(b_.CreateMul(blk, i64(per_block)), b_.CreateUDiv(tid_, i64(g_)));
+    Value* first = g_ == kBlock ? blk
+                                : b_.CreateAdd(b_.CreateMul(blk, i64(per_block)),
+                                               b_.CreateUDiv(tid_, i64(g_)));
     Value* stride = b_.CreateMul(b_.CreateZExt(grid_dim(b_), b_.getInt64Ty()), i64(per_block));
-    emit_for(b_, first, i64(kept_points), stride, [&](Value* kp) {
-      std::vector<Value*> kidx = delinearize(b_, kp, extents(kept_));
-      for (size_t j = 0; j < kept_.size(); ++j) e_->idx[kept_[j]] = kidx[j];
-      emit_kept_point(red_points);
-    }, "kp");
+    emit_for(
+        b_, first, i64(kept_points), stride,
+        [&](Value* kp) {
+          std::vector<Value*> kidx = delinearize(b_, kp, extents(kept_));
+          for (size_t j = 0; j < kept_.size(); ++j) e_->idx[kept_[j]] = kidx[j];
+          emit_kept_point(red_points);
+        },
+        "kp");
   }
 
   void set_reduced_idx(Value* r) {
@@ -214,12 +225,15 @@ class LoopEmitter {
   // Every G-th reduced point, starting at this thread's lane.
   void for_my_reduced_points(int64_t red_points, const std::function<void()>& body) {
     open_kept_point();
-    emit_for(b_, lane_, i64(red_points), i64(g_), [&](Value* r) {
-      set_reduced_idx(r);
-      e_->push_scope();
-      body();
-      e_->pop_scope();
-    }, "r");
+    emit_for(
+        b_, lane_, i64(red_points), i64(g_),
+        [&](Value* r) {
+          set_reduced_idx(r);
+          e_->push_scope();
+          body();
+          e_->pop_scope();
+        },
+        "r");
     e_->clear_kept_point();
     clear_reduced_idx();
   }
@@ -310,8 +324,8 @@ class LoopEmitter {
     if (g_ > 1) group_reduce(accs, vals, idxs);
     for (size_t i = 0; i < accs.size(); ++i) {
       const KNode& rn = k_.nodes[accs[i].node];
-      Value* result = is_arg(accs[i].op) ? b_.CreateIntCast(idxs[i], reg_type(c, rn.dtype), true)
-                                         : vals[i];
+      Value* result =
+          is_arg(accs[i].op) ? b_.CreateIntCast(idxs[i], reg_type(c, rn.dtype), true) : vals[i];
       e_->set_value(accs[i].node, result);
     }
   }
@@ -326,7 +340,8 @@ class LoopEmitter {
     i = b_.CreateSelect(better, oi, i);
   }
 
-  void group_reduce(const std::vector<Accum>& accs, std::vector<Value*>& vals, std::vector<Value*>& idxs) {
+  void group_reduce(const std::vector<Accum>& accs, std::vector<Value*>& vals,
+                    std::vector<Value*>& idxs) {
     for (int off = kWarp / 2; off >= 1; off /= 2) {
       for (size_t a = 0; a < accs.size(); ++a) {
         Value* ov = shuffle_xor(b_, vals[a], off);
@@ -355,11 +370,13 @@ class LoopEmitter {
     for (size_t a = 0; a < accs.size(); ++a) {
       llvm::Type* t = vals[a]->getType();
       Value* v = b_.CreateAlignedLoad(t, cell(accs[a].slot, i64(0)), llvm::Align(8));
-      Value* i = idxs[a] ? b_.CreateAlignedLoad(b_.getInt64Ty(), cell(accs[a].slot + 1, i64(0)), llvm::Align(8))
+      Value* i = idxs[a] ? b_.CreateAlignedLoad(b_.getInt64Ty(), cell(accs[a].slot + 1, i64(0)),
+                                                llvm::Align(8))
                          : nullptr;
       for (int w = 1; w < warps; ++w) {
         Value* ov = b_.CreateAlignedLoad(t, cell(accs[a].slot, i64(w)), llvm::Align(8));
-        Value* oi = idxs[a] ? b_.CreateAlignedLoad(b_.getInt64Ty(), cell(accs[a].slot + 1, i64(w)), llvm::Align(8))
+        Value* oi = idxs[a] ? b_.CreateAlignedLoad(b_.getInt64Ty(), cell(accs[a].slot + 1, i64(w)),
+                                                   llvm::Align(8))
                             : nullptr;
         combine(accs[a], v, i, ov, oi);
       }

@@ -45,12 +45,10 @@ namespace {
 struct TileConfig {
   bool tensor_cores = false;
   int bm = 64, bn = 64, bk = 16;
-  int tm = 4, tn = 4;          // FMA: elements per thread along m and n
+  int tm = 4, tn = 4;            // FMA: elements per thread along m and n
   int warps_m = 2, warps_n = 2;  // tensor cores: warp grid; warp tile = (bm/warps_m) x (bn/warps_n)
   int pad_a = 4, pad_b = 4;
-  int threads() const {
-    return tensor_cores ? warps_m * warps_n * kWarp : (bm / tm) * (bn / tn);
-  }
+  int threads() const { return tensor_cores ? warps_m * warps_n * kWarp : (bm / tm) * (bn / tn); }
 };
 
 TileConfig choose_tiles(const MatMulSpec& mm, DType dt, const GpuTarget& t) {
@@ -110,9 +108,8 @@ class MatMulEmitter {
     launch.block[0] = static_cast<uint32_t>(cfg_.threads());
     bool implicit = !mm_.plain(0) || !mm_.plain(1);
     launch.mapping = std::string(implicit ? "implicit-gemm " : "matmul ") +
-                     (cfg_.tensor_cores ? "tf32 mma " : "fma ") +
-                     std::to_string(cfg_.bm) + "x" + std::to_string(cfg_.bn) + "x" +
-                     std::to_string(cfg_.bk);
+                     (cfg_.tensor_cores ? "tf32 mma " : "fma ") + std::to_string(cfg_.bm) + "x" +
+                     std::to_string(cfg_.bn) + "x" + std::to_string(cfg_.bk);
 
     lda_ = cfg_.tensor_cores ? cfg_.bk + cfg_.pad_a : cfg_.bm + cfg_.pad_a;
     ldb_ = cfg_.bn + cfg_.pad_b;
@@ -136,13 +133,15 @@ class MatMulEmitter {
     m0_ = b_.CreateMul(b_.CreateUDiv(rem, i64(tiles_n_)), i64(cfg_.bm));
     n0_ = b_.CreateMul(b_.CreateURem(rem, i64(tiles_n_)), i64(cfg_.bn));
     if (mm_.plain(0))
-      a_base_ = b_.CreateGEP(et_, ptrs_.at(mm_.a.arg),
-                             b_.CreateAdd(i64(mm_.a.offset), b_.CreateMul(bi_, i64(mm_.a.strides[0]))));
+      a_base_ =
+          b_.CreateGEP(et_, ptrs_.at(mm_.a.arg),
+                       b_.CreateAdd(i64(mm_.a.offset), b_.CreateMul(bi_, i64(mm_.a.strides[0]))));
     else
       setup_digits(0);
     if (mm_.plain(1))
-      b_base_ = b_.CreateGEP(et_, ptrs_.at(mm_.b.arg),
-                             b_.CreateAdd(i64(mm_.b.offset), b_.CreateMul(bi_, i64(mm_.b.strides[0]))));
+      b_base_ =
+          b_.CreateGEP(et_, ptrs_.at(mm_.b.arg),
+                       b_.CreateAdd(i64(mm_.b.offset), b_.CreateMul(bi_, i64(mm_.b.strides[0]))));
     else
       setup_digits(1);
     // The batch dims of the domain, row-major in bi_, for the epilogue.
@@ -216,8 +215,8 @@ class MatMulEmitter {
   }
 
   // acc += sum over dims [first, first + v.size()) of v[i] * coef[first + i].
-  Value* add_terms(const DigitOperand& o, Value* acc, const std::vector<int64_t>& coef, size_t first,
-                   const std::vector<Value*>& v) {
+  Value* add_terms(const DigitOperand& o, Value* acc, const std::vector<int64_t>& coef,
+                   size_t first, const std::vector<Value*>& v) {
     for (size_t i = 0; i < v.size(); ++i) {
       int64_t c = coef[first + i];
       if (c == 0) continue;
@@ -237,12 +236,14 @@ class MatMulEmitter {
     o.nbatch = batch.size();
     size_t dims = o.nbatch + o.rows.size() + o.cols.size();
     FJ_CHECK(!o.rows.empty() && !o.cols.empty() && o.acc->strides.size() == dims, "matmul kernel ",
-             k_.name, ": operand ", operand, " needs row and column digits and one stride per index dim (",
-             o.acc->strides.size(), " for ", dims, ")");
+             k_.name, ": operand ", operand,
+             " needs row and column digits and one stride per index dim (", o.acc->strides.size(),
+             " for ", dims, ")");
     bool narrow = k_.args.at(o.acc->arg).elements < (int64_t{1} << 30) && mm_.m < (1 << 30) &&
                   mm_.n < (1 << 30) && mm_.k < (1 << 30) && mm_.batch < (1 << 30);
     for (const Coord& c : o.acc->coords) {
-      FJ_CHECK(c.coef.size() == dims, "matmul kernel ", k_.name, ": coordinate of operand ", operand);
+      FJ_CHECK(c.coef.size() == dims, "matmul kernel ", k_.name, ": coordinate of operand ",
+               operand);
       narrow &= std::abs(c.c0) < (1 << 28) && c.limit * c.div < (1 << 28);
     }
     o.it = narrow ? b_.getInt32Ty() : b_.getInt64Ty();
@@ -298,14 +299,16 @@ class MatMulEmitter {
           v = b_.CreateSelect(ok, load_at(t, sgr, sgc), zero());
         }
       }
-      if (cfg_.tensor_cores) v = b_.CreateIntrinsic(b_.getInt32Ty(), llvm::Intrinsic::nvvm_f2tf32_rna, {v});
+      if (cfg_.tensor_cores)
+        v = b_.CreateIntrinsic(b_.getInt32Ty(), llvm::Intrinsic::nvvm_f2tf32_rna, {v});
       b_.CreateStore(v, t.regs[e]);
     }
   }
 
   Value* load_at(const TileLoad& t, Value* gr, Value* gc) {
     Value* off = b_.CreateAdd(b_.CreateMul(gr, i64(t.sr)), b_.CreateMul(gc, i64(t.sc)));
-    return b_.CreateAlignedLoad(et_, b_.CreateGEP(et_, t.base, off), llvm::Align(ir::dtype_bytes(dt_)));
+    return b_.CreateAlignedLoad(et_, b_.CreateGEP(et_, t.base, off),
+                                llvm::Align(ir::dtype_bytes(dt_)));
   }
 
   // Element (gr, gc) of an implicit-GEMM operand: 0 outside the operand
@@ -315,7 +318,8 @@ class MatMulEmitter {
   // buffer and the load needs no branch. Each index is clamped by its own
   // bound and the terms that do not depend on K come first, so the M (or N)
   // side of the address is invariant in the K loop.
-  Value* load_digits(const DigitOperand& o, int operand, Value* gr, Value* gc, Value* ok_r, Value* ok_c) {
+  Value* load_digits(const DigitOperand& o, int operand, Value* gr, Value* gc, Value* ok_r,
+                     Value* ok_c) {
     if (ok_r) gr = b_.CreateSelect(ok_r, gr, i64(0));
     if (ok_c) gc = b_.CreateSelect(ok_c, gc, i64(0));
     std::vector<Value*> rd = split(o, b_.CreateIntCast(gr, o.it, false), o.rows);
@@ -323,7 +327,8 @@ class MatMulEmitter {
     size_t row_first = o.nbatch, col_first = o.nbatch + o.rows.size();
     // Operand a's rows are M and b's columns are N: those terms come first.
     auto affine = [&](Value* base, const std::vector<int64_t>& coef) {
-      if (operand == 0) return add_terms(o, add_terms(o, base, coef, row_first, rd), coef, col_first, cd);
+      if (operand == 0)
+        return add_terms(o, add_terms(o, base, coef, row_first, rd), coef, col_first, cd);
       return add_terms(o, add_terms(o, base, coef, col_first, cd), coef, row_first, rd);
     };
     Value* off = affine(o.off0, o.acc->strides);
@@ -331,7 +336,8 @@ class MatMulEmitter {
     for (size_t i = 0; i < o.acc->coords.size(); ++i) {
       const Coord& c = o.acc->coords[i];
       Value* x = affine(o.c0[i], c.coef);
-      Value* in = b_.CreateAnd(b_.CreateICmpSGE(x, ci(o, 0)), b_.CreateICmpSLT(x, ci(o, c.limit * c.div)));
+      Value* in =
+          b_.CreateAnd(b_.CreateICmpSGE(x, ci(o, 0)), b_.CreateICmpSLT(x, ci(o, c.limit * c.div)));
       Value* q = b_.CreateSelect(in, x, ci(o, 0));
       if (c.div != 1) {
         in = b_.CreateAnd(in, b_.CreateICmpEQ(b_.CreateURem(q, ci(o, c.div)), ci(o, 0)));
@@ -361,10 +367,21 @@ class MatMulEmitter {
 
   void emit_k_loop() {
     // A is (m, k) with strides (a1, a2); B is (k, n) with strides (b1, b2).
-    TileLoad ta{a_base_, mm_.a.strides[1], mm_.a.strides[2], cfg_.bm, cfg_.bk, mm_.m, mm_.k, as_,
-                0, 0, {}, -1};
-    TileLoad tb{b_base_, mm_.b.strides[1], mm_.b.strides[2], cfg_.bk, cfg_.bn, mm_.k, mm_.n, bs_,
-                ldb_, 1, {}, -1};
+    TileLoad ta{
+        a_base_, mm_.a.strides[1], mm_.a.strides[2], cfg_.bm, cfg_.bk, mm_.m, mm_.k, as_, 0, 0, {},
+        -1};
+    TileLoad tb{b_base_,
+                mm_.b.strides[1],
+                mm_.b.strides[2],
+                cfg_.bk,
+                cfg_.bn,
+                mm_.k,
+                mm_.n,
+                bs_,
+                ldb_,
+                1,
+                {},
+                -1};
     // Implicit-GEMM operands: threads walk the digit with unit steps.
     for (auto [t, op] : {std::pair<TileLoad*, int>{&ta, 0}, {&tb, 1}}) {
       if (mm_.plain(op)) continue;
@@ -390,28 +407,31 @@ class MatMulEmitter {
     int64_t k_tiles = ceil_div(mm_.k, cfg_.bk);
     fetch(ta, m0_, i64(0));
     fetch(tb, i64(0), n0_);
-    emit_for(b_, i64(0), i64(k_tiles), i64(1), [&](Value* kt) {
-      stage(ta);
-      stage(tb);
-      barrier(b_);
-      // Prefetch the next K tile while this one is multiplied.
-      Value* next = b_.CreateAdd(kt, i64(1));
-      auto* pre = llvm::BasicBlock::Create(m_.getContext(), "prefetch", f_);
-      auto* math = llvm::BasicBlock::Create(m_.getContext(), "math", f_);
-      b_.CreateCondBr(b_.CreateICmpSLT(next, i64(k_tiles)), pre, math);
-      b_.SetInsertPoint(pre);
-      Value* k0 = b_.CreateMul(next, i64(cfg_.bk));
-      fetch(ta, m0_, k0);
-      fetch(tb, k0, n0_);
-      b_.CreateBr(math);
-      b_.SetInsertPoint(math);
-      if (cfg_.tensor_cores) {
-        emit_mma_math();
-      } else {
-        emit_fma_math();
-      }
-      barrier(b_);
-    }, "kt");
+    emit_for(
+        b_, i64(0), i64(k_tiles), i64(1),
+        [&](Value* kt) {
+          stage(ta);
+          stage(tb);
+          barrier(b_);
+          // Prefetch the next K tile while this one is multiplied.
+          Value* next = b_.CreateAdd(kt, i64(1));
+          auto* pre = llvm::BasicBlock::Create(m_.getContext(), "prefetch", f_);
+          auto* math = llvm::BasicBlock::Create(m_.getContext(), "math", f_);
+          b_.CreateCondBr(b_.CreateICmpSLT(next, i64(k_tiles)), pre, math);
+          b_.SetInsertPoint(pre);
+          Value* k0 = b_.CreateMul(next, i64(cfg_.bk));
+          fetch(ta, m0_, k0);
+          fetch(tb, k0, n0_);
+          b_.CreateBr(math);
+          b_.SetInsertPoint(math);
+          if (cfg_.tensor_cores) {
+            emit_mma_math();
+          } else {
+            emit_fma_math();
+          }
+          barrier(b_);
+        },
+        "kt");
   }
 
   // ---------------------------------------------------------------- FMA math
@@ -441,11 +461,14 @@ class MatMulEmitter {
     for (int kk = 0; kk < cfg_.bk; ++kk) {
       std::vector<Value*> av(cfg_.tm), bv(cfg_.tn);
       for (int i = 0; i < cfg_.tm; ++i)
-        av[i] = smem_load(as_, b_.CreateAdd(ty, i32(int64_t{kk} * lda_ + int64_t{i} * fma_ty_count())));
+        av[i] =
+            smem_load(as_, b_.CreateAdd(ty, i32(int64_t{kk} * lda_ + int64_t{i} * fma_ty_count())));
       for (int j = 0; j < cfg_.tn; ++j)
-        bv[j] = smem_load(bs_, b_.CreateAdd(tx, i32(int64_t{kk} * ldb_ + int64_t{j} * fma_tx_count())));
+        bv[j] =
+            smem_load(bs_, b_.CreateAdd(tx, i32(int64_t{kk} * ldb_ + int64_t{j} * fma_tx_count())));
       for (int i = 0; i < cfg_.tm; ++i)
-        for (int j = 0; j < cfg_.tn; ++j) acc[i * cfg_.tn + j] = madd(av[i], bv[j], acc[i * cfg_.tn + j]);
+        for (int j = 0; j < cfg_.tn; ++j)
+          acc[i * cfg_.tn + j] = madd(av[i], bv[j], acc[i * cfg_.tn + j]);
     }
     for (size_t i = 0; i < acc_.size(); ++i) b_.CreateStore(acc[i], acc_[i]);
   }
@@ -484,7 +507,8 @@ class MatMulEmitter {
       for (int mi = 0; mi < mma_mi(); ++mi) {
         Value* row = b_.CreateAdd(w.rb, b_.CreateAdd(w.g, i32(mi * 16)));
         auto at = [&](Value* r, int dk) {
-          return smem_load(as_, b_.CreateAdd(b_.CreateMul(r, i32(lda_)), b_.CreateAdd(w.t, i32(kk + dk))));
+          return smem_load(
+              as_, b_.CreateAdd(b_.CreateMul(r, i32(lda_)), b_.CreateAdd(w.t, i32(kk + dk))));
         };
         Value* row8 = b_.CreateAdd(row, i32(8));
         a[mi] = {at(row, 0), at(row8, 0), at(row, 4), at(row8, 4)};
@@ -500,9 +524,10 @@ class MatMulEmitter {
       for (int mi = 0; mi < mma_mi(); ++mi)
         for (int ni = 0; ni < mma_ni(); ++ni) {
           int base = (mi * mma_ni() + ni) * 4;
-          Value* r = b_.CreateIntrinsic(llvm::Intrinsic::nvvm_mma_m16n8k8_row_col_tf32, {},
-                                        {a[mi][0], a[mi][1], a[mi][2], a[mi][3], bf[ni][0], bf[ni][1],
-                                         acc[base], acc[base + 1], acc[base + 2], acc[base + 3]});
+          Value* r =
+              b_.CreateIntrinsic(llvm::Intrinsic::nvvm_mma_m16n8k8_row_col_tf32, {},
+                                 {a[mi][0], a[mi][1], a[mi][2], a[mi][3], bf[ni][0], bf[ni][1],
+                                  acc[base], acc[base + 1], acc[base + 2], acc[base + 3]});
           for (unsigned q = 0; q < 4; ++q) acc[base + q] = b_.CreateExtractValue(r, {q});
         }
     }
@@ -519,7 +544,8 @@ class MatMulEmitter {
         for (int ni = 0; ni < mma_ni(); ++ni)
           for (int q = 0; q < 4; ++q) {
             Value* r = b_.CreateAdd(w.rb, b_.CreateAdd(w.g, i32(mi * 16 + (q >= 2 ? 8 : 0))));
-            Value* c = b_.CreateAdd(w.cb, b_.CreateAdd(b_.CreateMul(w.t, i32(2)), i32(ni * 8 + (q & 1))));
+            Value* c =
+                b_.CreateAdd(w.cb, b_.CreateAdd(b_.CreateMul(w.t, i32(2)), i32(ni * 8 + (q & 1))));
             int a = (mi * mma_ni() + ni) * 4 + q;
             element(r, c, b_.CreateLoad(at, acc_[a]));
           }

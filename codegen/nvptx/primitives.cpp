@@ -19,7 +19,8 @@ llvm::Function* declare_kernel(llvm::Module& m, const Kernel& k, int max_threads
   f->addFnAttr(llvm::Attribute::NoUnwind);
   for (size_t i = 0; i < k.args.size(); ++i) {
     f->getArg(static_cast<unsigned>(i))->setName("arg" + std::to_string(i));
-    f->addParamAttr(static_cast<unsigned>(i), llvm::Attribute::getWithAlignment(c, llvm::Align(16)));
+    f->addParamAttr(static_cast<unsigned>(i),
+                    llvm::Attribute::getWithAlignment(c, llvm::Align(16)));
     if (!k.args[i].written) f->addParamAttr(static_cast<unsigned>(i), llvm::Attribute::ReadOnly);
   }
   auto* i32 = llvm::Type::getInt32Ty(c);
@@ -47,9 +48,15 @@ Value* sreg(llvm::IRBuilderBase& b, llvm::Intrinsic::ID id) {
 }
 }  // namespace
 
-Value* thread_idx(llvm::IRBuilderBase& b) { return sreg(b, llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x); }
-Value* block_idx(llvm::IRBuilderBase& b) { return sreg(b, llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x); }
-Value* grid_dim(llvm::IRBuilderBase& b) { return sreg(b, llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x); }
+Value* thread_idx(llvm::IRBuilderBase& b) {
+  return sreg(b, llvm::Intrinsic::nvvm_read_ptx_sreg_tid_x);
+}
+Value* block_idx(llvm::IRBuilderBase& b) {
+  return sreg(b, llvm::Intrinsic::nvvm_read_ptx_sreg_ctaid_x);
+}
+Value* grid_dim(llvm::IRBuilderBase& b) {
+  return sreg(b, llvm::Intrinsic::nvvm_read_ptx_sreg_nctaid_x);
+}
 
 void barrier(llvm::IRBuilderBase& b) { b.CreateIntrinsic(llvm::Intrinsic::nvvm_barrier0, {}, {}); }
 
@@ -77,7 +84,6 @@ Value* shuffle_xor(llvm::IRBuilderBase& b, Value* v, int lane_mask) {
                         b.CreateShl(b.CreateZExt(hi, b.getInt64Ty()), 32));
   return t->isDoubleTy() ? b.CreateBitCast(r, t) : r;
 }
-
 
 std::vector<Value*> delinearize(llvm::IRBuilderBase& b, Value* linear,
                                 const std::vector<int64_t>& extents) {
@@ -120,8 +126,9 @@ Value* arg_better(llvm::IRBuilderBase& b, OpKind op, DType t, Value* v, Value* i
     return b.CreateOr(strictly, b.CreateAnd(tie, lower));
   }
   bool u = t == DType::UInt8 || t == DType::Bool;
-  Value* strictly = op == OpKind::ArgMax ? (u ? b.CreateICmpUGT(v, best) : b.CreateICmpSGT(v, best))
-                                         : (u ? b.CreateICmpULT(v, best) : b.CreateICmpSLT(v, best));
+  Value* strictly = op == OpKind::ArgMax
+                        ? (u ? b.CreateICmpUGT(v, best) : b.CreateICmpSGT(v, best))
+                        : (u ? b.CreateICmpULT(v, best) : b.CreateICmpSLT(v, best));
   return b.CreateOr(strictly, b.CreateAnd(b.CreateICmpEQ(v, best), lower));
 }
 

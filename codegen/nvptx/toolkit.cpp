@@ -64,7 +64,8 @@ std::string find_ptxas() {
 std::string find_libdevice() {
   if (const char* v = std::getenv("FLOWJIT_LIBDEVICE")) return is_file(v) ? v : "";
   std::vector<std::string> candidates;
-  for (const std::string& r : toolkit_roots()) candidates.push_back(r + "/nvvm/libdevice/libdevice.10.bc");
+  for (const std::string& r : toolkit_roots())
+    candidates.push_back(r + "/nvvm/libdevice/libdevice.10.bc");
   candidates.push_back("/usr/lib/nvidia-cuda-toolkit/libdevice/libdevice.10.bc");
   for (const std::string& c : candidates)
     if (is_file(c)) return c;
@@ -98,7 +99,8 @@ PtxasResult run_ptxas(const std::string& ptx, int sm, const std::string& ptxas,
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
   posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
   pid_t pid = 0;
   int rc = posix_spawn(&pid, ptxas.c_str(), &fa, nullptr, argv.data(), environ);

@@ -20,9 +20,9 @@ NodeRef label_mask(const NodeRef& labels, const Shape& full) {
   col.push_back(1);
   NodeRef lab = reshape(labels, col);
   int64_t axis = static_cast<int64_t>(full.size()) - 1;
-  NodeRef iota = make_node(OpKind::Iota, {},
-                           Attrs{{"shape", full}, {"dtype", labels->dtype()}, {"axis", axis}},
-                           labels->loc());
+  NodeRef iota =
+      make_node(OpKind::Iota, {},
+                Attrs{{"shape", full}, {"dtype", labels->dtype()}, {"axis", axis}}, labels->loc());
   return binary(OpKind::Equal, iota, lab);
 }
 
@@ -49,9 +49,9 @@ NodeRef expand(const NodeRef& n, const std::vector<NodeRef>& in) {
       int64_t axis = logits->rank() - 1;
       NodeRef z = binary(OpKind::Sub, logits, keep_reduce(OpKind::ReduceMax, logits, axis));
       NodeRef lse = unary(OpKind::Log, keep_reduce(OpKind::ReduceSum, unary(OpKind::Exp, z), axis));
-      NodeRef picked = keep_reduce(
-          OpKind::ReduceSum,
-          where(label_mask(labels, logits->shape()), z, scalar_like(0.0, z)), axis);
+      NodeRef picked =
+          keep_reduce(OpKind::ReduceSum,
+                      where(label_mask(labels, logits->shape()), z, scalar_like(0.0, z)), axis);
       return reshape(binary(OpKind::Sub, lse, picked), n->shape());
     }
     case OpKind::OneHot: {

@@ -17,13 +17,20 @@ double to_dtype(double v, DType t) {
     return std::trunc(std::min(hi, std::max(lo, v)));
   };
   switch (t) {
-    case DType::Bool: return v != 0 ? 1.0 : 0.0;
-    case DType::Int8: return sat(-128, 127);
-    case DType::UInt8: return sat(0, 255);
-    case DType::Int32: return sat(-2147483648.0, 2147483647.0);
-    case DType::Int64: return sat(-9223372036854775808.0, 9223372036854774784.0);
-    case DType::Float32: return static_cast<double>(static_cast<float>(v));
-    case DType::Float64: return v;
+    case DType::Bool:
+      return v != 0 ? 1.0 : 0.0;
+    case DType::Int8:
+      return sat(-128, 127);
+    case DType::UInt8:
+      return sat(0, 255);
+    case DType::Int32:
+      return sat(-2147483648.0, 2147483647.0);
+    case DType::Int64:
+      return sat(-9223372036854775808.0, 9223372036854774784.0);
+    case DType::Float32:
+      return static_cast<double>(static_cast<float>(v));
+    case DType::Float64:
+      return v;
   }
   return v;
 }
@@ -33,46 +40,83 @@ std::optional<double> eval_elementwise(OpKind op, DType in, const std::vector<do
   double a = x.empty() ? 0 : x[0], b = x.size() > 1 ? x[1] : 0;
   switch (op) {
     case OpKind::Identity:
-    case OpKind::Cast: return a;
-    case OpKind::Neg: return -a;
-    case OpKind::Abs: return std::fabs(a);
-    case OpKind::Sign: return std::isnan(a) ? a : (a > 0) - (a < 0);
-    case OpKind::Floor: return std::floor(a);
-    case OpKind::Ceil: return std::ceil(a);
-    case OpKind::Round: return std::nearbyint(a);
-    case OpKind::Exp: return std::exp(a);
-    case OpKind::Log: return std::log(a);
-    case OpKind::Sqrt: return std::sqrt(a);
-    case OpKind::Rsqrt: return 1.0 / std::sqrt(a);
-    case OpKind::Square: return a * a;
-    case OpKind::Reciprocal: return 1.0 / a;
-    case OpKind::Tanh: return std::tanh(a);
-    case OpKind::Sigmoid: return 1.0 / (1.0 + std::exp(-a));
-    case OpKind::Relu: return a < 0 ? 0.0 : a;
-    case OpKind::Sin: return std::sin(a);
-    case OpKind::Cos: return std::cos(a);
-    case OpKind::Erf: return std::erf(a);
-    case OpKind::Erfc: return std::erfc(a);
-    case OpKind::LogicalNot: return a == 0 ? 1.0 : 0.0;
-    case OpKind::Add: return a + b;
-    case OpKind::Sub: return a - b;
-    case OpKind::Mul: return a * b;
+    case OpKind::Cast:
+      return a;
+    case OpKind::Neg:
+      return -a;
+    case OpKind::Abs:
+      return std::fabs(a);
+    case OpKind::Sign:
+      return std::isnan(a) ? a : (a > 0) - (a < 0);
+    case OpKind::Floor:
+      return std::floor(a);
+    case OpKind::Ceil:
+      return std::ceil(a);
+    case OpKind::Round:
+      return std::nearbyint(a);
+    case OpKind::Exp:
+      return std::exp(a);
+    case OpKind::Log:
+      return std::log(a);
+    case OpKind::Sqrt:
+      return std::sqrt(a);
+    case OpKind::Rsqrt:
+      return 1.0 / std::sqrt(a);
+    case OpKind::Square:
+      return a * a;
+    case OpKind::Reciprocal:
+      return 1.0 / a;
+    case OpKind::Tanh:
+      return std::tanh(a);
+    case OpKind::Sigmoid:
+      return 1.0 / (1.0 + std::exp(-a));
+    case OpKind::Relu:
+      return a < 0 ? 0.0 : a;
+    case OpKind::Sin:
+      return std::sin(a);
+    case OpKind::Cos:
+      return std::cos(a);
+    case OpKind::Erf:
+      return std::erf(a);
+    case OpKind::Erfc:
+      return std::erfc(a);
+    case OpKind::LogicalNot:
+      return a == 0 ? 1.0 : 0.0;
+    case OpKind::Add:
+      return a + b;
+    case OpKind::Sub:
+      return a - b;
+    case OpKind::Mul:
+      return a * b;
     case OpKind::Div:
       if (f) return a / b;
       return b == 0 ? 0.0 : std::trunc(a / b);
-    case OpKind::Pow: return std::pow(a, b);
-    case OpKind::Maximum: return (std::isnan(a) || std::isnan(b)) ? NAN : std::max(a, b);
-    case OpKind::Minimum: return (std::isnan(a) || std::isnan(b)) ? NAN : std::min(a, b);
-    case OpKind::Equal: return a == b;
-    case OpKind::NotEqual: return a != b;
-    case OpKind::Less: return a < b;
-    case OpKind::LessEqual: return a <= b;
-    case OpKind::Greater: return a > b;
-    case OpKind::GreaterEqual: return a >= b;
-    case OpKind::LogicalAnd: return (a != 0) && (b != 0);
-    case OpKind::LogicalOr: return (a != 0) || (b != 0);
-    case OpKind::Where: return x[0] != 0 ? x[1] : x[2];
-    default: return std::nullopt;
+    case OpKind::Pow:
+      return std::pow(a, b);
+    case OpKind::Maximum:
+      return (std::isnan(a) || std::isnan(b)) ? NAN : std::max(a, b);
+    case OpKind::Minimum:
+      return (std::isnan(a) || std::isnan(b)) ? NAN : std::min(a, b);
+    case OpKind::Equal:
+      return a == b;
+    case OpKind::NotEqual:
+      return a != b;
+    case OpKind::Less:
+      return a < b;
+    case OpKind::LessEqual:
+      return a <= b;
+    case OpKind::Greater:
+      return a > b;
+    case OpKind::GreaterEqual:
+      return a >= b;
+    case OpKind::LogicalAnd:
+      return (a != 0) && (b != 0);
+    case OpKind::LogicalOr:
+      return (a != 0) || (b != 0);
+    case OpKind::Where:
+      return x[0] != 0 ? x[1] : x[2];
+    default:
+      return std::nullopt;
   }
 }
 
@@ -117,14 +161,21 @@ Graph fold(const Graph& g) {
           for (int64_t p : cand->attrs().get_ints(key)) any_pad |= p != 0;
         if (any_pad && cand->attrs().get_float("pad_value") != v) return cand;
       }
-    } else if (is_reduce(cand->op()) && cand->op() != OpKind::ArgMax && cand->op() != OpKind::ArgMin) {
+    } else if (is_reduce(cand->op()) && cand->op() != OpKind::ArgMax &&
+               cand->op() != OpKind::ArgMin) {
       double x = ins[0]->attrs().get_float("value");
       double count = static_cast<double>(ins[0]->type().numel()) /
                      static_cast<double>(std::max<int64_t>(1, cand->type().numel()));
       switch (cand->op()) {
-        case OpKind::ReduceSum: v = x * count; break;
-        case OpKind::ReduceProd: v = std::pow(x, count); break;
-        default: v = x; break;
+        case OpKind::ReduceSum:
+          v = x * count;
+          break;
+        case OpKind::ReduceProd:
+          v = std::pow(x, count);
+          break;
+        default:
+          v = x;
+          break;
       }
     }
     if (!v || !exact(*v, out)) return cand;

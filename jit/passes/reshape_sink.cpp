@@ -47,8 +47,10 @@ std::optional<std::vector<Group>> reshape_groups(const Shape& from, const Shape&
 
 // `b` (broadcasting to `to`) written in the shape `from`, or null when some
 // group of b is neither whole nor broadcast.
-NodeRef in_shape(const NodeRef& b0, const Shape& from, const Shape& to, const std::vector<Group>& groups) {
-  NodeRef b = b0->op() == OpKind::Broadcast ? b0->input(0) : b0;  // numpy broadcasting does the same
+NodeRef in_shape(const NodeRef& b0, const Shape& from, const Shape& to,
+                 const std::vector<Group>& groups) {
+  NodeRef b =
+      b0->op() == OpKind::Broadcast ? b0->input(0) : b0;  // numpy broadcasting does the same
   if (b->rank() > static_cast<int>(to.size())) return nullptr;
   Shape bs(to.size() - b->rank(), 1);
   bs.insert(bs.end(), b->shape().begin(), b->shape().end());
@@ -77,7 +79,8 @@ Graph reshape_sink(const Graph& g) {
     int pick = -1;
     for (size_t i = 0; i < in.size(); ++i) {
       const NodeRef& r = in[i];
-      if (r->op() != OpKind::Reshape || r->shape() != n->shape() || r->input(0)->rank() == 0) continue;
+      if (r->op() != OpKind::Reshape || r->shape() != n->shape() || r->input(0)->rank() == 0)
+        continue;
       if (is_contraction(r->input(0)->op()) || sunk.count(r->input(0).get())) {
         pick = static_cast<int>(i);
         break;

@@ -20,10 +20,18 @@ void translate(std::exception_ptr p) {
     // Messages may quote paths and file texts, which need not be UTF-8.
     std::string what = jit::printable_text(e.what());
     switch (e.kind()) {
-      case ErrorKind::Type: PyErr_SetString(PyExc_TypeError, what.c_str()); break;
-      case ErrorKind::Value: PyErr_SetString(PyExc_ValueError, what.c_str()); break;
-      case ErrorKind::NotImplemented: PyErr_SetString(PyExc_NotImplementedError, what.c_str()); break;
-      case ErrorKind::Runtime: PyErr_SetString(PyExc_RuntimeError, what.c_str()); break;
+      case ErrorKind::Type:
+        PyErr_SetString(PyExc_TypeError, what.c_str());
+        break;
+      case ErrorKind::Value:
+        PyErr_SetString(PyExc_ValueError, what.c_str());
+        break;
+      case ErrorKind::NotImplemented:
+        PyErr_SetString(PyExc_NotImplementedError, what.c_str());
+        break;
+      case ErrorKind::Runtime:
+        PyErr_SetString(PyExc_RuntimeError, what.c_str());
+        break;
     }
   } catch (const InternalError& e) {
     PyErr_SetString(g_internal_error.ptr(), jit::printable_text(e.what()).c_str());
@@ -63,13 +71,20 @@ py::object attr_to_py(const ir::AttrValue& v) {
 
 py::dtype to_numpy_dtype(ir::DType t) {
   switch (t) {
-    case ir::DType::Bool: return py::dtype::of<bool>();
-    case ir::DType::Int8: return py::dtype::of<int8_t>();
-    case ir::DType::UInt8: return py::dtype::of<uint8_t>();
-    case ir::DType::Int32: return py::dtype::of<int32_t>();
-    case ir::DType::Int64: return py::dtype::of<int64_t>();
-    case ir::DType::Float32: return py::dtype::of<float>();
-    case ir::DType::Float64: return py::dtype::of<double>();
+    case ir::DType::Bool:
+      return py::dtype::of<bool>();
+    case ir::DType::Int8:
+      return py::dtype::of<int8_t>();
+    case ir::DType::UInt8:
+      return py::dtype::of<uint8_t>();
+    case ir::DType::Int32:
+      return py::dtype::of<int32_t>();
+    case ir::DType::Int64:
+      return py::dtype::of<int64_t>();
+    case ir::DType::Float32:
+      return py::dtype::of<float>();
+    case ir::DType::Float64:
+      return py::dtype::of<double>();
   }
   throw InternalError("bad dtype");
 }
@@ -81,13 +96,20 @@ bool numpy_dtype_matches(const py::dtype& d, ir::DType t) {
   char order = d.byteorder();
   if (order == '>') return false;
   switch (t) {
-    case ir::DType::Bool: return k == 'b';
-    case ir::DType::Int8: return k == 'i' && sz == 1;
-    case ir::DType::UInt8: return k == 'u' && sz == 1;
-    case ir::DType::Int32: return k == 'i' && sz == 4;
-    case ir::DType::Int64: return k == 'i' && sz == 8;
-    case ir::DType::Float32: return k == 'f' && sz == 4;
-    case ir::DType::Float64: return k == 'f' && sz == 8;
+    case ir::DType::Bool:
+      return k == 'b';
+    case ir::DType::Int8:
+      return k == 'i' && sz == 1;
+    case ir::DType::UInt8:
+      return k == 'u' && sz == 1;
+    case ir::DType::Int32:
+      return k == 'i' && sz == 4;
+    case ir::DType::Int64:
+      return k == 'i' && sz == 8;
+    case ir::DType::Float32:
+      return k == 'f' && sz == 4;
+    case ir::DType::Float64:
+      return k == 'f' && sz == 8;
   }
   return false;
 }
@@ -97,7 +119,8 @@ ir::DType from_numpy_dtype(const py::dtype& d) {
     auto t = static_cast<ir::DType>(i);
     if (numpy_dtype_matches(d, t)) return t;
   }
-  throw_user(ErrorKind::Type, "numpy dtype ", std::string(py::str(d)), " has no flowjit equivalent");
+  throw_user(ErrorKind::Type, "numpy dtype ", std::string(py::str(d)),
+             " has no flowjit equivalent");
 }
 
 void register_errors(py::module_& m) {
@@ -125,7 +148,8 @@ void register_ir(py::module_& m) {
 
   py::class_<PyNode>(m, "Node")
       .def_property_readonly("op", [](const PyNode& n) { return n.ref->op(); })
-      .def_property_readonly("op_name", [](const PyNode& n) { return std::string(ir::op_name(n.ref->op())); })
+      .def_property_readonly("op_name",
+                             [](const PyNode& n) { return std::string(ir::op_name(n.ref->op())); })
       .def_property_readonly("shape",
                              [](const PyNode& n) {
                                py::tuple t(n.ref->rank());
@@ -147,26 +171,28 @@ void register_ir(py::module_& m) {
            })
       .def("same", [](const PyNode& a, const PyNode& b) { return a.ref == b.ref; })
       .def("__repr__", [](const PyNode& n) {
-        return "<flowjit IR node " + std::string(ir::op_name(n.ref->op())) + " : " + n.ref->type().str() + ">";
+        return "<flowjit IR node " + std::string(ir::op_name(n.ref->op())) + " : " +
+               n.ref->type().str() + ">";
       });
 
   // make_node(op, inputs, attrs, file, line): the checking factory.
   m.def(
       "make_node",
-      [](ir::OpKind op, const std::vector<PyNode>& inputs, const py::dict& attrs, const std::string& file,
-         int line) {
+      [](ir::OpKind op, const std::vector<PyNode>& inputs, const py::dict& attrs,
+         const std::string& file, int line) {
         std::vector<ir::NodeRef> ins;
         for (auto& i : inputs) ins.push_back(i.ref);
         ir::Attrs a;
         for (auto [k, v] : attrs) a.set(k.cast<std::string>(), to_attr(v));
         return PyNode{ir::make_node(op, std::move(ins), std::move(a), ir::SourceLoc{file, line})};
       },
-      py::arg("op"), py::arg("inputs"), py::arg("attrs"), py::arg("file") = "", py::arg("line") = 0);
+      py::arg("op"), py::arg("inputs"), py::arg("attrs"), py::arg("file") = "",
+      py::arg("line") = 0);
 
   m.def(
       "print_graph",
-      [](const std::vector<PyNode>& params, const std::vector<PyNode>& outputs, const std::string& name,
-         bool locations) {
+      [](const std::vector<PyNode>& params, const std::vector<PyNode>& outputs,
+         const std::string& name, bool locations) {
         ir::Graph g;
         g.name = name;
         for (auto& p : params) g.params.push_back(p.ref);

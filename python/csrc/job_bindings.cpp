@@ -5,8 +5,8 @@
 #include <cstring>
 
 #include "ir/error.h"
-#include "jit/compile.h"
 #include "jit/cache.h"
+#include "jit/compile.h"
 #include "python/csrc/bindings.h"
 #include "python/csrc/gpu_bindings.h"
 #include "python/csrc/session.h"
@@ -26,13 +26,20 @@ jit::OptimizerConfig optimizer_from_dict(const py::dict& d) {
   jit::OptimizerConfig c;
   std::string kind = d["kind"].cast<std::string>();
   using K = jit::OptimizerConfig::Kind;
-  if (kind == "SGD") c.kind = K::SGD;
-  else if (kind == "Adam") c.kind = K::Adam;
-  else if (kind == "AdamW") c.kind = K::AdamW;
-  else if (kind == "RMSProp") c.kind = K::RMSProp;
-  else if (kind == "LAMB") c.kind = K::LAMB;
-  else if (kind == "LARS") c.kind = K::LARS;
-  else throw_user(ErrorKind::Value, "unknown optimizer '", kind, "'");
+  if (kind == "SGD")
+    c.kind = K::SGD;
+  else if (kind == "Adam")
+    c.kind = K::Adam;
+  else if (kind == "AdamW")
+    c.kind = K::AdamW;
+  else if (kind == "RMSProp")
+    c.kind = K::RMSProp;
+  else if (kind == "LAMB")
+    c.kind = K::LAMB;
+  else if (kind == "LARS")
+    c.kind = K::LARS;
+  else
+    throw_user(ErrorKind::Value, "unknown optimizer '", kind, "'");
   auto f = [&](const char* k, double& dst) {
     if (d.contains(k)) dst = d[k].cast<double>();
   };
@@ -128,9 +135,12 @@ class CompiledJobPy {
     if (!job_.distributed) return "";
     std::string out;
     const auto& dg = *job_.distributed;
-    for (size_t i = 0; i < dg.params.size(); ++i) out += "input " + std::to_string(i) + ": " + dg.params[i].str() + "\n";
-    for (size_t i = 0; i < dg.outputs.size(); ++i) out += "output " + std::to_string(i) + ": " + dg.outputs[i].str() + "\n";
-    for (auto& [name, sbp, type] : dg.variables) out += "variable " + name + ": " + sbp.str() + "\n";
+    for (size_t i = 0; i < dg.params.size(); ++i)
+      out += "input " + std::to_string(i) + ": " + dg.params[i].str() + "\n";
+    for (size_t i = 0; i < dg.outputs.size(); ++i)
+      out += "output " + std::to_string(i) + ": " + dg.outputs[i].str() + "\n";
+    for (auto& [name, sbp, type] : dg.variables)
+      out += "variable " + name + ": " + sbp.str() + "\n";
     out += "boxing:\n" + dg.description;
     return out;
   }
@@ -141,8 +151,10 @@ class CompiledJobPy {
   static void run_on(const std::shared_ptr<runtime::Executable>& exe,
                      const std::shared_ptr<runtime::DistributedExecutable>& dist,
                      const void* const* ins, void* const* outs) {
-    if (dist) dist->run(ins, outs);
-    else exe->run(ins, outs);
+    if (dist)
+      dist->run(ins, outs);
+    else
+      exe->run(ins, outs);
   }
 
   py::list group_results(const std::vector<py::array>& outs) const {
@@ -183,8 +195,10 @@ class CompiledJobPy {
       // variables between the check above and the lock: never run then.
       cleared = generation_ != s.generation();
       if (!cleared) {
-        if (gpu_) gpu_->run(ins.data(), out_ptrs.data());
-        else run_on(job_.executable, dist_, ins.data(), out_ptrs.data());
+        if (gpu_)
+          gpu_->run(ins.data(), out_ptrs.data());
+        else
+          run_on(job_.executable, dist_, ins.data(), out_ptrs.data());
       }
     }
     if (cleared) throw_cleared();
@@ -234,8 +248,10 @@ class CompiledJobPy {
                      "nothing ran (call the job again to recompile it)");
         // A GPU run is only enqueued here: the worker goes on with the next
         // job while the GPU computes.
-        if (gpu) ticket = gpu->submit(in_ptrs->data(), *out_ptrs);
-        else run_on(exe, dist, in_ptrs->data(), out_ptrs->data());
+        if (gpu)
+          ticket = gpu->submit(in_ptrs->data(), *out_ptrs);
+        else
+          run_on(exe, dist, in_ptrs->data(), out_ptrs->data());
       } catch (...) {
         err = std::current_exception();
       }
@@ -301,7 +317,8 @@ class CompiledJobPy {
                  "to recompile it");
   }
 
-  bool convert_inputs(const py::tuple& args, std::vector<const void*>& ins, std::vector<py::object>& keep) {
+  bool convert_inputs(const py::tuple& args, std::vector<const void*>& ins,
+                      std::vector<py::object>& keep) {
     size_t n = in_types_.size();
     if (args.size() != n) return false;
     ins.resize(n);
@@ -309,12 +326,14 @@ class CompiledJobPy {
       py::handle h = args[i];
       if (!py::isinstance<py::array>(h)) return false;
       auto a = py::reinterpret_borrow<py::array>(h);
-      if (a.dtype().num() != in_nums_[i] || !numpy_dtype_matches(a.dtype(), in_types_[i].dtype)) return false;
+      if (a.dtype().num() != in_nums_[i] || !numpy_dtype_matches(a.dtype(), in_types_[i].dtype))
+        return false;
       const ir::Shape& want = in_types_[i].shape;
       if (a.ndim() != static_cast<py::ssize_t>(want.size())) return false;
       for (size_t d = 0; d < want.size(); ++d)
         if (a.shape(d) != want[d]) return false;
-      bool aligned = (reinterpret_cast<uintptr_t>(a.data()) % ir::dtype_bytes(in_types_[i].dtype)) == 0;
+      bool aligned =
+          (reinterpret_cast<uintptr_t>(a.data()) % ir::dtype_bytes(in_types_[i].dtype)) == 0;
       if (!(a.flags() & py::array::c_style) || !aligned) {
         // Other layouts are copied into a C-contiguous array first.
         py::array c = py::array::ensure(a, py::array::c_style);
@@ -367,8 +386,10 @@ void register_jobs(py::module_& m) {
       .def_property_readonly("stale", &CompiledJobPy::stale)
       .def("try_run_async", &CompiledJobPy::try_run_async)
       .def_property_readonly("ir_traced", [](const CompiledJobPy& j) { return j.job().ir_traced; })
-      .def_property_readonly("ir_optimized", [](const CompiledJobPy& j) { return j.job().ir_optimized; })
-      .def_property_readonly("fusion_plan", [](const CompiledJobPy& j) { return j.job().fusion_plan; })
+      .def_property_readonly("ir_optimized",
+                             [](const CompiledJobPy& j) { return j.job().ir_optimized; })
+      .def_property_readonly("fusion_plan",
+                             [](const CompiledJobPy& j) { return j.job().fusion_plan; })
       .def_property_readonly("kernels", [](const CompiledJobPy& j) { return j.job().kernels; })
       .def_property_readonly("llvm_ir", [](const CompiledJobPy& j) { return j.job().llvm_ir; })
       .def_property_readonly("assembly", [](const CompiledJobPy& j) { return j.job().assembly; })
@@ -389,8 +410,8 @@ void register_jobs(py::module_& m) {
              for (size_t d = 0; d < devices.size(); ++d) {
                const auto& launches = devices[d]->plan().launches;
                for (auto& e : devices[d]->events())
-                 out.emplace_back(static_cast<int>(d), launches[e.launch].symbol, e.start_ns, e.dur_ns,
-                                  e.thread);
+                 out.emplace_back(static_cast<int>(d), launches[e.launch].symbol, e.start_ns,
+                                  e.dur_ns, e.thread);
              }
              return out;
            })
@@ -404,17 +425,22 @@ void register_jobs(py::module_& m) {
       .def_property_readonly("distributed", &CompiledJobPy::distributed)
       .def_property_readonly("distribution", &CompiledJobPy::distribution)
       .def_property_readonly("output_groups", &CompiledJobPy::output_groups)
-      .def_property_readonly("from_disk_cache", [](const CompiledJobPy& j) { return j.job().from_disk_cache; })
+      .def_property_readonly("from_disk_cache",
+                             [](const CompiledJobPy& j) { return j.job().from_disk_cache; })
       .def_property_readonly("cache_key", [](const CompiledJobPy& j) { return j.job().cache_key; })
       .def_property_readonly("warnings",
                              [](const CompiledJobPy& j) {
                                std::vector<std::string> out;
-                               for (auto& w : j.job().warnings) out.push_back(jit::printable_text(w));
+                               for (auto& w : j.job().warnings)
+                                 out.push_back(jit::printable_text(w));
                                return out;
                              })
-      .def_property_readonly("seconds_total", [](const CompiledJobPy& j) { return j.job().seconds_total; })
-      .def_property_readonly("seconds_codegen", [](const CompiledJobPy& j) { return j.job().seconds_codegen; })
-      .def_property_readonly("seconds_passes", [](const CompiledJobPy& j) { return j.job().seconds_passes; })
+      .def_property_readonly("seconds_total",
+                             [](const CompiledJobPy& j) { return j.job().seconds_total; })
+      .def_property_readonly("seconds_codegen",
+                             [](const CompiledJobPy& j) { return j.job().seconds_codegen; })
+      .def_property_readonly("seconds_passes",
+                             [](const CompiledJobPy& j) { return j.job().seconds_passes; })
       .def_property_readonly("new_variables", [](const CompiledJobPy& j) {
         std::vector<std::string> out;
         for (auto& [n, t] : j.job().new_variables) out.push_back(n);
@@ -441,8 +467,9 @@ void register_jobs(py::module_& m) {
         if (!step.is_none()) job.step = step.cast<PyNode>().ref;
         job.trainable = refs(trainable);
         job.watched_grads = refs(watched_grads);
-        FJ_USER_CHECK(job.watched_grads.empty() || train, ErrorKind::Value, "job '", name,
-                      "': flow.watch_diff needs a train job (gradients exist only where minimize runs)");
+        FJ_USER_CHECK(
+            job.watched_grads.empty() || train, ErrorKind::Value, "job '", name,
+            "': flow.watch_diff needs a train job (gradients exist only where minimize runs)");
         if (!optimizer.is_none()) job.optimizer = optimizer_from_dict(optimizer.cast<py::dict>());
         job.source = source;
         job.signature = signature;
@@ -488,8 +515,8 @@ void register_jobs(py::module_& m) {
       },
       py::arg("name"), py::arg("train"), py::arg("params"), py::arg("outputs"), py::arg("effects"),
       py::arg("losses"), py::arg("lr"), py::arg("step"), py::arg("trainable"), py::arg("optimizer"),
-      py::arg("source"), py::arg("signature"), py::arg("settings"), py::arg("distribution") = py::none(),
-      py::arg("watched_grads") = std::vector<PyNode>{});
+      py::arg("source"), py::arg("signature"), py::arg("settings"),
+      py::arg("distribution") = py::none(), py::arg("watched_grads") = std::vector<PyNode>{});
 }
 
 }  // namespace flowjit::python

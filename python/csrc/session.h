@@ -90,8 +90,8 @@ class Session {
   int first_rank() const { return first_rank_; }
   bool several_processes() const { return several_processes_; }
 
-  void clear();      // waits for work, drops variables, bumps generation
-  void shutdown();   // at interpreter exit: finishes work, stops threads
+  void clear();     // waits for work, drops variables, bumps generation
+  void shutdown();  // at interpreter exit: finishes work, stops threads
 
  private:
   Session() = default;

@@ -14,8 +14,8 @@
 #include "python/csrc/bindings.h"
 #include "python/csrc/session.h"
 #include "runtime/distributed.h"
-#include "runtime/gloo_communicator.h"
 #include "runtime/executable.h"
+#include "runtime/gloo_communicator.h"
 
 namespace flowjit::python {
 
@@ -217,7 +217,8 @@ void Session::configure_devices(int local, std::shared_ptr<runtime::Communicator
     v->replicas.reset();
   }
   device_stores_.clear();
-  for (int d = 0; d < local; ++d) device_stores_.push_back(std::make_unique<runtime::VariableStore>());
+  for (int d = 0; d < local; ++d)
+    device_stores_.push_back(std::make_unique<runtime::VariableStore>());
   comm_ = std::move(comm);
   first_rank_ = first_rank;
   several_processes_ = several_processes;
@@ -330,8 +331,8 @@ void set_variable_value(const std::string& name, const py::array& value) {
   std::lock_guard<std::mutex> lock(Session::get().run_mutex());
   runtime::VariableStorage* v = default_store().find(name);
   if (!v) throw_user(ErrorKind::Value, "no variable named '", name, "' in the session");
-  FJ_USER_CHECK(numpy_dtype_matches(value.dtype(), v->type.dtype), ErrorKind::Type, "variable '", name,
-                "' is ", ir::dtype_name(v->type.dtype), " but the value is ",
+  FJ_USER_CHECK(numpy_dtype_matches(value.dtype(), v->type.dtype), ErrorKind::Type, "variable '",
+                name, "' is ", ir::dtype_name(v->type.dtype), " but the value is ",
                 std::string(py::str(value.dtype())), "; convert it with .astype(np.",
                 ir::dtype_name(v->type.dtype), ")");
   ir::Shape shape(value.shape(), value.shape() + value.ndim());

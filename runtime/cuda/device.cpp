@@ -25,7 +25,8 @@ DeviceInfo query(const DriverApi& api, int ordinal, CUdevice* out_dev) {
   info.sm = major * 10 + minor;
   FLOWJIT_CU(api, cuDeviceGetAttribute, &info.multiprocessors, kAttrMultiprocessorCount, dev);
   FLOWJIT_CU(api, cuDeviceGetAttribute, &info.max_threads_per_block, kAttrMaxThreadsPerBlock, dev);
-  FLOWJIT_CU(api, cuDeviceGetAttribute, &info.max_shared_optin, kAttrMaxSharedMemoryPerBlockOptin, dev);
+  FLOWJIT_CU(api, cuDeviceGetAttribute, &info.max_shared_optin, kAttrMaxSharedMemoryPerBlockOptin,
+             dev);
   size_t total = 0;
   FLOWJIT_CU(api, cuDeviceTotalMem, &total, dev);
   info.total_bytes = static_cast<int64_t>(total);
@@ -106,7 +107,8 @@ CUdeviceptr Device::allocate(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   for (Chunk& c : chunks_)
     if (auto off = c.ranges->allocate(bytes)) return c.base + *off;
-  uint64_t size = std::max<uint64_t>(chunk_bytes_, (bytes + (2ull << 20) - 1) / (2ull << 20) * (2ull << 20));
+  uint64_t size =
+      std::max<uint64_t>(chunk_bytes_, (bytes + (2ull << 20) - 1) / (2ull << 20) * (2ull << 20));
   Chunk c;
   {
     Scope s(*this);
@@ -185,7 +187,8 @@ DeviceBuffer::DeviceBuffer(std::shared_ptr<Device> d, uint64_t bytes)
 DeviceBuffer::~DeviceBuffer() {
   if (d_ && ptr_) d_->release(ptr_);
 }
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : d_(std::move(o.d_)), ptr_(o.ptr_), bytes_(o.bytes_) {
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : d_(std::move(o.d_)), ptr_(o.ptr_), bytes_(o.bytes_) {
   o.ptr_ = 0;
 }
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
@@ -209,7 +212,8 @@ PinnedBuffer::~PinnedBuffer() {
     }
   }
 }
-PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept : d_(std::move(o.d_)), p_(o.p_), bytes_(o.bytes_) {
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept
+    : d_(std::move(o.d_)), p_(o.p_), bytes_(o.bytes_) {
   o.p_ = nullptr;
 }
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {

@@ -23,8 +23,10 @@ static_assert(fc::kAttrMaxThreadsPerBlock == CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER
 static_assert(fc::kAttrMultiprocessorCount == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
 static_assert(fc::kAttrComputeCapabilityMajor == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
 static_assert(fc::kAttrComputeCapabilityMinor == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
-static_assert(fc::kAttrMaxSharedMemoryPerBlockOptin == CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
-static_assert(fc::kFuncAttrMaxDynamicSharedSizeBytes == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
+static_assert(fc::kAttrMaxSharedMemoryPerBlockOptin ==
+              CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+static_assert(fc::kFuncAttrMaxDynamicSharedSizeBytes ==
+              CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
 static_assert(fc::kStreamNonBlocking == CU_STREAM_NON_BLOCKING);
 static_assert(fc::kEventDisableTiming == CU_EVENT_DISABLE_TIMING);
 static_assert(fc::kJitInfoLogBuffer == CU_JIT_INFO_LOG_BUFFER);

@@ -36,15 +36,16 @@ DriverApi load_driver(const std::string& library) {
   void* h = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char* e = ::dlerror();
-    throw_user(ErrorKind::Runtime, kNoDriverMessage, library == "libcuda.so.1" ? "" : " (tried " + library + ")",
+    throw_user(ErrorKind::Runtime, kNoDriverMessage,
+               library == "libcuda.so.1" ? "" : " (tried " + library + ")",
                e ? std::string(" [") + e + "]" : "");
   }
   DriverApi api;
   api.library = library;
   api.handle = h;
   std::string missing;
-#define FLOWJIT_CUDA_RESOLVE(member, symbol, ret, params)                     \
-  api.member = reinterpret_cast<ret(*) params>(::dlsym(h, symbol));           \
+#define FLOWJIT_CUDA_RESOLVE(member, symbol, ret, params)           \
+  api.member = reinterpret_cast<ret(*) params>(::dlsym(h, symbol)); \
   if (!api.member) missing += std::string(missing.empty() ? "" : ", ") + symbol;
   FLOWJIT_CUDA_DRIVER_FUNCTIONS(FLOWJIT_CUDA_RESOLVE)
 #undef FLOWJIT_CUDA_RESOLVE

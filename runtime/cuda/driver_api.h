@@ -46,11 +46,11 @@ constexpr int kAttrMaxSharedMemoryPerBlockOptin = 97;
 constexpr int kFuncAttrMaxDynamicSharedSizeBytes = 8;
 constexpr unsigned kStreamNonBlocking = 1;
 constexpr unsigned kEventDisableTiming = 2;
-constexpr int kJitInfoLogBuffer = 3;           // CU_JIT_INFO_LOG_BUFFER
-constexpr int kJitInfoLogBufferSizeBytes = 4;  // CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES
-constexpr int kJitErrorLogBuffer = 5;          // CU_JIT_ERROR_LOG_BUFFER
-constexpr int kJitErrorLogBufferSizeBytes = 6; // CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES
-constexpr int kMemoryTypeDevice = 2;           // CU_MEMORYTYPE_DEVICE
+constexpr int kJitInfoLogBuffer = 3;            // CU_JIT_INFO_LOG_BUFFER
+constexpr int kJitInfoLogBufferSizeBytes = 4;   // CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES
+constexpr int kJitErrorLogBuffer = 5;           // CU_JIT_ERROR_LOG_BUFFER
+constexpr int kJitErrorLogBufferSizeBytes = 6;  // CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES
+constexpr int kMemoryTypeDevice = 2;            // CU_MEMORYTYPE_DEVICE
 
 // A strided (2D) copy, cuda.h's CUDA_MEMCPY2D field for field: `Height` rows
 // of `WidthInBytes`, rows `srcPitch` / `dstPitch` bytes apart. The NCCL
@@ -75,49 +75,50 @@ struct CUDA_MEMCPY2D {
 };
 
 // X(member, ABI symbol, return type, parameters)
-#define FLOWJIT_CUDA_DRIVER_FUNCTIONS(X)                                                          \
-  X(cuInit, "cuInit", CUresult, (unsigned flags))                                                 \
-  X(cuGetErrorString, "cuGetErrorString", CUresult, (CUresult error, const char** str))           \
-  X(cuGetErrorName, "cuGetErrorName", CUresult, (CUresult error, const char** str))               \
-  X(cuDriverGetVersion, "cuDriverGetVersion", CUresult, (int* version))                           \
-  X(cuDeviceGetCount, "cuDeviceGetCount", CUresult, (int* count))                                 \
-  X(cuDeviceGet, "cuDeviceGet", CUresult, (CUdevice * device, int ordinal))                       \
-  X(cuDeviceGetName, "cuDeviceGetName", CUresult, (char* name, int len, CUdevice dev))            \
-  X(cuDeviceGetAttribute, "cuDeviceGetAttribute", CUresult, (int* value, int attrib, CUdevice dev)) \
-  X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", CUresult, (size_t * bytes, CUdevice dev))            \
-  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", CUresult, (CUcontext * ctx, CUdevice dev)) \
-  X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", CUresult, (CUdevice dev))         \
-  X(cuCtxPushCurrent, "cuCtxPushCurrent_v2", CUresult, (CUcontext ctx))                           \
-  X(cuCtxPopCurrent, "cuCtxPopCurrent_v2", CUresult, (CUcontext * ctx))                           \
-  X(cuCtxSynchronize, "cuCtxSynchronize", CUresult, ())                                           \
-  X(cuStreamCreate, "cuStreamCreate", CUresult, (CUstream * stream, unsigned flags))              \
-  X(cuStreamDestroy, "cuStreamDestroy_v2", CUresult, (CUstream stream))                           \
-  X(cuStreamSynchronize, "cuStreamSynchronize", CUresult, (CUstream stream))                      \
-  X(cuMemAlloc, "cuMemAlloc_v2", CUresult, (CUdeviceptr * ptr, size_t bytes))                     \
-  X(cuMemFree, "cuMemFree_v2", CUresult, (CUdeviceptr ptr))                                       \
-  X(cuMemAllocHost, "cuMemAllocHost_v2", CUresult, (void** ptr, size_t bytes))                    \
-  X(cuMemFreeHost, "cuMemFreeHost", CUresult, (void* ptr))                                        \
-  X(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", CUresult,                                          \
-    (CUdeviceptr dst, const void* src, size_t bytes, CUstream stream))                            \
-  X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", CUresult,                                          \
-    (void* dst, CUdeviceptr src, size_t bytes, CUstream stream))                                  \
-  X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", CUresult,                                          \
-    (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))                            \
-  X(cuMemcpy2DAsync, "cuMemcpy2DAsync_v2", CUresult,                                              \
-    (const CUDA_MEMCPY2D* copy, CUstream stream))                                                 \
-  X(cuModuleLoadDataEx, "cuModuleLoadDataEx", CUresult,                                           \
+#define FLOWJIT_CUDA_DRIVER_FUNCTIONS(X)                                                           \
+  X(cuInit, "cuInit", CUresult, (unsigned flags))                                                  \
+  X(cuGetErrorString, "cuGetErrorString", CUresult, (CUresult error, const char** str))            \
+  X(cuGetErrorName, "cuGetErrorName", CUresult, (CUresult error, const char** str))                \
+  X(cuDriverGetVersion, "cuDriverGetVersion", CUresult, (int* version))                            \
+  X(cuDeviceGetCount, "cuDeviceGetCount", CUresult, (int* count))                                  \
+  X(cuDeviceGet, "cuDeviceGet", CUresult, (CUdevice * device, int ordinal))                        \
+  X(cuDeviceGetName, "cuDeviceGetName", CUresult, (char* name, int len, CUdevice dev))             \
+  X(cuDeviceGetAttribute, "cuDeviceGetAttribute", CUresult,                                        \
+    (int* value, int attrib, CUdevice dev))                                                        \
+  X(cuDeviceTotalMem, "cuDeviceTotalMem_v2", CUresult, (size_t* bytes, CUdevice dev))              \
+  X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", CUresult,                                \
+    (CUcontext * ctx, CUdevice dev))                                                               \
+  X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", CUresult, (CUdevice dev))           \
+  X(cuCtxPushCurrent, "cuCtxPushCurrent_v2", CUresult, (CUcontext ctx))                            \
+  X(cuCtxPopCurrent, "cuCtxPopCurrent_v2", CUresult, (CUcontext * ctx))                            \
+  X(cuCtxSynchronize, "cuCtxSynchronize", CUresult, ())                                            \
+  X(cuStreamCreate, "cuStreamCreate", CUresult, (CUstream * stream, unsigned flags))               \
+  X(cuStreamDestroy, "cuStreamDestroy_v2", CUresult, (CUstream stream))                            \
+  X(cuStreamSynchronize, "cuStreamSynchronize", CUresult, (CUstream stream))                       \
+  X(cuMemAlloc, "cuMemAlloc_v2", CUresult, (CUdeviceptr * ptr, size_t bytes))                      \
+  X(cuMemFree, "cuMemFree_v2", CUresult, (CUdeviceptr ptr))                                        \
+  X(cuMemAllocHost, "cuMemAllocHost_v2", CUresult, (void** ptr, size_t bytes))                     \
+  X(cuMemFreeHost, "cuMemFreeHost", CUresult, (void* ptr))                                         \
+  X(cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2", CUresult,                                           \
+    (CUdeviceptr dst, const void* src, size_t bytes, CUstream stream))                             \
+  X(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2", CUresult,                                           \
+    (void* dst, CUdeviceptr src, size_t bytes, CUstream stream))                                   \
+  X(cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2", CUresult,                                           \
+    (CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream))                             \
+  X(cuMemcpy2DAsync, "cuMemcpy2DAsync_v2", CUresult, (const CUDA_MEMCPY2D* copy, CUstream stream)) \
+  X(cuModuleLoadDataEx, "cuModuleLoadDataEx", CUresult,                                            \
     (CUmodule * module, const void* image, unsigned num_options, int* options, void** values))     \
-  X(cuModuleUnload, "cuModuleUnload", CUresult, (CUmodule module))                                \
-  X(cuModuleGetFunction, "cuModuleGetFunction", CUresult,                                         \
-    (CUfunction * fn, CUmodule module, const char* name))                                         \
-  X(cuFuncSetAttribute, "cuFuncSetAttribute", CUresult, (CUfunction fn, int attrib, int value))   \
-  X(cuLaunchKernel, "cuLaunchKernel", CUresult,                                                   \
-    (CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, \
-     unsigned shared_bytes, CUstream stream, void** params, void** extra))                        \
-  X(cuEventCreate, "cuEventCreate", CUresult, (CUevent * event, unsigned flags))                  \
-  X(cuEventDestroy, "cuEventDestroy_v2", CUresult, (CUevent event))                               \
-  X(cuEventRecord, "cuEventRecord", CUresult, (CUevent event, CUstream stream))                   \
-  X(cuEventQuery, "cuEventQuery", CUresult, (CUevent event))                                      \
+  X(cuModuleUnload, "cuModuleUnload", CUresult, (CUmodule module))                                 \
+  X(cuModuleGetFunction, "cuModuleGetFunction", CUresult,                                          \
+    (CUfunction * fn, CUmodule module, const char* name))                                          \
+  X(cuFuncSetAttribute, "cuFuncSetAttribute", CUresult, (CUfunction fn, int attrib, int value))    \
+  X(cuLaunchKernel, "cuLaunchKernel", CUresult,                                                    \
+    (CUfunction fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,  \
+     unsigned shared_bytes, CUstream stream, void** params, void** extra))                         \
+  X(cuEventCreate, "cuEventCreate", CUresult, (CUevent * event, unsigned flags))                   \
+  X(cuEventDestroy, "cuEventDestroy_v2", CUresult, (CUevent event))                                \
+  X(cuEventRecord, "cuEventRecord", CUresult, (CUevent event, CUstream stream))                    \
+  X(cuEventQuery, "cuEventQuery", CUresult, (CUevent event))                                       \
   X(cuEventSynchronize, "cuEventSynchronize", CUresult, (CUevent event))
 
 struct DriverApi {
@@ -135,7 +136,8 @@ std::string error_text(const DriverApi& api, CUresult r);
 // Throws UserError(Runtime) "CUDA driver call cuMemAlloc failed:
 // CUDA_ERROR_OUT_OF_MEMORY: out of memory (while <context>)" unless r is success.
 void check(const DriverApi& api, CUresult r, const char* call, const std::string& context = "");
-#define FLOWJIT_CU(api, call, ...) ::flowjit::runtime::cuda::check((api), (api).call(__VA_ARGS__), #call)
+#define FLOWJIT_CU(api, call, ...) \
+  ::flowjit::runtime::cuda::check((api), (api).call(__VA_ARGS__), #call)
 
 // The message when libcuda.so.1 cannot be loaded.
 extern const char* const kNoDriverMessage;

@@ -19,8 +19,9 @@ size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 std::string serialize_launches(const std::vector<GpuLaunch>& launches) {
   std::ostringstream os;
   for (const GpuLaunch& l : launches)
-    os << "gpulaunch " << l.symbol << " " << l.grid[0] << " " << l.grid[1] << " " << l.grid[2] << " "
-       << l.block[0] << " " << l.block[1] << " " << l.block[2] << " " << l.shared_bytes << "\n";
+    os << "gpulaunch " << l.symbol << " " << l.grid[0] << " " << l.grid[1] << " " << l.grid[2]
+       << " " << l.block[0] << " " << l.block[1] << " " << l.block[2] << " " << l.shared_bytes
+       << "\n";
   return os.str();
 }
 
@@ -39,7 +40,8 @@ std::vector<GpuLaunch> deserialize_launches(const std::string& text) {
     if (key != "gpulaunch" || ls.fail() || (ls >> rest) || l.symbol.empty())
       throw_user(ErrorKind::Value, "corrupt GPU launch list: bad line '", line, "'");
     for (uint32_t v : {l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2]})
-      if (v == 0) throw_user(ErrorKind::Value, "corrupt GPU launch list: zero extent in '", line, "'");
+      if (v == 0)
+        throw_user(ErrorKind::Value, "corrupt GPU launch list: zero extent in '", line, "'");
     out.push_back(l);
   }
   return out;
@@ -51,7 +53,7 @@ struct DeviceVariables::Slot {
   ir::TensorType type;
   DeviceBuffer buf;
   std::shared_ptr<Device> device;
-  bool current = false;             // holds the newest value (alone, or with the host)
+  bool current = false;              // holds the newest value (alone, or with the host)
   VariableStorage* owner = nullptr;  // null once the variable is gone (session cleared)
 };
 
@@ -106,7 +108,8 @@ class GpuCopies final : public DeviceCopies {
       }
     }
     host_current = true;  // reported once; the host value is what remains
-    throw_user(ErrorKind::Runtime, "variable '", host.name, "': its newest value was on a GPU "
+    throw_user(ErrorKind::Runtime, "variable '", host.name,
+               "': its newest value was on a GPU "
                "whose device copies were released before it was brought back to the host");
   }
 
@@ -248,8 +251,8 @@ bool DeviceVariables::holds_newest(const VariableStorage& v) const {
 
 // ---------------------------------------------------------------- executable
 
-CudaExecutable::CudaExecutable(std::shared_ptr<Device> d, Plan plan, std::vector<GpuLaunch> launches,
-                               const GpuImage& image)
+CudaExecutable::CudaExecutable(std::shared_ptr<Device> d, Plan plan,
+                               std::vector<GpuLaunch> launches, const GpuImage& image)
     : d_(std::move(d)), plan_(std::move(plan)), launches_(std::move(launches)) {
   FJ_CHECK(launches_.size() == plan_.launches.size(), "one GPU launch per plan launch (",
            launches_.size(), " vs ", plan_.launches.size(), ")");
@@ -278,8 +281,8 @@ void CudaExecutable::load_and_allocate(const GpuImage& image) {
   std::vector<char> error_log(16384, 0), info_log(16384, 0);
   int options[] = {kJitErrorLogBuffer, kJitErrorLogBufferSizeBytes, kJitInfoLogBuffer,
                    kJitInfoLogBufferSizeBytes};
-  void* values[] = {error_log.data(), reinterpret_cast<void*>(error_log.size() - 1), info_log.data(),
-                    reinterpret_cast<void*>(info_log.size() - 1)};
+  void* values[] = {error_log.data(), reinterpret_cast<void*>(error_log.size() - 1),
+                    info_log.data(), reinterpret_cast<void*>(info_log.size() - 1)};
   CUresult r = api.cuModuleLoadDataEx(&module_, data, 4, options, values);
   std::string cubin_rejected;
   if (r != kCudaSuccess && use_cubin && !image.ptx.empty()) {
@@ -293,11 +296,12 @@ void CudaExecutable::load_and_allocate(const GpuImage& image) {
   }
   if (r != kCudaSuccess) {
     std::string log = error_log.data();
-    check(api, r, "cuModuleLoadDataEx",
-          "loading the kernels of job '" + plan_.job_name + "' as " +
-              (use_cubin ? "a cubin for sm_" + std::to_string(image.cubin_sm) : std::string("PTX")) +
-              " on " + d_->info().str() + (log.empty() ? "" : "; driver log: " + log) +
-              (cubin_rejected.empty() ? "" : "; the cubin was rejected too: " + cubin_rejected));
+    check(
+        api, r, "cuModuleLoadDataEx",
+        "loading the kernels of job '" + plan_.job_name + "' as " +
+            (use_cubin ? "a cubin for sm_" + std::to_string(image.cubin_sm) : std::string("PTX")) +
+            " on " + d_->info().str() + (log.empty() ? "" : "; driver log: " + log) +
+            (cubin_rejected.empty() ? "" : "; the cubin was rejected too: " + cubin_rejected));
   }
   loaded_from_ = use_cubin ? "cubin sm_" + std::to_string(image.cubin_sm)
                            : "ptx (driver JIT for sm_" + std::to_string(d_->info().sm) + ")";
@@ -307,9 +311,12 @@ void CudaExecutable::load_and_allocate(const GpuImage& image) {
     check(api, api.cuModuleGetFunction(&f, module_, l.symbol.c_str()), "cuModuleGetFunction",
           "kernel '" + l.symbol + "' of job '" + plan_.job_name + "'");
     if (l.shared_bytes > 48 * 1024)
-      check(api, api.cuFuncSetAttribute(f, kFuncAttrMaxDynamicSharedSizeBytes, static_cast<int>(l.shared_bytes)),
-            "cuFuncSetAttribute", "kernel '" + l.symbol + "' asks for " + std::to_string(l.shared_bytes) +
-                                      " bytes of shared memory");
+      check(api,
+            api.cuFuncSetAttribute(f, kFuncAttrMaxDynamicSharedSizeBytes,
+                                   static_cast<int>(l.shared_bytes)),
+            "cuFuncSetAttribute",
+            "kernel '" + l.symbol + "' asks for " + std::to_string(l.shared_bytes) +
+                " bytes of shared memory");
     fns_.push_back(f);
   }
 
@@ -365,10 +372,18 @@ void CudaExecutable::resolve_args() {
       const BufferRef& r = l.args[ai];
       CUdeviceptr base = 0;
       switch (r.kind) {
-        case BufferKind::Input: base = inputs_.at(r.index).ptr(); break;
-        case BufferKind::Output: base = outputs_.at(r.index).ptr(); break;
-        case BufferKind::Variable: base = variables_.at(r.index); break;
-        case BufferKind::Arena: base = arena_.ptr(); break;
+        case BufferKind::Input:
+          base = inputs_.at(r.index).ptr();
+          break;
+        case BufferKind::Output:
+          base = outputs_.at(r.index).ptr();
+          break;
+        case BufferKind::Variable:
+          base = variables_.at(r.index);
+          break;
+        case BufferKind::Arena:
+          base = arena_.ptr();
+          break;
       }
       arg_values_[arg_start_[li] + ai] = base + static_cast<CUdeviceptr>(r.offset_bytes);
     }
@@ -381,10 +396,12 @@ void CudaExecutable::bind_variables(VariableStore& host, DeviceVariables& dev) {
     const auto& [name, type] = plan_.variables[i];
     VariableStorage* v = host.find(name);
     FJ_USER_CHECK(v != nullptr, ErrorKind::Runtime, "job '", plan_.job_name, "' uses variable '",
-                  name, "', which no longer exists in the session (was "
+                  name,
+                  "', which no longer exists in the session (was "
                   "flow.clear_default_session() called?)");
-    FJ_USER_CHECK(v->type == type, ErrorKind::Value, "job '", plan_.job_name, "' expects variable '",
-                  name, "' as ", type.str(), " but the session holds ", v->type.str());
+    FJ_USER_CHECK(v->type == type, ErrorKind::Value, "job '", plan_.job_name,
+                  "' expects variable '", name, "' as ", type.str(), " but the session holds ",
+                  v->type.str());
     variables_[i] = dev.get(*v);
     host_variables_[i] = v;
   }
@@ -400,7 +417,8 @@ std::vector<CUdeviceptr> CudaExecutable::kernel_args(size_t i) const {
 }
 
 void CudaExecutable::submit(const void* const* inputs) {
-  FJ_CHECK(!in_flight_, "job '", plan_.job_name, "': a GPU run was submitted before the previous one finished");
+  FJ_CHECK(!in_flight_, "job '", plan_.job_name,
+           "': a GPU run was submitted before the previous one finished");
   FJ_CHECK(bound_ || plan_.variables.empty(), "GPU executable run before bind_variables");
   const DriverApi& api = d_->api();
   Device::Scope scope(*d_);
@@ -424,14 +442,14 @@ void CudaExecutable::submit(const void* const* inputs) {
   for (size_t li = 0; li < launches_.size(); ++li) {
     const GpuLaunch& l = launches_[li];
     void** params = plan_.launches[li].args.empty() ? nullptr : &arg_ptrs_[arg_start_[li]];
-    CUresult r = api.cuLaunchKernel(fns_[li], l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1],
-                                    l.block[2], l.shared_bytes, s, params, nullptr);
+    CUresult r = api.cuLaunchKernel(fns_[li], l.grid[0], l.grid[1], l.grid[2], l.block[0],
+                                    l.block[1], l.block[2], l.shared_bytes, s, params, nullptr);
     if (r != kCudaSuccess)
       check(api, r, "cuLaunchKernel",
-            "kernel '" + l.symbol + "' of job '" + plan_.job_name + "', grid " + std::to_string(l.grid[0]) +
-                "x" + std::to_string(l.grid[1]) + "x" + std::to_string(l.grid[2]) + ", block " +
-                std::to_string(l.block[0]) + "x" + std::to_string(l.block[1]) + "x" +
-                std::to_string(l.block[2]));
+            "kernel '" + l.symbol + "' of job '" + plan_.job_name + "', grid " +
+                std::to_string(l.grid[0]) + "x" + std::to_string(l.grid[1]) + "x" +
+                std::to_string(l.grid[2]) + ", block " + std::to_string(l.block[0]) + "x" +
+                std::to_string(l.block[1]) + "x" + std::to_string(l.block[2]));
   }
   for (size_t i = 0; i < outputs_.size(); ++i) {
     size_t n = static_cast<size_t>(plan_.outputs[i].bytes());

@@ -14,7 +14,8 @@ RangeAllocator::RangeAllocator(uint64_t capacity, uint64_t alignment)
 }
 
 std::optional<uint64_t> RangeAllocator::allocate(uint64_t bytes) {
-  uint64_t need = std::max<uint64_t>(alignment_, (bytes + alignment_ - 1) / alignment_ * alignment_);
+  uint64_t need =
+      std::max<uint64_t>(alignment_, (bytes + alignment_ - 1) / alignment_ * alignment_);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < need) continue;
     uint64_t off = it->first, size = it->second;

@@ -13,13 +13,13 @@
 #include <sstream>
 #include <thread>
 
-#include "tests/cpp/test_util.h"
 #include "ir/printer.h"
 #include "jit/cache.h"
 #include "jit/compile.h"
 #include "jit/fusion.h"
 #include "jit/pipeline.h"
 #include "jit/sha256.h"
+#include "tests/cpp/test_util.h"
 
 using namespace flowjit;
 using namespace flowjit::jit;
@@ -139,7 +139,7 @@ TEST(CacheKey, StableAndSensitiveToEveryPart) {
   // construction): the key format must not drift silently, which would
   // orphan every user's cache; bump the "flowjit-cache-key" version instead.
   EXPECT_EQ(k, "d13b60ecd5018fac705f9951517049a9385e6db84368df6acf5fa6a2aa9ea149");
-  std::string CacheKeyParts::*fields[] = {
+  std::string CacheKeyParts::* fields[] = {
       &CacheKeyParts::ir_optimized, &CacheKeyParts::fusion_plan, &CacheKeyParts::kernels,
       &CacheKeyParts::plan,         &CacheKeyParts::target,      &CacheKeyParts::llvm_version,
       &CacheKeyParts::build_id,     &CacheKeyParts::version};
@@ -486,8 +486,8 @@ TEST(DiskCacheTrust, PrivateModesWhateverTheUmask) {
     EXPECT_EQ(::lstat(p.c_str(), &st), 0) << p;
     return st.st_mode & 0777;
   };
-  for (std::string d : {tmp.path + "/a", root, root + "/tmp", root + "/" + key.substr(0, 2),
-                        cache.entry_dir(key)})
+  for (std::string d :
+       {tmp.path + "/a", root, root + "/tmp", root + "/" + key.substr(0, 2), cache.entry_dir(key)})
     EXPECT_EQ(mode(d), 0700u) << d;
   for (const char* f : {"meta.json", "object.o", "plan.txt", "llvm.ll"})
     EXPECT_EQ(mode(cache.entry_dir(key) + "/" + f), 0600u) << f;

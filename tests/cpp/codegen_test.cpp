@@ -117,16 +117,17 @@ TEST_P(BinaryCodegen, MatchesReferenceWithBroadcasting) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllBinary, BinaryCodegen,
-    ::testing::Values(BinaryCase{OpKind::Add, [](double x, double y) { return x + y; }},
-                      BinaryCase{OpKind::Sub, [](double x, double y) { return x - y; }},
-                      BinaryCase{OpKind::Mul, [](double x, double y) { return x * y; }},
-                      BinaryCase{OpKind::Div, [](double x, double y) { return x / y; }},
-                      BinaryCase{OpKind::Pow, [](double x, double y) { return std::pow(x, y); }},
-                      BinaryCase{OpKind::Maximum, [](double x, double y) { return std::max(x, y); }},
-                      BinaryCase{OpKind::Minimum, [](double x, double y) { return std::min(x, y); }},
-                      BinaryCase{OpKind::Less, [](double x, double y) { return double(x < y); }},
-                      BinaryCase{OpKind::GreaterEqual, [](double x, double y) { return double(x >= y); }},
-                      BinaryCase{OpKind::Equal, [](double x, double y) { return double(x == y); }}),
+    ::testing::Values(
+        BinaryCase{OpKind::Add, [](double x, double y) { return x + y; }},
+        BinaryCase{OpKind::Sub, [](double x, double y) { return x - y; }},
+        BinaryCase{OpKind::Mul, [](double x, double y) { return x * y; }},
+        BinaryCase{OpKind::Div, [](double x, double y) { return x / y; }},
+        BinaryCase{OpKind::Pow, [](double x, double y) { return std::pow(x, y); }},
+        BinaryCase{OpKind::Maximum, [](double x, double y) { return std::max(x, y); }},
+        BinaryCase{OpKind::Minimum, [](double x, double y) { return std::min(x, y); }},
+        BinaryCase{OpKind::Less, [](double x, double y) { return double(x < y); }},
+        BinaryCase{OpKind::GreaterEqual, [](double x, double y) { return double(x >= y); }},
+        BinaryCase{OpKind::Equal, [](double x, double y) { return double(x == y); }}),
     [](const auto& info) { return std::string(op_name(info.param.op)); });
 
 TEST(Codegen, ReductionsOverEveryAxisSet) {
@@ -134,13 +135,16 @@ TEST(Codegen, ReductionsOverEveryAxisSet) {
   auto x = param("x", 0, s);
   auto vx = random_vec(3 * 5 * 19, -2, 2, 3);
   for (IntList axes : {IntList{0}, IntList{1}, IntList{2}, IntList{0, 2}, IntList{0, 1, 2}}) {
-    for (OpKind op : {OpKind::ReduceSum, OpKind::ReduceMax, OpKind::ReduceMin, OpKind::ReduceProd}) {
+    for (OpKind op :
+         {OpKind::ReduceSum, OpKind::ReduceMax, OpKind::ReduceMin, OpKind::ReduceProd}) {
       auto got = run_f64({x}, reduce(op, x, axes, true), {vx});
       Shape os = s;
       for (auto a : axes) os[a] = 1;
       std::vector<double> want(static_cast<size_t>(num_elements(os)),
-                               op == OpKind::ReduceSum ? 0.0 : op == OpKind::ReduceProd ? 1.0
-                               : op == OpKind::ReduceMax ? -INFINITY : INFINITY);
+                               op == OpKind::ReduceSum    ? 0.0
+                               : op == OpKind::ReduceProd ? 1.0
+                               : op == OpKind::ReduceMax  ? -INFINITY
+                                                          : INFINITY);
       for (int i = 0; i < 3; ++i)
         for (int j = 0; j < 5; ++j)
           for (int k = 0; k < 19; ++k) {
@@ -149,8 +153,10 @@ TEST(Codegen, ReductionsOverEveryAxisSet) {
             for (int d = 0; d < 3; ++d) o = o * os[d] + (os[d] == 1 ? 0 : idx[d]);
             double v = vx[(i * 5 + j) * 19 + k];
             double& w = want[o];
-            w = op == OpKind::ReduceSum ? w + v : op == OpKind::ReduceProd ? w * v
-                : op == OpKind::ReduceMax ? std::max(w, v) : std::min(w, v);
+            w = op == OpKind::ReduceSum    ? w + v
+                : op == OpKind::ReduceProd ? w * v
+                : op == OpKind::ReduceMax  ? std::max(w, v)
+                                           : std::min(w, v);
           }
       for (size_t i = 0; i < want.size(); ++i)
         EXPECT_NEAR(got[i], want[i], 1e-12 * std::max(1.0, std::fabs(want[i])))
@@ -160,8 +166,11 @@ TEST(Codegen, ReductionsOverEveryAxisSet) {
 }
 
 TEST(Codegen, MatmulAllTransposesAndAwkwardShapes) {
-  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {7, 17, 5},
-                         {33, 65, 300}, {100, 10, 784}, {13, 1000, 3}}) {
+  for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1},
+                         {7, 17, 5},
+                         {33, 65, 300},
+                         {100, 10, 784},
+                         {13, 1000, 3}}) {
     for (int flags = 0; flags < 4; ++flags) {
       bool ta = flags & 1, tb = flags & 2;
       auto a = param("a", 0, ta ? Shape{k, m} : Shape{m, k});

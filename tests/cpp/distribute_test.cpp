@@ -25,7 +25,8 @@ NodeRef param(const std::string& name, int index, const Shape& s, DType dt = DTy
 }
 
 NodeRef variable(const std::string& name, const Shape& s) {
-  return make_node(OpKind::Variable, {}, Attrs{{"name", name}, {"shape", s}, {"dtype", DType::Float32}});
+  return make_node(OpKind::Variable, {},
+                   Attrs{{"name", name}, {"shape", s}, {"dtype", DType::Float32}});
 }
 
 int count_op(const Graph& g, OpKind op) {
@@ -48,11 +49,14 @@ TEST(Collective, TypesOfTheCollectiveOps) {
   Attrs a{{"parts", int64_t{2}}, {"axis", int64_t{0}}};
   EXPECT_EQ(make_node(OpKind::AllGather, {x}, a)->shape(), (Shape{12, 4}));
   EXPECT_EQ(make_node(OpKind::ReduceScatter, {x}, a)->shape(), (Shape{3, 4}));
-  EXPECT_EQ(make_node(OpKind::LocalSlice, {x}, Attrs{{"parts", int64_t{2}}, {"axis", int64_t{-1}}})->shape(),
+  EXPECT_EQ(make_node(OpKind::LocalSlice, {x}, Attrs{{"parts", int64_t{2}}, {"axis", int64_t{-1}}})
+                ->shape(),
             (Shape{6, 2}));
-  EXPECT_EQ(make_node(OpKind::AllReduce, {x}, Attrs{{"parts", int64_t{2}}})->shape(), (Shape{6, 4}));
-  EXPECT_THROW(make_node(OpKind::LocalSlice, {x}, Attrs{{"parts", int64_t{4}}, {"axis", int64_t{0}}}),
-               UserError);
+  EXPECT_EQ(make_node(OpKind::AllReduce, {x}, Attrs{{"parts", int64_t{2}}})->shape(),
+            (Shape{6, 4}));
+  EXPECT_THROW(
+      make_node(OpKind::LocalSlice, {x}, Attrs{{"parts", int64_t{4}}, {"axis", int64_t{0}}}),
+      UserError);
   EXPECT_TRUE(is_collective(OpKind::AllReduce));
   EXPECT_FALSE(is_collective(OpKind::Add));
 }
@@ -144,7 +148,8 @@ TEST(Distribute, OddBatchesAndMirroredValuesIntoVariablesAreHandled) {
     FAIL() << "expected a NotImplemented error";
   } catch (const UserError& e) {
     EXPECT_EQ(e.kind(), ErrorKind::NotImplemented);
-    EXPECT_NE(std::string(e.what()).find("variable 'v' is assigned a per-device"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("variable 'v' is assigned a per-device"),
+              std::string::npos);
   }
 }
 
@@ -171,7 +176,8 @@ TEST(Distribute, FusionMakesCollectivesLaunchesWithoutCode) {
   for (size_t i = 0; i < fp.plan.launches.size(); ++i)
     EXPECT_EQ(back.launches[i].collective, fp.plan.launches[i].collective) << i;
   std::string head = "flowjit-plan 2\njob t\narena 0\nlaunch @k1 1 1 0 A0+0 A0+0\n";
-  EXPECT_THROW(runtime::Plan::deserialize(head + "collective all_reduce f32 2 1\nend\n"), UserError);
+  EXPECT_THROW(runtime::Plan::deserialize(head + "collective all_reduce f32 2 1\nend\n"),
+               UserError);
   EXPECT_THROW(runtime::Plan::deserialize(head + "collective shuffle f32 2 1 3\nend\n"), UserError);
   EXPECT_NO_THROW(runtime::Plan::deserialize(head + "collective all_gather f32 2 1 3\nend\n"));
 }
@@ -196,7 +202,8 @@ void check_thread_collectives(DType dt, int ranks, int64_t outer, int64_t inner)
   for (int r = 0; r < ranks; ++r)
     ts.emplace_back([&, r] {
       comm->all_reduce(r, in[r].data(), red[r].data(), n * ranks, dt);
-      comm->all_gather(r, in[r].data(), gat[r].data(), outer, inner * static_cast<int64_t>(sizeof(T)));
+      comm->all_gather(r, in[r].data(), gat[r].data(), outer,
+                       inner * static_cast<int64_t>(sizeof(T)));
       comm->reduce_scatter(r, in[r].data(), scat[r].data(), outer, inner, dt);
     });
   for (auto& t : ts) t.join();
@@ -213,7 +220,8 @@ void check_thread_collectives(DType dt, int ranks, int64_t outer, int64_t inner)
     for (int64_t o = 0; o < outer; ++o)
       for (int64_t i = 0; i < inner; ++i) {
         T want = T();
-        for (int q = 0; q < ranks; ++q) want = static_cast<T>(want + in[q][(o * ranks + r) * inner + i]);
+        for (int q = 0; q < ranks; ++q)
+          want = static_cast<T>(want + in[q][(o * ranks + r) * inner + i]);
         ASSERT_EQ(scat[r][o * inner + i], want) << "reduce_scatter";
       }
   }
@@ -223,7 +231,8 @@ void check_thread_collectives(DType dt, int ranks, int64_t outer, int64_t inner)
 
 TEST(ThreadCommunicator, EveryDtypeAndOddSizes) {
   for (int ranks : {1, 2, 3, 4})
-    for (auto [outer, inner] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {3, 5}, {2, 1000}, {0, 4}}) {
+    for (auto [outer, inner] :
+         std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 7}, {3, 5}, {2, 1000}, {0, 4}}) {
       check_thread_collectives<float>(DType::Float32, ranks, outer, inner);
       check_thread_collectives<double>(DType::Float64, ranks, outer, inner);
       check_thread_collectives<int32_t>(DType::Int32, ranks, outer, inner);
@@ -261,5 +270,6 @@ TEST(ThreadCommunicator, AbortWakesTheWaitingRanks) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   comm->abort("device 2 failed: out of memory");
   for (auto& t : ts) t.join();
-  for (auto& e : errors) EXPECT_NE(e.find("device 2 failed: out of memory"), std::string::npos) << e;
+  for (auto& e : errors)
+    EXPECT_NE(e.find("device 2 failed: out of memory"), std::string::npos) << e;
 }

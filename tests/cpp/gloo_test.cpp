@@ -28,11 +28,11 @@
 #include <thread>
 #include <vector>
 
-#include "tests/cpp/test_util.h"
 #include "ir/error.h"
 #include "runtime/collective.h"
 #include "runtime/gloo_communicator.h"
 #include "runtime/tcp_store.h"
+#include "tests/cpp/test_util.h"
 
 extern char** environ;
 
@@ -714,47 +714,47 @@ TEST(GlooCommunicator, ProcessDoesNotJoin) {
 
 TEST(GlooMultiProcess, TwoProcesses) {
   int port = free_port();
-  expect_all_passed(run_job(
-      2, [&](int i) { return child_env("collectives", i, 2, 1, port, "", 20); }, 30));
+  expect_all_passed(
+      run_job(2, [&](int i) { return child_env("collectives", i, 2, 1, port, "", 20); }, 30));
 }
 
 TEST(GlooMultiProcess, FourProcesses) {
   int port = free_port();
-  expect_all_passed(run_job(
-      4, [&](int i) { return child_env("collectives", i, 4, 1, port, "", 20); }, 30));
+  expect_all_passed(
+      run_job(4, [&](int i) { return child_env("collectives", i, 4, 1, port, "", 20); }, 30));
 }
 
 TEST(GlooMultiProcess, TwoProcessesTwoDevicesEach) {
   int port = free_port();
-  expect_all_passed(run_job(
-      2, [&](int i) { return child_env("collectives", i, 2, 2, port, "", 20); }, 30));
+  expect_all_passed(
+      run_job(2, [&](int i) { return child_env("collectives", i, 2, 2, port, "", 20); }, 30));
 }
 
 TEST(GlooMultiProcess, FileStore) {
   TempDir dir;
-  expect_all_passed(run_job(
-      3, [&](int i) { return child_env("collectives", i, 3, 1, 0, dir.path, 20); }, 30));
+  expect_all_passed(
+      run_job(3, [&](int i) { return child_env("collectives", i, 3, 1, 0, dir.path, 20); }, 30));
 }
 
 TEST(GlooMultiProcess, PeerExitsBeforeACollective) {
   int port = free_port();
   auto t0 = Clock::now();
-  expect_all_passed(run_job(
-      3, [&](int i) { return child_env("peer_exit", i, 3, 1, port, "", 5); }, 20));
+  expect_all_passed(
+      run_job(3, [&](int i) { return child_env("peer_exit", i, 3, 1, port, "", 5); }, 20));
   EXPECT_LT(seconds_since(t0), 10.0);
 }
 
 TEST(GlooMultiProcess, PeerDiesDuringACollective) {
   int port = free_port();
-  expect_all_passed(run_job(
-      3, [&](int i) { return child_env("peer_dies", i, 3, 1, port, "", 5); }, 20));
+  expect_all_passed(
+      run_job(3, [&](int i) { return child_env("peer_dies", i, 3, 1, port, "", 5); }, 20));
 }
 
 TEST(GlooMultiProcess, StalledPeerTimesOut) {
   TempDir dir;
   int port = free_port();
-  expect_all_passed(run_job(
-      2, [&](int i) { return child_env("stall", i, 2, 1, port, dir.path, 2); }, 20));
+  expect_all_passed(
+      run_job(2, [&](int i) { return child_env("stall", i, 2, 1, port, dir.path, 2); }, 20));
 }
 
 TEST(GlooMultiProcess, MismatchedWorldSize) {

@@ -102,7 +102,8 @@ TEST(IR, PrinterRoundTripFloatsStringsAndLocations) {
   Graph g;
   g.name = "j";
   auto f = fill(0.1, {2}, DType::Float32, SourceLoc{"my \"file\".py", 12});
-  auto n = make_node(OpKind::Fill, {}, Attrs{{"value", -HUGE_VAL}, {"shape", Shape{}}, {"dtype", DType::Float64}});
+  auto n = make_node(OpKind::Fill, {},
+                     Attrs{{"value", -HUGE_VAL}, {"shape", Shape{}}, {"dtype", DType::Float64}});
   g.outputs = {f, n, fill(1e-30, {}, DType::Float64)};
   PrintOptions po;
   po.locations = true;
@@ -121,8 +122,10 @@ TEST(IR, ParserReportsPosition) {
     EXPECT_NE(std::string(e.what()).find("line 2"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("unknown op 'bogus'"), std::string::npos);
   }
-  EXPECT_THROW(parse_graph("graph g {\n  %0 = fill() {dtype=f32, shape=[2], value=1.0} : f32[3]\n  return %0\n}\n"),
-               UserError);
+  EXPECT_THROW(
+      parse_graph(
+          "graph g {\n  %0 = fill() {dtype=f32, shape=[2], value=1.0} : f32[3]\n  return %0\n}\n"),
+      UserError);
 }
 
 TEST(IR, VerifierCatchesBadGraphs) {
@@ -148,15 +151,17 @@ TEST(IR, AttributesFollowTheirSchema) {
             "reduce_sum: unknown attribute 'keepdim' (reduce_sum takes axes, keepdims)");
   EXPECT_EQ(message(OpKind::Reshape, Attrs{{"shape", int64_t{6}}}),
             "reshape: attribute 'shape' must be a list of ints");
-  EXPECT_EQ(message(OpKind::Transpose, Attrs{}), "transpose: missing attribute 'perm' (a list of ints)");
+  EXPECT_EQ(message(OpKind::Transpose, Attrs{}),
+            "transpose: missing attribute 'perm' (a list of ints)");
   EXPECT_EQ(message(OpKind::Exp, Attrs{{"axis", int64_t{0}}}),
             "exp: unknown attribute 'axis' (exp takes no attributes)");
   // IR text goes through the same factory.
-  EXPECT_THROW(parse_graph("graph g {\n"
-                           "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[2]} : f32[2]\n"
-                           "  %0 = neg(%x) {sign=1} : f32[2]\n"
-                           "  return %0\n}\n"),
-               UserError);
+  EXPECT_THROW(
+      parse_graph("graph g {\n"
+                  "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[2]} : f32[2]\n"
+                  "  %0 = neg(%x) {sign=1} : f32[2]\n"
+                  "  return %0\n}\n"),
+      UserError);
   // Every schema line names keys once per op.
   for (int i = 0; i < kNumOps; ++i) {
     std::set<std::string_view> keys;

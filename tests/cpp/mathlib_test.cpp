@@ -462,21 +462,37 @@ void expect_all_specials() {
   expect_specials<T>(
       "log", fc::emit_log,
       {{kNaN, kNaN}, {0, -kInf}, {-0.0, -kInf}, {-1, kNaN}, {-kInf, kNaN}, {kInf, kInf}, {1, 0}});
-  expect_specials<T>(
-      "tanh", fc::emit_tanh,
-      {{kNaN, kNaN}, {kInf, 1}, {-kInf, -1}, {0, 0}, {-0.0, -0.0}, {1e6, 1}, {-1e6, -1},
-       {20, 1}, {-20, -1}, {1e-30, 1e-30}, {-1e-30, -1e-30}, {1e-40, 1e-40}, {-1e-40, -1e-40}});
+  expect_specials<T>("tanh", fc::emit_tanh,
+                     {{kNaN, kNaN},
+                      {kInf, 1},
+                      {-kInf, -1},
+                      {0, 0},
+                      {-0.0, -0.0},
+                      {1e6, 1},
+                      {-1e6, -1},
+                      {20, 1},
+                      {-20, -1},
+                      {1e-30, 1e-30},
+                      {-1e-30, -1e-30},
+                      {1e-40, 1e-40},
+                      {-1e-40, -1e-40}});
   expect_specials<T>("sigmoid", fc::emit_sigmoid,
                      {{kNaN, kNaN}, {kInf, 1}, {-kInf, 0}, {0, 0.5}, {1e6, 1}, {-1e6, 0}});
   expect_specials<T>("sin", fc::emit_sin,
                      {{kNaN, kNaN}, {kInf, kNaN}, {-kInf, kNaN}, {0, 0}, {-0.0, -0.0}});
   expect_specials<T>("cos", fc::emit_cos, {{kNaN, kNaN}, {kInf, kNaN}, {-kInf, kNaN}, {0, 1}});
-  expect_specials<T>("erf", fc::emit_erf,
-                     {{kNaN, kNaN}, {kInf, 1}, {-kInf, -1}, {0, 0}, {-0.0, -0.0}, {1e30, 1},
-                      {-1e30, -1}});
+  expect_specials<T>(
+      "erf", fc::emit_erf,
+      {{kNaN, kNaN}, {kInf, 1}, {-kInf, -1}, {0, 0}, {-0.0, -0.0}, {1e30, 1}, {-1e30, -1}});
   expect_specials<T>("erfc", fc::emit_erfc,
-                     {{kNaN, kNaN}, {kInf, 0}, {-kInf, 2}, {0, 1}, {-0.0, 1}, {1e30, 0},
-                      {-1e30, 2}, {f32 ? 10.1 : 27.3, 0}});
+                     {{kNaN, kNaN},
+                      {kInf, 0},
+                      {-kInf, 2},
+                      {0, 1},
+                      {-0.0, 1},
+                      {1e30, 0},
+                      {-1e30, 2},
+                      {f32 ? 10.1 : 27.3, 0}});
   expect_specials<T>("erfinv", fc::emit_erfinv,
                      {{kNaN, kNaN},
                       {1, kInf},
@@ -499,9 +515,10 @@ TEST(MathLib, ExpFloat32Tails) {
   auto vec = run_unary<float>(fc::emit_exp, xs, 16);
   expect_identical(vec, run_unary<float>(fc::emit_exp, xs, 1), xs, "exp");
   ErrorStats s = measure_f32(xs, vec, [](double x) { return std::exp(x); });
-  std::printf("[ measured ] exp     f32 tails: max %.3f ulp vs exact, %lld ulp vs rounded (at x = "
-              "%.9g), %zu inputs in [-104, -87] and [88.3, 88.7228]\n",
-              s.max_ulps, static_cast<long long>(s.max_dist), s.worst_x, xs.size());
+  std::printf(
+      "[ measured ] exp     f32 tails: max %.3f ulp vs exact, %lld ulp vs rounded (at x = "
+      "%.9g), %zu inputs in [-104, -87] and [88.3, 88.7228]\n",
+      s.max_ulps, static_cast<long long>(s.max_dist), s.worst_x, xs.size());
   EXPECT_LE(s.max_dist, 1) << "worst at x = " << s.worst_x;
   EXPECT_EQ(s.mismatched_specials, 0u);
 }

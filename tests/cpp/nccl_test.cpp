@@ -28,13 +28,13 @@
 #include <type_traits>
 #include <vector>
 
-#include "tests/cpp/test_util.h"
 #include "ir/error.h"
 #include "runtime/collective.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/driver_api.h"
 #include "runtime/cuda/nccl.h"
 #include "runtime/tcp_store.h"
+#include "tests/cpp/test_util.h"
 
 using namespace flowjit;
 namespace rc = flowjit::runtime::cuda;
@@ -1231,11 +1231,8 @@ TEST(NcclFake, DestroyReleasesEverything) {
 TEST(NcclFake, BadArgumentsAreValueErrors) {
   fake::reset();
   auto devs = fake::devices(2);
-  expect_user_error(
-      [&] {
-        rc::NcclCommunicator::create({devs[0], devs[0]}, fake::options());
-      },
-      ErrorKind::Value, {"GPU 0 is given twice"});
+  expect_user_error([&] { rc::NcclCommunicator::create({devs[0], devs[0]}, fake::options()); },
+                    ErrorKind::Value, {"GPU 0 is given twice"});
   expect_user_error([&] { rc::NcclCommunicator::create({}, fake::options()); }, ErrorKind::Value,
                     {"at least one GPU"});
   expect_user_error([&] { rc::NcclCommunicator::create(devs, fake::options(-1)); },

@@ -21,8 +21,8 @@
 #include <unistd.h>
 
 #include <array>
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -38,7 +38,6 @@
 #include <sstream>
 #include <thread>
 
-#include "tests/cpp/test_util.h"
 #include "codegen/cpu/backend.h"
 #include "codegen/nvptx/backend.h"
 #include "ir/error.h"
@@ -54,6 +53,7 @@
 #include "runtime/cuda/executable.h"
 #include "runtime/cuda/range_allocator.h"
 #include "runtime/distributed.h"
+#include "tests/cpp/test_util.h"
 
 using namespace flowjit;
 using namespace flowjit::ir;
@@ -65,12 +65,14 @@ namespace {
 // ---------------------------------------------------------------- graphs
 
 NodeRef param(const std::string& name, int64_t index, Shape s, DType dt = DType::Float32) {
-  return make_node(OpKind::Parameter, {}, Attrs{{"name", name}, {"index", index}, {"shape", s}, {"dtype", dt}});
+  return make_node(OpKind::Parameter, {},
+                   Attrs{{"name", name}, {"index", index}, {"shape", s}, {"dtype", dt}});
 }
 NodeRef variable(const std::string& name, Shape s, DType dt = DType::Float32) {
   return make_node(OpKind::Variable, {}, Attrs{{"name", name}, {"shape", s}, {"dtype", dt}});
 }
-Graph make_graph(std::vector<NodeRef> params, std::vector<NodeRef> outputs, std::vector<NodeRef> effects = {}) {
+Graph make_graph(std::vector<NodeRef> params, std::vector<NodeRef> outputs,
+                 std::vector<NodeRef> effects = {}) {
   Graph g;
   g.name = "t";
   g.params = std::move(params);
@@ -152,11 +154,11 @@ Graph reductions_by_mapping() {
   auto b = param("b", 1, {64, 2048});
   auto c = param("c", 2, {5000, 3});
   auto d = param("d", 3, {33, 77}, DType::Float64);
-  return make_graph({a, b, c, d},
-                    {make_node(OpKind::Softmax, {a}, Attrs{{"axis", int64_t{1}}}),
-                     reduce(OpKind::ReduceSum, b, {0}, false), reduce(OpKind::ReduceMax, c, {0}, true),
-                     make_node(OpKind::LogSoftmax, {d}, Attrs{{"axis", int64_t{1}}}),
-                     reduce(OpKind::ArgMax, a, {1}, false)});
+  return make_graph({a, b, c, d}, {make_node(OpKind::Softmax, {a}, Attrs{{"axis", int64_t{1}}}),
+                                   reduce(OpKind::ReduceSum, b, {0}, false),
+                                   reduce(OpKind::ReduceMax, c, {0}, true),
+                                   make_node(OpKind::LogSoftmax, {d}, Attrs{{"axis", int64_t{1}}}),
+                                   reduce(OpKind::ArgMax, a, {1}, false)});
 }
 
 // Every reduction over every axis set of a rank-3 tensor.
@@ -236,7 +238,7 @@ Graph elementwise_ops(DType dt, std::set<OpKind>* covered) {
 }
 
 Graph casts() {
-  std::vector<DType> all = {DType::Bool, DType::Int8, DType::UInt8, DType::Int32,
+  std::vector<DType> all = {DType::Bool,  DType::Int8,    DType::UInt8,  DType::Int32,
                             DType::Int64, DType::Float32, DType::Float64};
   std::vector<NodeRef> ps, outs;
   for (DType from : all) {
@@ -253,14 +255,20 @@ Graph sources() {
   std::vector<NodeRef> outs;
   for (OpKind op : {OpKind::RandomUniform, OpKind::RandomNormal, OpKind::TruncatedNormal})
     for (DType dt : {DType::Float32, DType::Float64}) {
-      auto r = make_node(op, {}, Attrs{{"shape", Shape{1000}}, {"dtype", dt}, {"seed", int64_t{7}}});
+      auto r =
+          make_node(op, {}, Attrs{{"shape", Shape{1000}}, {"dtype", dt}, {"seed", int64_t{7}}});
       outs.push_back(binary(OpKind::Add, r, fill(1.0, {}, dt)));
     }
-  auto iota = make_node(OpKind::Iota, {}, Attrs{{"shape", Shape{7, 9}}, {"dtype", DType::Float32}, {"axis", int64_t{1}}});
+  auto iota =
+      make_node(OpKind::Iota, {},
+                Attrs{{"shape", Shape{7, 9}}, {"dtype", DType::Float32}, {"axis", int64_t{1}}});
   outs.push_back(binary(OpKind::Mul, x, iota));
   auto labels = param("labels", 1, {50}, DType::Int64);
   outs.push_back(make_node(OpKind::OneHot, {labels},
-                           Attrs{{"depth", int64_t{10}}, {"dtype", DType::Float32}, {"on_value", 1.0}, {"off_value", 0.0}}));
+                           Attrs{{"depth", int64_t{10}},
+                                 {"dtype", DType::Float32},
+                                 {"on_value", 1.0},
+                                 {"off_value", 0.0}}));
   return make_graph({x, labels}, outs);
 }
 
@@ -275,30 +283,40 @@ Graph conv_and_grads(Shape xs, Shape ws, const Attrs& attrs) {
   auto bias = param("bias", 2, {y->shape()[1], y->shape()[2], 1});
   auto dy = param("dy", 3, y->shape());
   auto grads = jit::gradients(y, dy, {x, w});
-  return make_graph({x, w, bias, dy}, {unary(OpKind::Relu, binary(OpKind::Add, y, bias)), grads[0], grads[1]});
+  return make_graph({x, w, bias, dy},
+                    {unary(OpKind::Relu, binary(OpKind::Add, y, bias)), grads[0], grads[1]});
 }
 
 // 2-D: padding (asymmetric), stride 2, dilation 2 and 2 groups at once.
 Graph conv2d_strided_dilated_grouped() {
   return conv_and_grads({2, 4, 11, 10}, {6, 2, 3, 3},
-                        Attrs{{"strides", IntList{2, 2}}, {"dilations", IntList{2, 2}},
-                              {"pads_lo", IntList{2, 1}}, {"pads_hi", IntList{1, 2}}, {"groups", int64_t{2}}});
+                        Attrs{{"strides", IntList{2, 2}},
+                              {"dilations", IntList{2, 2}},
+                              {"pads_lo", IntList{2, 1}},
+                              {"pads_hi", IntList{1, 2}},
+                              {"groups", int64_t{2}}});
 }
 
 // 1-D, one group: the weight is a plain matrix (the fast path) and only the
 // input goes through digits; K spans several tiles of the filter gradient.
 Graph conv1d_padded_strided() {
   return conv_and_grads({3, 8, 40}, {16, 8, 5},
-                        Attrs{{"strides", IntList{2}}, {"dilations", IntList{1}}, {"pads_lo", IntList{2}},
-                              {"pads_hi", IntList{2}}, {"groups", int64_t{1}}});
+                        Attrs{{"strides", IntList{2}},
+                              {"dilations", IntList{1}},
+                              {"pads_lo", IntList{2}},
+                              {"pads_hi", IntList{2}},
+                              {"groups", int64_t{1}}});
 }
 
 // Wide enough (M = 128 output channels, N = 130 positions) for the 128 x 128
 // tiles of both the FMA and the tensor-core path.
 Graph conv1d_wide() {
   return conv_and_grads({1, 4, 130}, {128, 4, 3},
-                        Attrs{{"strides", IntList{1}}, {"dilations", IntList{1}}, {"pads_lo", IntList{1}},
-                              {"pads_hi", IntList{1}}, {"groups", int64_t{1}}});
+                        Attrs{{"strides", IntList{1}},
+                              {"dilations", IntList{1}},
+                              {"pads_lo", IntList{1}},
+                              {"pads_hi", IntList{1}},
+                              {"groups", int64_t{1}}});
 }
 
 // Pooling over window views: max with -inf padding and avg (sum) with zero
@@ -306,9 +324,9 @@ Graph conv1d_wide() {
 // loop kernels is guarded by the window's coordinates.
 Graph pooling_and_grad() {
   auto x = param("x", 0, {2, 3, 9, 8});
-  Attrs a{{"window", IntList{3, 3}}, {"strides", IntList{2, 2}}, {"dilations", IntList{1, 2}},
-          {"pads_lo", IntList{1, 1}}, {"pads_hi", IntList{1, 0}},
-          {"pad_value", -std::numeric_limits<double>::infinity()}};
+  Attrs a{{"window", IntList{3, 3}},    {"strides", IntList{2, 2}},
+          {"dilations", IntList{1, 2}}, {"pads_lo", IntList{1, 1}},
+          {"pads_hi", IntList{1, 0}},   {"pad_value", -std::numeric_limits<double>::infinity()}};
   auto pooled = reduce(OpKind::ReduceMax, make_node(OpKind::Window, {x}, a), {4, 5}, false);
   a.set("pad_value", 0.0);
   auto summed = reduce(OpKind::ReduceSum, make_node(OpKind::Window, {x}, a), {4, 5}, false);
@@ -324,7 +342,8 @@ struct TrainGraph {
   std::vector<std::pair<std::string, TensorType>> new_variables;
 };
 
-TrainGraph train_step(jit::OptimizerConfig::Kind kind, int64_t batch, int64_t in, int64_t hidden, int64_t classes) {
+TrainGraph train_step(jit::OptimizerConfig::Kind kind, int64_t batch, int64_t in, int64_t hidden,
+                      int64_t classes) {
   auto images = param("images", 0, {batch, 1, 28, in / 28});
   auto labels = param("labels", 1, {batch}, DType::Int32);
   auto w1 = variable("hidden-weight", {hidden, in});
@@ -359,10 +378,12 @@ const std::vector<Case>& suite() {
     std::vector<Case> c;
     c.push_back({"elementwise_chain", parse_graph(kElementwiseChain), {}});
     c.push_back({"broadcast", parse_graph(kBroadcast), {}});
-    c.push_back({"transposed_read", [] {
+    c.push_back({"transposed_read",
+                 [] {
                    auto x = param("x", 0, {64, 96});
                    return make_graph({x}, {unary(OpKind::Exp, transpose(x, {1, 0}))});
-                 }(), {}});
+                 }(),
+                 {}});
     c.push_back({"mlp_softmax", parse_graph(kMlpSoftmax), {}});
     c.push_back({"softmax", parse_graph(kSoftmax), {}});
     c.push_back({"cross_entropy_fwd", parse_graph(kCrossEntropy), {}});
@@ -375,7 +396,8 @@ const std::vector<Case>& suite() {
     c.push_back({"matmul_variants", matmul_variants(), {}});
     for (DType dt : {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::Int8,
                      DType::UInt8, DType::Bool})
-      c.push_back({"elementwise_" + std::string(dtype_short_name(dt)), elementwise_ops(dt, nullptr), {}});
+      c.push_back(
+          {"elementwise_" + std::string(dtype_short_name(dt)), elementwise_ops(dt, nullptr), {}});
     c.push_back({"conv2d_strided_dilated_grouped", conv2d_strided_dilated_grouped(), {}});
     c.push_back({"conv1d_padded_strided", conv1d_padded_strided(), {}});
     c.push_back({"conv1d_wide", conv1d_wide(), {}});
@@ -512,7 +534,8 @@ TEST(NvptxCodegen, GeneratesPtxForEveryKernelOfTheSuite) {
     EXPECT_EQ(ptx.find("__nv_"), std::string::npos) << "a libdevice call was not inlined";
     ASSERT_EQ(m.compiled.launches.size(), m.kernels.size());
     for (size_t i = 0; i < m.kernels.size(); ++i) {
-      EXPECT_NE(ptx.find(".visible .entry " + m.kernels[i] + "("), std::string::npos) << m.kernels[i];
+      EXPECT_NE(ptx.find(".visible .entry " + m.kernels[i] + "("), std::string::npos)
+          << m.kernels[i];
       const nv::KernelLaunch& l = m.compiled.launches[i];
       EXPECT_EQ(l.symbol, m.kernels[i]);
       EXPECT_GE(l.grid[0], 1u);
@@ -523,36 +546,46 @@ TEST(NvptxCodegen, GeneratesPtxForEveryKernelOfTheSuite) {
   }
   std::string summary;
   for (auto& [k, n] : mappings) summary += "  " + k + ": " + std::to_string(n) + "\n";
-  std::printf("[nvptx] %zu modules, %zu kernels; thread mappings:\n%s", suite_modules().size(), kernels,
-              summary.c_str());
+  std::printf("[nvptx] %zu modules, %zu kernels; thread mappings:\n%s", suite_modules().size(),
+              kernels, summary.c_str());
   // Every mapping of the backend is exercised by the suite.
-  for (const char* want : {"elementwise", "elementwise x4", "elementwise x2", "reduce thread", "reduce warp",
-                           "reduce block", "matmul fma 64x64x16", "matmul fma 128x128x8",
-                           "matmul tf32 mma 64x64x16", "matmul tf32 mma 128x128x16", "implicit-gemm fma 64x64x16",
-                           "implicit-gemm fma 128x128x8", "implicit-gemm tf32 mma 64x64x16",
-                           "implicit-gemm tf32 mma 128x128x16"})
+  for (const char* want :
+       {"elementwise", "elementwise x4", "elementwise x2", "reduce thread", "reduce warp",
+        "reduce block", "matmul fma 64x64x16", "matmul fma 128x128x8", "matmul tf32 mma 64x64x16",
+        "matmul tf32 mma 128x128x16", "implicit-gemm fma 64x64x16", "implicit-gemm fma 128x128x8",
+        "implicit-gemm tf32 mma 64x64x16", "implicit-gemm tf32 mma 128x128x16"})
     EXPECT_TRUE(mappings.count(want)) << "no kernel of the suite uses the mapping '" << want << "'";
 }
 
 TEST(NvptxPtxas, AcceptsEveryKernelOfTheSuiteForSm80AndSm90) {
   std::string ptxas = nv::find_ptxas();
-  if (ptxas.empty()) GTEST_SKIP() << "ptxas not found (install the CUDA toolkit or set FLOWJIT_PTXAS)";
+  if (ptxas.empty())
+    GTEST_SKIP() << "ptxas not found (install the CUDA toolkit or set FLOWJIT_PTXAS)";
   const auto& mods = suite_modules();
   std::vector<nv::PtxasResult> results(mods.size());
-  parallel_for(mods.size(), [&](size_t i) { results[i] = nv::run_ptxas(mods[i].compiled.ptx, mods[i].sm, ptxas); });
+  parallel_for(mods.size(), [&](size_t i) {
+    results[i] = nv::run_ptxas(mods[i].compiled.ptx, mods[i].sm, ptxas);
+  });
   std::map<int, size_t> accepted, modules;
   for (size_t i = 0; i < mods.size(); ++i) {
-    EXPECT_TRUE(results[i].ok) << mods[i].name << " sm_" << mods[i].sm << (mods[i].tf32 ? " tf32" : "")
-                               << ": ptxas said:\n" << results[i].log;
+    EXPECT_TRUE(results[i].ok) << mods[i].name << " sm_" << mods[i].sm
+                               << (mods[i].tf32 ? " tf32" : "") << ": ptxas said:\n"
+                               << results[i].log;
     if (!results[i].ok) continue;
     EXPECT_FALSE(results[i].cubin.empty());
-    EXPECT_EQ(std::memcmp(results[i].cubin.data(), "\x7f" "ELF", 4), 0) << "a cubin is an ELF file";
+    EXPECT_EQ(std::memcmp(results[i].cubin.data(),
+                          "\x7f"
+                          "ELF",
+                          4),
+              0)
+        << "a cubin is an ELF file";
     accepted[mods[i].sm] += mods[i].kernels.size();
     ++modules[mods[i].sm];
   }
-  std::printf("[nvptx] ptxas (%s) accepted %zu kernels in %zu modules for sm_80 and %zu kernels in %zu "
-              "modules for sm_90\n",
-              ptxas.c_str(), accepted[80], modules[80], accepted[90], modules[90]);
+  std::printf(
+      "[nvptx] ptxas (%s) accepted %zu kernels in %zu modules for sm_80 and %zu kernels in %zu "
+      "modules for sm_90\n",
+      ptxas.c_str(), accepted[80], modules[80], accepted[90], modules[90]);
 }
 
 TEST(NvptxCodegen, PtxVersionFollowsTheTarget) {
@@ -619,13 +652,15 @@ const Case& suite_case(const std::string& name) {
 // (exact FMA, or TF32 mma.sync when allowed), whose operand fetches are
 // guarded by the coordinates; EveryCaseMatchesTheCpu checks their numbers.
 TEST(NvptxGolden, ConvolutionsAreImplicitGemms) {
-  for (const char* name : {"conv2d_strided_dilated_grouped", "conv1d_padded_strided", "conv1d_wide"}) {
+  for (const char* name :
+       {"conv2d_strided_dilated_grouped", "conv1d_padded_strided", "conv1d_wide"}) {
     SCOPED_TRACE(name);
     auto fp = fuse_graph(suite_case(name).graph, name);
     std::vector<size_t> implicit;
     for (size_t i = 0; i < fp.kernels.size(); ++i) {
       const auto& k = fp.kernels[i];
-      if (k.kind == codegen::Kernel::Kind::MatMul && !(k.mm.plain(0) && k.mm.plain(1))) implicit.push_back(i);
+      if (k.kind == codegen::Kernel::Kind::MatMul && !(k.mm.plain(0) && k.mm.plain(1)))
+        implicit.push_back(i);
     }
     ASSERT_EQ(implicit.size(), 3u) << "conv, conv_data_grad, conv_filter_grad:\n" << fp.description;
     for (int sm : {80, 90})
@@ -637,12 +672,14 @@ TEST(NvptxGolden, ConvolutionsAreImplicitGemms) {
           ASSERT_FALSE(k.empty()) << kname;
           bool big = fp.kernels[i].mm.m >= 128 && fp.kernels[i].mm.n >= 128;
           std::string tiles = big ? (tf32 ? "128x128x16" : "128x128x8") : "64x64x16";
-          EXPECT_EQ(m.launches[i].mapping, (tf32 ? "implicit-gemm tf32 mma " : "implicit-gemm fma ") + tiles)
+          EXPECT_EQ(m.launches[i].mapping,
+                    (tf32 ? "implicit-gemm tf32 mma " : "implicit-gemm fma ") + tiles)
               << kname;
           EXPECT_EQ(k.find("mma.sync") != std::string::npos, tf32) << kname;
           EXPECT_EQ(k.find("cvt.rna.tf32.f32") != std::string::npos, tf32) << kname;
           EXPECT_GE(count(k, "bar.sync"), 2u) << kname;
-          // Elements outside the input (padding, stride holes) are selected away, not branched over.
+          // Elements outside the input (padding, stride holes) are selected away, not branched
+          // over.
           EXPECT_NE(k.find("selp.b32"), std::string::npos) << kname;
         }
       }
@@ -651,7 +688,8 @@ TEST(NvptxGolden, ConvolutionsAreImplicitGemms) {
   auto fp = fuse_graph(suite_case("conv2d_strided_dilated_grouped").graph, "c");
   bool fused = false;
   for (const auto& k : fp.kernels)
-    if (k.kind == codegen::Kernel::Kind::MatMul && k.rank() == 4 && k.args.size() >= 3) fused = true;
+    if (k.kind == codegen::Kernel::Kind::MatMul && k.rank() == 4 && k.args.size() >= 3)
+      fused = true;
   EXPECT_TRUE(fused) << fp.description;
 }
 
@@ -779,14 +817,17 @@ TEST(NvptxCodegen, OptionErrorsAreUserErrors) {
     FAIL() << "a missing libdevice accepted";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("cannot read libdevice at /nonexistent/libdevice.10.bc"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 
 TEST(NvptxPtxas, RejectedPtxIsReportedNotThrown) {
   std::string ptxas = nv::find_ptxas();
-  if (ptxas.empty()) GTEST_SKIP() << "ptxas not found (install the CUDA toolkit or set FLOWJIT_PTXAS)";
-  auto r = nv::run_ptxas(".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry k() { bogus; }\n", 80, ptxas);
+  if (ptxas.empty())
+    GTEST_SKIP() << "ptxas not found (install the CUDA toolkit or set FLOWJIT_PTXAS)";
+  auto r = nv::run_ptxas(
+      ".version 7.0\n.target sm_80\n.address_size 64\n.visible .entry k() { bogus; }\n", 80, ptxas);
   EXPECT_FALSE(r.ok);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(r.cubin.empty());
@@ -818,12 +859,15 @@ TEST(NvptxRuntime, MissingDriverIsAClearUserError) {
     rc::load_driver("libm.so.6");
     FAIL() << "libm loaded as a CUDA driver";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("the CUDA driver libm.so.6 lacks cuInit"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the CUDA driver libm.so.6 lacks cuInit"),
+              std::string::npos)
+        << e.what();
   }
   // The process-wide driver: on a machine without one, every entry point
   // says so (and keeps saying so) without crashing.
   std::string why;
-  if (rc::driver_available(&why)) GTEST_SKIP() << "a CUDA driver is installed here: " << rc::driver().library;
+  if (rc::driver_available(&why))
+    GTEST_SKIP() << "a CUDA driver is installed here: " << rc::driver().library;
   EXPECT_NE(why.find(rc::kNoDriverMessage), std::string::npos) << why;
   for (int attempt = 0; attempt < 2; ++attempt) {
     EXPECT_THROW(rc::driver(), UserError);
@@ -976,16 +1020,19 @@ int32_t tf32_rna(float x) {
   if ((b & 0x7f800000u) != 0x7f800000u) b = (b + 0x1000u) & ~0x1fffu;
   return static_cast<int32_t>(b);
 }
-void mma_tf32(float* out, int32_t a0, int32_t a1, int32_t a2, int32_t a3, int32_t b0, int32_t b1, float c0,
-              float c1, float c2, float c3) {
+void mma_tf32(float* out, int32_t a0, int32_t a1, int32_t a2, int32_t a3, int32_t b0, int32_t b1,
+              float c0, float c1, float c2, float c3) {
   auto& mine = g_m->frags[g_m->cur];
   float cf[4] = {c0, c1, c2, c3};
   uint32_t c[4];
   std::memcpy(c, cf, 16);
-  mine = {uint32_t(a0), uint32_t(a1), uint32_t(a2), uint32_t(a3), uint32_t(b0), uint32_t(b1), c[0], c[1], c[2], c[3]};
+  mine = {uint32_t(a0), uint32_t(a1), uint32_t(a2), uint32_t(a3), uint32_t(b0),
+          uint32_t(b1), c[0],         c[1],         c[2],         c[3]};
   yield(kWarpSync);
   int base = warp_base(), g = lane() / 4, t = lane() % 4;
-  auto A = [&](int r, int k) { return bits_f(g_m->frags[base + (r % 8) * 4 + k % 4][(r >= 8) + 2 * (k >= 4)]); };
+  auto A = [&](int r, int k) {
+    return bits_f(g_m->frags[base + (r % 8) * 4 + k % 4][(r >= 8) + 2 * (k >= 4)]);
+  };
   auto B = [&](int k, int n) { return bits_f(g_m->frags[base + n * 4 + k % 4][4 + (k >= 4)]); };
   int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
   float cs[4] = {c0, c1, c2, c3};
@@ -1009,14 +1056,14 @@ void mma_tf32(float* out, int32_t a0, int32_t a1, int32_t a2, int32_t a3, int32_
 void* new_stack(std::vector<char>& stack) {
   uintptr_t top = (reinterpret_cast<uintptr_t>(stack.data()) + stack.size()) & ~uintptr_t{15};
   auto* p = reinterpret_cast<uint64_t*>(top);
-  *--p = 0;                                             // fiber_main's return address (never used)
-  *--p = reinterpret_cast<uint64_t>(&fiber_main);       // popped by the switch's ret
-  for (int i = 0; i < 6; ++i) *--p = 0;                 // rbp rbx r12 r13 r14 r15
-  uint32_t ctl[2] = {0x1f80, 0x37f};  // the default MXCSR and x87 control word
+  *--p = 0;                                        // fiber_main's return address (never used)
+  *--p = reinterpret_cast<uint64_t>(&fiber_main);  // popped by the switch's ret
+  for (int i = 0; i < 6; ++i) *--p = 0;            // rbp rbx r12 r13 r14 r15
+  uint32_t ctl[2] = {0x1f80, 0x37f};               // the default MXCSR and x87 control word
 #if defined(__x86_64__)
   asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(ctl[0]), "=m"(ctl[1]));
 #endif
-  *--p = (uint64_t{ctl[1]} << 32) | ctl[0];             // MXCSR, x87 control word
+  *--p = (uint64_t{ctl[1]} << 32) | ctl[0];  // MXCSR, x87 control word
   return p;
 }
 
@@ -1067,15 +1114,16 @@ std::string run_grid(Entry fn, char* const* args, unsigned grid, unsigned block)
         if (sync == 0) continue;
         if (sync != std::min(block, w + 32) - w)
           return "block " + std::to_string(m.cta) + ": warp " + std::to_string(w / 32) +
-                 " reached a warp-synchronous operation with " + std::to_string(sync) + " of its lanes";
+                 " reached a warp-synchronous operation with " + std::to_string(sync) +
+                 " of its lanes";
         for (unsigned t = w; t < w + 32; ++t) m.fibers[t].wait = kRun;
         released = true;
       }
       if (live == 0) break;
       if (released) continue;
       if (at_barrier != live)
-        return "block " + std::to_string(m.cta) + ": deadlock (" + std::to_string(at_barrier) + " of " +
-               std::to_string(live) + " live threads at a barrier)";
+        return "block " + std::to_string(m.cta) + ": deadlock (" + std::to_string(at_barrier) +
+               " of " + std::to_string(live) + " live threads at a barrier)";
       for (auto& f : m.fibers) f.wait = kRun;
     }
   }
@@ -1137,13 +1185,16 @@ std::string host_ir(const std::string& gpu_ir, std::string* unsupported) {
       } else if (name == "llvm.nvvm.barrier0") {
         b.CreateCall(host(reinterpret_cast<void*>(barrier), b.getVoidTy(), {}));
       } else if (name == "llvm.nvvm.shfl.sync.bfly.i32") {
-        r = b.CreateCall(host(reinterpret_cast<void*>(shfl_i32), i32, {i32, i32}), {arg(1), arg(2)});
+        r = b.CreateCall(host(reinterpret_cast<void*>(shfl_i32), i32, {i32, i32}),
+                         {arg(1), arg(2)});
       } else if (name == "llvm.nvvm.shfl.sync.bfly.f32") {
-        r = b.CreateCall(host(reinterpret_cast<void*>(shfl_f32), f32, {f32, i32}), {arg(1), arg(2)});
+        r = b.CreateCall(host(reinterpret_cast<void*>(shfl_f32), f32, {f32, i32}),
+                         {arg(1), arg(2)});
       } else if (name == "llvm.nvvm.f2tf32.rna") {
         r = b.CreateCall(host(reinterpret_cast<void*>(tf32_rna), i32, {f32}), {arg(0)});
       } else if (name == "llvm.nvvm.mma.m16n8k8.row.col.tf32") {
-        llvm::IRBuilder<> eb(&c->getFunction()->getEntryBlock(), c->getFunction()->getEntryBlock().begin());
+        llvm::IRBuilder<> eb(&c->getFunction()->getEntryBlock(),
+                             c->getFunction()->getEntryBlock().begin());
         auto* out = eb.CreateAlloca(llvm::ArrayType::get(f32, 4));
         std::vector<llvm::Value*> args = {out};
         for (unsigned i = 0; i < 10; ++i) args.push_back(arg(i));
@@ -1152,7 +1203,8 @@ std::string host_ir(const std::string& gpu_ir, std::string* unsupported) {
                      args);
         r = llvm::PoisonValue::get(c->getType());
         for (unsigned q = 0; q < 4; ++q)
-          r = b.CreateInsertValue(r, b.CreateLoad(f32, b.CreateConstGEP2_32(out->getAllocatedType(), out, 0, q)), {q});
+          r = b.CreateInsertValue(
+              r, b.CreateLoad(f32, b.CreateConstGEP2_32(out->getAllocatedType(), out, 0, q)), {q});
       } else {
         *unsupported += name + " ";
         continue;
@@ -1163,12 +1215,14 @@ std::string host_ir(const std::string& gpu_ir, std::string* unsupported) {
   }
   if (!unsupported->empty()) return "";
   for (llvm::Function* k : kernels) {
-    auto* w = llvm::Function::Create(llvm::FunctionType::get(llvm::Type::getVoidTy(ctx), {ptr}, false),
-                                     llvm::Function::ExternalLinkage, k->getName() + ".emu", *m);
+    auto* w =
+        llvm::Function::Create(llvm::FunctionType::get(llvm::Type::getVoidTy(ctx), {ptr}, false),
+                               llvm::Function::ExternalLinkage, k->getName() + ".emu", *m);
     llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx, "entry", w));
     std::vector<llvm::Value*> args;
     for (unsigned i = 0; i < k->arg_size(); ++i)
-      args.push_back(b.CreateLoad(k->getArg(i)->getType(), b.CreateConstGEP1_64(ptr, w->getArg(0), i)));
+      args.push_back(
+          b.CreateLoad(k->getArg(i)->getType(), b.CreateConstGEP1_64(ptr, w->getArg(0), i)));
     b.CreateCall(k, args);
     b.CreateRetVoid();
   }
@@ -1220,7 +1274,7 @@ struct Gpu {
     std::vector<std::string> symbols;
     const std::map<std::string, EmuKernel>* emu = nullptr;
   };
-  std::vector<Module> modules;  // CUmodule i + 1
+  std::vector<Module> modules;                                      // CUmodule i + 1
   std::vector<std::pair<std::string, const EmuKernel*>> functions;  // CUfunction i + 1
   std::map<std::string, CpuKernel> cpu;
   std::vector<Launch> launches;
@@ -1241,26 +1295,50 @@ CUresult ok() { return rc::kCudaSuccess; }
 CUresult init(unsigned) { return ok(); }
 CUresult error_string(CUresult e, const char** s) {
   switch (e) {
-    case rc::kCudaErrorOutOfMemory: *s = "out of memory"; break;
-    case rc::kCudaErrorInvalidImage: *s = "device kernel image is invalid"; break;
-    case rc::kCudaErrorNotFound: *s = "named symbol not found"; break;
-    case rc::kCudaErrorNotReady: *s = "device not ready"; break;
-    default: *s = "unknown error";
+    case rc::kCudaErrorOutOfMemory:
+      *s = "out of memory";
+      break;
+    case rc::kCudaErrorInvalidImage:
+      *s = "device kernel image is invalid";
+      break;
+    case rc::kCudaErrorNotFound:
+      *s = "named symbol not found";
+      break;
+    case rc::kCudaErrorNotReady:
+      *s = "device not ready";
+      break;
+    default:
+      *s = "unknown error";
   }
   return ok();
 }
 CUresult error_name(CUresult e, const char** s) {
   switch (e) {
-    case rc::kCudaErrorOutOfMemory: *s = "CUDA_ERROR_OUT_OF_MEMORY"; break;
-    case rc::kCudaErrorInvalidImage: *s = "CUDA_ERROR_INVALID_IMAGE"; break;
-    case rc::kCudaErrorNotFound: *s = "CUDA_ERROR_NOT_FOUND"; break;
-    case rc::kCudaErrorNotReady: *s = "CUDA_ERROR_NOT_READY"; break;
-    default: *s = "CUDA_ERROR_UNKNOWN";
+    case rc::kCudaErrorOutOfMemory:
+      *s = "CUDA_ERROR_OUT_OF_MEMORY";
+      break;
+    case rc::kCudaErrorInvalidImage:
+      *s = "CUDA_ERROR_INVALID_IMAGE";
+      break;
+    case rc::kCudaErrorNotFound:
+      *s = "CUDA_ERROR_NOT_FOUND";
+      break;
+    case rc::kCudaErrorNotReady:
+      *s = "CUDA_ERROR_NOT_READY";
+      break;
+    default:
+      *s = "CUDA_ERROR_UNKNOWN";
   }
   return ok();
 }
-CUresult driver_version(int* v) { *v = 13000; return ok(); }
-CUresult device_count(int* n) { *n = 1; return ok(); }
+CUresult driver_version(int* v) {
+  *v = 13000;
+  return ok();
+}
+CUresult device_count(int* n) {
+  *n = 1;
+  return ok();
+}
 CUresult device_get(rc::CUdevice* d, int ordinal) {
   *d = ordinal;
   return ordinal == 0 ? ok() : rc::kCudaErrorInvalidValue;
@@ -1271,26 +1349,54 @@ CUresult device_name(char* name, int len, rc::CUdevice) {
 }
 CUresult device_attribute(int* v, int attr, rc::CUdevice) {
   switch (attr) {
-    case rc::kAttrComputeCapabilityMajor: *v = gpu().sm / 10; break;
-    case rc::kAttrComputeCapabilityMinor: *v = gpu().sm % 10; break;
-    case rc::kAttrMultiprocessorCount: *v = 4; break;
-    case rc::kAttrMaxThreadsPerBlock: *v = 1024; break;
-    default: *v = 0;
+    case rc::kAttrComputeCapabilityMajor:
+      *v = gpu().sm / 10;
+      break;
+    case rc::kAttrComputeCapabilityMinor:
+      *v = gpu().sm % 10;
+      break;
+    case rc::kAttrMultiprocessorCount:
+      *v = 4;
+      break;
+    case rc::kAttrMaxThreadsPerBlock:
+      *v = 1024;
+      break;
+    default:
+      *v = 0;
   }
   return ok();
 }
-CUresult total_mem(size_t* b, rc::CUdevice) { *b = size_t{1} << 30; return ok(); }
+CUresult total_mem(size_t* b, rc::CUdevice) {
+  *b = size_t{1} << 30;
+  return ok();
+}
 CUresult retain(rc::CUcontext* c, rc::CUdevice) {
   FAKE_LOCK;
   *c = reinterpret_cast<rc::CUcontext>(&gpu());
   ++gpu().retained;
   return ok();
 }
-CUresult release(rc::CUdevice) { FAKE_LOCK; --gpu().retained; return ok(); }
-CUresult push(rc::CUcontext) { FAKE_LOCK; ++gpu().current; return ok(); }
-CUresult pop(rc::CUcontext* c) { FAKE_LOCK; --gpu().current; if (c) *c = nullptr; return ok(); }
+CUresult release(rc::CUdevice) {
+  FAKE_LOCK;
+  --gpu().retained;
+  return ok();
+}
+CUresult push(rc::CUcontext) {
+  FAKE_LOCK;
+  ++gpu().current;
+  return ok();
+}
+CUresult pop(rc::CUcontext* c) {
+  FAKE_LOCK;
+  --gpu().current;
+  if (c) *c = nullptr;
+  return ok();
+}
 CUresult ctx_sync() { return ok(); }
-CUresult stream_create(rc::CUstream* s, unsigned) { *s = reinterpret_cast<rc::CUstream>(0x5); return ok(); }
+CUresult stream_create(rc::CUstream* s, unsigned) {
+  *s = reinterpret_cast<rc::CUstream>(0x5);
+  return ok();
+}
 CUresult stream_destroy(rc::CUstream) { return ok(); }
 CUresult stream_sync(rc::CUstream) { return ok(); }
 CUresult mem_alloc(rc::CUdeviceptr* p, size_t bytes) {
@@ -1321,8 +1427,14 @@ CUresult host_free(void* p) {
   std::free(p);
   return ok();
 }
-CUresult h2d(rc::CUdeviceptr d, const void* s, size_t n, rc::CUstream) { std::memcpy(reinterpret_cast<void*>(d), s, n); return ok(); }
-CUresult d2h(void* d, rc::CUdeviceptr s, size_t n, rc::CUstream) { std::memcpy(d, reinterpret_cast<void*>(s), n); return ok(); }
+CUresult h2d(rc::CUdeviceptr d, const void* s, size_t n, rc::CUstream) {
+  std::memcpy(reinterpret_cast<void*>(d), s, n);
+  return ok();
+}
+CUresult d2h(void* d, rc::CUdeviceptr s, size_t n, rc::CUstream) {
+  std::memcpy(d, reinterpret_cast<void*>(s), n);
+  return ok();
+}
 CUresult d2d(rc::CUdeviceptr d, rc::CUdeviceptr s, size_t n, rc::CUstream) {
   std::memcpy(reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n);
   return ok();
@@ -1330,10 +1442,14 @@ CUresult d2d(rc::CUdeviceptr d, rc::CUdeviceptr s, size_t n, rc::CUstream) {
 CUresult module_load(rc::CUmodule* m, const void* image, unsigned n, int* opts, void** vals) {
   FAKE_LOCK;
   const char* p = static_cast<const char*>(image);
-  gpu().last_image_was_cubin = std::memcmp(p, "\x7f" "ELF", 4) == 0;
+  gpu().last_image_was_cubin = std::memcmp(p,
+                                           "\x7f"
+                                           "ELF",
+                                           4) == 0;
   if (gpu().fail_module || (gpu().fail_cubin && gpu().last_image_was_cubin)) {
     for (unsigned i = 0; i < n; ++i)
-      if (opts[i] == rc::kJitErrorLogBuffer) std::strcpy(static_cast<char*>(vals[i]), "fake JIT: bad PTX at line 1");
+      if (opts[i] == rc::kJitErrorLogBuffer)
+        std::strcpy(static_cast<char*>(vals[i]), "fake JIT: bad PTX at line 1");
     return rc::kCudaErrorInvalidImage;
   }
   Gpu::Module mod;
@@ -1355,7 +1471,8 @@ CUresult module_unload(rc::CUmodule) { return ok(); }
 CUresult get_function(rc::CUfunction* f, rc::CUmodule m, const char* name) {
   FAKE_LOCK;
   auto& mod = gpu().modules.at(reinterpret_cast<uintptr_t>(m) - 1);
-  if (std::find(mod.symbols.begin(), mod.symbols.end(), name) == mod.symbols.end()) return rc::kCudaErrorNotFound;
+  if (std::find(mod.symbols.begin(), mod.symbols.end(), name) == mod.symbols.end())
+    return rc::kCudaErrorNotFound;
   const EmuKernel* e = nullptr;
   if (mod.emu) e = &mod.emu->at(name);
   gpu().functions.emplace_back(name, e);
@@ -1363,15 +1480,16 @@ CUresult get_function(rc::CUfunction* f, rc::CUmodule m, const char* name) {
   return ok();
 }
 CUresult set_attribute(rc::CUfunction, int, int) { return ok(); }
-CUresult launch(rc::CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                unsigned shared, rc::CUstream, void** params, void**) {
+CUresult launch(rc::CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                unsigned bz, unsigned shared, rc::CUstream, void** params, void**) {
   std::unique_lock<std::recursive_mutex> lock(g_mu);
   auto [name, emu_kernel] = gpu().functions.at(reinterpret_cast<uintptr_t>(f) - 1);
   Launch l{name, {gx, gy, gz}, {bx, by, bz}, shared, {}};
   if (emu_kernel) {
     EmuKernel k = *emu_kernel;
     std::vector<char*> args;
-    for (size_t i = 0; i < k.nargs; ++i) args.push_back(reinterpret_cast<char*>(*static_cast<rc::CUdeviceptr*>(params[i])));
+    for (size_t i = 0; i < k.nargs; ++i)
+      args.push_back(reinterpret_cast<char*>(*static_cast<rc::CUdeviceptr*>(params[i])));
     lock.unlock();  // other threads compile meanwhile; the emulator runs one grid at a time
     std::string err = emu::run(k.fn, args.data(), gx * gy * gz, bx * by * bz);
     lock.lock();
@@ -1391,7 +1509,10 @@ CUresult launch(rc::CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigne
   gpu().launches.push_back(l);
   return ok();
 }
-CUresult event_create(rc::CUevent* e, unsigned) { *e = reinterpret_cast<rc::CUevent>(0x9); return ok(); }
+CUresult event_create(rc::CUevent* e, unsigned) {
+  *e = reinterpret_cast<rc::CUevent>(0x9);
+  return ok();
+}
 CUresult event_destroy(rc::CUevent) { return ok(); }
 CUresult event_record(rc::CUevent, rc::CUstream) { return ok(); }
 CUresult event_query(rc::CUevent) {
@@ -1500,10 +1621,12 @@ void emu_register(const nv::CompiledModule& mod, const std::vector<codegen::Kern
   keep.push_back(codegen::cpu::load(obj.object, syms));
   std::lock_guard<std::recursive_mutex> lock(fake::g_mu);
   for (size_t i = 0; i < kernels.size(); ++i)
-    fake::gpu().emu[mod.ptx][kernels[i].name] = {reinterpret_cast<emu::Entry>(keep.back()->address(i)), kernels[i].args.size()};
+    fake::gpu().emu[mod.ptx][kernels[i].name] = {
+        reinterpret_cast<emu::Entry>(keep.back()->address(i)), kernels[i].args.size()};
 }
 
-GpuJob gpu_job(const Graph& g, const std::shared_ptr<rc::Device>& dev, bool tf32, bool run_ptxas = true) {
+GpuJob gpu_job(const Graph& g, const std::shared_ptr<rc::Device>& dev, bool tf32,
+               bool run_ptxas = true) {
   GpuJob j;
   j.fp = fuse_graph(g, "t");
   int sm = codegen_sm(dev->info().sm);
@@ -1558,14 +1681,15 @@ TEST(NvptxRuntime, FakeDriverRunsATrainStepLikeTheCpu) {
     static std::shared_ptr<codegen::cpu::LoadedCode> code;
     code = codegen::cpu::load(obj.object, syms);
     for (size_t i = 0; i < syms.size(); ++i)
-      fake::gpu().cpu[syms[i]] = {reinterpret_cast<runtime::KernelFn>(code->address(i)), obj.launches[i].range,
-                                  fp_probe.kernels[i].args.size()};
+      fake::gpu().cpu[syms[i]] = {reinterpret_cast<runtime::KernelFn>(code->address(i)),
+                                  obj.launches[i].range, fp_probe.kernels[i].args.size()};
   }
   {
     auto dev = rc::Device::open(0, &fake::api());
     EXPECT_EQ(dev->info().str(), "Fake GPU (sm_80, 4 SMs, 1 GiB)");
     GpuJob gj = gpu_job(t.g, dev, false);
-    EXPECT_EQ(gj.exec->loaded_from(), gj.mod.cubin.empty() ? "ptx (driver JIT for sm_80)" : "cubin sm_80");
+    EXPECT_EQ(gj.exec->loaded_from(),
+              gj.mod.cubin.empty() ? "ptx (driver JIT for sm_80)" : "cubin sm_80");
     EXPECT_EQ(fake::gpu().last_image_was_cubin, !gj.mod.cubin.empty());
     rc::DeviceVariables dv(dev);
     gj.exec->bind_variables(gpu_store, dv);
@@ -1580,7 +1704,8 @@ TEST(NvptxRuntime, FakeDriverRunsATrainStepLikeTheCpu) {
       void* out_gpu[] = {loss_gpu};
       cj.executable->run(ins, out_cpu);
       gj.exec->run(ins, out_gpu);
-      for (int i = 0; i < 8; ++i) EXPECT_EQ(loss_gpu[i], loss_cpu[i]) << "step " << step << " row " << i;
+      for (int i = 0; i < 8; ++i)
+        EXPECT_EQ(loss_gpu[i], loss_cpu[i]) << "step " << step << " row " << i;
     }
     // Launch records: every kernel, in plan order, with codegen's grids.
     size_t per_run = gj.fp.plan.launches.size();
@@ -1599,7 +1724,8 @@ TEST(NvptxRuntime, FakeDriverRunsATrainStepLikeTheCpu) {
     dv.download_all(gpu_store);
     for (auto* v : cpu_store.all()) {
       auto* g = gpu_store.find(v->name);
-      EXPECT_EQ(std::memcmp(v->ptr(), g->ptr(), static_cast<size_t>(v->type.bytes())), 0) << v->name;
+      EXPECT_EQ(std::memcmp(v->ptr(), g->ptr(), static_cast<size_t>(v->type.bytes())), 0)
+          << v->name;
     }
     EXPECT_EQ(fake::gpu().current, 0) << "every context push is popped";
   }
@@ -1630,19 +1756,22 @@ TEST(NvptxRuntime, FakeDriverFailuresNameTheCall) {
   fake::gpu().alloc_limit = ~0ull;
   // The driver rejects the image: its JIT log is in the message.
   fake::gpu().fail_module = true;
-  expect_error([&] { gpu_job(g, dev, false, false); },
-               {"cuModuleLoadDataEx failed: CUDA_ERROR_INVALID_IMAGE: device kernel image is invalid",
-                "as PTX on Fake GPU", "driver log: fake JIT: bad PTX at line 1"});
+  expect_error(
+      [&] { gpu_job(g, dev, false, false); },
+      {"cuModuleLoadDataEx failed: CUDA_ERROR_INVALID_IMAGE: device kernel image is invalid",
+       "as PTX on Fake GPU", "driver log: fake JIT: bad PTX at line 1"});
   fake::gpu().fail_module = false;
   // A kernel the image lacks.
   {
     auto fp = fuse_graph(g, "t");
     std::vector<rc::GpuLaunch> ls(1);
     ls[0].symbol = fp.plan.launches[0].symbol;
-    expect_error([&] { rc::CudaExecutable(dev, fp.plan, ls, rc::GpuImage{".version 7.0\n", {}, 0}); },
-                 {"cuModuleGetFunction failed: CUDA_ERROR_NOT_FOUND: named symbol not found",
-                  "kernel '" + ls[0].symbol + "' of job 't'"});
-    EXPECT_THROW(rc::CudaExecutable(dev, fp.plan, {}, rc::GpuImage{}), InternalError) << "launch count";
+    expect_error(
+        [&] { rc::CudaExecutable(dev, fp.plan, ls, rc::GpuImage{".version 7.0\n", {}, 0}); },
+        {"cuModuleGetFunction failed: CUDA_ERROR_NOT_FOUND: named symbol not found",
+         "kernel '" + ls[0].symbol + "' of job 't'"});
+    EXPECT_THROW(rc::CudaExecutable(dev, fp.plan, {}, rc::GpuImage{}), InternalError)
+        << "launch count";
   }
   // A device that does not exist.
   try {
@@ -1674,7 +1803,9 @@ TEST(NvptxRuntime, FakeDriverFailuresNameTheCall) {
     tj.exec->bind_variables(empty, dv);
     ADD_FAILURE() << "bound to missing variables";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("which no longer exists in the session"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("which no longer exists in the session"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(tj.exec->submit(ins), InternalError) << "run before bind_variables";
 }
@@ -1694,8 +1825,8 @@ TEST(NvptxRuntime, LaunchListRoundTripsAndRejectsDamage) {
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(rc::serialize_launches(back), text);
   EXPECT_EQ(back[1].shared_bytes, 65536u);
-  for (std::string bad : {"gpulaunch k0 1 1\n", "launch k0 1 1 1 256 1 1 0\n", "gpulaunch k0 0 1 1 256 1 1 0\n",
-                          "gpulaunch k0 1 1 1 256 1 1 0 extra\n"})
+  for (std::string bad : {"gpulaunch k0 1 1\n", "launch k0 1 1 1 256 1 1 0\n",
+                          "gpulaunch k0 0 1 1 256 1 1 0\n", "gpulaunch k0 1 1 1 256 1 1 0 extra\n"})
     EXPECT_THROW(rc::deserialize_launches(bad), UserError) << bad;
 }
 
@@ -1889,7 +2020,8 @@ TEST(NvptxCompile, GpuCodeRoundTripsTheDiskCache) {
   jit::CacheHit hit;
   std::string why;
   ASSERT_EQ(cache.lookup(first.cache_key, true, hit, why, {"kernels.ptx", "launches.txt"}),
-            jit::DiskCache::Found::Hit) << why;
+            jit::DiskCache::Found::Hit)
+      << why;
   ASSERT_EQ(hit.extra.size(), 2u);
   EXPECT_NE(hit.extra[0].find(".entry " + fp.plan.launches[0].symbol + "("), std::string::npos);
   auto launches = rc::deserialize_launches(hit.extra[1]);
@@ -1897,7 +2029,9 @@ TEST(NvptxCompile, GpuCodeRoundTripsTheDiskCache) {
   EXPECT_EQ(launches, first.gpu_executable->launches());
   EXPECT_EQ(hit.object.empty(), !cubin);
   if (cubin) {
-    EXPECT_EQ(std::string(hit.object.data(), 4), "\x7f" "ELF");
+    EXPECT_EQ(std::string(hit.object.data(), 4),
+              "\x7f"
+              "ELF");
   }
   EXPECT_NE(hit.llvm_ir.find("nvptx64-nvidia-cuda"), std::string::npos);
   std::string meta = file_text(cache.entry_dir(first.cache_key) + "/meta.json");
@@ -1952,7 +2086,8 @@ TEST(NvptxCompile, GpuCodeRoundTripsTheDiskCache) {
   EXPECT_FALSE(again.from_disk_cache);
   ASSERT_EQ(again.warnings.size(), 1u);
   EXPECT_NE(again.warnings[0].find("was damaged (launches.txt fails its SHA-256 checksum)"),
-            std::string::npos) << again.warnings[0];
+            std::string::npos)
+      << again.warnings[0];
   jit::CompiledJob healed = jit::compile_job(job, gpu_settings(dev, tmp.path), store4);
   EXPECT_TRUE(healed.from_disk_cache) << "the recompiled code was stored again";
 }
@@ -2067,28 +2202,43 @@ std::shared_ptr<rc::Device> real_gpu(std::string* why) {
   return dev;
 }
 
-#define FLOWJIT_NEED_GPU(dev)                                                                  \
-  std::string why_gpu_;                                                                       \
-  auto dev = real_gpu(&why_gpu_);                                                             \
-  if (!dev) {                                                                                 \
+#define FLOWJIT_NEED_GPU(dev)                                                                     \
+  std::string why_gpu_;                                                                           \
+  auto dev = real_gpu(&why_gpu_);                                                                 \
+  if (!dev) {                                                                                     \
     if (gpu_required()) FAIL() << "FLOWJIT_REQUIRE_GPU is set but there is no GPU: " << why_gpu_; \
-    GTEST_SKIP() << "no GPU: " << why_gpu_;                                                   \
+    GTEST_SKIP() << "no GPU: " << why_gpu_;                                                       \
   }
 
 void random_input(void* p, const TensorType& t, bool labels, uint32_t seed) {
   std::mt19937 g(seed);
   int64_t n = t.numel();
   std::uniform_real_distribution<double> u(-2, 2);
-  std::uniform_int_distribution<int> ints(labels || t.dtype == DType::UInt8 ? 0 : -5, labels ? 9 : 5);
+  std::uniform_int_distribution<int> ints(labels || t.dtype == DType::UInt8 ? 0 : -5,
+                                          labels ? 9 : 5);
   for (int64_t i = 0; i < n; ++i) {
     switch (t.dtype) {
-      case DType::Float32: static_cast<float*>(p)[i] = static_cast<float>(u(g)); break;
-      case DType::Float64: static_cast<double*>(p)[i] = u(g); break;
-      case DType::Int32: static_cast<int32_t*>(p)[i] = ints(g); break;
-      case DType::Int64: static_cast<int64_t*>(p)[i] = ints(g); break;
-      case DType::Int8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(ints(g)); break;
-      case DType::UInt8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(ints(g)); break;
-      case DType::Bool: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(g() & 1); break;
+      case DType::Float32:
+        static_cast<float*>(p)[i] = static_cast<float>(u(g));
+        break;
+      case DType::Float64:
+        static_cast<double*>(p)[i] = u(g);
+        break;
+      case DType::Int32:
+        static_cast<int32_t*>(p)[i] = ints(g);
+        break;
+      case DType::Int64:
+        static_cast<int64_t*>(p)[i] = ints(g);
+        break;
+      case DType::Int8:
+        static_cast<int8_t*>(p)[i] = static_cast<int8_t>(ints(g));
+        break;
+      case DType::UInt8:
+        static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(ints(g));
+        break;
+      case DType::Bool:
+        static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(g() & 1);
+        break;
     }
   }
 }
@@ -2137,7 +2287,8 @@ Result run_case(const Case& c, const std::shared_ptr<rc::Device>& dev, bool tf32
       const TensorType& t = fp.plan.inputs[i];
       ins[i].assign(static_cast<size_t>(std::max<int64_t>(t.bytes(), 1)), 0);
       std::string pname = fp.graph.params[i]->attrs().get_str("name");
-      random_input(ins[i].data(), t, pname == "labels" || pname == "y", static_cast<uint32_t>(1000 * s + i));
+      random_input(ins[i].data(), t, pname == "labels" || pname == "y",
+                   static_cast<uint32_t>(1000 * s + i));
       in_ptrs.push_back(ins[i].data());
     }
     run();
@@ -2148,8 +2299,8 @@ Result run_case(const Case& c, const std::shared_ptr<rc::Device>& dev, bool tf32
 }
 
 // Mismatches of `got` against `want` (NaN matches NaN, infinities match exactly).
-std::string compare(const std::vector<char>& got, const std::vector<char>& want, const TensorType& t,
-                    double rtol, double atol, double atol_rms = 0) {
+std::string compare(const std::vector<char>& got, const std::vector<char>& want,
+                    const TensorType& t, double rtol, double atol, double atol_rms = 0) {
   int64_t n = t.numel(), bad = 0;
   std::string first;
   if (atol_rms > 0) {
@@ -2166,16 +2317,37 @@ std::string compare(const std::vector<char>& got, const std::vector<char>& want,
   for (int64_t i = 0; i < n; ++i) {
     double g, w;
     switch (t.dtype) {
-      case DType::Float32: g = reinterpret_cast<const float*>(got.data())[i]; w = reinterpret_cast<const float*>(want.data())[i]; break;
-      case DType::Float64: g = reinterpret_cast<const double*>(got.data())[i]; w = reinterpret_cast<const double*>(want.data())[i]; break;
-      case DType::Int32: g = reinterpret_cast<const int32_t*>(got.data())[i]; w = reinterpret_cast<const int32_t*>(want.data())[i]; break;
-      case DType::Int64: g = static_cast<double>(reinterpret_cast<const int64_t*>(got.data())[i]); w = static_cast<double>(reinterpret_cast<const int64_t*>(want.data())[i]); break;
-      case DType::Int8: g = reinterpret_cast<const int8_t*>(got.data())[i]; w = reinterpret_cast<const int8_t*>(want.data())[i]; break;
-      default: g = reinterpret_cast<const uint8_t*>(got.data())[i]; w = reinterpret_cast<const uint8_t*>(want.data())[i]; break;
+      case DType::Float32:
+        g = reinterpret_cast<const float*>(got.data())[i];
+        w = reinterpret_cast<const float*>(want.data())[i];
+        break;
+      case DType::Float64:
+        g = reinterpret_cast<const double*>(got.data())[i];
+        w = reinterpret_cast<const double*>(want.data())[i];
+        break;
+      case DType::Int32:
+        g = reinterpret_cast<const int32_t*>(got.data())[i];
+        w = reinterpret_cast<const int32_t*>(want.data())[i];
+        break;
+      case DType::Int64:
+        g = static_cast<double>(reinterpret_cast<const int64_t*>(got.data())[i]);
+        w = static_cast<double>(reinterpret_cast<const int64_t*>(want.data())[i]);
+        break;
+      case DType::Int8:
+        g = reinterpret_cast<const int8_t*>(got.data())[i];
+        w = reinterpret_cast<const int8_t*>(want.data())[i];
+        break;
+      default:
+        g = reinterpret_cast<const uint8_t*>(got.data())[i];
+        w = reinterpret_cast<const uint8_t*>(want.data())[i];
+        break;
     }
     bool same = (std::isnan(g) && std::isnan(w)) || g == w ||
-                (ir::is_float(t.dtype) && std::isfinite(w) && std::fabs(g - w) <= atol + rtol * std::fabs(w));
-    if (!same && bad++ == 0) first = "element " + std::to_string(i) + ": got " + std::to_string(g) + ", want " + std::to_string(w);
+                (ir::is_float(t.dtype) && std::isfinite(w) &&
+                 std::fabs(g - w) <= atol + rtol * std::fabs(w));
+    if (!same && bad++ == 0)
+      first = "element " + std::to_string(i) + ": got " + std::to_string(g) + ", want " +
+              std::to_string(w);
   }
   return bad ? std::to_string(bad) + " of " + std::to_string(n) + " differ; first " + first : "";
 }
@@ -2188,16 +2360,23 @@ void expect_gpu_matches(const Case& c, const std::shared_ptr<rc::Device>& dev, b
   auto fp = fuse_graph(c.graph, c.name);
   for (size_t i = 0; i < want.outputs.size(); ++i) {
     const TensorType& t = fp.plan.outputs[i];
-    double rt = t.dtype == DType::Float64 && !tf32 ? 1e-12 : rtol, at = t.dtype == DType::Float64 && !tf32 ? 1e-12 : atol;
-    std::string d = compare(got.outputs[i], want.outputs[i], t, rt, at, tf32 && ir::is_float(t.dtype) ? 5e-3 : 0);
-    EXPECT_TRUE(d.empty()) << c.name << (tf32 ? " (tf32)" : "") << " output " << i << " " << t.str() << ": " << d;
+    double rt = t.dtype == DType::Float64 && !tf32 ? 1e-12 : rtol,
+           at = t.dtype == DType::Float64 && !tf32 ? 1e-12 : atol;
+    std::string d = compare(got.outputs[i], want.outputs[i], t, rt, at,
+                            tf32 && ir::is_float(t.dtype) ? 5e-3 : 0);
+    EXPECT_TRUE(d.empty()) << c.name << (tf32 ? " (tf32)" : "") << " output " << i << " " << t.str()
+                           << ": " << d;
   }
   for (auto& [name, bytes] : want.variables) {
     TensorType t;
-    for (auto& [n, ty] : fp.plan.variables) if (n == name) t = ty;
-    for (auto& [n, ty] : c.new_variables) if (n == name) t = ty;
-    std::string d = compare(got.variables[name], bytes, t, rtol, atol, tf32 && ir::is_float(t.dtype) ? 5e-3 : 0);
-    EXPECT_TRUE(d.empty()) << c.name << (tf32 ? " (tf32)" : "") << " variable " << name << ": " << d;
+    for (auto& [n, ty] : fp.plan.variables)
+      if (n == name) t = ty;
+    for (auto& [n, ty] : c.new_variables)
+      if (n == name) t = ty;
+    std::string d = compare(got.variables[name], bytes, t, rtol, atol,
+                            tf32 && ir::is_float(t.dtype) ? 5e-3 : 0);
+    EXPECT_TRUE(d.empty()) << c.name << (tf32 ? " (tf32)" : "") << " variable " << name << ": "
+                           << d;
   }
 }
 
@@ -2216,8 +2395,8 @@ void expect_gpu_matches_cpu(const Case& c, const std::shared_ptr<rc::Device>& de
 
 TEST(NvptxDevice, DriverAndDeviceArePresent) {
   FLOWJIT_NEED_GPU(dev);
-  std::printf("[nvptx] %s, driver %s, codegen for sm_%d\n", dev->info().str().c_str(), rc::driver().library.c_str(),
-              codegen_sm(dev->info().sm));
+  std::printf("[nvptx] %s, driver %s, codegen for sm_%d\n", dev->info().str().c_str(),
+              rc::driver().library.c_str(), codegen_sm(dev->info().sm));
   EXPECT_GE(dev->info().sm, 70);
 }
 
@@ -2258,7 +2437,8 @@ TEST(NvptxEmulated, EveryCaseMatchesTheCpu) {
   g_emulate = true;
   std::vector<const Case*> cases;
   // Dtypes that repeat what another case covers, to keep the test short.
-  std::set<std::string> skip = {"reductions_f32", "elementwise_i32", "elementwise_i64", "elementwise_u8"};
+  std::set<std::string> skip = {"reductions_f32", "elementwise_i32", "elementwise_i64",
+                                "elementwise_u8"};
   for (const Case& c : suite())
     if (!skip.count(c.name)) cases.push_back(&c);
   auto t0 = std::chrono::steady_clock::now();
@@ -2269,13 +2449,15 @@ TEST(NvptxEmulated, EveryCaseMatchesTheCpu) {
     expect_gpu_matches_cpu(c, dev, train ? 2 : 1);
   });
   std::printf("[emu] %zu cases in %.2fs (emulating %.2fs)\n", cases.size(),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), emu::g_seconds);
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+              emu::g_seconds);
   g_emulate = false;
   for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
   size_t emulated = 0;
   for (auto& [ptx, ks] : fake::gpu().emu) emulated += ks.size();
   EXPECT_GT(emulated, 300u) << "kernels run by the emulator";
-  std::printf("[emu] %zu kernels in %zu modules ran in the emulator\n", emulated, fake::gpu().emu.size());
+  std::printf("[emu] %zu kernels in %zu modules ran in the emulator\n", emulated,
+              fake::gpu().emu.size());
 }
 
 // compile_job's GPU path with the GPU kernels themselves run by the SIMT

@@ -55,9 +55,8 @@ TEST(Passes, SimplifyKeepsSignedZeros) {
       "  %1 = add(%x, %0) : f32[4,3]\n"
       "  %2 = sub(%1, %0) : f32[4,3]\n"
       "  return %2\n");
-  EXPECT_EQ(run(jit::simplify, in),
-            graph("  %0 = fill() {dtype=f32, shape=[], value=0.0} : f32[]\n"
-                  "  %1 = add(%x, %0) : f32[4,3]\n  return %1\n"));
+  EXPECT_EQ(run(jit::simplify, in), graph("  %0 = fill() {dtype=f32, shape=[], value=0.0} : f32[]\n"
+                                          "  %1 = add(%x, %0) : f32[4,3]\n  return %1\n"));
 }
 
 TEST(Passes, SimplifyKeepsBroadcastingAdds) {
@@ -77,9 +76,8 @@ TEST(Passes, FoldComputesConstants) {
       "  %3 = reduce_sum(%2) {axes=[0], keepdims=false} : f32[]\n"
       "  %4 = add(%x, %3) : f32[4,3]\n"
       "  return %4\n");
-  EXPECT_EQ(run(jit::fold, in),
-            graph("  %0 = fill() {dtype=f32, shape=[], value=18.0} : f32[]\n"
-                  "  %1 = add(%x, %0) : f32[4,3]\n  return %1\n"));
+  EXPECT_EQ(run(jit::fold, in), graph("  %0 = fill() {dtype=f32, shape=[], value=18.0} : f32[]\n"
+                                      "  %1 = add(%x, %0) : f32[4,3]\n  return %1\n"));
 }
 
 TEST(Passes, FoldIntegerDivisionMatchesKernels) {
@@ -186,7 +184,8 @@ TEST(Passes, ReshapeSinkMovesConvEpiloguesIntoTheFlatShape) {
       "  %w = parameter() {dtype=f32, index=1, name=\"w\", shape=[2,1,2,3]} : f32[2,1,2,3]\n"
       "  %b = parameter() {dtype=f32, index=2, name=\"b\", shape=[1,2,1,1]} : f32[1,2,1,1]\n"
       "  %r = parameter() {dtype=f32, index=3, name=\"r\", shape=[3]} : f32[3]\n"
-      "  %0 = conv(%x, %w) {dilations=[1,1], groups=1, pads_hi=[0,0], pads_lo=[0,0], strides=[1,1]} : f32[1,1,2,6]\n"
+      "  %0 = conv(%x, %w) {dilations=[1,1], groups=1, pads_hi=[0,0], pads_lo=[0,0], "
+      "strides=[1,1]} : f32[1,1,2,6]\n"
       "  %1 = reshape(%0) {shape=[1,2,2,3]} : f32[1,2,2,3]\n"
       "  %2 = add(%1, %b) : f32[1,2,2,3]\n"
       "  %3 = relu(%2) : f32[1,2,2,3]\n"
@@ -199,7 +198,8 @@ TEST(Passes, ReshapeSinkMovesConvEpiloguesIntoTheFlatShape) {
             "  %w = parameter() {dtype=f32, index=1, name=\"w\", shape=[2,1,2,3]} : f32[2,1,2,3]\n"
             "  %b = parameter() {dtype=f32, index=2, name=\"b\", shape=[1,2,1,1]} : f32[1,2,1,1]\n"
             "  %r = parameter() {dtype=f32, index=3, name=\"r\", shape=[3]} : f32[3]\n"
-            "  %0 = conv(%x, %w) {dilations=[1,1], groups=1, pads_hi=[0,0], pads_lo=[0,0], strides=[1,1]} : f32[1,1,2,6]\n"
+            "  %0 = conv(%x, %w) {dilations=[1,1], groups=1, pads_hi=[0,0], pads_lo=[0,0], "
+            "strides=[1,1]} : f32[1,1,2,6]\n"
             "  %1 = reshape(%b) {shape=[1,1,2,1]} : f32[1,1,2,1]\n"
             "  %2 = add(%0, %1) : f32[1,1,2,6]\n"
             "  %3 = relu(%2) : f32[1,1,2,6]\n"
