@@ -19,7 +19,7 @@ VENV="${FLOWJIT_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 JOBS="${FLOWJIT_BUILD_JOBS:-$(nproc)}"
 
-APT_PACKAGES="llvm-19-dev libtbb-dev libgloo-dev dataset-fashion-mnist libgtest-dev cmake ninja-build ccache g++ python3-dev"
+APT_PACKAGES="llvm-19-dev libtbb-dev libgloo-dev dataset-fashion-mnist libgtest-dev cmake ninja-build ccache g++ python3-dev clang-format-19"
 
 log() { printf '\033[1m[dev.sh]\033[0m %s\n' "$*"; }
 die() { printf '\033[1m[dev.sh]\033[0m error: %s\n' "$*" >&2; exit 1; }
@@ -68,7 +68,7 @@ install_pip() {
   log "installing Python build and test requirements into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
   "$PY" -m pip install -q --disable-pip-version-check "numpy>=1.22" "pybind11>=2.12" \
-    "scikit-build-core>=0.10" pytest
+    "scikit-build-core>=0.10" pytest "ruff==0.17.*"
 }
 
 build() {
@@ -115,9 +115,18 @@ run_suite() {
   [ $rc -eq 0 ] || FAILED+=("$name")
 }
 
-run_tests() {
-  log "layering of the C++ folders"
+# The developer habits CI holds: C++ formatted by the pinned clang-format,
+# Python clean under ruff (pyproject.toml), the C++ layering. Also run by
+# .pre-commit-config.yaml.
+lint() {
+  log "lint: layering, clang-format-19, ruff"
   "$PY" tools/check_layering.py
+  git ls-files '*.cpp' '*.h' | xargs clang-format-19 --dry-run -Werror
+  "$VENV/bin/ruff" check python tests benchmarks examples tools
+}
+
+run_tests() {
+  run_suite "lint" lint
   log "building the C++ tests"
   cmake --build "$FLOWJIT_BUILD_DIR" --target _C flowjit_tests -j "$JOBS"
   run_suite "ctest" bash -c "cd '$FLOWJIT_BUILD_DIR' && ctest --output-on-failure -j '$JOBS'"
@@ -141,11 +150,12 @@ run_tests() {
 
 case "${1:-}" in
   setup) setup ;;
+  lint) lint ;;
   train) setup; shift; exec "$PY" examples/train_mnist.py "$@" ;;
   test) setup; run_tests ;;
   bench)
     setup
     "$PY" -m pip install -q --disable-pip-version-check torch jax jaxlib threadpoolctl || log "torch/jax not installable: their columns are skipped"
     exec "$PY" benchmarks/run_all.py ;;
-  *) echo "usage: tools/dev.sh {setup|train|test|bench}" >&2; exit 2 ;;
+  *) echo "usage: tools/dev.sh {setup|train|test|lint|bench}" >&2; exit 2 ;;
 esac
