@@ -219,14 +219,33 @@ Value* log_impl(const Ops& o, Value* x) {
 //    (approximation error < 2^-58) with the rounding of 1 - r^2/2 compensated.
 // 3. With q = j + quarter_turns, sin(r + q pi/2) is sin r or cos r by bit 0 of
 //    q, negated by bit 1; sin then takes the sign of x.
-// Error: float 1.56 ulp for |x| <= 8192, double 1.45 ulp for |x| <= 1e5.
+// Error: float 1.56 ulp for |x| <= 8192 and accurate reduction to about
+// 1e15 (reduced in double), double 1.45 ulp for |x| <= 1e5.
 Value* sincos_impl(const Ops& o, Value* x, int quarter_turns) {
   const bool d = o.f64;
   Value* ax = o.call(llvm::Intrinsic::fabs, x);
-  Value* j = o.call(llvm::Intrinsic::roundeven, o.b.CreateFMul(ax, o.c(0x1.45f306dc9c883p-1)));
-  Value* r = o.fma(j, o.c(d ? -0x1.921fb54442d18p+0 : -0x1.921fb6p+0), ax);
-  r = o.fma(j, o.c(d ? -0x1.1a62633145c07p-54 : 0x1.777a5cp-25), r);
-  r = o.fma(j, o.c(d ? 0x1.f1976b7ed8fbcp-110 : 0x1.ee59dap-50), r);
+  // Float arguments are reduced in double: a float has 24 significant bits,
+  // so j * (pi/2)_hi stays exact far beyond float's own 3-part split (8192),
+  // up to |x| ~ 1e15. jq is j mod 4 (exact while j < 2^53), which is all the
+  // quadrant needs.
+  Type* dt = d ? o.ft : with_lanes(o.ft, o.b.getDoubleTy());
+  auto dc = [&](double v) { return llvm::ConstantFP::get(dt, v); };
+  auto dfma = [&](Value* m0, Value* m1, Value* a) {
+    return o.b.CreateIntrinsic(llvm::Intrinsic::fma, {dt}, {m0, m1, a});
+  };
+  Value* axd = d ? ax : o.b.CreateFPExt(ax, dt);
+  Value* j = o.b.CreateUnaryIntrinsic(llvm::Intrinsic::roundeven,
+                                      o.b.CreateFMul(axd, dc(0x1.45f306dc9c883p-1)));
+  Value* rd = dfma(j, dc(-0x1.921fb54442d18p+0), axd);
+  rd = dfma(j, dc(-0x1.1a62633145c07p-54), rd);
+  rd = dfma(j, dc(0x1.f1976b7ed8fbcp-110), rd);
+  Value* jq = o.b.CreateFSub(
+      j, o.b.CreateFMul(dc(4.0), o.b.CreateUnaryIntrinsic(llvm::Intrinsic::floor,
+                                                          o.b.CreateFMul(j, dc(0.25)))));
+  Value* r = d ? rd : o.b.CreateFPTrunc(rd, o.ft);
+  // Beyond the accurate range r is noise: keep it where the polynomials are
+  // bounded (|r| <= pi/4 + tiny inside the range; NaN passes through).
+  r = o.max_keep_nan(o.min_keep_nan(r, 0.8), -0.8);
   Value* z = o.b.CreateFMul(r, r);
 
   Value* sin_p;
@@ -249,8 +268,9 @@ Value* sincos_impl(const Ops& o, Value* x, int quarter_turns) {
   }
   Value* sin_r = o.fma(o.b.CreateFMul(z, r), sin_p, r);
 
-  // j beyond 2^30 only occurs where the reduction has lost all accuracy anyway.
-  Value* q = o.b.CreateFPToSI(o.call(llvm::Intrinsic::minnum, j, o.c(0x1p30)), o.it);
+  // minnum turns a NaN jq (infinite x) into 4: the result is NaN either way.
+  Value* q =
+      o.b.CreateFPToSI(o.b.CreateBinaryIntrinsic(llvm::Intrinsic::minnum, jq, dc(4.0)), o.it);
   q = o.b.CreateAdd(q, o.i(quarter_turns));
   Value* odd = o.b.CreateICmpNE(o.b.CreateAnd(q, o.i(1)), o.i(0));
   Value* res = o.b.CreateSelect(odd, cos_r, sin_r);
