@@ -356,33 +356,29 @@ def layer_conv3d(inputs, filters, kernel_size=1, strides=1, padding="VALID", dat
                        bias_regularizer, trainable, name, weight_name, bias_name)
 
 
-def _pool_layer(s, kind, api, inputs, pool_size, strides, padding, data_format, name):
-    return _pool_nd(s, kind, api, inputs, pool_size, strides, padding, data_format, name)
-
-
 def max_pooling1d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
-    return _pool_layer(1, "max", "max_pooling1d", inputs, pool_size, strides, padding, data_format, name)
+    return _pool_nd(1, "max", "max_pooling1d", inputs, pool_size, strides, padding, data_format, name)
 
 
 def max_pooling2d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
     """flow.layers.max_pooling2d (Keras-style defaults: 'valid', channels_last)."""
-    return _pool_layer(2, "max", "max_pooling2d", inputs, pool_size, strides, padding, data_format, name)
+    return _pool_nd(2, "max", "max_pooling2d", inputs, pool_size, strides, padding, data_format, name)
 
 
 def max_pooling3d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
-    return _pool_layer(3, "max", "max_pooling3d", inputs, pool_size, strides, padding, data_format, name)
+    return _pool_nd(3, "max", "max_pooling3d", inputs, pool_size, strides, padding, data_format, name)
 
 
 def average_pooling1d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
-    return _pool_layer(1, "avg", "average_pooling1d", inputs, pool_size, strides, padding, data_format, name)
+    return _pool_nd(1, "avg", "average_pooling1d", inputs, pool_size, strides, padding, data_format, name)
 
 
 def average_pooling2d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
-    return _pool_layer(2, "avg", "average_pooling2d", inputs, pool_size, strides, padding, data_format, name)
+    return _pool_nd(2, "avg", "average_pooling2d", inputs, pool_size, strides, padding, data_format, name)
 
 
 def average_pooling3d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
-    return _pool_layer(3, "avg", "average_pooling3d", inputs, pool_size, strides, padding, data_format, name)
+    return _pool_nd(3, "avg", "average_pooling3d", inputs, pool_size, strides, padding, data_format, name)
 
 
 # ---------------------------------------------------------------- normalization
