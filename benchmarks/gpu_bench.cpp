@@ -383,9 +383,9 @@ int main(int argc, char** argv) {
     jit::CompiledJob cj = jit::compile_job(job, jit::CompileSettings{}, tstore_cpu);
     std::vector<float> loss_cpu(100);
     void* outs_cpu[] = {loss_cpu.data()};
-    cj.executable->run(ins, outs_cpu);
+    cj.program->run(ins, outs_cpu);
     double tc0 = now();
-    for (int i = 0; i < steps / 5; ++i) cj.executable->run(ins, outs_cpu);
+    for (int i = 0; i < steps / 5; ++i) cj.program->run(ins, outs_cpu);
     double cpu_step = (now() - tc0) / (steps / 5);
     rep.add("train_step_flowjit_cpu_ms", cpu_step * 1e3);
     rep.add("train_step_gpu_speedup_vs_cpu", cpu_step / gpu_step);

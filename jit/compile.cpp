@@ -1,4 +1,4 @@
-// compile: traced job to Executable.
+// compile: traced job to Program, one driver for every backend.
 #include "jit/compile.h"
 
 #include <atomic>
@@ -12,23 +12,27 @@
 #include <set>
 
 #include <map>
-#include "codegen/cpu/backend.h"
+
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
+#include "jit/backend.h"
 #include "jit/build_info.h"
 #include "jit/cache.h"
-#include "jit/compile_internal.h"
 #include "jit/fusion.h"
 #include "jit/pipeline.h"
 
 namespace flowjit::jit {
 
 using namespace ir;
-using detail::short_key;
-using detail::since;
 
 namespace {
+
+double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+std::string short_key(const std::string& key) { return key.substr(0, 12); }
+
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
@@ -39,73 +43,9 @@ bool env_flag(const char* name) {
   return !(v.empty() || v == "0" || v == "false" || v == "no" || v == "off");
 }
 
-bool same_launches(const runtime::Plan& a, const runtime::Plan& b) {
-  if (a.job_name != b.job_name || a.inputs != b.inputs || a.outputs != b.outputs ||
-      a.variables != b.variables || a.arena_bytes != b.arena_bytes ||
-      a.launches.size() != b.launches.size())
-    return false;
-  for (size_t i = 0; i < a.launches.size(); ++i)
-    if (a.launches[i].symbol != b.launches[i].symbol || a.launches[i].args != b.launches[i].args)
-      return false;
-  return true;
-}
-
-// The disk-cache hit path: the plan and object of `key`, checked against the
-// plan fusion just made and loaded. Returns null on a miss; a damaged entry
-// (checksum, plan, object) is dropped with a warning and is a miss too.
-std::shared_ptr<codegen::cpu::LoadedCode> load_cached(DiskCache& cache, const std::string& key,
-                                                      const runtime::Plan& fresh,
-                                                      const std::vector<std::string>& symbols,
-                                                      bool want_llvm_ir, runtime::Plan& plan,
-                                                      CompiledJob& out, PassLog& log) {
-  auto t0 = std::chrono::steady_clock::now();
-  CacheHit hit;
-  std::string why;
-  DiskCache::Found found = cache.lookup(key, want_llvm_ir, hit, why);
-  std::shared_ptr<codegen::cpu::LoadedCode> code;
-  if (found == DiskCache::Found::Hit) {
-    try {
-      runtime::Plan cached = runtime::Plan::deserialize(hit.plan);
-      if (!same_launches(cached, fresh))
-        throw_user(ErrorKind::Value, "its plan does not match the job's kernels");
-      code = codegen::cpu::load(hit.object, symbols);
-      plan = std::move(cached);
-    } catch (const std::exception& e) {
-      why = e.what();
-      cache.remove(key);
-      found = DiskCache::Found::Damaged;
-    }
-  }
-  if (detail::note_cache_miss(found, why, cache, key, fresh.job_name, out, log, t0)) return nullptr;
-  cache.touch(key);
-  out.from_disk_cache = true;
-  out.llvm_ir = std::move(hit.llvm_ir);
-  log.stage("disk cache hit", since(t0),
-            short_key(key) + " in " + cache.dir() + ", " + std::to_string(hit.object.size()) +
-                " object bytes, hit #" + std::to_string(hit.hits + 1));
-  return code;
-}
-
-// The miss path's end: publishes the compiled job (a read-only or full cache
-// degrades to in-memory with one warning per directory), then bounds the size.
-void store_in_cache(DiskCache& cache, CompiledJob& out, const JobDescription& job,
-                    const runtime::Plan& plan, const codegen::cpu::CompiledObject& obj,
-                    double compile_seconds, PassLog& log) {
-  if (is_unwritable_cache(cache.dir())) return;
-  CacheEntry e = detail::common_cache_entry(out, job, plan, compile_seconds);
-  e.object = obj.object;
-  e.llvm_ir = obj.llvm_ir;
-  e.target = codegen::cpu::host_target_id();
-  if (job.distribution.parts > 1)  // the per-device program of a distributed job
-    e.target += " x" + std::to_string(job.distribution.parts) +
-                (job.distribution.mirrored ? " mirrored" : " devices");
-  e.codegen_seconds = obj.seconds_emit + obj.seconds_optimize + obj.seconds_codegen;
-  detail::publish_cache_entry(cache, e, out, log);
-}
-}  // namespace
-
-namespace detail {
-
+// The disk cache of `settings` (none when disabled), with out.cache_key set
+// from everything that decides the generated code for `target`. An
+// unparsable FLOWJIT_CACHE_MAX_BYTES warns once per process.
 std::optional<DiskCache> open_cache(const CompileSettings& settings, const FusedProgram& fp,
                                     const std::string& target, CompiledJob& out) {
   std::optional<DiskCache> cache;
@@ -144,6 +84,9 @@ std::optional<DiskCache> open_cache(const CompileSettings& settings, const Fused
   return cache;
 }
 
+// A lookup that found nothing usable: logs the miss, or for a damaged entry
+// (already removed when it could be) warns once on `out` that the job is
+// recompiled. Returns true when `found` is not a hit.
 bool note_cache_miss(DiskCache::Found found, const std::string& why, DiskCache& cache,
                      const std::string& key, const std::string& job_name, CompiledJob& out,
                      PassLog& log, std::chrono::steady_clock::time_point t0) {
@@ -181,6 +124,7 @@ bool note_cache_miss(DiskCache::Found found, const std::string& why, DiskCache& 
   return false;
 }
 
+// The fields every entry has: key, plan, IR texts, job, build and plan facts.
 CacheEntry common_cache_entry(const CompiledJob& out, const JobDescription& job,
                               const runtime::Plan& plan, double compile_seconds) {
   CacheEntry e;
@@ -204,6 +148,8 @@ CacheEntry common_cache_entry(const CompiledJob& out, const JobDescription& job,
   return e;
 }
 
+// Stores `e` (a read-only or full cache degrades to in-memory with one
+// warning per directory), then bounds the cache's size; logs both.
 void publish_cache_entry(DiskCache& cache, const CacheEntry& e, CompiledJob& out, PassLog& log) {
   auto t0 = std::chrono::steady_clock::now();
   std::string why;
@@ -233,7 +179,67 @@ void publish_cache_entry(DiskCache& cache, const CacheEntry& e, CompiledJob& out
                   std::to_string(cache.max_bytes()) + " bytes)");
 }
 
-}  // namespace detail
+// The disk-cache hit path: the entry of `key` turned back into code and
+// loaded. The entry's plan must be the one fusion just made (but for what
+// codegen decides per launch) and the backend must accept its files; any
+// failure on the way (a damaged plan, file, object, or one the loader
+// refuses) drops the entry with a warning and is a miss. Null on a miss.
+std::shared_ptr<runtime::Program> load_cached(DiskCache& cache, const std::string& key,
+                                              const Backend& backend, const runtime::Plan& fresh,
+                                              bool want_llvm_ir, CodeObject& code, CompiledJob& out,
+                                              PassLog& log) {
+  auto t0 = std::chrono::steady_clock::now();
+  CacheHit hit;
+  std::string why;
+  const std::vector<std::string> files = backend.cache_files();
+  DiskCache::Found found = cache.lookup(key, want_llvm_ir, hit, why, files);
+  std::shared_ptr<runtime::Program> program;
+  if (found == DiskCache::Found::Hit) {
+    try {
+      code.plan = runtime::Plan::deserialize(hit.plan);
+      if (!code.plan.same_program(fresh))
+        throw_user(ErrorKind::Value, "its plan does not match the job's kernels");
+      code.target = backend.target();
+      code.object = std::move(hit.object);
+      code.files.clear();
+      for (size_t i = 0; i < files.size(); ++i)
+        code.files.emplace_back(files[i], std::move(hit.extra[i]));
+      code.llvm_ir = std::move(hit.llvm_ir);
+      backend.check_cached(code);
+      program = backend.load(code, log);
+    } catch (const std::exception& e) {
+      why = e.what();
+      cache.remove(key);
+      found = DiskCache::Found::Damaged;
+    }
+  }
+  if (note_cache_miss(found, why, cache, key, fresh.job_name, out, log, t0)) return nullptr;
+  cache.touch(key);
+  out.from_disk_cache = true;
+  size_t bytes = code.object.size();
+  for (auto& [name, text] : code.files) bytes += text.size();
+  log.stage("disk cache hit", since(t0),
+            short_key(key) + " in " + cache.dir() + ", " + std::to_string(bytes) +
+                " code bytes, hit #" + std::to_string(hit.hits + 1));
+  return program;
+}
+
+// The miss path's end: publishes the compiled code (a read-only or full
+// cache degrades to in-memory with one warning per directory), then bounds
+// the cache's size.
+void store_in_cache(DiskCache& cache, CompiledJob& out, const JobDescription& job,
+                    const CodeObject& code, double compile_seconds, PassLog& log) {
+  if (is_unwritable_cache(cache.dir())) return;
+  CacheEntry e = common_cache_entry(out, job, code.plan, compile_seconds);
+  e.object = code.object;
+  e.llvm_ir = code.llvm_ir;
+  e.extra_files = code.files;
+  e.target = code.target.str();
+  e.codegen_seconds = code.codegen_seconds;
+  publish_cache_entry(cache, e, out, log);
+}
+
+}  // namespace
 
 CompileSettings CompileSettings::from_environment() {
   CompileSettings s;
@@ -309,74 +315,39 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   log.dump("fusion", fp.description + "\n" + out.kernels);
   out.seconds_passes = since(t_passes);
 
-  if (settings.target.is_gpu()) {
-    compile_for_gpu(job, settings, fp, store, out, log, t_start);
-    return out;
-  }
-
-  runtime::Plan plan = fp.plan;
-  // Collective launches have no code: the runtime runs them.
-  std::vector<std::string> symbols;
-  std::vector<size_t> coded;  // launch index of each generated kernel
-  std::vector<codegen::Kernel> code_kernels;
-  for (size_t i = 0; i < plan.launches.size(); ++i) {
-    if (fp.kernels[i].kind == codegen::Kernel::Kind::Collective) continue;
-    symbols.push_back(plan.launches[i].symbol);
-    coded.push_back(i);
-    code_kernels.push_back(fp.kernels[i]);
-  }
-  const bool keep_llvm_ir = detail::keep_llvm_ir(settings);
-  std::optional<DiskCache> cache =
-      detail::open_cache(settings, fp, codegen::cpu::host_target_id(), out);
+  std::unique_ptr<Backend> backend = make_backend(job, settings.target);
+  CompileRequest req;
+  req.module_name = job.name;
+  req.debug = settings.debug;
+  req.keep_text = settings.keep_text;
+  const bool keep_llvm_ir = settings.debug >= 3 || settings.keep_text || !settings.dump_dir.empty();
+  std::optional<DiskCache> cache = open_cache(settings, fp, backend->target().str(), out);
+  req.want_llvm_ir = keep_llvm_ir || cache.has_value();  // the cache keeps it for `show`
 
   auto t_cg = std::chrono::steady_clock::now();
-  std::shared_ptr<codegen::cpu::LoadedCode> code;
+  CodeObject code;
+  std::shared_ptr<runtime::Program> program;
   if (cache)
-    code = load_cached(*cache, out.cache_key, fp.plan, symbols, keep_llvm_ir, plan, out, log);
-  if (code) {
-    if (settings.debug >= 3) std::fprintf(stderr, "%s", out.llvm_ir.c_str());
-    if (settings.debug >= 4) {
-      out.assembly = codegen::cpu::assembly_from_ir(out.llvm_ir);
-      std::fprintf(stderr, "%s", out.assembly.c_str());
-    }
-    log.dump("llvm", out.llvm_ir);
-    if (!out.assembly.empty()) log.dump("asm", out.assembly);
-  } else {
-    codegen::cpu::CompileOptions co;
-    co.module_name = job.name;
-    co.want_llvm_ir = keep_llvm_ir || cache.has_value();  // the cache keeps it for `show`
-    co.want_assembly = settings.debug >= 4;
-    codegen::cpu::CompiledObject obj = codegen::cpu::compile(code_kernels, co);
-    log.stage("llvm emit", obj.seconds_emit);
-    log.stage("llvm optimize", obj.seconds_optimize);
-    log.stage("llvm codegen", obj.seconds_codegen, std::to_string(obj.object.size()) + " bytes");
-    if (keep_llvm_ir) out.llvm_ir = obj.llvm_ir;
-    out.assembly = obj.assembly;
-    if (settings.debug >= 3) std::fprintf(stderr, "%s", obj.llvm_ir.c_str());
-    if (settings.debug >= 4) std::fprintf(stderr, "%s", obj.assembly.c_str());
-    log.dump("llvm", obj.llvm_ir);
-    if (!obj.assembly.empty()) log.dump("asm", obj.assembly);
-
-    for (size_t j = 0; j < coded.size(); ++j) {
-      runtime::Launch& l = plan.launches[coded[j]];
-      l.range = obj.launches[j].range;
-      l.grain = obj.launches[j].grain;
-      l.scratch_bytes = obj.launches[j].scratch_bytes;
-    }
-    auto t_load = std::chrono::steady_clock::now();
-    code = codegen::cpu::load(obj.object, symbols);
-    log.stage("load", since(t_load));
-    if (cache) store_in_cache(*cache, out, job, plan, obj, since(t_start), log);
+    program = load_cached(*cache, out.cache_key, *backend, fp.plan, keep_llvm_ir, code, out, log);
+  const bool hit = program != nullptr;
+  if (!hit) code = backend->compile(fp.kernels, fp.plan, req, log);
+  if (keep_llvm_ir) out.llvm_ir = code.llvm_ir;
+  if (settings.debug >= 3) std::fprintf(stderr, "%s", code.llvm_ir.c_str());
+  log.dump("llvm", code.llvm_ir);
+  std::string assembly = backend->assembly(code, req);
+  if (backend->keep_assembly(req)) out.assembly = assembly;
+  if (settings.debug >= 4) std::fprintf(stderr, "%s", assembly.c_str());
+  if (!assembly.empty()) log.dump(backend->assembly_stage(), assembly);
+  if (!hit) {
+    program = backend->load(code, log);
+    if (cache) store_in_cache(*cache, out, job, code, since(t_start), log);
   }
-  std::vector<runtime::KernelFn> fns(plan.launches.size(), nullptr);
-  for (size_t j = 0; j < coded.size(); ++j)
-    fns[coded[j]] = reinterpret_cast<runtime::KernelFn>(code->address(j));
+  // Only assigns write variables: predict jobs leave the host value current.
+  program->set_writes_variables(out.writes_variables);
+  if (!out.distributed) backend->bind(*program, store);
+  out.gpu_loaded_from = program->loaded_from();
+  out.program = std::move(program);
   out.seconds_codegen = since(t_cg);
-  out.fns = fns;
-  out.code = code;
-  out.executable = std::make_shared<runtime::Executable>(plan, std::move(fns), code);
-  out.executable->set_writes_variables(out.writes_variables);
-  if (!out.distributed) out.executable->bind_variables(store);
   out.seconds_total = since(t_start);
   log.stage("total", out.seconds_total);
   return out;
@@ -388,7 +359,9 @@ std::shared_ptr<runtime::DistributedExecutable> make_distributed(
     std::shared_ptr<runtime::Communicator> comm, int first_rank, bool several_processes) {
   FJ_CHECK(job.distributed.has_value(), "make_distributed on a single-device job");
   const DistributedGraph& dg = *job.distributed;
-  const runtime::Plan& plan = job.executable->plan();
+  auto* base = dynamic_cast<const runtime::Executable*>(job.program.get());
+  FJ_CHECK(base != nullptr, "a distributed job without CPU code");
+  const runtime::Plan& plan = base->plan();
   const int n = static_cast<int>(device_stores.size());
   auto slot = [](const Sbp& s, const TensorType& logical, const TensorType& local) {
     runtime::DeviceSlot d;
@@ -424,7 +397,7 @@ std::shared_ptr<runtime::DistributedExecutable> make_distributed(
   }
   std::vector<std::shared_ptr<runtime::Executable>> devices;
   for (int d = 0; d < n; ++d) {
-    auto e = std::make_shared<runtime::Executable>(plan, job.fns, job.code);
+    auto e = base->instance();
     e->bind_variables(*device_stores[d]);
     devices.push_back(std::move(e));
   }

@@ -1,11 +1,12 @@
-// compile: the driver from a traced job to a runnable Executable.
+// compile: the driver from a traced job to a runnable runtime::Program.
 //
-//   trace -> (train: autodiff + optimizer) -> passes -> fusion + memory
-//         -> disk cache lookup -> codegen (LLVM, ORC) -> Executable
+//   trace -> (train: autodiff + optimizer) -> passes -> (distribute) -> fusion
+//         + memory -> backend (jit/backend.h): disk cache lookup, or
+//         compile -> code object -> disk cache store; then load -> Program
 //
-// A job placed on a GPU (CompileSettings::target) shares everything up to
-// fusion, then takes jit/compile_gpu.cpp: disk cache lookup -> codegen
-// (LLVM NVPTX -> PTX, ptxas -> cubin) -> runtime::cuda::CudaExecutable.
+// Every target goes the same way; the backend for CompileSettings::target
+// (CPU: LLVM -> ORC; GPU: LLVM NVPTX -> PTX, ptxas -> cubin, CUDA driver)
+// is the only difference.
 #pragma once
 
 #include <chrono>
@@ -14,18 +15,18 @@
 #include <string>
 #include <vector>
 
-#include "codegen/nvptx/backend.h"
+#include "codegen/target.h"
 #include "ir/graph.h"
 #include "jit/distribute.h"
 #include "jit/optimizer.h"
 #include "runtime/distributed.h"
 #include "runtime/executable.h"
+#include "runtime/program.h"
 #include "runtime/variables.h"
 
 namespace flowjit::runtime::cuda {
 class Device;
 class DeviceVariables;
-class CudaExecutable;
 }  // namespace flowjit::runtime::cuda
 
 namespace flowjit::jit {
@@ -43,7 +44,7 @@ struct Target {
   std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables;
   int sm = 0;  // 0: the newest SM flowjit supports that the device runs (gpu_codegen_sm)
   bool allow_tf32 = false;  // tensor cores for float32 matmuls (Python: FLOWJIT_ALLOW_TF32=1)
-  codegen::nvptx::MathLibrary math = codegen::nvptx::MathLibrary::Auto;
+  codegen::MathLibrary math = codegen::MathLibrary::Auto;
   bool run_ptxas = true;  // a cubin when ptxas is found, else the driver compiles the PTX
   bool is_gpu() const { return kind == Kind::Gpu; }
 };
@@ -80,13 +81,10 @@ struct CompileSettings {
 };
 
 struct CompiledJob {
-  // Single-device jobs: bound to the session store. Distributed jobs: the
-  // per-device program, unbound; make_distributed instantiates the devices.
-  std::shared_ptr<runtime::Executable> executable;  // null for GPU jobs
-  // GPU jobs: the executable, bound to the store and the target's variables.
-  std::shared_ptr<runtime::cuda::CudaExecutable> gpu_executable;
-  std::vector<runtime::KernelFn> fns;
-  std::shared_ptr<void> code;
+  // Single-device jobs: bound to the session store (GPU jobs: and to the
+  // target's variable copies). Distributed jobs: the per-device program,
+  // unbound; make_distributed instantiates the devices.
+  std::shared_ptr<runtime::Program> program;
   std::optional<DistributedGraph> distributed;  // layouts, for distributed jobs
   std::vector<ir::TensorType> logical_inputs, logical_outputs;
   bool writes_variables = true;  // the job has assigns (train steps, initializers)
@@ -102,34 +100,13 @@ struct CompiledJob {
   std::string cache_key;
   std::vector<std::string> warnings;  // e.g. a cache that could not be written
   std::string gpu_loaded_from;        // GPU jobs: "cubin sm_90" or "ptx (driver JIT ...)"
-  // The launch plan, of whichever executable the job has.
-  const runtime::Plan& plan() const;
+  const runtime::Plan& plan() const { return program->plan(); }
 };
 
 // Compiles `job`, creating the optimizer-state variables it introduces in
 // `store` (zero-filled) and binding the executable to the store.
 CompiledJob compile_job(const JobDescription& job, const CompileSettings& settings,
                         runtime::VariableStore& store);
-
-// The GPU half of compile_job (jit/compile_gpu.cpp), after fusion: the disk
-// cache (PTX, cubin and launch list, under a key whose target names nvptx
-// and the SM), NVPTX codegen on a miss, then a CudaExecutable on
-// settings.target.gpu bound to `store`. UserError(NotImplemented) for a job
-// spread over several devices (several GPUs need NCCL collectives).
-void compile_for_gpu(const JobDescription& job, const CompileSettings& settings,
-                     const FusedProgram& fp, runtime::VariableStore& store, CompiledJob& out,
-                     PassLog& log, std::chrono::steady_clock::time_point t_start);
-
-// The SM flowjit generates code for on a device of compute capability
-// `device_sm` (x 10): the newest supported one not above it (PTX of an older
-// SM runs on newer GPUs through the driver). 0 when the device is older than
-// every supported SM.
-int gpu_codegen_sm(int device_sm);
-
-// The disk-cache target of GPU code: "nvptx64-nvidia-cuda;sm_90;tf32=0;
-// math=libdevice:<sha256 prefix>;ptxas=<path or none>". Resolves `math` and
-// finds libdevice and ptxas as codegen will.
-std::string gpu_target_id(const Target& t, int sm);
 
 // The devices of this process for a distributed job: device d runs as
 // global rank first_rank + d with its variables in device_stores[d], copies

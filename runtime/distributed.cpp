@@ -224,6 +224,21 @@ DistributedExecutable::DistributedExecutable(std::vector<std::shared_ptr<Executa
   workers_ = std::make_unique<DeviceWorkers>(num_devices());
 }
 
+std::vector<ProgramSlot> DistributedExecutable::slots(const std::vector<DeviceSlot>& s) const {
+  std::vector<ProgramSlot> out;
+  for (const DeviceSlot& d : s) {
+    bool per_device = d.kind == DeviceSlot::PerDevice;
+    out.push_back({d.type, per_device ? num_devices() : 1, per_device});
+  }
+  return out;
+}
+
+std::vector<const Executable*> DistributedExecutable::host_devices() const {
+  std::vector<const Executable*> out;
+  for (auto& d : devices_) out.push_back(d.get());
+  return out;
+}
+
 DistributedExecutable::~DistributedExecutable() = default;
 
 size_t DistributedExecutable::num_input_pointers() const {

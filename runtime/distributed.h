@@ -24,6 +24,7 @@
 
 #include "runtime/collective.h"
 #include "runtime/executable.h"
+#include "runtime/program.h"
 
 namespace flowjit::runtime {
 
@@ -34,7 +35,7 @@ struct DeviceSlot {
 
 class DeviceWorkers;
 
-class DistributedExecutable {
+class DistributedExecutable : public Program {
  public:
   // `devices[d]` runs as global rank first_rank + d; its variables are
   // bound to per-device storages that carry `replicas` of host storages in
@@ -55,14 +56,23 @@ class DistributedExecutable {
   const Communicator& communicator() const { return *comm_; }
   std::string job_name() const { return devices_[0]->plan().job_name; }
 
+  // Program: device 0's plan; slots of `arrays` num_devices() for PerDevice.
+  const Plan& plan() const override { return devices_[0]->plan(); }
+  std::vector<ProgramSlot> input_slots() const override { return slots(inputs_); }
+  std::vector<ProgramSlot> output_slots() const override { return slots(outputs_); }
+  std::string device() const override { return "cpu"; }
+  std::vector<const Executable*> host_devices() const override;
+
   // As Executable::set_writes_variables: a writing run makes the variables'
   // GPU copies stale.
-  void set_writes_variables(bool w) { writes_variables_ = w; }
+  void set_writes_variables(bool w) override { writes_variables_ = w; }
 
   // Not reentrant (callers serialize runs, like Executable::run).
-  void run(const void* const* inputs, void* const* outputs);
+  void run(const void* const* inputs, void* const* outputs) override;
 
  private:
+  std::vector<ProgramSlot> slots(const std::vector<DeviceSlot>& s) const;
+
   std::vector<std::shared_ptr<Executable>> devices_;
   std::shared_ptr<Communicator> comm_;
   int first_rank_;

@@ -84,6 +84,20 @@ ir::TensorType parse_type(const std::string& s) {
 
 }  // namespace
 
+bool Plan::same_program(const Plan& o) const {
+  if (job_name != o.job_name || inputs != o.inputs || outputs != o.outputs ||
+      variables != o.variables || arena_bytes != o.arena_bytes ||
+      launches.size() != o.launches.size())
+    return false;
+  for (size_t i = 0; i < launches.size(); ++i) {
+    const Launch &a = launches[i], &b = o.launches[i];
+    if (a.symbol != b.symbol || a.args != b.args || !(a.collective == b.collective) ||
+        a.summary != b.summary)
+      return false;
+  }
+  return true;
+}
+
 std::string Plan::serialize() const {
   std::ostringstream os;
   os << "flowjit-plan 2\n";
@@ -268,6 +282,10 @@ const char* collective_op_name(CollectiveStep::Op op) {
       return "local_slice";
   }
   return "?";
+}
+
+std::shared_ptr<Executable> Executable::instance() const {
+  return std::make_shared<Executable>(plan_, fns_, code_owner_);
 }
 
 Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<void> code_owner)

@@ -18,6 +18,7 @@
 #include "ir/types.h"
 #include "runtime/collective.h"
 #include "runtime/memory.h"
+#include "runtime/program.h"
 #include "runtime/variables.h"
 
 namespace flowjit::runtime {
@@ -68,19 +69,29 @@ struct Plan {
   std::vector<Launch> launches;
   int64_t arena_bytes = 0;
 
+  // Whether `o` launches the same kernels on the same buffers: equal but
+  // for what codegen decides per launch (range, grain, scratch bytes). The
+  // disk cache's hit path checks a stored plan against fusion's with this.
+  bool same_program(const Plan& o) const;
+
   std::string serialize() const;
   // Throws UserError(Value) on malformed text.
   static Plan deserialize(const std::string& text);
   std::string describe() const;  // launches, one per line
 };
 
-class Executable {
+class Executable : public Program {
  public:
   // `fns[i]` is the code of plan.launches[i] (null for collectives);
   // `code_owner` keeps it alive.
   Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<void> code_owner);
 
-  const Plan& plan() const { return plan_; }
+  const Plan& plan() const override { return plan_; }
+  std::string device() const override { return "cpu"; }
+  std::vector<const Executable*> host_devices() const override { return {this}; }
+  // Another executable of the same code and plan, bound to nothing (one per
+  // device of a distributed job).
+  std::shared_ptr<Executable> instance() const;
 
   // Points the variable slots at the store's storage, creating none: every
   // variable must exist with the planned type (UserError otherwise).
@@ -89,7 +100,7 @@ class Executable {
   // Runs every launch in order. inputs/outputs hold one base address per
   // plan input/output; all must be 64-byte aligned and C-contiguous.
   // Not reentrant: callers serialize runs of one executable.
-  void run(const void* const* inputs, void* const* outputs);
+  void run(const void* const* inputs, void* const* outputs) override;
 
   std::string debug_name() const { return plan_.job_name; }
 
@@ -100,7 +111,7 @@ class Executable {
   // Whether runs may write variables (the job has assigns): a run that
   // writes makes every other copy of its variables (device replicas, GPU
   // copies) stale; one that does not leaves them current.
-  void set_writes_variables(bool w) { writes_variables_ = w; }
+  void set_writes_variables(bool w) override { writes_variables_ = w; }
   // The storages bound by bind_variables, in plan order.
   const std::vector<VariableStorage*>& bound_variables() const { return variable_storages_; }
 

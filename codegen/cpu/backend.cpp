@@ -193,9 +193,12 @@ const CpuTarget& host_target() {
   return t;
 }
 
-std::string CpuTarget::id() const { return triple + ";" + cpu + ";" + features; }
+std::string CpuTarget::id() const { return TargetId{triple, cpu, {features}, ""}.str(); }
 
-std::string host_target_id() { return host_target().id(); }
+TargetId host_target_id() {
+  const CpuTarget& t = host_target();
+  return TargetId{t.triple, t.cpu, {t.features}, ""};
+}
 int host_vector_bits() { return host_target().vector_bits; }
 
 llvm::Function* declare_kernel(llvm::Module& m, const std::string& name, const CpuTarget& t) {

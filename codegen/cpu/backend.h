@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "codegen/kernel.h"
+#include "codegen/target.h"
 
 namespace flowjit::codegen::cpu {
 
@@ -54,8 +55,9 @@ class LoadedCode {
 std::shared_ptr<LoadedCode> load(const std::vector<char>& object,
                                  const std::vector<std::string>& symbols);
 
-// The host as the disk-cache key sees it: triple, CPU name and features.
-std::string host_target_id();
+// The host as the disk-cache key sees it: triple, CPU name and features
+// (FLOWJIT_CPU's when set).
+TargetId host_target_id();
 int host_vector_bits();
 
 // Assembly for the host from LLVM IR text kept in the cache (for the cache

@@ -71,15 +71,40 @@ int parse_ptx_version(const std::string& ptx) {
 }  // namespace
 
 bool is_supported_sm(int sm) {
-  for (int s : {70, 72, 75, 80, 86, 87, 89, 90})
+  for (int s : kSupportedSms)
     if (s == sm) return true;
   return false;
 }
 
+std::string supported_sms_text() {
+  std::string out;
+  for (int s : kSupportedSms) out += (out.empty() ? "sm_" : ", sm_") + std::to_string(s);
+  return out;
+}
+
+int codegen_sm(int device_sm) {
+  int best = 0;
+  for (int s : kSupportedSms)
+    if (s <= device_sm) best = s;
+  return best;
+}
+
+TargetId module_target(int sm, bool allow_tf32, const std::string& math, const std::string& ptxas,
+                       int ptx_version, const std::string& cubin) {
+  TargetId t;
+  t.triple = kTriple;
+  t.processor = "sm_" + std::to_string(sm);
+  if (ptx_version > 0) t.facts.push_back("ptx" + std::to_string(ptx_version));
+  t.facts.push_back(std::string("tf32=") + (allow_tf32 ? "1" : "0"));
+  t.facts.push_back("math=" + math);
+  if (!ptxas.empty()) t.facts.push_back("ptxas=" + ptxas);
+  if (!cubin.empty()) t.facts.push_back("cubin=" + cubin);
+  return t;
+}
+
 CompiledModule compile(const std::vector<Kernel>& kernels, const CompileOptions& opts) {
-  FJ_USER_CHECK(
-      is_supported_sm(opts.sm), ErrorKind::Value, "GPU code generation: sm_", opts.sm,
-      " is not supported (supported: sm_70, sm_72, sm_75, sm_80, sm_86, sm_87, sm_89, sm_90)");
+  FJ_USER_CHECK(is_supported_sm(opts.sm), ErrorKind::Value, "GPU code generation: sm_", opts.sm,
+                " is not supported (supported: ", supported_sms_text(), ")");
   CompiledModule out;
   auto t0 = std::chrono::steady_clock::now();
   llvm::LLVMContext ctx;
@@ -139,9 +164,8 @@ CompiledModule compile(const std::vector<Kernel>& kernels, const CompileOptions&
   }
   out.seconds_codegen = seconds_since(t2);
   out.ptx_version = parse_ptx_version(out.ptx);
-  out.target_id = std::string(kTriple) + ";sm_" + std::to_string(opts.sm) + ";ptx" +
-                  std::to_string(out.ptx_version) + ";tf32=" + (opts.allow_tf32 ? "1" : "0") +
-                  ";math=" + out.math_library;
+  out.target_id =
+      module_target(opts.sm, opts.allow_tf32, out.math_library, "", out.ptx_version).str();
 
   if (opts.run_ptxas) {
     std::string ptxas = opts.ptxas_path.empty() ? find_ptxas() : opts.ptxas_path;

@@ -17,15 +17,15 @@
 #include <vector>
 
 #include "codegen/kernel.h"
+#include "codegen/target.h"
 
 namespace flowjit::codegen::nvptx {
 
-// Where transcendental functions come from.
-enum class MathLibrary : uint8_t {
-  Auto,       // libdevice when found, otherwise flowjit's own polynomials
-  Libdevice,  // libdevice.10.bc, required (UserError when missing)
-  Builtin,    // flowjit's polynomials (codegen/cpu/mathlib), no CUDA toolkit needed
-};
+using codegen::MathLibrary;
+
+// The SMs flowjit generates code for (compute capability x 10), oldest
+// first. The only list: support checks, messages and device mapping read it.
+inline constexpr int kSupportedSms[] = {70, 72, 75, 80, 86, 87, 89, 90};
 
 struct CompileOptions {
   std::string module_name = "flowjit";
@@ -90,7 +90,20 @@ struct PtxasResult {
 PtxasResult run_ptxas(const std::string& ptx, int sm, const std::string& ptxas,
                       const std::vector<std::string>& extra_args = {});
 
-// The SMs the backend targets by default, and whether `sm` is supported.
+// Whether `sm` is in kSupportedSms; "sm_70, sm_72, ..." for messages.
 bool is_supported_sm(int sm);
+std::string supported_sms_text();
+
+// The SM flowjit generates code for on a device of compute capability
+// `device_sm` (x 10): the newest supported one not above it (PTX of an older
+// SM runs on newer GPUs through the driver). 0 when the device is older than
+// every supported SM.
+int codegen_sm(int device_sm);
+
+// The target of a module for `sm`: the key's part (tf32, math, ptxas) and,
+// once compiled, what came out (ptx_version > 0 adds "ptx78" after the SM;
+// cubin adds "cubin=yes|none" at the end).
+TargetId module_target(int sm, bool allow_tf32, const std::string& math, const std::string& ptxas,
+                       int ptx_version = 0, const std::string& cubin = "");
 
 }  // namespace flowjit::codegen::nvptx

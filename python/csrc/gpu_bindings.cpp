@@ -1,5 +1,5 @@
 // Bindings: the session's GPUs (discovery, the devices jobs are placed on,
-// their variable copies) and the runs of GPU jobs.
+// their variable copies).
 #include "python/csrc/gpu_bindings.h"
 
 #include <pybind11/stl.h>
@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "codegen/nvptx/backend.h"
 #include "ir/error.h"
 #include "python/csrc/bindings.h"
 #include "python/csrc/session.h"
@@ -60,7 +61,7 @@ py::dict info_dict(const rc::DeviceInfo& d) {
   out["ordinal"] = d.ordinal;
   out["name"] = d.name;
   out["sm"] = d.sm;
-  out["codegen_sm"] = jit::gpu_codegen_sm(d.sm);
+  out["codegen_sm"] = codegen::nvptx::codegen_sm(d.sm);
   out["multiprocessors"] = d.multiprocessors;
   out["total_bytes"] = d.total_bytes;
   out["description"] = d.str();
@@ -87,46 +88,6 @@ void set_gpu_target(jit::CompileSettings& s, int ordinal) {
   s.target.gpu = g.device;
   s.target.gpu_variables = g.variables;
   s.target.allow_tf32 = env_flag("FLOWJIT_ALLOW_TF32");
-}
-
-// ---------------------------------------------------------------- runs
-
-std::shared_ptr<GpuRunner::Ticket> GpuRunner::submit(const void* const* inputs,
-                                                     std::vector<void*> outputs) {
-  std::lock_guard<std::mutex> lock(mu_);
-  // The previous run of this job still owns the staging buffers.
-  if (in_flight_) finish_locked(*in_flight_);
-  auto t = std::make_shared<Ticket>();
-  t->outputs = std::move(outputs);
-  exe_->submit(inputs);
-  in_flight_ = t;
-  return t;
-}
-
-void GpuRunner::finish_locked(Ticket& t) {
-  try {
-    exe_->finish(t.outputs.data());
-  } catch (...) {
-    t.error = std::current_exception();  // belongs to that run, reported with its results
-  }
-  t.done = true;
-  in_flight_.reset();
-}
-
-void GpuRunner::complete(const std::shared_ptr<Ticket>& t) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!t->done) {
-      FJ_CHECK(in_flight_ == t, "a GPU run completed out of order");
-      finish_locked(*t);
-    }
-  }
-  if (t->error) std::rethrow_exception(t->error);
-}
-
-void GpuRunner::run(const void* const* inputs, void* const* outputs) {
-  size_t n = exe_->plan().outputs.size();
-  complete(submit(inputs, std::vector<void*>(outputs, outputs + n)));
 }
 
 // ---------------------------------------------------------------- module

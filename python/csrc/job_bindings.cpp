@@ -11,6 +11,7 @@
 #include "python/csrc/gpu_bindings.h"
 #include "python/csrc/session.h"
 #include "runtime/memory.h"
+#include "runtime/program.h"
 
 namespace flowjit::python {
 
@@ -80,27 +81,19 @@ class CompiledJobPy {
   CompiledJobPy(jit::CompiledJob job, uint64_t generation,
                 std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables = nullptr)
       : job_(std::move(job)), gpu_variables_(std::move(gpu_variables)) {
-    const auto& plan = job_.plan();
     Session& s = Session::get();
-    if (job_.gpu_executable) gpu_ = std::make_shared<GpuRunner>(job_.gpu_executable);
+    program_ = job_.program;
     if (job_.distributed) {
       FJ_CHECK(s.communicator() != nullptr, "distributed job without configured devices");
       std::lock_guard<std::mutex> lock(s.run_mutex());
-      dist_ = jit::make_distributed(job_, s.store(), s.device_stores(), s.communicator(),
-                                    s.first_rank(), s.several_processes());
-      int n = dist_->num_devices();
-      for (auto& slot : dist_->inputs())
-        for (int d = 0; d < (slot.kind == runtime::DeviceSlot::PerDevice ? n : 1); ++d)
-          in_types_.push_back(slot.type);
-      for (auto& slot : dist_->outputs()) {
-        int k = slot.kind == runtime::DeviceSlot::PerDevice ? n : 1;
-        for (int d = 0; d < k; ++d) out_types_.push_back(slot.type);
-        out_groups_.push_back(slot.kind == runtime::DeviceSlot::PerDevice ? k : 0);
-      }
-    } else {
-      in_types_ = plan.inputs;
-      out_types_ = plan.outputs;
-      out_groups_.assign(plan.outputs.size(), 0);
+      program_ = jit::make_distributed(job_, s.store(), s.device_stores(), s.communicator(),
+                                       s.first_rank(), s.several_processes());
+    }
+    for (const runtime::ProgramSlot& slot : program_->input_slots())
+      for (int d = 0; d < slot.arrays; ++d) in_types_.push_back(slot.type);
+    for (const runtime::ProgramSlot& slot : program_->output_slots()) {
+      for (int d = 0; d < slot.arrays; ++d) out_types_.push_back(slot.type);
+      out_groups_.push_back(slot.per_device ? slot.arrays : 0);
     }
     for (auto& t : in_types_) {
       in_dtypes_.push_back(to_numpy_dtype(t.dtype));
@@ -112,25 +105,13 @@ class CompiledJobPy {
 
   // Per result: 0 for one array, n for a list of one array per device.
   const std::vector<int>& output_groups() const { return out_groups_; }
-  bool distributed() const { return dist_ != nullptr; }
-  // What FLOWJIT_PROFILE measured: device 0 of a distributed job; nothing
-  // for a GPU job (its launches are timed by the device, not the host).
-  const runtime::Executable* profiled() const {
-    return dist_ ? &dist_->device(0) : job_.executable.get();
-  }
-  // Every profiled device's executable (all devices of a distributed job).
+  bool distributed() const { return job_.distributed.has_value(); }
+  // What FLOWJIT_PROFILE measured, per device (none for a GPU job: the
+  // device times its launches, not the host).
   std::vector<const runtime::Executable*> profiled_devices() const {
-    std::vector<const runtime::Executable*> out;
-    if (dist_) {
-      for (int d = 0; d < dist_->num_devices(); ++d) out.push_back(&dist_->device(d));
-    } else if (job_.executable) {
-      out.push_back(job_.executable.get());
-    }
-    return out;
+    return program_->host_devices();
   }
-  std::string device() const {
-    return gpu_ ? "gpu:" + std::to_string(gpu_->executable().device()->info().ordinal) : "cpu";
-  }
+  std::string device() const { return program_->device(); }
   std::string distribution() const {
     if (!job_.distributed) return "";
     std::string out;
@@ -143,18 +124,6 @@ class CompiledJobPy {
       out += "variable " + name + ": " + sbp.str() + "\n";
     out += "boxing:\n" + dg.description;
     return out;
-  }
-
-  // Runs on the calling thread (the caller holds the run mutex). The
-  // runtime keeps the variables' other copies (device replicas, GPU copies)
-  // coherent around the run.
-  static void run_on(const std::shared_ptr<runtime::Executable>& exe,
-                     const std::shared_ptr<runtime::DistributedExecutable>& dist,
-                     const void* const* ins, void* const* outs) {
-    if (dist)
-      dist->run(ins, outs);
-    else
-      exe->run(ins, outs);
   }
 
   py::list group_results(const std::vector<py::array>& outs) const {
@@ -194,12 +163,7 @@ class CompiledJobPy {
       // clear_default_session() in another thread may have freed this job's
       // variables between the check above and the lock: never run then.
       cleared = generation_ != s.generation();
-      if (!cleared) {
-        if (gpu_)
-          gpu_->run(ins.data(), out_ptrs.data());
-        else
-          run_on(job_.executable, dist_, ins.data(), out_ptrs.data());
-      }
+      if (!cleared) program_->run(ins.data(), out_ptrs.data());
     }
     if (cleared) throw_cleared();
     return group_results(outs);
@@ -229,17 +193,15 @@ class CompiledJobPy {
       refs->objs.push_back(o);
     }
     refs->objs.push_back(deliver);
-    auto exe = job_.executable;
-    auto dist = dist_;
-    auto gpu = gpu_;
+    auto program = program_;
     std::string name = plan.job_name;
     std::vector<int> groups = out_groups_;
     Session& s = Session::get();
     uint64_t generation = generation_;
-    s.submit([exe, dist, gpu, copies, in_ptrs, out_ptrs, refs, name, groups, generation]() mutable {
+    s.submit([program, copies, in_ptrs, out_ptrs, refs, name, groups, generation]() mutable {
       Session& ss = Session::get();
       std::exception_ptr err;
-      std::shared_ptr<GpuRunner::Ticket> ticket;
+      std::shared_ptr<runtime::PendingRun> pending;
       try {
         std::lock_guard<std::mutex> lock(ss.run_mutex());
         if (generation != ss.generation())  // cleared after the submit: the variables are gone
@@ -248,20 +210,17 @@ class CompiledJobPy {
                      "nothing ran (call the job again to recompile it)");
         // A GPU run is only enqueued here: the worker goes on with the next
         // job while the GPU computes.
-        if (gpu)
-          ticket = gpu->submit(in_ptrs->data(), *out_ptrs);
-        else
-          run_on(exe, dist, in_ptrs->data(), out_ptrs->data());
+        pending = program->start(in_ptrs->data(), *out_ptrs);
       } catch (...) {
         err = std::current_exception();
       }
       copies.reset();
-      ss.deliver([gpu, ticket, refs, err, name, groups]() mutable {
-        // The callback thread waits for the GPU run's event (without the
+      ss.deliver([program, pending, refs, err, name, groups]() mutable {
+        // The callback thread waits for a GPU run's event (without the
         // GIL), so its results arrive in call order with everything else.
-        if (!err && ticket) {
+        if (!err && pending) {
           try {
-            gpu->complete(ticket);
+            pending->complete();
           } catch (...) {
             err = std::current_exception();
           }
@@ -358,8 +317,8 @@ class CompiledJobPy {
 
   jit::CompiledJob job_;
   std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables_;
-  std::shared_ptr<GpuRunner> gpu_;
-  std::shared_ptr<runtime::DistributedExecutable> dist_;
+  // The job's program: job_.program, or the devices of a distributed job.
+  std::shared_ptr<runtime::Program> program_;
   std::vector<ir::TensorType> in_types_, out_types_;  // one per array passed or returned
   std::vector<int> out_groups_;
   std::vector<py::dtype> in_dtypes_, out_dtypes_;
@@ -397,9 +356,11 @@ void register_jobs(py::module_& m) {
                              [](const CompiledJobPy& j) { return j.job().plan().describe(); })
       .def("profile",
            [](const CompiledJobPy& j) {
+             // Device 0's, for a distributed job.
              std::vector<std::tuple<std::string, int64_t, double>> out;
-             if (const runtime::Executable* e = j.profiled())
-               for (auto& p : e->profile()) out.emplace_back(p.symbol, p.calls, p.seconds);
+             auto devices = j.profiled_devices();
+             if (!devices.empty())
+               for (auto& p : devices[0]->profile()) out.emplace_back(p.symbol, p.calls, p.seconds);
              return out;
            })
       .def("trace_events",

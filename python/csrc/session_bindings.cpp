@@ -473,7 +473,7 @@ void register_session(py::module_& m) {
     d["build_id"] = jit::flowjit_build_id();
     d["binary_id"] = jit::loaded_binary_id();  // with build_id, in every disk-cache key (cheap)
     d["llvm_version"] = jit::llvm_version();
-    d["target"] = codegen::cpu::host_target_id();
+    d["target"] = codegen::cpu::host_target_id().str();
     d["vector_bits"] = codegen::cpu::host_vector_bits();
     return d;
   });

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <sstream>
 
 #include "ir/error.h"
@@ -488,6 +489,56 @@ void CudaExecutable::finish(void* const* outputs) {
     size_t n = static_cast<size_t>(plan_.outputs[i].bytes());
     if (n > 0) std::memcpy(outputs[i], staging_.data() + stage_out_[i], n);
   }
+}
+
+// ---------------------------------------------------------------- runs
+
+class CudaExecutable::Run : public PendingRun {
+ public:
+  Run(CudaExecutable* exe, std::vector<void*> outputs) : exe_(exe), outputs_(std::move(outputs)) {}
+  void complete() override {
+    {
+      std::lock_guard<std::mutex> lock(exe_->runs_mu_);
+      if (!done_) {
+        FJ_CHECK(exe_->pending_.get() == this, "a GPU run completed out of order");
+        exe_->finish_locked(*this);
+      }
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  friend class CudaExecutable;
+  CudaExecutable* exe_;
+  std::vector<void*> outputs_;  // where the results go (kept alive by the caller)
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+void CudaExecutable::finish_locked(Run& r) {
+  try {
+    finish(r.outputs_.data());
+  } catch (...) {
+    r.error_ = std::current_exception();  // belongs to that run, reported with its results
+  }
+  r.done_ = true;
+  pending_.reset();
+}
+
+std::shared_ptr<PendingRun> CudaExecutable::start(const void* const* inputs,
+                                                  std::vector<void*> outputs) {
+  std::lock_guard<std::mutex> lock(runs_mu_);
+  // The previous run of this job still owns the staging buffers.
+  if (pending_) finish_locked(*pending_);
+  auto r = std::make_shared<Run>(this, std::move(outputs));
+  submit(inputs);
+  pending_ = r;
+  return r;
+}
+
+void CudaExecutable::run(const void* const* inputs, void* const* outputs) {
+  size_t n = plan_.outputs.size();
+  start(inputs, std::vector<void*>(outputs, outputs + n))->complete();
 }
 
 }  // namespace flowjit::runtime::cuda

@@ -12,6 +12,11 @@
 // kernel in order on the device's stream, copies the outputs back to
 // staging and records an event; completion is observed with the event
 // (done() polls, finish() waits), never by synchronizing the device.
+//
+// As a runtime::Program, start() enqueues a run (completing the previous
+// one first: one set of staging buffers) and its PendingRun is completed by
+// whoever needs it first, the caller delivering its results or the next
+// start(), which then waits only for the GPU.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +28,7 @@
 
 #include "runtime/cuda/device.h"
 #include "runtime/executable.h"
+#include "runtime/program.h"
 #include "runtime/variables.h"
 
 namespace flowjit::runtime::cuda {
@@ -97,7 +103,7 @@ class DeviceVariables {
   std::map<std::string, std::shared_ptr<Slot>> vars_;
 };
 
-class CudaExecutable {
+class CudaExecutable : public Program {
  public:
   // Loads the module and resolves every kernel; allocates the device
   // buffers and the pinned staging. UserError(Runtime) when the driver
@@ -108,10 +114,11 @@ class CudaExecutable {
   CudaExecutable(const CudaExecutable&) = delete;
   CudaExecutable& operator=(const CudaExecutable&) = delete;
 
-  const Plan& plan() const { return plan_; }
+  const Plan& plan() const override { return plan_; }
   const std::vector<GpuLaunch>& launches() const { return launches_; }
   // "cubin sm_90" or "ptx (driver JIT for sm_90)".
-  const std::string& loaded_from() const { return loaded_from_; }
+  std::string loaded_from() const override { return loaded_from_; }
+  std::string device() const override { return "gpu:" + std::to_string(d_->info().ordinal); }
 
   // As Executable::bind_variables (same checks and messages), then points
   // the kernels at the device copies in `dev`, which must outlive the runs.
@@ -119,9 +126,9 @@ class CudaExecutable {
   // Whether a run may write variables (train steps, assigns): then each run
   // makes the device copies the newest values. Predict jobs leave the host
   // current, so reading their variables never downloads. Default: true.
-  void set_writes_variables(bool w) { writes_variables_ = w; }
+  void set_writes_variables(bool w) override { writes_variables_ = w; }
   bool writes_variables() const { return writes_variables_; }
-  const std::shared_ptr<Device>& device() const { return d_; }
+  const std::shared_ptr<Device>& gpu() const { return d_; }
 
   // Stages the inputs (host addresses, C-contiguous; the caller may reuse
   // them when submit returns), brings the variables' device copies up to
@@ -129,11 +136,15 @@ class CudaExecutable {
   void submit(const void* const* inputs);
   bool done();                        // the run's event has completed
   void finish(void* const* outputs);  // waits for the event, copies the outputs out
-  void run(const void* const* inputs, void* const* outputs) {
-    submit(inputs);
-    finish(outputs);
-  }
   bool in_flight() const { return in_flight_; }
+
+  // Program: start() = submit() after completing the previous run; its
+  // PendingRun's complete() = finish() into the outputs given to start()
+  // (nothing when a later start() did so already). The executable must
+  // outlive its pending runs. run() = start() + complete().
+  std::shared_ptr<PendingRun> start(const void* const* inputs, std::vector<void*> outputs) override;
+  void run(const void* const* inputs, void* const* outputs) override;
+  class Run;
 
   // The kernel parameters of launch `i` (device addresses), for tests.
   std::vector<CUdeviceptr> kernel_args(size_t i) const;
@@ -163,6 +174,9 @@ class CudaExecutable {
   CUevent done_ = nullptr;
   bool bound_ = false;
   bool in_flight_ = false;
+  std::mutex runs_mu_;
+  std::shared_ptr<Run> pending_;  // the started run not yet finished (guarded by runs_mu_)
+  void finish_locked(Run& r);     // requires runs_mu_
 };
 
 }  // namespace flowjit::runtime::cuda

@@ -387,7 +387,7 @@ std::vector<float> run(CompiledJob& cj) {
   for (int i = 0; i < 16; ++i) x[i] = static_cast<float>(i), y[i] = 0.5f * static_cast<float>(i);
   const void* ins[] = {x.data(), y.data()};
   void* outs[] = {out.data()};
-  cj.executable->run(ins, outs);
+  cj.program->run(ins, outs);
   return out;
 }
 

@@ -32,7 +32,7 @@ std::vector<double> run_f64(const std::vector<NodeRef>& params, const NodeRef& o
   std::vector<const void*> ins;
   for (auto& v : inputs) ins.push_back(v.data());
   void* outs[] = {result.data()};
-  cj.executable->run(ins.data(), outs);
+  cj.program->run(ins.data(), outs);
   return result;
 }
 
@@ -203,7 +203,7 @@ TEST(Codegen, IntegerDivisionNeverTraps) {
   int32_t va[4] = {7, -7, INT32_MIN, 5}, vb[4] = {2, 2, -1, 0}, out[4];
   const void* ins[] = {va, vb};
   void* outs[] = {out};
-  cj.executable->run(ins, outs);
+  cj.program->run(ins, outs);
   EXPECT_EQ(out[0], 3);
   EXPECT_EQ(out[1], -3);
   EXPECT_EQ(out[2], INT32_MIN);

@@ -43,6 +43,7 @@
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "jit/autodiff.h"
+#include "jit/backend.h"
 #include "jit/cache.h"
 #include "jit/compile.h"
 #include "jit/fusion.h"
@@ -1702,7 +1703,7 @@ TEST(NvptxRuntime, FakeDriverRunsATrainStepLikeTheCpu) {
       const void* ins[] = {images.data(), labels.data()};
       void* out_cpu[] = {loss_cpu};
       void* out_gpu[] = {loss_gpu};
-      cj.executable->run(ins, out_cpu);
+      cj.program->run(ins, out_cpu);
       gj.exec->run(ins, out_gpu);
       for (int i = 0; i < 8; ++i)
         EXPECT_EQ(loss_gpu[i], loss_cpu[i]) << "step " << step << " row " << i;
@@ -1867,6 +1868,13 @@ jit::CompileSettings gpu_settings(const std::shared_ptr<rc::Device>& dev,
   return s;
 }
 
+// The GPU program of a compiled GPU job.
+rc::CudaExecutable& gpu_of(const jit::CompiledJob& cj) {
+  auto* exe = dynamic_cast<rc::CudaExecutable*>(cj.program.get());
+  EXPECT_NE(exe, nullptr) << "not a GPU program";
+  return *exe;
+}
+
 jit::JobDescription train_job(const TrainGraph& t) {
   jit::JobDescription job;
   job.name = "t";
@@ -1912,19 +1920,20 @@ TEST(NvptxCompile, GpuTargetRunsTheJobLikeTheCpuWithCoherentVariables) {
   fill_store(gpu_store, fp);
   jit::JobDescription job = train_job(t);
   jit::CompiledJob cpu = jit::compile_job(job, jit::CompileSettings{}, cpu_store);
-  auto run_cpu = [&](const void* const* i, void* const* o) { cpu.executable->run(i, o); };
+  auto run_cpu = [&](const void* const* i, void* const* o) { cpu.program->run(i, o); };
   {
     auto dev = rc::Device::open(0, &fake::api());
     jit::CompileSettings s = gpu_settings(dev, "");
     jit::CompiledJob gpu = jit::compile_job(job, s, gpu_store);
-    ASSERT_NE(gpu.gpu_executable, nullptr);
-    EXPECT_EQ(gpu.executable, nullptr) << "no CPU code for a GPU job";
+    ASSERT_NE(dynamic_cast<rc::CudaExecutable*>(gpu.program.get()), nullptr);
+    EXPECT_EQ(dynamic_cast<runtime::Executable*>(gpu.program.get()), nullptr)
+        << "no CPU code for a GPU job";
     EXPECT_EQ(gpu.plan().launches.size(), fp.plan.launches.size());
     EXPECT_EQ(gpu.fusion_plan, fp.description) << "the same kernels as on the CPU";
     bool cubin = !nv::find_ptxas().empty();
     EXPECT_EQ(gpu.gpu_loaded_from, cubin ? "cubin sm_80" : "ptx (driver JIT for sm_80)");
-    EXPECT_TRUE(gpu.gpu_executable->writes_variables());
-    auto run_gpu = [&](const void* const* i, void* const* o) { gpu.gpu_executable->run(i, o); };
+    EXPECT_TRUE(gpu_of(gpu).writes_variables());
+    auto run_gpu = [&](const void* const* i, void* const* o) { gpu_of(gpu).run(i, o); };
     for (int step = 0; step < 3; ++step)
       EXPECT_EQ(step_loss(run_gpu, step), step_loss(run_cpu, step)) << "step " << step;
 
@@ -1971,11 +1980,11 @@ TEST(NvptxCompile, PredictJobsOnTheGpuLeaveTheHostCurrent) {
   job.name = "p";
   job.graph = pg;
   jit::CompiledJob cj = jit::compile_job(job, s, store);
-  EXPECT_FALSE(cj.gpu_executable->writes_variables());
+  EXPECT_FALSE(gpu_of(cj).writes_variables());
   std::vector<float> xs(40, 0.5f), y(56), want(56);
   const void* ins[] = {xs.data()};
   void* outs[] = {y.data()};
-  cj.gpu_executable->run(ins, outs);
+  gpu_of(cj).run(ins, outs);
   auto* v = store.find("w");
   EXPECT_FALSE(s.target.gpu_variables->holds_newest(*v)) << "a predict job writes no variable";
   const float* wv = reinterpret_cast<const float*>(v->ptr());
@@ -1988,7 +1997,7 @@ TEST(NvptxCompile, PredictJobsOnTheGpuLeaveTheHostCurrent) {
   // A host write reaches the GPU copy before the next run.
   fill_deterministic(v->ptr(), v->type, 7);
   runtime::mark_host_written(*v);
-  cj.gpu_executable->run(ins, outs);
+  gpu_of(cj).run(ins, outs);
   for (int j = 0; j < 7; ++j) {
     double acc = 0;
     for (int k = 0; k < 5; ++k) acc += 0.5 * wv[j * 5 + k];
@@ -2026,7 +2035,7 @@ TEST(NvptxCompile, GpuCodeRoundTripsTheDiskCache) {
   EXPECT_NE(hit.extra[0].find(".entry " + fp.plan.launches[0].symbol + "("), std::string::npos);
   auto launches = rc::deserialize_launches(hit.extra[1]);
   ASSERT_EQ(launches.size(), fp.plan.launches.size());
-  EXPECT_EQ(launches, first.gpu_executable->launches());
+  EXPECT_EQ(launches, gpu_of(first).launches());
   EXPECT_EQ(hit.object.empty(), !cubin);
   if (cubin) {
     EXPECT_EQ(std::string(hit.object.data(), 4),
@@ -2045,9 +2054,9 @@ TEST(NvptxCompile, GpuCodeRoundTripsTheDiskCache) {
   EXPECT_TRUE(second.from_disk_cache);
   EXPECT_EQ(second.cache_key, first.cache_key);
   EXPECT_EQ(second.gpu_loaded_from, first.gpu_loaded_from);
-  EXPECT_EQ(second.gpu_executable->launches(), first.gpu_executable->launches());
-  auto run1 = [&](const void* const* i, void* const* o) { first.gpu_executable->run(i, o); };
-  auto run2 = [&](const void* const* i, void* const* o) { second.gpu_executable->run(i, o); };
+  EXPECT_EQ(gpu_of(second).launches(), gpu_of(first).launches());
+  auto run1 = [&](const void* const* i, void* const* o) { gpu_of(first).run(i, o); };
+  auto run2 = [&](const void* const* i, void* const* o) { gpu_of(second).run(i, o); };
   for (int step = 0; step < 2; ++step) EXPECT_EQ(step_loss(run2, step), step_loss(run1, step));
 
   // Other targets are other keys: the CPU, and another SM.
@@ -2070,7 +2079,10 @@ TEST(NvptxCompile, GpuCodeRoundTripsTheDiskCache) {
   EXPECT_EQ(sm90.gpu_loaded_from, cubin ? "cubin sm_90" : "ptx (driver JIT for sm_90)");
   std::string meta90 = file_text(cache.entry_dir(sm90.cache_key) + "/meta.json");
   EXPECT_NE(meta90.find("nvptx64-nvidia-cuda;sm_90;"), std::string::npos) << meta90;
-  EXPECT_EQ(jit::gpu_target_id(s1.target, 80).rfind("nvptx64-nvidia-cuda;sm_80;tf32=0;math=", 0),
+  jit::Target t80 = s1.target;
+  t80.sm = 80;
+  EXPECT_EQ(jit::make_backend(job, t80)->target().str().rfind(
+                "nvptx64-nvidia-cuda;sm_80;tf32=0;math=", 0),
             0u);
 
   // A damaged launch list is found, dropped and recompiled, with a warning.
@@ -2102,14 +2114,14 @@ TEST(NvptxCompile, VariablesMoveBetweenGpusThroughTheHost) {
   fill_store(gpu_store, fp);
   jit::JobDescription job = train_job(t);
   jit::CompiledJob cpu = jit::compile_job(job, jit::CompileSettings{}, cpu_store);
-  auto run_cpu = [&](const void* const* i, void* const* o) { cpu.executable->run(i, o); };
+  auto run_cpu = [&](const void* const* i, void* const* o) { cpu.program->run(i, o); };
   auto dev = rc::Device::open(0, &fake::api());
   // Two sets of copies stand for two GPUs: the same job on each, one store.
   jit::CompileSettings sa = gpu_settings(dev, ""), sb = gpu_settings(dev, "");
   jit::CompiledJob a = jit::compile_job(job, sa, gpu_store);
   auto b = std::make_unique<jit::CompiledJob>(jit::compile_job(job, sb, gpu_store));
-  auto run_a = [&](const void* const* i, void* const* o) { a.gpu_executable->run(i, o); };
-  auto run_b = [&](const void* const* i, void* const* o) { b->gpu_executable->run(i, o); };
+  auto run_a = [&](const void* const* i, void* const* o) { gpu_of(a).run(i, o); };
+  auto run_b = [&](const void* const* i, void* const* o) { gpu_of(*b).run(i, o); };
   EXPECT_EQ(step_loss(run_a, 0), step_loss(run_cpu, 0));
   EXPECT_EQ(step_loss(run_b, 1), step_loss(run_cpu, 1)) << "B starts from what A trained";
   EXPECT_EQ(step_loss(run_a, 2), step_loss(run_cpu, 2)) << "A continues from what B trained";
@@ -2145,7 +2157,7 @@ TEST(NvptxCompile, ARejectedCubinFallsBackToThePtx) {
   for (int i = 0; i < 1000; ++i) x[i] = 0.002f * static_cast<float>(i) - 1.f;
   const void* ins[] = {x.data()};
   void* outs[] = {y.data()};
-  cj.gpu_executable->run(ins, outs);
+  gpu_of(cj).run(ins, outs);
   for (int i = 0; i < 1000; i += 97)
     EXPECT_NEAR(y[i], std::tanh(std::exp(x[i]) * x[i]) - x[i], 1e-5) << i;
 }
@@ -2167,9 +2179,9 @@ TEST(NvptxCompile, SeveralDevicesOnAGpuAreNotImplemented) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_EQ(jit::gpu_codegen_sm(90), 90);
-  EXPECT_EQ(jit::gpu_codegen_sm(100), 90) << "newer GPUs run sm_90 PTX";
-  EXPECT_EQ(jit::gpu_codegen_sm(61), 0) << "older than every supported SM";
+  EXPECT_EQ(codegen::nvptx::codegen_sm(90), 90);
+  EXPECT_EQ(codegen::nvptx::codegen_sm(100), 90) << "newer GPUs run sm_90 PTX";
+  EXPECT_EQ(codegen::nvptx::codegen_sm(61), 0) << "older than every supported SM";
 }
 
 // ---------------------------------------------------------------- on a GPU
@@ -2274,7 +2286,7 @@ Result run_case(const Case& c, const std::shared_ptr<rc::Device>& dev, bool tf32
     job.name = c.name;
     job.graph = c.graph;
     cj = jit::compile_job(job, jit::CompileSettings{}, store);
-    run = [&] { cj.executable->run(in_ptrs.data(), out_ptrs.data()); };
+    run = [&] { cj.program->run(in_ptrs.data(), out_ptrs.data()); };
   } else {
     gj = gpu_job(c.graph, dev, tf32);
     dv = std::make_unique<rc::DeviceVariables>(dev);
@@ -2490,8 +2502,8 @@ TEST(NvptxEmulated, CompileJobOnTheGpuMatchesTheCpu) {
   jit::CompiledJob gpu = jit::compile_job(job, s, gpu_store);
   EXPECT_EQ(gpu.gpu_loaded_from, "ptx (driver JIT for sm_80)");
   size_t launches_before = fake::gpu().launches.size();
-  auto run_cpu = [&](const void* const* i, void* const* o) { cpu.executable->run(i, o); };
-  auto run_gpu = [&](const void* const* i, void* const* o) { gpu.gpu_executable->run(i, o); };
+  auto run_cpu = [&](const void* const* i, void* const* o) { cpu.program->run(i, o); };
+  auto run_gpu = [&](const void* const* i, void* const* o) { gpu_of(gpu).run(i, o); };
   TensorType loss_t{DType::Float32, {8}};
   for (int step = 0; step < 2; ++step) {
     std::vector<float> want = step_loss(run_cpu, step), got = step_loss(run_gpu, step);

@@ -1,0 +1,110 @@
+// The CPU backend: codegen/cpu's object code, loaded with ORC into a
+// runtime::Executable. Collective launches have no code (the runtime runs
+// them); codegen decides each coded launch's range, grain and scratch bytes,
+// which go into the plan the code runs with (and the entry's plan.txt).
+#include <chrono>
+#include <cstdio>
+
+#include "codegen/cpu/backend.h"
+#include "ir/error.h"
+#include "jit/backends/backends.h"
+
+namespace flowjit::jit::backends {
+
+namespace {
+
+namespace cg = codegen::cpu;
+
+double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+class CpuBackend : public Backend {
+ public:
+  explicit CpuBackend(const JobDescription& job) : target_(cg::host_target_id()) {
+    if (job.distribution.parts > 1)  // the per-device program of a distributed job
+      placement_ = "x" + std::to_string(job.distribution.parts) +
+                   (job.distribution.mirrored ? " mirrored" : " devices");
+  }
+
+  const char* name() const override { return "cpu"; }
+  const codegen::TargetId& target() const override { return target_; }
+
+  CodeObject compile(const std::vector<codegen::Kernel>& kernels, const runtime::Plan& plan,
+                     const CompileRequest& req, PassLog& log) const override {
+    std::vector<codegen::Kernel> coded;
+    for (const codegen::Kernel& k : kernels)
+      if (k.kind != codegen::Kernel::Kind::Collective) coded.push_back(k);
+    cg::CompileOptions co;
+    co.module_name = req.module_name;
+    co.want_llvm_ir = req.want_llvm_ir;
+    co.want_assembly = req.debug >= 4;
+    cg::CompiledObject obj = cg::compile(coded, co);
+    log.stage("llvm emit", obj.seconds_emit);
+    log.stage("llvm optimize", obj.seconds_optimize);
+    log.stage("llvm codegen", obj.seconds_codegen, std::to_string(obj.object.size()) + " bytes");
+
+    CodeObject code;
+    code.target = target_;
+    code.target.placement = placement_;
+    code.plan = plan;
+    size_t j = 0;
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      if (kernels[i].kind == codegen::Kernel::Kind::Collective) continue;
+      runtime::Launch& l = code.plan.launches[i];
+      FJ_CHECK(obj.launches[j].symbol == l.symbol, "codegen launch ", j, " is ",
+               obj.launches[j].symbol, " but the plan launches ", l.symbol);
+      l.range = obj.launches[j].range;
+      l.grain = obj.launches[j].grain;
+      l.scratch_bytes = obj.launches[j].scratch_bytes;
+      ++j;
+    }
+    code.object = std::move(obj.object);
+    code.llvm_ir = std::move(obj.llvm_ir);
+    code.assembly = std::move(obj.assembly);
+    code.codegen_seconds = obj.seconds_emit + obj.seconds_optimize + obj.seconds_codegen;
+    return code;
+  }
+
+  std::string assembly(const CodeObject& code, const CompileRequest& req) const override {
+    if (!code.assembly.empty() || req.debug < 4) return code.assembly;
+    return cg::assembly_from_ir(code.llvm_ir);  // cached code keeps only its LLVM IR
+  }
+
+  std::shared_ptr<runtime::Program> load(const CodeObject& code, PassLog& log) const override {
+    auto t0 = std::chrono::steady_clock::now();
+    const runtime::Plan& plan = code.plan;
+    std::vector<std::string> symbols;
+    std::vector<size_t> coded;  // launch index of each generated kernel
+    for (size_t i = 0; i < plan.launches.size(); ++i) {
+      if (plan.launches[i].collective) continue;
+      symbols.push_back(plan.launches[i].symbol);
+      coded.push_back(i);
+    }
+    std::shared_ptr<cg::LoadedCode> loaded = cg::load(code.object, symbols);
+    std::vector<runtime::KernelFn> fns(plan.launches.size(), nullptr);
+    for (size_t j = 0; j < coded.size(); ++j)
+      fns[coded[j]] = reinterpret_cast<runtime::KernelFn>(loaded->address(j));
+    auto exe = std::make_shared<runtime::Executable>(plan, std::move(fns), loaded);
+    log.stage("load", since(t0));
+    return exe;
+  }
+
+  void bind(runtime::Program& program, runtime::VariableStore& store) const override {
+    auto* exe = dynamic_cast<runtime::Executable*>(&program);
+    FJ_CHECK(exe != nullptr, "the CPU backend binds CPU programs only");
+    exe->bind_variables(store);
+  }
+
+ private:
+  codegen::TargetId target_;
+  std::string placement_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu(const JobDescription& job, const Target&) {
+  return std::make_unique<CpuBackend>(job);
+}
+
+}  // namespace flowjit::jit::backends

@@ -1,0 +1,199 @@
+// The NVPTX backend: codegen/nvptx's PTX (and a cubin when ptxas is found),
+// loaded through the CUDA driver into a runtime::cuda::CudaExecutable.
+//
+// The plan is fusion's unchanged; the launch list codegen chose (grid,
+// block, shared memory) comes with the code. The disk cache keeps all
+// three: the cubin as object.o (empty without ptxas), kernels.ptx and
+// launches.txt, under a target naming the SM, TF32, the math library (with
+// libdevice's hash: another toolkit's libdevice is other code) and ptxas.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "codegen/nvptx/backend.h"
+#include "ir/error.h"
+#include "jit/backends/backends.h"
+#include "jit/sha256.h"
+#include "runtime/cuda/device.h"
+#include "runtime/cuda/executable.h"
+
+namespace flowjit::jit::backends {
+
+namespace {
+
+namespace nv = codegen::nvptx;
+namespace rc = runtime::cuda;
+
+constexpr const char* kPtxFile = "kernels.ptx";
+constexpr const char* kLaunchesFile = "launches.txt";
+
+double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// SHA-256 prefix of libdevice, once per path.
+std::string libdevice_hash(const std::string& path) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> hashes;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = hashes.find(path);
+  if (it != hashes.end()) return it->second;
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  std::string h = sha256_hex(ss.str()).substr(0, 16);
+  hashes[path] = h;
+  return h;
+}
+
+std::vector<rc::GpuLaunch> to_gpu_launches(const std::vector<nv::KernelLaunch>& ls) {
+  std::vector<rc::GpuLaunch> out;
+  for (const nv::KernelLaunch& l : ls) {
+    rc::GpuLaunch g;
+    g.symbol = l.symbol;
+    std::copy(l.grid, l.grid + 3, g.grid);
+    std::copy(l.block, l.block + 3, g.block);
+    g.shared_bytes = l.shared_bytes;
+    out.push_back(g);
+  }
+  return out;
+}
+
+class NvptxBackend : public Backend {
+ public:
+  // What codegen will use is decided here, once, so the key and the code agree.
+  NvptxBackend(const JobDescription& job, const Target& t) : t_(t) {
+    FJ_USER_CHECK(job.distribution.parts <= 1, ErrorKind::NotImplemented, "job '", job.name,
+                  "' is placed on a GPU and spread over ", job.distribution.parts,
+                  " devices, but several GPUs per job need NCCL collectives, which flowjit does "
+                  "not have yet; place the job on one GPU (\"0:0\")");
+    FJ_CHECK(t.gpu && t.gpu_variables, "a GPU target without its device or variables");
+    const rc::DeviceInfo& info = t.gpu->info();
+    sm_ = t.sm > 0 ? t.sm : nv::codegen_sm(info.sm);
+    FJ_USER_CHECK(sm_ > 0, ErrorKind::Runtime, "job '", job.name, "' is placed on GPU ",
+                  info.ordinal, ", ", info.str(), ", but flowjit generates code for sm_",
+                  nv::kSupportedSms[0], " and newer only");
+    if (t.math != nv::MathLibrary::Builtin) {
+      libdevice_ = nv::find_libdevice();
+      if (!libdevice_.empty()) math_ = nv::MathLibrary::Libdevice;
+      FJ_USER_CHECK(!(t.math == nv::MathLibrary::Libdevice && libdevice_.empty()),
+                    ErrorKind::Runtime,
+                    "GPU code generation needs libdevice.10.bc from the CUDA toolkit and none was "
+                    "found (set FLOWJIT_LIBDEVICE or CUDA_HOME)");
+    }
+    if (t.run_ptxas) ptxas_ = nv::find_ptxas();
+    target_ = nv::module_target(sm_, t.allow_tf32, math_text(), ptxas_text());
+  }
+
+  const char* name() const override { return "nvptx"; }
+  const codegen::TargetId& target() const override { return target_; }
+  std::vector<std::string> cache_files() const override { return {kPtxFile, kLaunchesFile}; }
+
+  CodeObject compile(const std::vector<codegen::Kernel>& kernels, const runtime::Plan& plan,
+                     const CompileRequest& req, PassLog& log) const override {
+    for (const codegen::Kernel& k : kernels)
+      FJ_CHECK(k.kind != codegen::Kernel::Kind::Collective, "a collective in a single-GPU job");
+    nv::CompileOptions co;
+    co.module_name = req.module_name;
+    co.sm = sm_;
+    co.allow_tf32 = t_.allow_tf32;
+    co.math = math_;
+    co.libdevice_path = libdevice_;
+    co.run_ptxas = !ptxas_.empty();
+    co.ptxas_path = ptxas_;
+    co.want_llvm_ir = req.want_llvm_ir;
+    nv::CompiledModule mod = nv::compile(kernels, co);
+    log.stage("llvm emit", mod.seconds_emit);
+    log.stage("llvm optimize", mod.seconds_optimize);
+    log.stage("llvm codegen", mod.seconds_codegen, std::to_string(mod.ptx.size()) + " PTX bytes");
+    if (!mod.cubin.empty())
+      log.stage("ptxas", mod.seconds_ptxas, std::to_string(mod.cubin.size()) + " cubin bytes");
+    CodeObject code;
+    code.target = nv::module_target(sm_, t_.allow_tf32, math_text(), ptxas_text(), mod.ptx_version,
+                                    mod.cubin.empty() ? "none" : "yes");
+    code.plan = plan;
+    code.object = std::move(mod.cubin);
+    code.files = {{kPtxFile, std::move(mod.ptx)},
+                  {kLaunchesFile, rc::serialize_launches(to_gpu_launches(mod.launches))}};
+    code.llvm_ir = std::move(mod.llvm_ir);
+    code.codegen_seconds =
+        mod.seconds_emit + mod.seconds_optimize + mod.seconds_codegen + mod.seconds_ptxas;
+    return code;
+  }
+
+  // The entry's launch list must name the plan's kernels.
+  void check_cached(const CodeObject& code) const override {
+    const runtime::Plan& plan = code.plan;
+    std::vector<rc::GpuLaunch> launches = rc::deserialize_launches(file(code, kLaunchesFile));
+    if (launches.size() != plan.launches.size())
+      throw_user(ErrorKind::Value, "its launch list has ", launches.size(), " kernels, the plan ",
+                 plan.launches.size());
+    for (size_t i = 0; i < launches.size(); ++i)
+      if (launches[i].symbol != plan.launches[i].symbol)
+        throw_user(ErrorKind::Value, "its launch list names kernel '", launches[i].symbol,
+                   "' where the plan has '", plan.launches[i].symbol, "'");
+    if (file(code, kPtxFile).empty()) throw_user(ErrorKind::Value, "its PTX is empty");
+    const std::vector<char>& cubin = code.object;
+    if (!cubin.empty() && std::string(cubin.data(), std::min<size_t>(4, cubin.size())) !=
+                              "\x7f"
+                              "ELF")
+      throw_user(ErrorKind::Value, "its cubin is not an ELF image");
+  }
+
+  std::string assembly(const CodeObject& code, const CompileRequest&) const override {
+    return file(code, kPtxFile);
+  }
+  bool keep_assembly(const CompileRequest& req) const override {
+    return req.debug >= 4 || req.keep_text;
+  }
+  const char* assembly_stage() const override { return "ptx"; }
+
+  std::shared_ptr<runtime::Program> load(const CodeObject& code, PassLog& log) const override {
+    auto t0 = std::chrono::steady_clock::now();
+    rc::GpuImage image;
+    image.ptx = file(code, kPtxFile);
+    image.cubin = code.object;
+    image.cubin_sm = image.cubin.empty() ? 0 : sm_;
+    auto exe = std::make_shared<rc::CudaExecutable>(
+        t_.gpu, code.plan, rc::deserialize_launches(file(code, kLaunchesFile)), image);
+    log.stage("load", since(t0), exe->loaded_from() + " on " + t_.gpu->info().str());
+    return exe;
+  }
+
+  void bind(runtime::Program& program, runtime::VariableStore& store) const override {
+    auto* exe = dynamic_cast<rc::CudaExecutable*>(&program);
+    FJ_CHECK(exe != nullptr, "the NVPTX backend binds GPU programs only");
+    exe->bind_variables(store, *t_.gpu_variables);
+  }
+
+ private:
+  static const std::string& file(const CodeObject& code, const char* name) {
+    for (auto& [n, text] : code.files)
+      if (n == name) return text;
+    throw_user(ErrorKind::Value, "it has no ", name);
+  }
+  std::string math_text() const {
+    return math_ == nv::MathLibrary::Libdevice ? "libdevice:" + libdevice_hash(libdevice_)
+                                               : std::string("builtin");
+  }
+  std::string ptxas_text() const { return ptxas_.empty() ? "none" : ptxas_; }
+
+  Target t_;
+  int sm_ = 0;
+  nv::MathLibrary math_ = nv::MathLibrary::Builtin;
+  std::string libdevice_;  // when math_ is Libdevice
+  std::string ptxas_;      // "" without a cubin
+  codegen::TargetId target_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_nvptx(const JobDescription& job, const Target& target) {
+  return std::make_unique<NvptxBackend>(job, target);
+}
+
+}  // namespace flowjit::jit::backends

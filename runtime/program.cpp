@@ -1,0 +1,39 @@
+// Program: the defaults every kind of program shares.
+#include "runtime/program.h"
+
+#include "runtime/executable.h"
+
+namespace flowjit::runtime {
+
+namespace {
+// A run that finished inside start().
+class FinishedRun : public PendingRun {
+ public:
+  void complete() override {}
+};
+}  // namespace
+
+std::vector<ProgramSlot> Program::input_slots() const {
+  std::vector<ProgramSlot> out;
+  for (const ir::TensorType& t : plan().inputs) out.push_back({t, 1, false});
+  return out;
+}
+
+std::vector<ProgramSlot> Program::output_slots() const {
+  std::vector<ProgramSlot> out;
+  for (const ir::TensorType& t : plan().outputs) out.push_back({t, 1, false});
+  return out;
+}
+
+std::shared_ptr<PendingRun> Program::start(const void* const* inputs, std::vector<void*> outputs) {
+  run(inputs, outputs.data());
+  return std::make_shared<FinishedRun>();
+}
+
+size_t Program::count_arrays(const std::vector<ProgramSlot>& slots) {
+  size_t n = 0;
+  for (const ProgramSlot& s : slots) n += static_cast<size_t>(s.arrays);
+  return n;
+}
+
+}  // namespace flowjit::runtime
