@@ -30,6 +30,7 @@ using codegen::Access;
 using codegen::Kernel;
 using codegen::KNode;
 using codegen::KOp;
+using runtime::BufferKind;
 using DimMap = std::vector<int>;  // per node dim: domain dim, or -1 (index 0)
 
 // An index read by a gather: a strided view of an integer buffer, clamped
@@ -68,8 +69,10 @@ struct Group {
   bool member(const NodeRef& n) const { return maps.count(n.get()) > 0; }
 };
 
-struct Storage {  // where a materialized value lives
-  enum Kind { Input, Output, Arena, Variable } kind = Arena;
+// Where a materialized value lives: the runtime's buffer kinds, with an
+// arena *buffer* index (its offset comes from memory planning).
+struct Storage {
+  BufferKind kind = BufferKind::Arena;
   int index = 0;  // input/output index, variable index, or arena buffer index
 };
 
@@ -317,7 +320,7 @@ class KernelBuilder {
   int read_arg(const NodeRef& base) {
     Storage st;
     if (base->op() == OpKind::Variable) {
-      st = {Storage::Variable, f_.variable_index(base)};
+      st = {BufferKind::Variable, f_.variable_index(base)};
       b_.var_reads.push_back(base->attrs().get_str("name"));
     } else {
       st = f_.storage_of(base.get());

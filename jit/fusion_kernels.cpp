@@ -54,7 +54,7 @@ Built Fuser::build_collective(Group& g) {
   KernelBuilder kb(*this, g, b);
   Storage in_st;
   if (x->op() == OpKind::Variable) {
-    in_st = {Storage::Variable, variable_index(x)};
+    in_st = {BufferKind::Variable, variable_index(x)};
     b.var_reads.push_back(x->attrs().get_str("name"));
   } else {
     in_st = storage_of(x.get());
@@ -130,9 +130,9 @@ Built Fuser::build_group(Group& g, const std::set<std::string>& deferred,
     const std::string& name = var->attrs().get_str("name");
     if (deferred.count(name)) {
       int t = temp_for(name, var);
-      kb.store(val, store_map(g, val), temp_key(name), {Storage::Arena, t});
+      kb.store(val, store_map(g, val), temp_key(name), {BufferKind::Arena, t});
     } else {
-      kb.store(val, store_map(g, val), var.get(), {Storage::Variable, variable_index(var)});
+      kb.store(val, store_map(g, val), var.get(), {BufferKind::Variable, variable_index(var)});
       b.var_writes.push_back(name);
     }
   }
@@ -143,11 +143,11 @@ Built Fuser::build_group(Group& g, const std::set<std::string>& deferred,
     int vi = var_index_.at(name);
     const Access* w = nullptr;
     for (auto& s : k.stores)
-      if (b.arg_storage[s.where.arg].kind == Storage::Variable &&
+      if (b.arg_storage[s.where.arg].kind == BufferKind::Variable &&
           b.arg_storage[s.where.arg].index == vi)
         w = &s.where;
     for (auto& l : k.loads)
-      if (b.arg_storage[l.arg].kind == Storage::Variable && b.arg_storage[l.arg].index == vi &&
+      if (b.arg_storage[l.arg].kind == BufferKind::Variable && b.arg_storage[l.arg].index == vi &&
           !(w && l == *w))
         hazards.insert(name);
     if (g.matmul && (k.mm.a.arg == w->arg || k.mm.b.arg == w->arg)) hazards.insert(name);
@@ -173,8 +173,9 @@ View Fuser::contraction_operand(const NodeRef& x, Built& b, KernelBuilder& kb, i
   auto v = resolve_view(x);
   FJ_CHECK(v.has_value() && v->plain(), "contraction operand not addressable");
   const Node* base = v->base.get();
-  Storage st = base->op() == OpKind::Variable ? Storage{Storage::Variable, variable_index(v->base)}
-                                              : storage_of(base);
+  Storage st = base->op() == OpKind::Variable
+                   ? Storage{BufferKind::Variable, variable_index(v->base)}
+                   : storage_of(base);
   if (base->op() == OpKind::Variable) b.var_reads.push_back(v->base->attrs().get_str("name"));
   if (std::find(b.reads.begin(), b.reads.end(), base) == b.reads.end()) b.reads.push_back(base);
   arg = kb.arg_for(base, st, v->base->dtype(), v->base->type().numel(), false);
@@ -391,7 +392,7 @@ void Fuser::build_matmul_spec(Group& g, Built& b, KernelBuilder& kb) {
     FJ_CHECK(v.has_value(), "matmul operand not addressable");
     const Node* base = v->base.get();
     Storage st = base->op() == OpKind::Variable
-                     ? Storage{Storage::Variable, variable_index(v->base)}
+                     ? Storage{BufferKind::Variable, variable_index(v->base)}
                      : storage_of(base);
     if (base->op() == OpKind::Variable) b.var_reads.push_back(v->base->attrs().get_str("name"));
     if (std::find(b.reads.begin(), b.reads.end(), base) == b.reads.end()) b.reads.push_back(base);

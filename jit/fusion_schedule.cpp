@@ -19,16 +19,16 @@ FusedProgram Fuser::run() {
 // Builds every group's kernel, orders them, and writes the plan.
 void Fuser::build_and_schedule(FusedProgram& out) {
   // Storage for inputs and for every value a group stores.
-  for (auto& [node, idx] : param_index_) storage_[node] = {Storage::Input, idx};
+  for (auto& [node, idx] : param_index_) storage_[node] = {BufferKind::Input, idx};
   int arena_buffers = 0;
   std::vector<const Node*> arena_nodes;
   for (auto& g : groups_) {
     const Node* r = g->root.get();
     auto o = output_of_.find(r);
     if (o != output_of_.end()) {
-      storage_[r] = {Storage::Output, o->second};
+      storage_[r] = {BufferKind::Output, o->second};
     } else if (users_.count(r) && !users_[r].empty()) {
-      storage_[r] = {Storage::Arena, arena_buffers++};
+      storage_[r] = {BufferKind::Arena, arena_buffers++};
       arena_nodes.push_back(r);
     }
   }
@@ -74,7 +74,7 @@ void Fuser::build_and_schedule(FusedProgram& out) {
     Built& b = *launches[li];
     for (size_t a = 0; a < b.arg_storage.size(); ++a) {
       const Storage& s = b.arg_storage[a];
-      if (s.kind != Storage::Arena) continue;
+      if (s.kind != BufferKind::Arena) continue;
       FJ_CHECK(s.index >= 0 && s.index < static_cast<int>(lives.size()), "arena buffer index");
       BufferLife& l = lives[s.index];
       if (b.k.args[a].written && l.first < 0) l.first = static_cast<int>(li);
@@ -101,22 +101,10 @@ void Fuser::build_and_schedule(FusedProgram& out) {
     l.symbol = b.k.name;
     for (size_t a = 0; a < b.arg_storage.size(); ++a) {
       const Storage& s = b.arg_storage[a];
-      runtime::BufferRef r;
-      switch (s.kind) {
-        case Storage::Input:
-          r = {runtime::BufferKind::Input, s.index, 0};
-          break;
-        case Storage::Output:
-          r = {runtime::BufferKind::Output, s.index, 0};
-          break;
-        case Storage::Variable:
-          r = {runtime::BufferKind::Variable, s.index, 0};
-          break;
-        case Storage::Arena:
-          r = {runtime::BufferKind::Arena, 0, ap.offsets[s.index]};
-          break;
-      }
-      l.args.push_back(r);
+      if (s.kind == BufferKind::Arena)
+        l.args.push_back({BufferKind::Arena, 0, ap.offsets[s.index]});
+      else
+        l.args.push_back({s.kind, s.index, 0});
     }
     l.summary = b.k.summary;
     l.collective = b.collective;
@@ -133,10 +121,10 @@ void Fuser::build_and_schedule(FusedProgram& out) {
       const Node* buf = static_cast<const Node*>(b.arg_buffers[s.where.arg]);
       const Storage& st = b.arg_storage[s.where.arg];
       switch (st.kind) {
-        case Storage::Output:
+        case BufferKind::Output:
           desc << " out" << st.index;
           break;
-        case Storage::Variable:
+        case BufferKind::Variable:
           desc << " var:" << plan_vars_[st.index].first;
           break;
         default:
@@ -165,7 +153,7 @@ int Fuser::temp_for(const std::string& name, const NodeRef& var) {
 int Fuser::arena_base_count() {
   int n = 0;
   for (auto& [node, s] : storage_)
-    if (s.kind == Storage::Arena) n = std::max(n, s.index + 1);
+    if (s.kind == BufferKind::Arena) n = std::max(n, s.index + 1);
   return n;
 }
 
@@ -193,8 +181,8 @@ std::vector<Built> Fuser::build_deferred_copies(const std::set<std::string>& def
       k.args.push_back(a);
       return static_cast<int>(k.args.size()) - 1;
     };
-    int src = add_arg(temp_key(name), {Storage::Arena, temp_index_.at(name)}, false);
-    int dst = add_arg(var.get(), {Storage::Variable, variable_index(var)}, true);
+    int src = add_arg(temp_key(name), {BufferKind::Arena, temp_index_.at(name)}, false);
+    int dst = add_arg(var.get(), {BufferKind::Variable, variable_index(var)}, true);
     k.loads.push_back({src, cs, 0});
     KNode ld;
     ld.kind = KOp::Load;
