@@ -4,7 +4,7 @@
 // domain dimension, of which one (vec_dim) may be vectorized `width` lanes
 // wide starting at its index. Results are memoized per scope. A backend
 // supplies the loop structure and a MathProvider for transcendental
-// functions and random numbers (CPU: codegen/cpu/mathlib; GPU: libdevice).
+// functions and random numbers (CPU: codegen/mathlib; GPU: libdevice).
 #pragma once
 
 #include <llvm/IR/IRBuilder.h>

@@ -1,5 +1,5 @@
 // Vectorizable elementary functions and Philox random numbers, emitted as LLVM IR.
-#include "codegen/cpu/mathlib.h"
+#include "codegen/mathlib.h"
 
 #include <array>
 #include <cmath>
@@ -15,7 +15,7 @@
 
 #include "ir/error.h"
 
-namespace flowjit::codegen::cpu {
+namespace flowjit::codegen {
 
 using llvm::Type;
 using llvm::Value;
@@ -663,4 +663,4 @@ Value* emit_truncated_normal(llvm::IRBuilderBase& b, Value* counter, uint64_t se
   return o.clamp(b.CreateFMul(erfinv_impl(o, v), o.c(0x1.6a09e667f3bcdp+0)), -2.0, 2.0);
 }
 
-}  // namespace flowjit::codegen::cpu
+}  // namespace flowjit::codegen

@@ -32,7 +32,7 @@ class Type;
 class Value;
 }  // namespace llvm
 
-namespace flowjit::codegen::cpu {
+namespace flowjit::codegen {
 
 // e^x. float 1.06 ulp on [-104, 89] (subnormal results included), double
 // 0.97 ulp. Overflow gives +inf, underflow goes through the subnormals to 0;
@@ -97,4 +97,4 @@ llvm::Value* emit_random_normal(llvm::IRBuilderBase& b, llvm::Value* counter, ui
 llvm::Value* emit_truncated_normal(llvm::IRBuilderBase& b, llvm::Value* counter, uint64_t seed,
                                    llvm::Type* result_type);
 
-}  // namespace flowjit::codegen::cpu
+}  // namespace flowjit::codegen

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fits the erf/erfc coefficients of codegen/cpu/mathlib.cpp (needs mpmath).
+"""Fits the erf/erfc coefficients of codegen/mathlib.cpp (needs mpmath).
 
 Prints, at 20 digits:
   small<d>  erf(x)/x = P(x^2) on |x| < 1, relative least squares, degree d,

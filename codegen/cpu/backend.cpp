@@ -26,7 +26,7 @@
 #include <thread>
 
 #include "codegen/cpu/cpu_codegen.h"
-#include "codegen/cpu/mathlib.h"
+#include "codegen/mathlib.h"
 #include "codegen/llvm_util.h"
 #include "ir/error.h"
 

@@ -1,6 +1,6 @@
 // Transcendental functions for GPU kernels: calls to libdevice (__nv_expf,
 // ...) linked from libdevice.10.bc, or flowjit's own polynomials; random
-// numbers from codegen/cpu/mathlib, which is plain target-independent IR.
+// numbers from codegen/mathlib, which is plain target-independent IR.
 #include <llvm/Bitcode/BitcodeReader.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/Linker/Linker.h>
@@ -12,7 +12,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "codegen/cpu/mathlib.h"
+#include "codegen/mathlib.h"
 #include "codegen/nvptx/nvptx_codegen.h"
 #include "ir/error.h"
 
@@ -62,11 +62,11 @@ class RandomFromMathlib : public MathProvider {
                 llvm::Type* type) override {
     switch (op) {
       case OpKind::RandomUniform:
-        return cpu::emit_random_uniform(b, counter, seed, type);
+        return codegen::emit_random_uniform(b, counter, seed, type);
       case OpKind::RandomNormal:
-        return cpu::emit_random_normal(b, counter, seed, type);
+        return codegen::emit_random_normal(b, counter, seed, type);
       case OpKind::TruncatedNormal:
-        return cpu::emit_truncated_normal(b, counter, seed, type);
+        return codegen::emit_truncated_normal(b, counter, seed, type);
       default:
         FJ_CHECK(false, "no GPU random for ", ir::op_name(op));
     }
@@ -130,26 +130,28 @@ class BuiltinMath : public RandomFromMathlib {
   Value* unary(llvm::IRBuilderBase& b, OpKind op, Value* x) override {
     switch (op) {
       case OpKind::Exp:
-        return cpu::emit_exp(b, x);
+        return codegen::emit_exp(b, x);
       case OpKind::Log:
-        return cpu::emit_log(b, x);
+        return codegen::emit_log(b, x);
       case OpKind::Tanh:
-        return cpu::emit_tanh(b, x);
+        return codegen::emit_tanh(b, x);
       case OpKind::Sigmoid:
-        return cpu::emit_sigmoid(b, x);
+        return codegen::emit_sigmoid(b, x);
       case OpKind::Sin:
-        return cpu::emit_sin(b, x);
+        return codegen::emit_sin(b, x);
       case OpKind::Cos:
-        return cpu::emit_cos(b, x);
+        return codegen::emit_cos(b, x);
       case OpKind::Erf:
-        return cpu::emit_erf(b, x);
+        return codegen::emit_erf(b, x);
       case OpKind::Erfc:
-        return cpu::emit_erfc(b, x);
+        return codegen::emit_erfc(b, x);
       default:
         FJ_CHECK(false, "no builtin GPU math for ", ir::op_name(op));
     }
   }
-  Value* pow(llvm::IRBuilderBase& b, Value* x, Value* y) override { return cpu::emit_pow(b, x, y); }
+  Value* pow(llvm::IRBuilderBase& b, Value* x, Value* y) override {
+    return codegen::emit_pow(b, x, y);
+  }
 };
 
 // libdevice.10.bc is read once per path; each compilation parses its own

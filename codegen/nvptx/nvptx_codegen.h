@@ -59,7 +59,7 @@ llvm::Value* arg_better(llvm::IRBuilderBase& b, OpKind op, DType t, llvm::Value*
                         llvm::Value* best, llvm::Value* bi);
 
 // The math provider for GPU kernels: libdevice functions (declared here and
-// linked later) or flowjit's polynomials; random numbers from codegen/cpu/mathlib.
+// linked later) or flowjit's polynomials; random numbers from codegen/mathlib.
 std::unique_ptr<MathProvider> make_math(llvm::Module& m, bool libdevice);
 
 // Links libdevice into `m` (only the functions used), then internalizes

@@ -1,4 +1,4 @@
-// Numeric tests of codegen/cpu/mathlib: accuracy against libm references with
+// Numeric tests of codegen/mathlib: accuracy against libm references with
 // the measured maxima printed, special values, scalar/vector bit identity, the
 // absence of libm calls after vectorization, and the Philox random generators.
 #include <gtest/gtest.h>
@@ -31,12 +31,12 @@
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Target/TargetMachine.h>
 
-#include "codegen/cpu/mathlib.h"
+#include "codegen/mathlib.h"
 #include "ir/error.h"
 
 namespace {
 
-namespace fc = flowjit::codegen::cpu;
+namespace fc = flowjit::codegen;
 using llvm::IRBuilderBase;
 using llvm::Value;
 
