@@ -1,9 +1,11 @@
-// Bindings: the default session (variables, async, sync) and runtime knobs.
+// Bindings: the default session (runtime::Session waiting the Python way,
+// async errors, sync) and runtime knobs.
 #include <pybind11/stl.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "codegen/cpu/backend.h"
@@ -23,122 +25,27 @@ using namespace std::chrono_literals;
 
 runtime::VariableStore& default_store() { return Session::get().store(); }
 
-Session& Session::get() {
-  static Session* s = new Session();  // lives until exit; shutdown() stops its threads
-  return *s;
-}
-
-void Session::ensure_threads() {
-  std::lock_guard<std::mutex> lock(threads_mu_);
-  if (shut_down_) throw_user(ErrorKind::Runtime, "the flowjit session has shut down");
-  if (!worker_) worker_ = std::make_unique<runtime::WorkQueue>("flowjit-worker", 64);
-  if (!callbacks_) callbacks_ = std::make_unique<runtime::WorkQueue>("flowjit-callbacks", 1u << 30);
-}
-
-bool Session::on_callback_thread() {
-  std::lock_guard<std::mutex> lock(threads_mu_);
-  return callbacks_ && callbacks_->on_worker_thread();
-}
-
-size_t Session::async_capacity() {
-  std::lock_guard<std::mutex> lock(slots_mu_);
-  return async_capacity_;
-}
-
-void Session::set_async_capacity(size_t n) {
-  FJ_USER_CHECK(n >= 1, ErrorKind::Value, "async capacity must be at least 1, got ", n);
-  {
-    std::lock_guard<std::mutex> lock(slots_mu_);
-    async_capacity_ = n;
-  }
-  slots_cv_.notify_all();
-}
-
-void Session::acquire_slot() {
-  {
-    std::lock_guard<std::mutex> lock(slots_mu_);
-    if (outstanding_ < async_capacity_) {
-      ++outstanding_;
-      return;
-    }
-  }
+namespace {
+// runtime::Session's waits: each step with the GIL released, Ctrl-C
+// polled between steps (KeyboardInterrupt ends the wait).
+void wait_releasing_the_gil(const std::function<bool()>& step) {
   while (true) {
-    bool got;
+    bool done;
     {
       GilRelease release;
-      std::unique_lock<std::mutex> lock(slots_mu_);  // released before the GIL is retaken
-      got = slots_cv_.wait_for(lock, 50ms, [&] { return outstanding_ < async_capacity_; });
-      if (got) ++outstanding_;
+      done = step();
     }
-    if (got) return;
+    if (done) return;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
 }
+}  // namespace
 
-void Session::release_slot() {
-  {
-    std::lock_guard<std::mutex> lock(slots_mu_);
-    if (outstanding_ > 0) --outstanding_;
-  }
-  slots_cv_.notify_all();
-}
+Session::Session() : runtime::Session(&wait_releasing_the_gil) {}
 
-void Session::take_slot() {
-  if (on_callback_thread()) {
-    std::lock_guard<std::mutex> lock(slots_mu_);
-    ++outstanding_;  // counted, never waited for
-  } else {
-    acquire_slot();
-  }
-}
-
-void Session::submit(runtime::WorkQueue::Task task) {
-  ensure_threads();
-  take_slot();
-  try {
-    while (true) {
-      bool ok;
-      {
-        GilRelease release;
-        ok = worker_->push_for(task, 50ms);
-      }
-      if (ok) return;
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    }
-  } catch (...) {
-    release_slot();
-    throw;
-  }
-}
-
-void Session::deliver(runtime::WorkQueue::Task task) { enqueue_callback(std::move(task)); }
-
-void Session::post_callback(runtime::WorkQueue::Task task) {
-  ensure_threads();
-  take_slot();
-  try {
-    enqueue_callback(std::move(task));
-  } catch (...) {
-    release_slot();
-    throw;
-  }
-}
-
-// Queues `task` for the callback thread; its slot is freed once it has run.
-void Session::enqueue_callback(runtime::WorkQueue::Task task) {
-  ensure_threads();
-  runtime::WorkQueue::Task wrapped = [this, task = std::move(task)]() mutable {
-    try {
-      task();
-    } catch (...) {
-      release_slot();
-      throw;
-    }
-    task = nullptr;  // drops what the task kept alive before it counts as done
-    release_slot();
-  };
-  bool ok = callbacks_->push_for(wrapped, std::chrono::milliseconds::max());
-  FJ_CHECK(ok, "callback queue refused a task");
+Session& Session::get() {
+  static Session* s = new Session();  // lives until exit; shutdown() stops its threads
+  return *s;
 }
 
 void record_async_error(py::error_already_set& e, const std::string& job) {
@@ -162,31 +69,8 @@ void record_async_error(std::exception_ptr e, const std::string& job) {
   }
 }
 
-void Session::wait(runtime::WorkQueue& q) {
-  if (q.on_worker_thread()) return;  // a callback waiting for callbacks would wait forever
-  while (true) {
-    bool idle;
-    {
-      GilRelease release;
-      idle = q.wait_idle_for(50ms);
-    }
-    if (idle) return;
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-  }
-}
-
-bool Session::has_pending_work() {
-  std::lock_guard<std::mutex> lock(threads_mu_);
-  return (worker_ && worker_->pending() > 0) || (callbacks_ && callbacks_->pending() > 0);
-}
-
-void Session::wait_jobs() {
-  if (worker_) wait(*worker_);
-}
-
 void Session::sync() {
-  if (worker_) wait(*worker_);
-  if (callbacks_) wait(*callbacks_);
+  wait_all();
   raise_pending();
 }
 
@@ -207,40 +91,9 @@ void Session::raise_pending() {
   throw py::error_already_set();
 }
 
-void Session::configure_devices(int local, std::shared_ptr<runtime::Communicator> comm,
-                                int first_rank, bool several_processes) {
-  wait_jobs();
-  std::lock_guard<std::mutex> lock(run_mu_);
-  // Variables distributed over the old devices come back to the host first.
-  for (auto* v : store_.all()) {
-    runtime::sync_host(*v);
-    v->replicas.reset();
-  }
-  device_stores_.clear();
-  for (int d = 0; d < local; ++d)
-    device_stores_.push_back(std::make_unique<runtime::VariableStore>());
-  comm_ = std::move(comm);
-  first_rank_ = first_rank;
-  several_processes_ = several_processes;
-  generation_.fetch_add(1);  // compiled jobs were bound to the old devices
-}
-
-std::vector<runtime::VariableStore*> Session::device_stores() {
-  std::vector<runtime::VariableStore*> out;
-  for (auto& s : device_stores_) out.push_back(s.get());
-  return out;
-}
-
 void Session::clear() {
   sync();
-  // A job another thread is running holds the run lock (without the GIL)
-  // and reads the variables: wait for it, then free them. A call that was
-  // about to run sees the new generation under the lock and refuses.
-  GilRelease release;
-  std::lock_guard<std::mutex> lock(run_mu_);
-  generation_.fetch_add(1);
-  store_.clear();
-  for (auto& s : device_stores_) s->clear();
+  clear_variables();
 }
 
 namespace {
@@ -286,28 +139,7 @@ void begin_exit() {
 
 void Session::shutdown() {
   begin_exit();
-  {
-    std::lock_guard<std::mutex> lock(threads_mu_);
-    if (shut_down_) return;
-  }
-  try {
-    if (worker_) wait(*worker_);
-    if (callbacks_) wait(*callbacks_);
-  } catch (py::error_already_set&) {
-    // Interrupted at exit: drop what has not started.
-    if (worker_) worker_->cancel_pending();
-    if (callbacks_) callbacks_->cancel_pending();
-  }
-  std::unique_ptr<runtime::WorkQueue> w, c;
-  {
-    std::lock_guard<std::mutex> lock(threads_mu_);
-    shut_down_ = true;
-    w = std::move(worker_);
-    c = std::move(callbacks_);
-  }
-  GilRelease release;
-  w.reset();
-  c.reset();
+  runtime::Session::shutdown();
 }
 
 namespace {
