@@ -42,7 +42,7 @@ struct Target {
   // the executable binds (both required).
   std::shared_ptr<runtime::cuda::Device> gpu;
   std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables;
-  int sm = 0;  // 0: the newest SM flowjit supports that the device runs (gpu_codegen_sm)
+  int sm = 0;  // 0: the newest SM flowjit supports that the device runs (nvptx::codegen_sm)
   bool allow_tf32 = false;  // tensor cores for float32 matmuls (Python: FLOWJIT_ALLOW_TF32=1)
   codegen::MathLibrary math = codegen::MathLibrary::Auto;
   bool run_ptxas = true;  // a cubin when ptxas is found, else the driver compiles the PTX
