@@ -26,8 +26,8 @@
 #include <thread>
 
 #include "codegen/cpu/cpu_codegen.h"
-#include "codegen/mathlib.h"
 #include "codegen/llvm_util.h"
+#include "codegen/mathlib.h"
 #include "ir/error.h"
 
 namespace flowjit::codegen::cpu {
