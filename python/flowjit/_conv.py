@@ -212,6 +212,7 @@ def _pool_nd(s, kind, api, input, ksize, strides, padding, data_format, name):
 
 
 def max_pool1d(input, ksize, strides, padding, data_format="NWC", name=None):
+    """The 1-D form of :func:`max_pool2d`: max over ksize windows."""
     return _pool_nd(1, "max", "max_pool1d", input, ksize, strides, padding, data_format, name)
 
 
@@ -221,10 +222,12 @@ def max_pool2d(input, ksize, strides, padding, data_format="NCHW", name=None):
 
 
 def max_pool3d(input, ksize, strides, padding, data_format="NCDHW", name=None):
+    """The 3-D form of :func:`max_pool2d`: max over ksize windows."""
     return _pool_nd(3, "max", "max_pool3d", input, ksize, strides, padding, data_format, name)
 
 
 def avg_pool1d(input, ksize, strides, padding, data_format="NWC", name=None):
+    """The 1-D form of :func:`avg_pool2d`: mean over ksize windows."""
     return _pool_nd(1, "avg", "avg_pool1d", input, ksize, strides, padding, data_format, name)
 
 
@@ -234,6 +237,7 @@ def avg_pool2d(input, ksize, strides, padding, data_format="NCHW", name=None):
 
 
 def avg_pool3d(input, ksize, strides, padding, data_format="NCDHW", name=None):
+    """The 3-D form of :func:`avg_pool2d`: mean over ksize windows."""
     return _pool_nd(3, "avg", "avg_pool3d", input, ksize, strides, padding, data_format, name)
 
 
@@ -357,6 +361,7 @@ def layer_conv3d(inputs, filters, kernel_size=1, strides=1, padding="VALID", dat
 
 
 def max_pooling1d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+    """flow.layers.max_pooling1d: :func:`flowjit.nn.max_pool1d` with Keras-style defaults."""
     return _pool_nd(1, "max", "max_pooling1d", inputs, pool_size, strides, padding, data_format, name)
 
 
@@ -366,18 +371,22 @@ def max_pooling2d(inputs, pool_size, strides, padding="valid", data_format="chan
 
 
 def max_pooling3d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+    """flow.layers.max_pooling3d: :func:`flowjit.nn.max_pool3d` with Keras-style defaults."""
     return _pool_nd(3, "max", "max_pooling3d", inputs, pool_size, strides, padding, data_format, name)
 
 
 def average_pooling1d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+    """flow.layers.average_pooling1d: :func:`flowjit.nn.avg_pool1d` with Keras-style defaults ('valid', channels_last)."""
     return _pool_nd(1, "avg", "average_pooling1d", inputs, pool_size, strides, padding, data_format, name)
 
 
 def average_pooling2d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+    """flow.layers.average_pooling2d: :func:`flowjit.nn.avg_pool2d` with Keras-style defaults ('valid', channels_last)."""
     return _pool_nd(2, "avg", "average_pooling2d", inputs, pool_size, strides, padding, data_format, name)
 
 
 def average_pooling3d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+    """flow.layers.average_pooling3d: :func:`flowjit.nn.avg_pool3d` with Keras-style defaults ('valid', channels_last)."""
     return _pool_nd(3, "avg", "average_pooling3d", inputs, pool_size, strides, padding, data_format, name)
 
 

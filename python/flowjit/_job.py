@@ -6,6 +6,7 @@ import os
 import threading
 import typing
 import weakref
+from typing import Callable, Optional, Union
 
 import numpy as np
 
@@ -162,7 +163,8 @@ class FunctionConfig:
         return tuple(sorted((k, repr(v)) for k, v in self._values.items()))
 
 
-def function_config():
+def function_config() -> FunctionConfig:
+    """A new set of settings for :func:`global_function`'s `function_config`."""
     return FunctionConfig()
 
 
@@ -913,7 +915,7 @@ class JobFunction:
     def lower(self, *args_or_shapes) -> "_inspect.Lowered":
         """Binds the job to one signature without tracing or running it, as
         jax.jit(f).lower(...): each argument is an array (or an object with
-        __dlpack__ / __array__), a shape, or None for the declared shape; no
+        ``__dlpack__`` or ``__array__``), a shape, or None for the declared shape; no
         arguments means all declared shapes. .compile() on the result traces
         and compiles."""
         self._prepare_session()
@@ -921,7 +923,7 @@ class JobFunction:
         return _inspect.Lowered(self, key, flat)
 
     def compile(self, *args_or_shapes) -> "_inspect.CompiledJob":
-        """job.lower(*args_or_shapes).compile(): traces and compiles without
+        """``job.lower(*args_or_shapes).compile()``: traces and compiles without
         running (a train job updates no variable), keeping the LLVM IR and
         assembly text; returns the compiled job to look into. Later calls
         with this signature run it without compiling again."""
@@ -1026,7 +1028,9 @@ class _tf32_for:
         return False
 
 
-def global_function(type=None, function_config=None):  # noqa: A002 - OneFlow's name
+def global_function(type: Union[str, FunctionConfig, Callable, None] = None,  # noqa: A002 - OneFlow's name
+                    function_config: Optional[FunctionConfig] = None
+                    ) -> Union[JobFunction, Callable[[Callable], JobFunction]]:
     """Decorates a job function: ``@flow.global_function(type="train", function_config=cfg)``.
 
     Without `type` a job is "predict", or "train" when its function_config
