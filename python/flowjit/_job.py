@@ -851,6 +851,8 @@ class JobFunction:
                 stages.append(_inspect.Stage("passes", t_compile, passes_ns, tid))
         _log.info("%s [%s]: compiled in %.1f ms (%s)", self._name, sig, (t_done - t_trace) / 1e6,
                          "disk cache hit" if job.from_disk_cache else f"{job.num_kernels} kernels")
+        if not job.from_disk_cache and _log.debug_level() >= 1:
+            _log_cache_miss(job, self._name, sig, self._source)
         per_device = _C.device_info()["local_devices"] if dist and dist["mirrored"] else 1
         _check_result_groups(self._name, template, list(job.output_groups)[:n_user])
         mode = "callback" if self._async else "legacy" if template[0] != "none" and self._legacy else "sync"
@@ -1026,6 +1028,20 @@ class _tf32_for:
                 os.environ["FLOWJIT_ALLOW_TF32"] = self.saved
             self._lock.release()
         return False
+
+
+def _log_cache_miss(job, name, sig, source):
+    """FLOWJIT_DEBUG=1: why the disk cache had no entry for a job compiled
+    afresh (which part of the key differs from what other processes cached)."""
+    from .cache import explain
+    d = explain.cache_dir_of_job()
+    if d is None:
+        return
+    try:
+        why = explain.explain_miss(job, name, sig, source, d)
+    except OSError as e:  # an unreadable cache is the compiler's to report
+        why = f"the cache {d} could not be read ({e})"
+    _log.info("%s [%s]: disk cache miss: %s", name, sig, why)
 
 
 def global_function(type: Union[str, FunctionConfig, Callable, None] = None,  # noqa: A002 - OneFlow's name
