@@ -16,15 +16,9 @@ from docutils.statemachine import StringList
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
+from flowjit_names import public_names
+
 logger = logging.getLogger(__name__)
-
-
-def public_names(module):
-    names = getattr(module, "__all__", None)
-    if names is None:
-        names = [n for n, v in vars(module).items()
-                 if not n.startswith("_") and not isinstance(v, types.ModuleType)]
-    return sorted(set(names), key=lambda n: (n.lower(), n))
 
 
 def _kind(value):

@@ -15,14 +15,14 @@ import flowjit as flow
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
-import flowjit_api  # noqa: E402 - the docs' own list of public names
+import flowjit_names  # noqa: E402 - the docs' own list of public names
 
 MODULES = ["flowjit"] + [f"flowjit.{m}" for m in flow._PUBLIC_MODULES] + ["flowjit.cache"]
 
 
 def _public(modname):
     m = importlib.import_module(modname)
-    for name in flowjit_api.public_names(m):
+    for name in flowjit_names.public_names(m):
         v = getattr(m, name)
         if not isinstance(v, types.ModuleType):
             yield f"{modname}.{name}", v
