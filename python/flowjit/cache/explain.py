@@ -59,9 +59,9 @@ def _compare(entry: store.Entry, now: Dict[str, str], texts: Dict[str, Tuple[str
                           f"now {store.short_target(now['target'])!r})")
     rank += 1
     for label, (fname, text) in texts.items():
-        cached = _text(entry, fname)
-        if cached is not None and cached != text:
-            return rank, f"{label} differs ({_first_line_that_differs(cached, text)})"
+        stored = _text(entry, fname)
+        if stored is not None and stored != text:
+            return rank, f"{label} differs ({_first_line_that_differs(stored, text)})"
         rank += 1
     return rank, "the buffer plan (buffers, arena offsets) or the device count differs"
 
