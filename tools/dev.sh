@@ -4,6 +4,8 @@
 #   tools/dev.sh test    set up everything, then run all tests (ctest + pytest)
 #   tools/dev.sh setup   install system and Python packages, build flowjit
 #   tools/dev.sh bench   run the benchmarks (installs torch and jax first)
+#   tools/dev.sh docs    build the documentation (Sphinx, warnings are errors)
+#                        into build/docs/html
 # Python packages go into a virtual environment in the checkout
 # ($FLOWJIT_VENV, default .venv), never into the system Python (PEP 668).
 # Runs as root or as a user with sudo (for apt-get).
@@ -125,8 +127,19 @@ lint() {
   "$VENV/bin/ruff" check python tests benchmarks examples tools
 }
 
+# The API reference and guides (docs/), from the docstrings of the built
+# package; any Sphinx or docutils warning fails the build.
+docs_build() {
+  "$PY" -c 'import sphinx' 2>/dev/null ||
+    "$PY" -m pip install -q --disable-pip-version-check "sphinx>=7,<10"
+  log "docs: sphinx -W into build/docs/html"
+  "$PY" -m sphinx -E -W --keep-going -q -b html docs build/docs/html
+  log "docs: open build/docs/html/index.html"
+}
+
 run_tests() {
   run_suite "lint" lint
+  run_suite "docs (sphinx -W)" docs_build
   log "building the C++ tests"
   cmake --build "$FLOWJIT_BUILD_DIR" --target _C flowjit_tests -j "$JOBS"
   run_suite "ctest" bash -c "cd '$FLOWJIT_BUILD_DIR' && ctest --output-on-failure -j '$JOBS'"
@@ -151,11 +164,12 @@ run_tests() {
 case "${1:-}" in
   setup) setup ;;
   lint) lint ;;
+  docs) setup; docs_build ;;
   train) setup; shift; exec "$PY" examples/train_mnist.py "$@" ;;
   test) setup; run_tests ;;
   bench)
     setup
     "$PY" -m pip install -q --disable-pip-version-check torch jax jaxlib threadpoolctl || log "torch/jax not installable: their columns are skipped"
     exec "$PY" benchmarks/run_all.py ;;
-  *) echo "usage: tools/dev.sh {setup|train|test|lint|bench}" >&2; exit 2 ;;
+  *) echo "usage: tools/dev.sh {setup|train|test|lint|bench|docs}" >&2; exit 2 ;;
 esac

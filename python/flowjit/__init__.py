@@ -1,5 +1,5 @@
 """flowjit: OneFlow's job-function API on a JIT compiler that generates every
-kernel with LLVM.
+kernel with LLVM::
 
     import flowjit as flow
     import flowjit.typing as tp

@@ -1,16 +1,19 @@
 """Activations of flow.nn (and flow.math), composed of primitive ops."""
+from typing import Optional
+
 from . import _ops, _trace
+from ._blob import Blob
 from ._composite import _const, expm1, floating, log1p, number
 
 
-def leaky_relu(x, alpha=0.2, name=None):
+def leaky_relu(x: Blob, alpha: float = 0.2, name: Optional[str] = None) -> Blob:
     """x where x > 0, else alpha * x."""
     floating(x, "leaky_relu")
     a = number(alpha, "leaky_relu", "alpha")
     return _ops.where(_ops.greater(x, 0.0), x, _ops.multiply(x, a), name=name)
 
 
-def elu(x, alpha=1.0, name=None):
+def elu(x: Blob, alpha: float = 1.0, name: Optional[str] = None) -> Blob:
     """x where x > 0, else alpha * (exp(x) - 1)."""
     floating(x, "elu")
     a = number(alpha, "elu", "alpha")
@@ -18,13 +21,13 @@ def elu(x, alpha=1.0, name=None):
     return _ops.where(_ops.greater(x, 0.0), x, neg, name=name)
 
 
-def relu6(x, name=None):
+def relu6(x: Blob, name: Optional[str] = None) -> Blob:
     """min(max(x, 0), 6)."""
     floating(x, "relu6")
     return _ops.minimum(_ops.maximum(x, 0.0), 6.0, name=name)
 
 
-def hardtanh(x, min_val=-1.0, max_val=1.0, name=None):
+def hardtanh(x: Blob, min_val: float = -1.0, max_val: float = 1.0, name: Optional[str] = None) -> Blob:
     """x clipped to [min_val, max_val]."""
     floating(x, "hardtanh")
     lo, hi = number(min_val, "hardtanh", "min_val"), number(max_val, "hardtanh", "max_val")
@@ -33,20 +36,20 @@ def hardtanh(x, min_val=-1.0, max_val=1.0, name=None):
     return _ops.minimum(_ops.maximum(x, lo), hi, name=name)
 
 
-def hardsigmoid(x, name=None):
+def hardsigmoid(x: Blob, name: Optional[str] = None) -> Blob:
     """relu6(x + 3) / 6: 0 below -3, 1 above 3, linear between."""
     floating(x, "hardsigmoid")
     return _ops.multiply(_ops.minimum(_ops.maximum(_ops.add(x, 3.0), 0.0), 6.0), 1.0 / 6.0, name=name)
 
 
-def hardswish(x, name=None):
+def hardswish(x: Blob, name: Optional[str] = None) -> Blob:
     """x * relu6(x + 3) / 6."""
     floating(x, "hardswish")
     r = _ops.minimum(_ops.maximum(_ops.add(x, 3.0), 0.0), 6.0)
     return _ops.multiply(_ops.multiply(x, r), 1.0 / 6.0, name=name)
 
 
-def swish(x, beta=1.0, name=None):
+def swish(x: Blob, beta: float = 1.0, name: Optional[str] = None) -> Blob:
     """x * sigmoid(beta * x)."""
     floating(x, "swish")
     b = number(beta, "swish", "beta")
@@ -54,7 +57,7 @@ def swish(x, beta=1.0, name=None):
     return _ops.multiply(x, _ops.sigmoid(z), name=name)
 
 
-def gelu(x, name=None):
+def gelu(x: Blob, name: Optional[str] = None) -> Blob:
     """OneFlow's exact GELU, 0.5 x (1 + erf(x / sqrt(2))), computed as
     0.5 x erfc(-x / sqrt(2)), the same function without the cancellation of
     1 + erf for negative x (so gelu(-10) keeps its relative accuracy)."""
@@ -63,7 +66,7 @@ def gelu(x, name=None):
                          name=name)
 
 
-def silu(x, name=None):
+def silu(x: Blob, name: Optional[str] = None) -> Blob:
     """swish with beta = 1: x * sigmoid(x)."""
     floating(x, "silu")
     return _ops.multiply(x, _ops.sigmoid(x), name=name)
@@ -74,19 +77,19 @@ def _softplus(x):
     return _ops.add(_ops.maximum(x, 0.0), log1p(_ops.exp(_ops.negative(_ops.abs(x)))))
 
 
-def mish(x, name=None):
+def mish(x: Blob, name: Optional[str] = None) -> Blob:
     """x * tanh(softplus(x))."""
     floating(x, "mish")
     return _ops.multiply(x, _ops.tanh(_softplus(x)), name=name)
 
 
-def softsign(x, name=None):
+def softsign(x: Blob, name: Optional[str] = None) -> Blob:
     """x / (1 + |x|)."""
     floating(x, "softsign")
     return _ops.divide(x, _ops.add(_ops.abs(x), 1.0), name=name)
 
 
-def prelu(inputs, alpha, name=None):
+def prelu(inputs: Blob, alpha: Blob, name: Optional[str] = None) -> Blob:
     """max(x, 0) + alpha * min(x, 0) with a blob alpha (broadcast against x)."""
     floating(inputs, "prelu", "inputs")
     floating(alpha, "prelu", "alpha")

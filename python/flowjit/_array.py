@@ -16,10 +16,12 @@ drop entries whose index is out of range.
 import builtins as _b
 import math as _math
 import numbers
+from typing import Any, List, Optional, Sequence, Union
 
 from . import _C, _dtypes, _trace
 from . import _ops
 from ._blob import Blob
+from ._dtypes import DTypeLike
 
 K = _C.OpKind
 
@@ -82,7 +84,8 @@ def _pairs(paddings, rank, api):
     return pairs
 
 
-def pad(x, paddings, constant_value=0, mode="constant", name=None):
+def pad(x: Blob, paddings: Sequence[Any], constant_value: float = 0, mode: str = "constant",
+        name: Optional[str] = None) -> Blob:
     """x padded by paddings[d] = (before, after) elements along each dim d:
     `constant_value` (mode "constant"), the mirror image without the edge
     ("reflect") or the edge repeated ("replicate"/"symmetric" is not)."""
@@ -133,24 +136,25 @@ def _pad2d(x, padding, api):
     return [(0, 0), (0, 0), (p[2], p[3]), (p[0], p[1])]
 
 
-def constant_pad2d(x, padding, constant_value=0, name=None):
+def constant_pad2d(x: Blob, padding: Union[int, Sequence[int]], constant_value: float = 0,
+                   name: Optional[str] = None) -> Blob:
     """NCHW x padded by padding = [left, right, top, bottom] with a constant."""
     return pad(x, _pad2d(x, padding, "constant_pad2d"), constant_value, "constant", name)
 
 
-def reflection_pad2d(x, padding, name=None):
+def reflection_pad2d(x: Blob, padding: Union[int, Sequence[int]], name: Optional[str] = None) -> Blob:
     """NCHW x padded by [left, right, top, bottom] mirror images."""
     return pad(x, _pad2d(x, padding, "reflection_pad2d"), 0, "reflect", name)
 
 
-def replication_pad2d(x, padding, name=None):
+def replication_pad2d(x: Blob, padding: Union[int, Sequence[int]], name: Optional[str] = None) -> Blob:
     """NCHW x padded by [left, right, top, bottom] copies of the edge."""
     return pad(x, _pad2d(x, padding, "replication_pad2d"), 0, "replicate", name)
 
 
 # ---------------------------------------------------------------- slices
 
-def slice(x, begin, size, name=None):  # noqa: A001 - OneFlow's name
+def slice(x: Blob, begin: Sequence[Optional[int]], size: Sequence[int], name: Optional[str] = None) -> Blob:  # noqa: A001 - OneFlow's name
     """x[begin[d] : begin[d] + size[d]] along each dim; a None begin is 0 and
     a None or -1 size runs to the end."""
     x = _blob(x, "slice")
@@ -165,7 +169,7 @@ def slice(x, begin, size, name=None):  # noqa: A001 - OneFlow's name
     return _ops.make(K.slice, [x], {"begin": b, "step": [1] * len(shape), "shape": s}, name=name, api="slice")
 
 
-def slice_v2(x, slice_tup_list, name=None):
+def slice_v2(x: Blob, slice_tup_list: Sequence[Sequence[Optional[int]]], name: Optional[str] = None) -> Blob:
     """x[start:stop:step] per dim, slice_tup_list[d] = (start, stop, step) with
     Python's rules (None bounds, negative values count from the end, negative
     steps walk backwards); missing trailing dims are whole."""
@@ -189,7 +193,8 @@ def slice_v2(x, slice_tup_list, name=None):
     return _ops.make(K.slice, [x], {"begin": begin, "step": step, "shape": out}, name=name, api="slice_v2")
 
 
-def split(x, num_or_size_splits, axis=0, name=None):
+def split(x: Blob, num_or_size_splits: Union[int, Sequence[int]], axis: int = 0,
+          name: Optional[str] = None) -> List[Blob]:
     """x cut along `axis` into num equal pieces or pieces of the given sizes
     (one size may be -1: the rest); returns a list."""
     x = _blob(x, "split")
@@ -216,7 +221,8 @@ def split(x, num_or_size_splits, axis=0, name=None):
 
 # ---------------------------------------------------------------- joins
 
-def concat(values, axis=0, max_dim_size=None, name=None):
+def concat(values: Sequence[Blob], axis: int = 0, max_dim_size: Optional[int] = None,
+           name: Optional[str] = None) -> Blob:
     """The inputs joined along `axis`: the sum of each padded into its range."""
     if isinstance(values, Blob) or not isinstance(values, (list, tuple)) or not values:
         _trace.fail(TypeError, "concat: values must be a non-empty list of Blobs")
@@ -251,7 +257,7 @@ def concat(values, axis=0, max_dim_size=None, name=None):
     return _ops.identity(acc, name=name) if name else acc
 
 
-def stack(values, axis=0, name=None):
+def stack(values: Sequence[Blob], axis: int = 0, name: Optional[str] = None) -> Blob:
     """The inputs (all of one shape) joined along a new axis."""
     if isinstance(values, Blob) or not isinstance(values, (list, tuple)) or not values:
         _trace.fail(TypeError, "stack: values must be a non-empty list of Blobs")
@@ -264,7 +270,7 @@ def stack(values, axis=0, name=None):
     return concat([_ops.expand_dims(v, axis) for v in values], axis=axis, name=name)
 
 
-def flatten(input, start_dim=0, end_dim=-1, name=None):
+def flatten(input: Blob, start_dim: int = 0, end_dim: int = -1, name: Optional[str] = None) -> Blob:
     """input with dims start_dim..end_dim merged into one."""
     x = _blob(input, "flatten")
     r = len(x.shape)
@@ -281,7 +287,7 @@ def flatten(input, start_dim=0, end_dim=-1, name=None):
     return _ops.reshape(x, shape[:s] + [n] + shape[e + 1:], name=name)
 
 
-def expand(x, expand_size, name=None):
+def expand(x: Blob, expand_size: Sequence[int], name: Optional[str] = None) -> Blob:
     """x broadcast to expand_size; -1 keeps x's extent, new dims go first."""
     x = _blob(x, "expand")
     size = _ops._int_list(expand_size, "expand", "expand_size")
@@ -302,7 +308,7 @@ def expand(x, expand_size, name=None):
     return _ops.broadcast_to(x, out, name=name)
 
 
-def tile(input, multiples, name=None):
+def tile(input: Blob, multiples: Sequence[int], name: Optional[str] = None) -> Blob:
     """input repeated multiples[d] times along each dim (numpy.tile)."""
     x = _blob(input, "tile")
     reps = _ops._int_list(multiples, "tile", "multiples")
@@ -321,7 +327,8 @@ def tile(input, multiples, name=None):
     return _ops.reshape(_ops.identity(y), out, name=name)
 
 
-def range(start, limit=None, delta=1, dtype=None, name=None):  # noqa: A001 - OneFlow's name
+def range(start: float, limit: Optional[float] = None, delta: float = 1, dtype: Optional[DTypeLike] = None,  # noqa: A001 - OneFlow's name
+          name: Optional[str] = None) -> Blob:
     """start, start + delta, ... below limit (numpy.arange); int64 for ints."""
     if limit is None:
         start, limit = 0, start
@@ -343,7 +350,8 @@ def range(start, limit=None, delta=1, dtype=None, name=None):  # noqa: A001 - On
 
 # ---------------------------------------------------------------- gathers and scatters
 
-def gather(params, indices, validate_indices=None, axis=None, batch_dims=0, name=None):
+def gather(params: Blob, indices: Blob, validate_indices: Optional[bool] = None, axis: Optional[int] = None,
+           batch_dims: int = 0, name: Optional[str] = None) -> Blob:
     """params indexed along `axis` by integer `indices` (TensorFlow's rule:
     shape params[:axis] + indices[batch_dims:] + params[axis+1:]); indices
     are clamped into [0, params.shape[axis])."""
@@ -356,7 +364,7 @@ def gather(params, indices, validate_indices=None, axis=None, batch_dims=0, name
                      name=name, api="gather")
 
 
-def gather_nd(params, indices, name=None):
+def gather_nd(params: Blob, indices: Blob, name: Optional[str] = None) -> Blob:
     """params[indices[..., 0], ..., indices[..., K-1]] (K = indices.shape[-1]),
     each index clamped into its dim."""
     _blob(params, "gather_nd", "params")
@@ -376,7 +384,7 @@ def _masked_sum(hit, values, axes, api):
     return _ops.reduce_sum(sel, axes) if axes else sel
 
 
-def scatter_nd(indices, updates, shape, name=None):
+def scatter_nd(indices: Blob, updates: Blob, shape: Sequence[int], name: Optional[str] = None) -> Blob:
     """A zero tensor of `shape` with updates[j...] added at position
     indices[j...] (shape [..., K]); duplicate indices add up, out-of-range
     ones are dropped."""
@@ -405,7 +413,8 @@ def scatter_nd(indices, updates, shape, name=None):
     return _ops.identity(out, name=name) if name else out
 
 
-def unsorted_segment_sum(data, segment_ids, num_segments, axis=0, name=None):
+def unsorted_segment_sum(data: Blob, segment_ids: Blob, num_segments: int, axis: int = 0,
+                         name: Optional[str] = None) -> Blob:
     """out[..., s, ...] = sum of data[..., i..., ...] over the i with
     segment_ids[i...] == s; segment_ids index data from `axis`; ids outside
     [0, num_segments) are dropped."""
@@ -428,7 +437,8 @@ def unsorted_segment_sum(data, segment_ids, num_segments, axis=0, name=None):
     return _ops.identity(out, name=name) if name else out
 
 
-def unsorted_segment_sum_like(data, segment_ids, like, axis=0, name=None):
+def unsorted_segment_sum_like(data: Blob, segment_ids: Blob, like: Blob, axis: int = 0,
+                              name: Optional[str] = None) -> Blob:
     """unsorted_segment_sum with num_segments = like.shape[axis]."""
     return unsorted_segment_sum(data, segment_ids, like.shape[axis], axis, name)
 
@@ -490,19 +500,19 @@ def _sorted(x, axis, direction, api, want_values):
     return out if inv is None else _ops.transpose(out, inv)
 
 
-def sort(input, axis=-1, direction="ASCENDING", name=None):
+def sort(input: Blob, axis: int = -1, direction: str = "ASCENDING", name: Optional[str] = None) -> Blob:
     """input sorted along `axis` (ties keep their order)."""
     out = _sorted(input, axis, direction, "sort", True)
     return _ops.identity(out, name=name) if name else out
 
 
-def argsort(input, axis=-1, direction="ASCENDING", name=None):
+def argsort(input: Blob, axis: int = -1, direction: str = "ASCENDING", name: Optional[str] = None) -> Blob:
     """int32 indices that sort input along `axis` (stable)."""
     out = _sorted(input, axis, direction, "argsort", False)
     return _ops.identity(out, name=name) if name else out
 
 
-def top_k(input, k=1, sorted=True, name=None):
+def top_k(input: Blob, k: int = 1, sorted: bool = True, name: Optional[str] = None) -> Blob:
     """int32 indices of the k largest entries along the last dim, largest
     first (OneFlow's top_k returns the indices)."""
     _blob(input, "top_k")
@@ -516,7 +526,7 @@ def top_k(input, k=1, sorted=True, name=None):
     return _ops.identity(out, name=name) if name else out
 
 
-def in_top_k(targets, predictions, k, name=None):
+def in_top_k(targets: Blob, predictions: Blob, k: int, name: Optional[str] = None) -> Blob:
     """Whether predictions[i, targets[i]] is among the k largest of row i
     (ties with the k-th count as in), bool [N]."""
     _check_index(targets, "in_top_k", "targets")
@@ -538,7 +548,7 @@ def in_top_k(targets, predictions, k, name=None):
 
 # ---------------------------------------------------------------- state
 
-def assign(ref, value, dtype=None, name=None):
+def assign(ref: Blob, value: Blob, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> None:
     """Writes value into the variable `ref` when the job runs (after every
     read of its old value)."""
     b = _trace.require_builder("flow.assign")

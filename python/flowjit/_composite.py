@@ -11,9 +11,11 @@ the compositions honest:
 """
 import math as _pymath
 import numbers
+from typing import Optional, Sequence, Tuple
 
 from . import _dtypes, _ops, _trace
 from ._blob import Blob
+from ._ops import Axis, BlobOrScalar
 
 _FLOATS = (_dtypes.float32, _dtypes.float64)
 _INTS = (_dtypes.int8, _dtypes.uint8, _dtypes.int32, _dtypes.int64)
@@ -70,7 +72,7 @@ def _const(x, v):
 
 # ---------------------------------------------------------------- exp and log near 0
 
-def expm1(x, name=None):
+def expm1(x: Blob, name: Optional[str] = None) -> Blob:
     """exp(x) - 1, accurate for small |x|: 2t / (1 - t) with t = tanh(x/2) for
     |x| < 0.5 (no cancellation), exp(x) - 1 elsewhere."""
     floating(x, "expm1")
@@ -81,7 +83,7 @@ def expm1(x, name=None):
     return _ops.where(small, near, _ops.subtract(_ops.exp(x), 1.0), name=name)
 
 
-def log1p(x, name=None):
+def log1p(x: Blob, name: Optional[str] = None) -> Blob:
     """log(1 + x), accurate for small |x|: with u = 1 + x rounded,
     log(u) * x / (u - 1) cancels the rounding of u (x itself where u == 1)."""
     floating(x, "log1p")
@@ -95,14 +97,14 @@ def log1p(x, name=None):
     return _ops.where(small, near, _ops.log(_ops.add(x, 1.0)), name=name)
 
 
-def log_sigmoid(x, name=None):
+def log_sigmoid(x: Blob, name: Optional[str] = None) -> Blob:
     """log(sigmoid(x)) = -softplus(-x) = min(x, 0) - log1p(exp(-|x|))."""
     floating(x, "log_sigmoid")
     return _ops.subtract(_ops.minimum(x, 0.0), log1p(_ops.exp(_ops.negative(_ops.abs(x)))),
                          name=name)
 
 
-def xlogy(x, y, name=None):
+def xlogy(x: BlobOrScalar, y: BlobOrScalar, name: Optional[str] = None) -> Blob:
     """x * log(y), and 0 where x == 0 (even where y is 0)."""
     x, y = _ops._lift_pair(x, y, "xlogy")
     floating(x, "xlogy", "x")
@@ -119,7 +121,7 @@ def _odd(x, f, name):
     return _ops.where(_ops.less(x, 0.0), _ops.negative(f), f, name=name)
 
 
-def sinh(x, name=None):
+def sinh(x: Blob, name: Optional[str] = None) -> Blob:
     """sinh(x) = (e + e / (e + 1)) / 2 with e = expm1(|x|), exact near 0;
     exp(|x|/2)^2 / 2 past 20, where exp(-|x|) no longer counts."""
     floating(x, "sinh")
@@ -131,7 +133,7 @@ def sinh(x, name=None):
     return _odd(x, _ops.where(_ops.less(a, 20.0), near, far), name)
 
 
-def cosh(x, name=None):
+def cosh(x: Blob, name: Optional[str] = None) -> Blob:
     """cosh(x) = h^2 / 2 + 1 / (2 h^2) with h = exp(|x|/2), so it overflows only
     where cosh does."""
     floating(x, "cosh")
@@ -144,7 +146,7 @@ _LN2 = _pymath.log(2.0)
 _BIG = 2.0 ** 28  # past it sqrt(1 + x^2) == |x| in float64 too
 
 
-def asinh(x, name=None):
+def asinh(x: Blob, name: Optional[str] = None) -> Blob:
     """asinh(x) = sign(x) log1p(a + a^2 / (1 + sqrt(1 + a^2))), a = |x|;
     log(a) + log(2) for huge a, where a^2 would overflow."""
     floating(x, "asinh")
@@ -156,7 +158,7 @@ def asinh(x, name=None):
     return _odd(x, _ops.where(_ops.less(a, _BIG), near, far), name)
 
 
-def acosh(x, name=None):
+def acosh(x: Blob, name: Optional[str] = None) -> Blob:
     """acosh(x) = log1p(t + sqrt(2t + t^2)) with t = x - 1 (exact near 1);
     log(x) + log(2) for huge x; nan below 1."""
     floating(x, "acosh")
@@ -167,7 +169,7 @@ def acosh(x, name=None):
     return _ops.where(_ops.less(x, _BIG), near, far, name=name)
 
 
-def atanh(x, name=None):
+def atanh(x: Blob, name: Optional[str] = None) -> Blob:
     """atanh(x) = sign(x) log1p(2a / (1 - a)) / 2, a = |x| (1 - a is exact near 1)."""
     floating(x, "atanh")
     a = _ops.abs(x)
@@ -177,7 +179,7 @@ def atanh(x, name=None):
 
 # ---------------------------------------------------------------- circular
 
-def tan(x, name=None):
+def tan(x: Blob, name: Optional[str] = None) -> Blob:
     """sin(x) / cos(x)."""
     floating(x, "tan")
     return _ops.divide(_ops.sin(x), _ops.cos(x), name=name)
@@ -209,13 +211,13 @@ def _atan_abs(a):
     return _ops.where(inv, _ops.subtract(_pymath.pi / 2, t), t)
 
 
-def atan(x, name=None):
+def atan(x: Blob, name: Optional[str] = None) -> Blob:
     """Elementwise arctangent (range reduction and a series, see _atan_abs)."""
     floating(x, "atan")
     return _odd(x, _atan_abs(_ops.abs(x)), name)
 
 
-def asin(x, name=None):
+def asin(x: Blob, name: Optional[str] = None) -> Blob:
     """asin(x) = sign(x) atan(a / sqrt((1 - a)(1 + a))), a = |x|; nan past 1."""
     floating(x, "asin")
     a = _ops.abs(x)
@@ -223,14 +225,14 @@ def asin(x, name=None):
     return _odd(x, _atan_abs(_ops.divide(a, d)), name)
 
 
-def acos(x, name=None):
+def acos(x: Blob, name: Optional[str] = None) -> Blob:
     """acos(x) = 2 atan(sqrt((1 - x) / (1 + x))); nan past 1."""
     floating(x, "acos")
     q = _ops.sqrt(_ops.divide(_ops.subtract(1.0, x), _ops.add(x, 1.0)))
     return _ops.multiply(_atan_abs(q), 2.0, name=name)
 
 
-def atan2(y, x, name=None):
+def atan2(y: BlobOrScalar, x: BlobOrScalar, name: Optional[str] = None) -> Blob:
     """The angle of the point (x, y): atan(y/x), moved by pi for x < 0; +-pi/2
     on the y axis and 0 at the origin."""
     y, x = _ops._lift_pair(y, x, "atan2")
@@ -245,7 +247,7 @@ def atan2(y, x, name=None):
 
 # ---------------------------------------------------------------- integer-style division
 
-def floordiv(x, y, name=None):
+def floordiv(x: BlobOrScalar, y: BlobOrScalar, name: Optional[str] = None) -> Blob:
     """The largest integer <= x / y (numpy's floor_divide); integer division by
     zero gives 0."""
     x, y = _ops._lift_pair(x, y, "floordiv")
@@ -257,7 +259,7 @@ def floordiv(x, y, name=None):
     return _ops.where(_wrong_sign(r, y), _ops.subtract(q, 1), q, name=name)
 
 
-def mod(x, y, name=None):
+def mod(x: BlobOrScalar, y: BlobOrScalar, name: Optional[str] = None) -> Blob:
     """x - floordiv(x, y) * y: the remainder with the sign of y (numpy's mod,
     Python's %); integer mod by zero gives 0. Float results are exact for
     integers below 2^24 (float32) and within |x| * eps otherwise."""
@@ -289,7 +291,8 @@ def _wrong_sign(r, y):
 
 # ---------------------------------------------------------------- clipping, masks, sums
 
-def clip_by_value(values, min_value=None, max_value=None, name=None):
+def clip_by_value(values: Blob, min_value: Optional[float] = None, max_value: Optional[float] = None,
+                  name: Optional[str] = None) -> Blob:
     """min(max(values, min_value), max_value); either bound may be None."""
     api = "clip_by_value"
     blob(values, api, "values")
@@ -312,12 +315,13 @@ def _int_if(v, x):
     return int(v) if x.dtype in _INTS and float(v).is_integer() else float(v)
 
 
-def clamp(input, min=None, max=None, name=None):  # noqa: A002 - OneFlow's names
+def clamp(input: Blob, min: Optional[float] = None, max: Optional[float] = None,  # noqa: A002 - OneFlow's names
+          name: Optional[str] = None) -> Blob:
     """clip_by_value under PyTorch's argument names."""
     return clip_by_value(input, min, max, name=name)
 
 
-def masked_fill(x, mask, value, name=None):
+def masked_fill(x: Blob, mask: Blob, value: float, name: Optional[str] = None) -> Blob:
     """x with `value` where mask is true (nonzero); mask broadcasts against x."""
     blob(x, "masked_fill", "x")
     blob(mask, "masked_fill", "mask")
@@ -349,18 +353,18 @@ def _triangle(x, diagonal, fill_value, api, lower):
     return _ops.where(keep, x, fill)
 
 
-def tril(x, diagonal=0, fill_value=0, name=None):
+def tril(x: Blob, diagonal: int = 0, fill_value: float = 0, name: Optional[str] = None) -> Blob:
     """x with the elements above the `diagonal`-th diagonal of its last two axes
     set to fill_value (diagonal > 0: above the main diagonal)."""
     return _ops.identity(_triangle(x, diagonal, fill_value, "tril", True), name=name)
 
 
-def triu(x, diagonal=0, fill_value=0, name=None):
+def triu(x: Blob, diagonal: int = 0, fill_value: float = 0, name: Optional[str] = None) -> Blob:
     """x with the elements below the `diagonal`-th diagonal set to fill_value."""
     return _ops.identity(_triangle(x, diagonal, fill_value, "triu", False), name=name)
 
 
-def add_n(inputs, name=None):
+def add_n(inputs: Sequence[Blob], name: Optional[str] = None) -> Blob:
     """The elementwise sum of a list of blobs of one shape and dtype."""
     if not isinstance(inputs, (list, tuple)) or not inputs:
         _trace.fail(TypeError, f"add_n: inputs must be a non-empty list of Blobs, got {inputs!r}")
@@ -386,13 +390,15 @@ def _bool_reduce(x, axis, keepdims, api, op):
     return _ops.not_equal(op(t, ax, keepdims), 0)
 
 
-def reduce_any(input_tensor, axis=None, keepdims=False, name=None):
+def reduce_any(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
+               name: Optional[str] = None) -> Blob:
     """True where any element along `axis` is true (nonzero); a bool blob."""
     r = _bool_reduce(input_tensor, axis, keepdims, "reduce_any", _ops.reduce_max)
     return r if name is None else _ops.identity(r, name=name)
 
 
-def reduce_all(input_tensor, axis=None, keepdims=False, name=None):
+def reduce_all(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
+               name: Optional[str] = None) -> Blob:
     """True where every element along `axis` is true (nonzero); a bool blob."""
     r = _bool_reduce(input_tensor, axis, keepdims, "reduce_all", _ops.reduce_min)
     return r if name is None else _ops.identity(r, name=name)
@@ -405,7 +411,8 @@ def _count(x, ax):
     return n
 
 
-def reduce_logsumexp(input_tensor, axis=None, keepdims=False, name=None):
+def reduce_logsumexp(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
+                     name: Optional[str] = None) -> Blob:
     """log(sum(exp(x))) along `axis`, shifted by the max so it does not overflow."""
     x = floating(input_tensor, "reduce_logsumexp", "input_tensor")
     ax = axes(x, axis, "reduce_logsumexp")
@@ -417,7 +424,8 @@ def reduce_logsumexp(input_tensor, axis=None, keepdims=False, name=None):
     return _ops.add(_ops.log(s), m, name=name)
 
 
-def reduce_variance(input_tensor, axis=None, keepdims=False, name=None):
+def reduce_variance(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
+                    name: Optional[str] = None) -> Blob:
     """The mean squared deviation from the mean along `axis` (numpy's var, ddof=0)."""
     x = floating(input_tensor, "reduce_variance", "input_tensor")
     ax = axes(x, axis, "reduce_variance")
@@ -425,14 +433,16 @@ def reduce_variance(input_tensor, axis=None, keepdims=False, name=None):
     return _ops.reduce_mean(_ops.square(d), ax, keepdims=keepdims, name=name)
 
 
-def reduce_std(input_tensor, axis=None, keepdims=False, name=None):
+def reduce_std(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
+               name: Optional[str] = None) -> Blob:
     """sqrt(reduce_variance) along `axis`."""
     floating(input_tensor, "reduce_std", "input_tensor")
     axes(input_tensor, axis, "reduce_std")
     return _ops.sqrt(reduce_variance(input_tensor, axis, keepdims), name=name)
 
 
-def moments(x, axes, keepdims=False, name=None):  # noqa: F811 - OneFlow's argument name
+def moments(x: Blob, axes: Sequence[int], keepdims: bool = False,  # noqa: F811 - OneFlow's argument name
+            name: Optional[str] = None) -> Tuple[Blob, Blob]:
     """(mean, variance) of x along `axes`."""
     floating(x, "moments")
     if axes is None:
@@ -445,7 +455,8 @@ def moments(x, axes, keepdims=False, name=None):  # noqa: F811 - OneFlow's argum
 _axes_of = axes
 
 
-def l2_normalize(input, axis=None, epsilon=1e-12, name=None):  # noqa: A002
+def l2_normalize(input: Blob, axis: Optional[int] = None, epsilon: float = 1e-12,  # noqa: A002
+                 name: Optional[str] = None) -> Blob:
     """x / sqrt(max(sum(x^2 along axis), epsilon)) (all axes when None)."""
     x = floating(input, "l2_normalize", "input")
     ax = axes(x, axis, "l2_normalize")

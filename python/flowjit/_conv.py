@@ -7,6 +7,7 @@ kernels read through strides. Batch and layer normalization are written with
 ordinary ops, so their gradients, fusion and layouts come from those ops.
 """
 import numbers
+from typing import Any, Callable, Optional, Sequence, Union
 
 from . import _C, _dtypes, _ops, _trace
 from ._blob import Blob
@@ -144,18 +145,27 @@ def _conv_nd(s, api, input, filters, strides, padding, data_format, dilations, g
     return _ops.identity(y, name=name) if name else y
 
 
-def conv1d(input, filters, strides, padding, data_format="NCW", dilations=None, groups=1, name=None):
+def conv1d(input: Blob, filters: Blob, strides: Union[int, Sequence[int]],
+           padding: Union[str, int, Sequence[Any]], data_format: str = "NCW",
+           dilations: Optional[Union[int, Sequence[int]]] = None, groups: int = 1,
+           name: Optional[str] = None) -> Blob:
     """1-D convolution (cross-correlation, as OneFlow computes it)."""
     return _conv_nd(1, "conv1d", input, filters, strides, padding, data_format, dilations, groups, name)
 
 
-def conv2d(input, filters, strides, padding, data_format="NCHW", dilations=None, groups=1, name=None):
+def conv2d(input: Blob, filters: Blob, strides: Union[int, Sequence[int]],
+           padding: Union[str, int, Sequence[Any]], data_format: str = "NCHW",
+           dilations: Optional[Union[int, Sequence[int]]] = None, groups: int = 1,
+           name: Optional[str] = None) -> Blob:
     """2-D convolution: input (N, C, H, W) or NHWC, filters (Co, C/groups, kh, kw)
     (NHWC: (Co, kh, kw, C/groups)); padding 'SAME', 'VALID' or explicit pairs."""
     return _conv_nd(2, "conv2d", input, filters, strides, padding, data_format, dilations, groups, name)
 
 
-def conv3d(input, filters, strides, padding, data_format="NCDHW", dilations=None, groups=1, name=None):
+def conv3d(input: Blob, filters: Blob, strides: Union[int, Sequence[int]],
+           padding: Union[str, int, Sequence[Any]], data_format: str = "NCDHW",
+           dilations: Optional[Union[int, Sequence[int]]] = None, groups: int = 1,
+           name: Optional[str] = None) -> Blob:
     """3-D convolution."""
     return _conv_nd(3, "conv3d", input, filters, strides, padding, data_format, dilations, groups, name)
 
@@ -211,35 +221,52 @@ def _pool_nd(s, kind, api, input, ksize, strides, padding, data_format, name):
     return _ops.identity(y, name=name) if name else y
 
 
-def max_pool1d(input, ksize, strides, padding, data_format="NWC", name=None):
+def max_pool1d(input: Blob, ksize: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
+               padding: Union[str, int, Sequence[Any]], data_format: str = "NWC",
+               name: Optional[str] = None) -> Blob:
+    """The 1-D form of :func:`max_pool2d`: max over ksize windows."""
     return _pool_nd(1, "max", "max_pool1d", input, ksize, strides, padding, data_format, name)
 
 
-def max_pool2d(input, ksize, strides, padding, data_format="NCHW", name=None):
+def max_pool2d(input: Blob, ksize: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
+               padding: Union[str, int, Sequence[Any]], data_format: str = "NCHW",
+               name: Optional[str] = None) -> Blob:
     """Max over ksize windows; padded positions never win (-inf)."""
     return _pool_nd(2, "max", "max_pool2d", input, ksize, strides, padding, data_format, name)
 
 
-def max_pool3d(input, ksize, strides, padding, data_format="NCDHW", name=None):
+def max_pool3d(input: Blob, ksize: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
+               padding: Union[str, int, Sequence[Any]], data_format: str = "NCDHW",
+               name: Optional[str] = None) -> Blob:
+    """The 3-D form of :func:`max_pool2d`: max over ksize windows."""
     return _pool_nd(3, "max", "max_pool3d", input, ksize, strides, padding, data_format, name)
 
 
-def avg_pool1d(input, ksize, strides, padding, data_format="NWC", name=None):
+def avg_pool1d(input: Blob, ksize: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
+               padding: Union[str, int, Sequence[Any]], data_format: str = "NWC",
+               name: Optional[str] = None) -> Blob:
+    """The 1-D form of :func:`avg_pool2d`: mean over ksize windows."""
     return _pool_nd(1, "avg", "avg_pool1d", input, ksize, strides, padding, data_format, name)
 
 
-def avg_pool2d(input, ksize, strides, padding, data_format="NCHW", name=None):
+def avg_pool2d(input: Blob, ksize: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
+               padding: Union[str, int, Sequence[Any]], data_format: str = "NCHW",
+               name: Optional[str] = None) -> Blob:
     """Mean over ksize windows; with padding, over the elements inside the input."""
     return _pool_nd(2, "avg", "avg_pool2d", input, ksize, strides, padding, data_format, name)
 
 
-def avg_pool3d(input, ksize, strides, padding, data_format="NCDHW", name=None):
+def avg_pool3d(input: Blob, ksize: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
+               padding: Union[str, int, Sequence[Any]], data_format: str = "NCDHW",
+               name: Optional[str] = None) -> Blob:
+    """The 3-D form of :func:`avg_pool2d`: mean over ksize windows."""
     return _pool_nd(3, "avg", "avg_pool3d", input, ksize, strides, padding, data_format, name)
 
 
 # ---------------------------------------------------------------- dropout
 
-def dropout(x, rate, noise_shape=None, seed=None, name=None):
+def dropout(x: Blob, rate: float, noise_shape: Optional[Sequence[int]] = None, seed: Optional[int] = None,
+            name: Optional[str] = None) -> Blob:
     """Zeroes each element with probability `rate` and scales the others by
     1 / (1 - rate) in train jobs; the identity in predict jobs. The mask is
     counter-based: new every train step, reproducible from `seed`."""
@@ -323,20 +350,28 @@ def _conv_layer(s, api, inputs, filters, kernel_size, strides, padding, data_for
     return activation(y) if activation is not None else y
 
 
-def layer_conv1d(inputs, filters, kernel_size=1, strides=1, padding="VALID", data_format="NCW", dilation_rate=1,
-           groups=1, activation=None, use_bias=True, kernel_initializer=None, bias_initializer=None,
-           kernel_regularizer=None, bias_regularizer=None, trainable=True, name=None, weight_name=None,
-           bias_name=None):
+def layer_conv1d(inputs: Blob, filters: int, kernel_size: Union[int, Sequence[int]] = 1,
+                 strides: Union[int, Sequence[int]] = 1, padding: Union[str, int, Sequence[Any]] = "VALID",
+                 data_format: str = "NCW", dilation_rate: Union[int, Sequence[int]] = 1, groups: int = 1,
+                 activation: Optional[Callable[[Blob], Blob]] = None, use_bias: bool = True,
+                 kernel_initializer: Optional[Any] = None, bias_initializer: Optional[Any] = None,
+                 kernel_regularizer: Optional[Any] = None, bias_regularizer: Optional[Any] = None,
+                 trainable: bool = True, name: Optional[str] = None, weight_name: Optional[str] = None,
+                 bias_name: Optional[str] = None) -> Blob:
     """1-D convolution layer: variables `<name>-weight` (filters, in/groups, k) and `<name>-bias`."""
     return _conv_layer(1, "conv1d", inputs, filters, kernel_size, strides, padding, data_format, dilation_rate,
                        groups, activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
                        bias_regularizer, trainable, name, weight_name, bias_name)
 
 
-def layer_conv2d(inputs, filters, kernel_size=1, strides=1, padding="VALID", data_format="NCHW", dilation_rate=1,
-           groups=1, activation=None, use_bias=True, kernel_initializer=None, bias_initializer=None,
-           kernel_regularizer=None, bias_regularizer=None, trainable=True, name=None, weight_name=None,
-           bias_name=None):
+def layer_conv2d(inputs: Blob, filters: int, kernel_size: Union[int, Sequence[int]] = 1,
+                 strides: Union[int, Sequence[int]] = 1, padding: Union[str, int, Sequence[Any]] = "VALID",
+                 data_format: str = "NCHW", dilation_rate: Union[int, Sequence[int]] = 1, groups: int = 1,
+                 activation: Optional[Callable[[Blob], Blob]] = None, use_bias: bool = True,
+                 kernel_initializer: Optional[Any] = None, bias_initializer: Optional[Any] = None,
+                 kernel_regularizer: Optional[Any] = None, bias_regularizer: Optional[Any] = None,
+                 trainable: bool = True, name: Optional[str] = None, weight_name: Optional[str] = None,
+                 bias_name: Optional[str] = None) -> Blob:
     """2-D convolution layer: variables `<name>-weight` of shape (filters,
     in/groups, kh, kw) for NCHW ((filters, kh, kw, in/groups) for NHWC) and
     `<name>-bias` (filters,); the bias and an elementwise activation fuse
@@ -346,38 +381,59 @@ def layer_conv2d(inputs, filters, kernel_size=1, strides=1, padding="VALID", dat
                        bias_regularizer, trainable, name, weight_name, bias_name)
 
 
-def layer_conv3d(inputs, filters, kernel_size=1, strides=1, padding="VALID", data_format="NCDHW", dilation_rate=1,
-           groups=1, activation=None, use_bias=True, kernel_initializer=None, bias_initializer=None,
-           kernel_regularizer=None, bias_regularizer=None, trainable=True, name=None, weight_name=None,
-           bias_name=None):
+def layer_conv3d(inputs: Blob, filters: int, kernel_size: Union[int, Sequence[int]] = 1,
+                 strides: Union[int, Sequence[int]] = 1, padding: Union[str, int, Sequence[Any]] = "VALID",
+                 data_format: str = "NCDHW", dilation_rate: Union[int, Sequence[int]] = 1, groups: int = 1,
+                 activation: Optional[Callable[[Blob], Blob]] = None, use_bias: bool = True,
+                 kernel_initializer: Optional[Any] = None, bias_initializer: Optional[Any] = None,
+                 kernel_regularizer: Optional[Any] = None, bias_regularizer: Optional[Any] = None,
+                 trainable: bool = True, name: Optional[str] = None, weight_name: Optional[str] = None,
+                 bias_name: Optional[str] = None) -> Blob:
     """3-D convolution layer."""
     return _conv_layer(3, "conv3d", inputs, filters, kernel_size, strides, padding, data_format, dilation_rate,
                        groups, activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
                        bias_regularizer, trainable, name, weight_name, bias_name)
 
 
-def max_pooling1d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+def max_pooling1d(inputs: Blob, pool_size: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
+                  padding: Union[str, int, Sequence[Any]] = "valid", data_format: str = "channels_last",
+                  name: Optional[str] = None) -> Blob:
+    """flow.layers.max_pooling1d: :func:`flowjit.nn.max_pool1d` with Keras-style defaults."""
     return _pool_nd(1, "max", "max_pooling1d", inputs, pool_size, strides, padding, data_format, name)
 
 
-def max_pooling2d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+def max_pooling2d(inputs: Blob, pool_size: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
+                  padding: Union[str, int, Sequence[Any]] = "valid", data_format: str = "channels_last",
+                  name: Optional[str] = None) -> Blob:
     """flow.layers.max_pooling2d (Keras-style defaults: 'valid', channels_last)."""
     return _pool_nd(2, "max", "max_pooling2d", inputs, pool_size, strides, padding, data_format, name)
 
 
-def max_pooling3d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+def max_pooling3d(inputs: Blob, pool_size: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
+                  padding: Union[str, int, Sequence[Any]] = "valid", data_format: str = "channels_last",
+                  name: Optional[str] = None) -> Blob:
+    """flow.layers.max_pooling3d: :func:`flowjit.nn.max_pool3d` with Keras-style defaults."""
     return _pool_nd(3, "max", "max_pooling3d", inputs, pool_size, strides, padding, data_format, name)
 
 
-def average_pooling1d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+def average_pooling1d(inputs: Blob, pool_size: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
+                      padding: Union[str, int, Sequence[Any]] = "valid", data_format: str = "channels_last",
+                      name: Optional[str] = None) -> Blob:
+    """flow.layers.average_pooling1d: :func:`flowjit.nn.avg_pool1d` with Keras-style defaults ('valid', channels_last)."""
     return _pool_nd(1, "avg", "average_pooling1d", inputs, pool_size, strides, padding, data_format, name)
 
 
-def average_pooling2d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+def average_pooling2d(inputs: Blob, pool_size: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
+                      padding: Union[str, int, Sequence[Any]] = "valid", data_format: str = "channels_last",
+                      name: Optional[str] = None) -> Blob:
+    """flow.layers.average_pooling2d: :func:`flowjit.nn.avg_pool2d` with Keras-style defaults ('valid', channels_last)."""
     return _pool_nd(2, "avg", "average_pooling2d", inputs, pool_size, strides, padding, data_format, name)
 
 
-def average_pooling3d(inputs, pool_size, strides, padding="valid", data_format="channels_last", name=None):
+def average_pooling3d(inputs: Blob, pool_size: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
+                      padding: Union[str, int, Sequence[Any]] = "valid", data_format: str = "channels_last",
+                      name: Optional[str] = None) -> Blob:
+    """flow.layers.average_pooling3d: :func:`flowjit.nn.avg_pool3d` with Keras-style defaults ('valid', channels_last)."""
     return _pool_nd(3, "avg", "average_pooling3d", inputs, pool_size, strides, padding, data_format, name)
 
 
@@ -396,10 +452,13 @@ def _float_input(x, api):
         _trace.fail(TypeError, f"{api}: expected a floating-point input, got {x.dtype!r}")
 
 
-def batch_normalization(inputs, axis=-1, momentum=0.99, epsilon=0.001, center=True, scale=True,
-                        beta_initializer=None, gamma_initializer=None, beta_regularizer=None,
-                        gamma_regularizer=None, moving_mean_initializer=None,
-                        moving_variance_initializer=None, trainable=True, training=True, name="BatchNorm"):
+def batch_normalization(inputs: Blob, axis: int = -1, momentum: float = 0.99, epsilon: float = 0.001,
+                        center: bool = True, scale: bool = True, beta_initializer: Optional[Any] = None,
+                        gamma_initializer: Optional[Any] = None, beta_regularizer: Optional[Any] = None,
+                        gamma_regularizer: Optional[Any] = None,
+                        moving_mean_initializer: Optional[Any] = None,
+                        moving_variance_initializer: Optional[Any] = None, trainable: bool = True,
+                        training: bool = True, name: str = "BatchNorm") -> Blob:
     """Batch normalization over every axis but `axis` (the channels).
 
     In train jobs with training=True: the batch's mean and (biased) variance
@@ -459,8 +518,9 @@ def batch_normalization(inputs, axis=-1, momentum=0.99, epsilon=0.001, center=Tr
     return y
 
 
-def layer_norm(inputs, center=True, scale=True, trainable=True, begin_norm_axis=1, begin_params_axis=-1,
-               epsilon=1e-5, name="LayerNorm"):
+def layer_norm(inputs: Blob, center: bool = True, scale: bool = True, trainable: bool = True,
+               begin_norm_axis: int = 1, begin_params_axis: int = -1, epsilon: float = 1e-5,
+               name: str = "LayerNorm") -> Blob:
     """Normalizes over the axes from `begin_norm_axis` on; `<name>-gamma` and
     `<name>-beta` have the input's shape from `begin_params_axis` on."""
     from ._variables import ConstantInitializer, get_variable

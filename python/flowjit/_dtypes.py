@@ -1,4 +1,6 @@
 """flowjit's dtypes (flow.float, flow.int32, ...) and their numpy and IR forms."""
+from typing import Union
+
 import numpy as np
 
 from . import _C
@@ -28,6 +30,9 @@ int32 = DType("int32", _C.DType.int32, np.int32)
 int64 = DType("int64", _C.DType.int64, np.int64)
 float32 = DType("float32", _C.DType.float32, np.float32)
 float64 = DType("float64", _C.DType.float64, np.float64)
+
+#: What a `dtype` argument takes: a flow dtype, a numpy dtype or type, or a name ("float32").
+DTypeLike = Union[DType, np.dtype, type, str]
 
 ALL = (bool_, int8, uint8, int32, int64, float32, float64)
 _BY_C = {d.c: d for d in ALL}

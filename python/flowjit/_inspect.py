@@ -263,7 +263,7 @@ class _Shape:
 
 
 class Lowered:
-    """job.lower(*args_or_shapes): the job function bound to one signature,
+    """``job.lower(*args_or_shapes)``: the job function bound to one signature,
     not yet traced. .compile() traces and compiles it without running it (a
     train job's variables are created and initialized, never updated)."""
 

@@ -6,6 +6,7 @@ import os
 import threading
 import typing
 import weakref
+from typing import Callable, Optional, Union
 
 import numpy as np
 
@@ -162,7 +163,8 @@ class FunctionConfig:
         return tuple(sorted((k, repr(v)) for k, v in self._values.items()))
 
 
-def function_config():
+def function_config() -> FunctionConfig:
+    """A new set of settings for :func:`global_function`'s `function_config`."""
     return FunctionConfig()
 
 
@@ -849,6 +851,8 @@ class JobFunction:
                 stages.append(_inspect.Stage("passes", t_compile, passes_ns, tid))
         _log.info("%s [%s]: compiled in %.1f ms (%s)", self._name, sig, (t_done - t_trace) / 1e6,
                          "disk cache hit" if job.from_disk_cache else f"{job.num_kernels} kernels")
+        if not job.from_disk_cache and _log.debug_level() >= 1:
+            _log_cache_miss(job, self._name, sig, self._source)
         per_device = _C.device_info()["local_devices"] if dist and dist["mirrored"] else 1
         _check_result_groups(self._name, template, list(job.output_groups)[:n_user])
         mode = "callback" if self._async else "legacy" if template[0] != "none" and self._legacy else "sync"
@@ -913,7 +917,7 @@ class JobFunction:
     def lower(self, *args_or_shapes) -> "_inspect.Lowered":
         """Binds the job to one signature without tracing or running it, as
         jax.jit(f).lower(...): each argument is an array (or an object with
-        __dlpack__ / __array__), a shape, or None for the declared shape; no
+        ``__dlpack__`` or ``__array__``), a shape, or None for the declared shape; no
         arguments means all declared shapes. .compile() on the result traces
         and compiles."""
         self._prepare_session()
@@ -921,7 +925,7 @@ class JobFunction:
         return _inspect.Lowered(self, key, flat)
 
     def compile(self, *args_or_shapes) -> "_inspect.CompiledJob":
-        """job.lower(*args_or_shapes).compile(): traces and compiles without
+        """``job.lower(*args_or_shapes).compile()``: traces and compiles without
         running (a train job updates no variable), keeping the LLVM IR and
         assembly text; returns the compiled job to look into. Later calls
         with this signature run it without compiling again."""
@@ -1026,7 +1030,23 @@ class _tf32_for:
         return False
 
 
-def global_function(type=None, function_config=None):  # noqa: A002 - OneFlow's name
+def _log_cache_miss(job, name, sig, source):
+    """FLOWJIT_DEBUG=1: why the disk cache had no entry for a job compiled
+    afresh (which part of the key differs from what other processes cached)."""
+    from .cache import explain
+    d = explain.cache_dir_of_job()
+    if d is None:
+        return
+    try:
+        why = explain.explain_miss(job, name, sig, source, d)
+    except OSError as e:  # an unreadable cache is the compiler's to report
+        why = f"the cache {d} could not be read ({e})"
+    _log.info("%s [%s]: disk cache miss: %s", name, sig, why)
+
+
+def global_function(type: Union[str, FunctionConfig, Callable, None] = None,  # noqa: A002 - OneFlow's name
+                    function_config: Optional[FunctionConfig] = None
+                    ) -> Union[JobFunction, Callable[[Callable], JobFunction]]:
     """Decorates a job function: ``@flow.global_function(type="train", function_config=cfg)``.
 
     Without `type` a job is "predict", or "train" when its function_config

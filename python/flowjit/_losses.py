@@ -1,6 +1,9 @@
 """Losses of flow.nn with OneFlow's `reduction` ("none", "mean", "sum"),
 composed of primitive ops."""
+from typing import Optional
+
 from . import _dtypes, _ops, _trace
+from ._blob import Blob
 from ._composite import _const, blob, floating, log1p, number
 
 _REDUCTIONS = ("none", "mean", "sum")
@@ -38,19 +41,20 @@ def _weight(api, w, like, what="weight"):
     return w
 
 
-def mse_loss(input, target, reduction="mean", name=None):  # noqa: A002 - OneFlow's names
+def mse_loss(input: Blob, target: Blob, reduction: str = "mean", name: Optional[str] = None) -> Blob:  # noqa: A002 - OneFlow's names
     """(input - target)^2, reduced."""
     _check("mse_loss", input, target, reduction)
     return _reduce(_ops.square(_ops.subtract(input, target)), reduction, "mse_loss", name)
 
 
-def l1_loss(input, target, reduction="mean", name=None):  # noqa: A002
+def l1_loss(input: Blob, target: Blob, reduction: str = "mean", name: Optional[str] = None) -> Blob:  # noqa: A002
     """|input - target|, reduced."""
     _check("l1_loss", input, target, reduction)
     return _reduce(_ops.abs(_ops.subtract(target, input)), reduction, "l1_loss", name)
 
 
-def smooth_l1_loss(prediction, label, beta=1.0, reduction="none", name=None):
+def smooth_l1_loss(prediction: Blob, label: Blob, beta: float = 1.0, reduction: str = "none",
+                   name: Optional[str] = None) -> Blob:
     """With d = |prediction - label|: 0.5 d^2 / beta where d < beta, else
     d - 0.5 beta (OneFlow's flow.smooth_l1_loss is elementwise: reduction
     "none" by default)."""
@@ -66,7 +70,8 @@ def smooth_l1_loss(prediction, label, beta=1.0, reduction="none", name=None):
     return _reduce(_ops.where(_ops.less(d, b), quad, lin), reduction, "smooth_l1_loss", name)
 
 
-def bce_loss(input, target, weight=None, reduction="mean", name=None):  # noqa: A002
+def bce_loss(input: Blob, target: Blob, weight: Optional[Blob] = None, reduction: str = "mean",  # noqa: A002
+             name: Optional[str] = None) -> Blob:
     """-(target log(input) + (1 - target) log(1 - input)), times weight, reduced;
     input holds probabilities."""
     _check("bce_loss", input, target, reduction)
@@ -79,8 +84,9 @@ def bce_loss(input, target, weight=None, reduction="mean", name=None):  # noqa: 
     return _reduce(loss, reduction, "bce_loss", name)
 
 
-def bce_with_logits_loss(input, target, weight=None, pos_weight=None, reduction="mean",  # noqa: A002
-                         name=None):
+def bce_with_logits_loss(input: Blob, target: Blob, weight: Optional[Blob] = None,  # noqa: A002
+                         pos_weight: Optional[Blob] = None, reduction: str = "mean",
+                         name: Optional[str] = None) -> Blob:
     """bce_loss(sigmoid(input), target) computed from the logits without
     overflow; pos_weight (one per class, the last axis) scales the positive term:
     (1 - t) x + (1 + (p - 1) t) softplus(-x)."""
@@ -103,7 +109,8 @@ def bce_with_logits_loss(input, target, weight=None, pos_weight=None, reduction=
     return _reduce(loss, reduction, api, name)
 
 
-def kldiv_loss(input, target, log_target=False, reduction="mean", name=None):  # noqa: A002
+def kldiv_loss(input: Blob, target: Blob, log_target: bool = False, reduction: str = "mean",  # noqa: A002
+               name: Optional[str] = None) -> Blob:
     """target (log(target) - input), 0 where target <= 0 (input holds log
     probabilities); with log_target, exp(target) (target - input)."""
     api = "kldiv_loss"
@@ -118,7 +125,7 @@ def kldiv_loss(input, target, log_target=False, reduction="mean", name=None):  #
     return _reduce(loss, reduction, api, name)
 
 
-def sparse_cross_entropy(labels, prediction, name=None):
+def sparse_cross_entropy(labels: Blob, prediction: Blob, name: Optional[str] = None) -> Blob:
     """-log(prediction[..., label]) for probabilities `prediction`; labels has
     prediction's shape without the last axis (or with a last axis of 1)."""
     api = "sparse_cross_entropy"

@@ -4,11 +4,18 @@ Every function checks its Python arguments, then asks the C++ factory for a
 node; shape and dtype errors come back naming the op and the user's line.
 """
 import numbers
+from typing import Optional, Sequence, Union
 
 import numpy as np
 
 from . import _C, _dtypes, _trace
 from ._blob import Blob
+from ._dtypes import DTypeLike
+
+#: A Blob or a Python number (which takes the Blob operand's dtype).
+BlobOrScalar = Union[Blob, float, int, bool]
+#: An axis argument: one axis, several, or None for all.
+Axis = Union[int, Sequence[int], None]
 
 K = _C.OpKind
 
@@ -64,21 +71,50 @@ def _lift_pair(x, y, api):
                 f"{type(x).__name__} and {type(y).__name__}")
 
 
-def _unary(op, api):
-    def f(x, name=None):
-        return make(op, [x], name=name, api=api)
+def _named(f, api, doc):
+    """Gives a generated op function its public name and docstring, so
+    help(), repr() and the API reference show ``exp(x, name=None)``, not the
+    factory's inner function."""
     f.__name__ = api
-    f.__doc__ = f"Elementwise {api}(x)."
+    f.__qualname__ = api
+    f.__doc__ = doc
     return f
+
+
+# What each elementwise op computes (its docstring's first line).
+_UNARY_DOCS = {
+    "exp": "e raised to the power x", "log": "the natural logarithm of x",
+    "sqrt": "the square root of x", "rsqrt": "1 / sqrt(x)", "square": "x * x",
+    "abs": "the absolute value of x", "negative": "-x", "tanh": "the hyperbolic tangent of x",
+    "sigmoid": "the logistic function 1 / (1 + exp(-x))", "relu": "max(x, 0)",
+    "sign": "-1, 0 or 1 as x is negative, zero or positive", "floor": "the largest integer <= x",
+    "ceil": "the smallest integer >= x", "round": "x rounded to the nearest integer, halves to even",
+    "reciprocal": "1 / x", "sin": "the sine of x (radians)", "cos": "the cosine of x (radians)",
+    "erf": "the error function of x", "erfc": "the complementary error function 1 - erf(x)",
+}
+_BINARY_DOCS = {
+    "add": "x + y", "subtract": "x - y", "multiply": "x * y", "divide": "x / y",
+    "pow": "x raised to the power y", "maximum": "the larger of x and y",
+    "minimum": "the smaller of x and y", "equal": "x == y (a bool blob)",
+    "not_equal": "x != y (a bool blob)", "less": "x < y (a bool blob)",
+    "less_equal": "x <= y (a bool blob)", "greater": "x > y (a bool blob)",
+    "greater_equal": "x >= y (a bool blob)",
+}
+
+
+def _unary(op, api):
+    def f(x: Blob, name: Optional[str] = None) -> Blob:
+        return make(op, [x], name=name, api=api)
+    return _named(f, api, f"Elementwise {_UNARY_DOCS[api]}.\n\n"
+                  f"x is a Blob; `name` names the result (default: generated).")
 
 
 def _binary(op, api):
-    def f(x, y, name=None):
+    def f(x: BlobOrScalar, y: BlobOrScalar, name: Optional[str] = None) -> Blob:
         a, b = _lift_pair(x, y, api)
         return make(op, [a, b], name=name, api=api)
-    f.__name__ = api
-    f.__doc__ = f"Elementwise {api}(x, y) with numpy broadcasting."
-    return f
+    return _named(f, api, f"Elementwise {_BINARY_DOCS[api]}, with numpy broadcasting.\n\n"
+                  "One of x and y may be a Python number; it takes the other operand's dtype.")
 
 
 exp = _unary(K.exp, "exp")
@@ -109,7 +145,7 @@ def _truth(x, api):
     return x
 
 
-def logical_not(x, name=None):
+def logical_not(x: Blob, name: Optional[str] = None) -> Blob:
     """Elementwise not; a numeric x counts as true where it is nonzero."""
     return make(K.logical_not, [_truth(x, "logical_not")], name=name, api="logical_not")
 
@@ -129,19 +165,18 @@ greater_equal = _binary(K.greater_equal, "greater_equal")
 
 
 def _logical(op, api):
-    def f(x, y, name=None):
+    def f(x: BlobOrScalar, y: BlobOrScalar, name: Optional[str] = None) -> Blob:
         a, b = _lift_pair(_truth(x, api), _truth(y, api), api)
         return make(op, [a, b], name=name, api=api)
-    f.__name__ = api
-    f.__doc__ = f"Elementwise {api}(x, y); numbers count as true where nonzero."
-    return f
+    return _named(f, api, f"Elementwise {api.replace('logical_', 'logical ')} of x and y (a bool "
+                  "blob); numbers count as true where nonzero.")
 
 
 logical_and = _logical(K.logical_and, "logical_and")
 logical_or = _logical(K.logical_or, "logical_or")
 
 
-def identity(x, name=None):
+def identity(x: Blob, name: Optional[str] = None) -> Blob:
     """A copy of x (a new value the job can return)."""
     return make(K.identity, [x], name=name, api="identity")
 
@@ -154,13 +189,14 @@ def _dtype(dtype, api):
         _trace.fail(type(e), str(e))
 
 
-def cast(x, dtype, name=None):
+def cast(x: Blob, dtype: DTypeLike, name: Optional[str] = None) -> Blob:
     """x converted to `dtype` (floats to ints truncate and saturate)."""
     d = _dtype(dtype, "cast")
     return make(K.cast, [x], {"dtype": d.c}, name=name, api="cast")
 
 
-def where(condition, x=None, y=None, name=None):
+def where(condition: Blob, x: Optional[BlobOrScalar] = None, y: Optional[BlobOrScalar] = None,
+          name: Optional[str] = None) -> Blob:
     """Elementwise choice: x where condition, else y (numpy broadcasting)."""
     if x is None or y is None:
         _trace.fail(NotImplementedError, "where: the one-argument form (indices of true elements) "
@@ -191,12 +227,15 @@ def _axes(x, axis, api):
 
 
 def _reduce(op, api):
-    def f(input_tensor, axis=None, keepdims=False, name=None):
+    def f(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
+          name: Optional[str] = None) -> Blob:
         return make(op, [input_tensor], {"axes": _axes(input_tensor, axis, api),
                                          "keepdims": bool(keepdims)}, name=name, api=api)
-    f.__name__ = api
-    f.__doc__ = f"{api} over `axis` (all axes when None)."
-    return f
+    what = {"reduce_sum": "The sum", "reduce_max": "The largest element",
+            "reduce_min": "The smallest element", "reduce_prod": "The product"}[api]
+    return _named(f, api, f"{what} of input_tensor's elements over `axis` (an int or a list; "
+                  "all axes when None).\n\nThe reduced axes are dropped unless keepdims, which "
+                  "keeps them with extent 1.")
 
 
 reduce_sum = _reduce(K.reduce_sum, "reduce_sum")
@@ -205,7 +244,7 @@ reduce_min = _reduce(K.reduce_min, "reduce_min")
 reduce_prod = _reduce(K.reduce_prod, "reduce_prod")
 
 
-def reduce_mean(input_tensor, axis=None, keepdims=False, name=None):
+def reduce_mean(input_tensor: Blob, axis: Axis = None, keepdims: bool = False, name: Optional[str] = None) -> Blob:
     """Mean over `axis` (all axes when None)."""
     x = input_tensor
     axes = _axes(x, axis, "reduce_mean")
@@ -218,14 +257,14 @@ def reduce_mean(input_tensor, axis=None, keepdims=False, name=None):
     return multiply(s, 1.0 / n if n else float("nan"), name=name)
 
 
-def argmax(input, axis=-1, dtype=None, name=None):
+def argmax(input: Blob, axis: int = -1, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
     """Index of the largest element along `axis` (int32 unless dtype is given)."""
     d = _dtype(dtype or _dtypes.int32, "argmax")
     return make(K.argmax, [input], {"axes": [int(axis)], "keepdims": False, "dtype": d.c},
                 name=name, api="argmax")
 
 
-def argmin(input, axis=-1, dtype=None, name=None):
+def argmin(input: Blob, axis: int = -1, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
     """Index of the smallest element along `axis` (int32 unless dtype is given)."""
     d = _dtype(dtype or _dtypes.int32, "argmin")
     return make(K.argmin, [input], {"axes": [int(axis)], "keepdims": False, "dtype": d.c},
@@ -246,12 +285,13 @@ def _int_list(shape, api, what="shape"):
     _trace.fail(TypeError, f"{api}: {what} must be a list or tuple of ints, got {shape!r}")
 
 
-def reshape(x, shape, name=None):
+def reshape(x: Blob, shape: Sequence[int], name: Optional[str] = None) -> Blob:
     """x with a new shape of the same size; one extent may be -1."""
     return make(K.reshape, [x], {"shape": _int_list(shape, "reshape")}, name=name, api="reshape")
 
 
-def transpose(a, perm=None, conjugate=False, batch_axis_non_change=False, name=None):
+def transpose(a: Blob, perm: Optional[Sequence[int]] = None, conjugate: bool = False,
+              batch_axis_non_change: bool = False, name: Optional[str] = None) -> Blob:
     """a with its axes permuted (reversed when perm is None)."""
     if conjugate:
         _trace.fail(NotImplementedError, "transpose: conjugate=True needs complex dtypes, which "
@@ -262,7 +302,7 @@ def transpose(a, perm=None, conjugate=False, batch_axis_non_change=False, name=N
                 api="transpose")
 
 
-def expand_dims(input, axis, name=None):
+def expand_dims(input: Blob, axis: int, name: Optional[str] = None) -> Blob:
     """input with an extent-1 axis inserted at `axis`."""
     shape = list(input.shape)
     r = len(shape) + 1
@@ -275,7 +315,7 @@ def expand_dims(input, axis, name=None):
     return reshape(input, shape, name=name)
 
 
-def squeeze(input, axis=None, name=None):
+def squeeze(input: Blob, axis: Axis = None, name: Optional[str] = None) -> Blob:
     """input without extent-1 axes (only those in `axis` when given)."""
     shape = list(input.shape)
     r = len(shape)
@@ -295,13 +335,14 @@ def squeeze(input, axis=None, name=None):
     return reshape(input, keep, name=name)
 
 
-def broadcast_to(x, shape, name=None):
+def broadcast_to(x: Blob, shape: Sequence[int], name: Optional[str] = None) -> Blob:
     """x broadcast (numpy rules) to `shape`."""
     return make(K.broadcast, [x], {"shape": _int_list(shape, "broadcast_to")}, name=name,
                 api="broadcast_to")
 
 
-def broadcast_like(x, like, broadcast_axes=None, name=None):
+def broadcast_like(x: Blob, like: Blob, broadcast_axes: Optional[Sequence[int]] = None,
+                   name: Optional[str] = None) -> Blob:
     """x broadcast to the shape of `like`."""
     return broadcast_to(x, list(like.shape), name=name)
 
@@ -333,7 +374,8 @@ def _matmul_batches(a, b):
     return widen(a), widen(b)
 
 
-def matmul(a, b, transpose_a=False, transpose_b=False, alpha=1.0, name=None):
+def matmul(a: Blob, b: Blob, transpose_a: bool = False, transpose_b: bool = False, alpha: float = 1.0,
+           name: Optional[str] = None) -> Blob:
     """a @ b with optional transposes of the last two axes; b may be 2-D
     while a is batched, and batch axes broadcast (numpy.matmul)."""
     a, b = _matmul_batches(a, b)
@@ -350,29 +392,30 @@ def _axis_attr(x, axis):
     return -1 if axis is None else int(axis)
 
 
-def softmax(logits, axis=None, name=None):
+def softmax(logits: Blob, axis: Optional[int] = None, name: Optional[str] = None) -> Blob:
     """exp(logits) normalized along `axis` (the last axis when None)."""
     return make(K.softmax, [logits], {"axis": _axis_attr(logits, axis)}, name=name, api="softmax")
 
 
-def log_softmax(logits, axis=None, name=None):
+def log_softmax(logits: Blob, axis: Optional[int] = None, name: Optional[str] = None) -> Blob:
     """log(softmax(logits)) computed stably."""
     return make(K.log_softmax, [logits], {"axis": _axis_attr(logits, axis)}, name=name,
                 api="log_softmax")
 
 
-def sparse_softmax_cross_entropy_with_logits(labels, logits, name=None):
+def sparse_softmax_cross_entropy_with_logits(labels: Blob, logits: Blob, name: Optional[str] = None) -> Blob:
     """Per-sample cross entropy: -log softmax(logits)[label]; shape logits.shape[:-1]."""
     return make(K.sparse_softmax_cross_entropy, [labels, logits], name=name,
                 api="sparse_softmax_cross_entropy_with_logits")
 
 
-def softmax_cross_entropy_with_logits(labels, logits, name=None):
+def softmax_cross_entropy_with_logits(labels: Blob, logits: Blob, name: Optional[str] = None) -> Blob:
     """Per-sample cross entropy against dense label distributions."""
     return negative(reduce_sum(multiply(labels, log_softmax(logits)), axis=-1), name=name)
 
 
-def one_hot(indices, depth, on_value=1, off_value=0, axis=-1, dtype=None, name=None):
+def one_hot(indices: Blob, depth: int, on_value: float = 1, off_value: float = 0, axis: int = -1,
+            dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
     """One-hot encoding of integer `indices` along a new last axis."""
     if axis != -1:
         _trace.fail(NotImplementedError, "one_hot: only axis=-1 is supported")
@@ -389,7 +432,8 @@ def _default_dtype():
     return b.default_dtype if b is not None else _dtypes.float32
 
 
-def constant(value, dtype=None, shape=None, name=None):
+def constant(value: float, dtype: Optional[DTypeLike] = None, shape: Optional[Sequence[int]] = None,
+             name: Optional[str] = None) -> Blob:
     """A blob of `shape` filled with the scalar `value`."""
     if not isinstance(value, (numbers.Number, np.bool_)):
         _trace.fail(TypeError, f"constant: value must be a scalar number, got {type(value).__name__}")
@@ -401,21 +445,23 @@ def constant(value, dtype=None, shape=None, name=None):
                 api="constant")
 
 
-def zeros(shape, dtype=None, name=None):
+def zeros(shape: Sequence[int], dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
     """A blob of zeros."""
     return constant(0.0, dtype or _default_dtype(), shape, name)
 
 
-def ones(shape, dtype=None, name=None):
+def ones(shape: Sequence[int], dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
     """A blob of ones."""
     return constant(1.0, dtype or _default_dtype(), shape, name)
 
 
-def zeros_like(like, dtype=None, name=None):
+def zeros_like(like: Blob, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
+    """Zeros of like's shape (and dtype unless `dtype` is given)."""
     return constant(0.0, dtype or like.dtype, list(like.shape), name)
 
 
-def ones_like(like, dtype=None, name=None):
+def ones_like(like: Blob, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
+    """Ones of like's shape (and dtype unless `dtype` is given)."""
     return constant(1.0, dtype or like.dtype, list(like.shape), name)
 
 

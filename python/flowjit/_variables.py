@@ -8,15 +8,20 @@ nothing.
 import math
 import numbers
 import zlib
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 
 from . import _C, _dtypes, _trace
+from ._blob import Blob
+from ._dtypes import DTypeLike
+from .distribute import Distribute
+from .regularizers import Regularizer
 
 _global_seed = [0]
 
 
-def manual_seed(seed):
+def manual_seed(seed: int) -> None:
     """Sets the seed from which variables without an explicit seed derive theirs."""
     if not isinstance(seed, numbers.Integral):
         raise TypeError(f"manual_seed: expected an int, got {type(seed).__name__}")
@@ -168,40 +173,54 @@ class KaimingInitializer(Initializer):
         return RandomNormalInitializer(0.0, std).build(ops, shape, dtype, seed)
 
 
-def constant_initializer(value=0, dtype=None):
+def constant_initializer(value: float = 0, dtype: Optional[DTypeLike] = None) -> Initializer:
+    """Every element equal to `value`."""
     return ConstantInitializer(value, dtype)
 
 
-def zeros_initializer(dtype=None):
+def zeros_initializer(dtype: Optional[DTypeLike] = None) -> Initializer:
+    """Every element 0."""
     return ConstantInitializer(0.0, dtype)
 
 
-def ones_initializer(dtype=None):
+def ones_initializer(dtype: Optional[DTypeLike] = None) -> Initializer:
+    """Every element 1."""
     return ConstantInitializer(1.0, dtype)
 
 
-def random_uniform_initializer(minval=0, maxval=1, dtype=None, seed=None):
+def random_uniform_initializer(minval: float = 0, maxval: float = 1, dtype: Optional[DTypeLike] = None,
+                               seed: Optional[int] = None) -> Initializer:
+    """Uniform values in [minval, maxval)."""
     return RandomUniformInitializer(minval, maxval, seed, dtype)
 
 
-def random_normal_initializer(mean=0.0, stddev=1.0, seed=None, dtype=None):
+def random_normal_initializer(mean: float = 0.0, stddev: float = 1.0, seed: Optional[int] = None,
+                              dtype: Optional[DTypeLike] = None) -> Initializer:
+    """Normal values with the given mean and standard deviation."""
     return RandomNormalInitializer(mean, stddev, seed, dtype)
 
 
-def truncated_normal_initializer(mean=0.0, stddev=1.0, seed=None, dtype=None):
+def truncated_normal_initializer(mean: float = 0.0, stddev: float = 1.0, seed: Optional[int] = None,
+                                 dtype: Optional[DTypeLike] = None) -> Initializer:
+    """Normal values redrawn until within two standard deviations of the mean."""
     return TruncatedNormalInitializer(mean, stddev, seed, dtype)
 
 
-def truncated_normal(stddev=1.0, seed=None):
+def truncated_normal(stddev: float = 1.0, seed: Optional[int] = None) -> Initializer:
     """Shorthand for truncated_normal_initializer(0, stddev)."""
     return TruncatedNormalInitializer(0.0, stddev, seed)
 
 
-def glorot_uniform_initializer(data_format=""):
+def glorot_uniform_initializer(data_format: str = "") -> Initializer:
+    """Glorot (Xavier) uniform: U(-b, b) with b = sqrt(6 / (fan_in + fan_out)).
+
+    `data_format` ("NCHW"/"NHWC", or "" for a dense weight) says where a
+    convolution weight's channels are when counting fans."""
     return VarianceScalingInitializer(1.0, "fan_avg", "random_uniform", data_format)
 
 
-def glorot_normal_initializer(data_format=""):
+def glorot_normal_initializer(data_format: str = "") -> Initializer:
+    """Glorot (Xavier) normal: N(0, 2 / (fan_in + fan_out))."""
     return VarianceScalingInitializer(1.0, "fan_avg", "random_normal", data_format)
 
 
@@ -209,20 +228,30 @@ xavier_uniform_initializer = glorot_uniform_initializer
 xavier_normal_initializer = glorot_normal_initializer
 
 
-def variance_scaling_initializer(scale=1.0, mode="fan_in", distribution="truncated_normal",
-                                 data_format="", seed=None):
+def variance_scaling_initializer(scale: float = 1.0, mode: str = "fan_in",
+                                 distribution: str = "truncated_normal", data_format: str = "",
+                                 seed: Optional[int] = None) -> Initializer:
+    """Values with standard deviation sqrt(scale / n), n being the fan in, the
+    fan out or their mean (`mode` "fan_in", "fan_out", "fan_avg"), drawn from
+    `distribution` ("truncated_normal", "random_normal", "random_uniform")."""
     return VarianceScalingInitializer(scale, mode, distribution, data_format, seed)
 
 
-def kaiming_initializer(shape=None, distribution="random_normal", mode="fan_in",
-                        nonlinearity="leaky_relu", negative_slope=0.0, data_format="NCHW"):
+def kaiming_initializer(shape: Optional[Sequence[int]] = None, distribution: str = "random_normal",
+                        mode: str = "fan_in", nonlinearity: str = "leaky_relu", negative_slope: float = 0.0,
+                        data_format: str = "NCHW") -> Initializer:
+    """He (Kaiming) initialization: standard deviation gain / sqrt(fan), the
+    gain following `nonlinearity` (and `negative_slope` for leaky_relu)."""
     return KaimingInitializer(distribution, mode, nonlinearity, negative_slope, data_format)
 
 
 # ---------------------------------------------------------------- get_variable
 
-def get_variable(name, shape=None, dtype=None, initializer=None, regularizer=None, trainable=None,
-                 model_name=None, random_seed=None, distribute=None, reuse=True):
+def get_variable(name: str, shape: Optional[Sequence[int]] = None, dtype: Optional[DTypeLike] = None,
+                 initializer: Optional[Initializer] = None, regularizer: Optional[Regularizer] = None,
+                 trainable: Optional[bool] = None, model_name: Optional[str] = None,
+                 random_seed: Optional[int] = None, distribute: Optional[Distribute] = None,
+                 reuse: bool = True) -> Blob:
     """The session variable `name` as a Blob of the job being traced.
 
     It is created with `initializer` (zeros by default) the first time a job
@@ -274,7 +303,7 @@ class VariableValue(np.ndarray):
         return np.asarray(self)
 
 
-def get_all_variables():
+def get_all_variables() -> Dict[str, "VariableValue"]:
     """{name: value} of every variable in the session (copies)."""
     return {n: _C.variable_value(n).view(VariableValue) for n in _C.variable_names()}
 
@@ -288,7 +317,7 @@ def _as_array(v, name):
     return v
 
 
-def load_variables(value_dict, ignore_mismatch=True):
+def load_variables(value_dict: Mapping[str, Any], ignore_mismatch: bool = True) -> None:
     """Sets session variables from {name: array}. Names the session does not
     have are skipped when ignore_mismatch is true and an error otherwise;
     shape and dtype must match exactly. Nothing changes if any check fails."""

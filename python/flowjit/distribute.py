@@ -6,6 +6,9 @@ __all__ = ["split", "broadcast", "auto", "consistent_strategy", "mirrored_strate
 
 
 class Distribute:
+    """How a variable or blob lies across devices: made by :func:`split`,
+    :func:`broadcast` or :func:`auto`."""
+
     def __init__(self, kind, axis=None):
         self.kind, self.axis = kind, axis
 

@@ -1,14 +1,18 @@
 """flow.layers: layers built from variables and ops."""
 import numbers
+from typing import Callable, Optional, Sequence
 
 from . import _C, _ops, _trace, nn
 from ._blob import Blob
-from ._variables import get_variable
+from ._variables import Initializer, get_variable
+from .distribute import Distribute
+from .regularizers import Regularizer
 
 
-def dense(inputs, units, activation=None, use_bias=True, kernel_initializer=None,
-          bias_initializer=None, kernel_regularizer=None, bias_regularizer=None, trainable=True,
-          name="Dense", model_distribute=None):
+def dense(inputs: Blob, units: int, activation: Optional[Callable[[Blob], Blob]] = None, use_bias: bool = True,
+          kernel_initializer: Optional[Initializer] = None, bias_initializer: Optional[Initializer] = None,
+          kernel_regularizer: Optional[Regularizer] = None, bias_regularizer: Optional[Regularizer] = None,
+          trainable: bool = True, name: str = "Dense", model_distribute: Optional[Distribute] = None) -> Blob:
     """A fully connected layer: activation(inputs @ weight^T + bias).
 
     OneFlow's conventions: the weight is a variable `<name>-weight` of shape
@@ -51,8 +55,9 @@ def dense(inputs, units, activation=None, use_bias=True, kernel_initializer=None
     return out
 
 
-def prelu(inputs, alpha_initializer=None, alpha_regularizer=None, shared_axes=None, trainable=True,
-          name="PRelu", model_distribute=None):
+def prelu(inputs: Blob, alpha_initializer: Optional[Initializer] = None,
+          alpha_regularizer: Optional[Regularizer] = None, shared_axes: Optional[Sequence[int]] = None,
+          trainable: bool = True, name: str = "PRelu", model_distribute: Optional[Distribute] = None) -> Blob:
     """max(x, 0) + alpha * min(x, 0) with a learned alpha: the variable
     `<name>-alpha` of shape inputs.shape[1:], extent 1 along `shared_axes`
     (axes of inputs, >= 1); zeros unless alpha_initializer says otherwise."""

@@ -1,4 +1,4 @@
-"""flow.losses: OneFlow 0.1-0.2's way of naming a train job's loss.
+"""flow.losses: OneFlow 0.1-0.2's way of naming a train job's loss::
 
     func_config.train.primary_lr(0.1)
     func_config.train.model_update_conf({"naive_conf": {}})

@@ -4,15 +4,19 @@ from ._ops import (abs, add, argmax, argmin, ceil, cos, divide, equal, erf, erfc
                    maximum, minimum, multiply, negative, not_equal, pow, reciprocal, reduce_max,
                    reduce_mean, reduce_min, reduce_prod, reduce_sum, relu, round, rsqrt, sigmoid,
                    sign, sin, sqrt, square, subtract, tanh)
+from typing import Optional
+
 from . import _ops
+from ._blob import Blob
+from ._ops import BlobOrScalar as _BlobOrScalar
 
 
-def squared_difference(x, y, name=None):
+def squared_difference(x: _BlobOrScalar, y: _BlobOrScalar, name: Optional[str] = None) -> Blob:
     """(x - y) ** 2, elementwise."""
     return _ops.square(_ops.subtract(x, y), name=name)
 
 
-def softplus(x, name=None):
+def softplus(x: Blob, name: Optional[str] = None) -> Blob:
     """log(1 + exp(x)), computed without overflow."""
     return _ops.add(_ops.maximum(x, 0.0), _ops.log(_ops.add(_ops.exp(_ops.negative(_ops.abs(x))), 1.0)),
                     name=name)

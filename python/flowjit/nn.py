@@ -1,10 +1,13 @@
 """flow.nn: activations, softmax and losses."""
+from typing import Optional
+
 from . import _ops, _trace
+from ._blob import Blob
 from ._ops import (log_softmax, relu, sigmoid, softmax, softmax_cross_entropy_with_logits,  # noqa: F401
                    sparse_softmax_cross_entropy_with_logits, tanh)
 
 
-def bias_add(value, bias, data_format=None, name=None):
+def bias_add(value: Blob, bias: Blob, data_format: Optional[str] = None, name: Optional[str] = None) -> Blob:
     """value + bias along the channel axis (axis 1 for NCHW, else the last)."""
     if len(bias.shape) != 1:
         _trace.fail(ValueError, f"bias_add: bias must be 1-D, got shape {bias.shape}")
@@ -21,7 +24,7 @@ def bias_add(value, bias, data_format=None, name=None):
     return _ops.add(value, bias, name=name)
 
 
-def sigmoid_cross_entropy_with_logits(labels, logits, name=None):
+def sigmoid_cross_entropy_with_logits(labels: Blob, logits: Blob, name: Optional[str] = None) -> Blob:
     """Elementwise logistic loss: max(x, 0) - x * z + log(1 + exp(-|x|))."""
     x, z = logits, labels
     return _ops.add(_ops.subtract(_ops.maximum(x, 0.0), _ops.multiply(x, z)),

@@ -9,6 +9,7 @@ scheduler's base rate, and no decay applies; afterwards the decayed rate at the
 """
 import math
 import numbers
+from typing import Optional, Sequence, Union
 
 from . import _C, _dtypes, _ops, _trace
 from ._blob import Blob
@@ -56,11 +57,11 @@ class warmup:  # noqa: N801 - OneFlow's module-like name
     steps. The scheduler's decay applies from step `steps` on (OneFlow)."""
 
     @staticmethod
-    def linear(steps, start_multiplier):
+    def linear(steps: int, start_multiplier: float) -> _Warmup:
         return _Warmup("linear", steps, start_multiplier)
 
     @staticmethod
-    def constant(steps, multiplier):
+    def constant(steps: int, multiplier: float) -> _Warmup:
         return _Warmup("constant", steps, multiplier)
 
 
@@ -108,7 +109,8 @@ class PiecewiseConstantScheduler(_Scheduler):
     boundaries[i-1] < step <= boundaries[i], values[-1] after the last
     boundary (OneFlow's kernel, as TensorFlow's piecewise_constant)."""
 
-    def __init__(self, boundaries, values, warmup=None):
+    def __init__(self, boundaries: Sequence[int], values: Sequence[float],
+                 warmup: Optional[_Warmup] = None) -> None:
         super().__init__(warmup)
         boundaries, values = list(boundaries), list(values)
         if len(values) != len(boundaries) + 1:
@@ -133,7 +135,8 @@ class PiecewiseScalingScheduler(_Scheduler):
     boundaries[i] < step <= boundaries[i+1]; a single number `scale` means
     that scale for every boundary (OneFlow: [scale] * len(boundaries))."""
 
-    def __init__(self, base_lr, boundaries, scale, warmup=None):
+    def __init__(self, base_lr: float, boundaries: Sequence[int], scale: Union[float, Sequence[float]],
+                 warmup: Optional[_Warmup] = None) -> None:
         super().__init__(warmup)
         boundaries = list(boundaries)
         if isinstance(scale, numbers.Real):
@@ -154,7 +157,8 @@ class PiecewiseScalingScheduler(_Scheduler):
 class CosineScheduler(_Scheduler):
     """base_lr * ((1 - alpha) * 0.5 * (1 + cos(pi * min(step, steps) / steps)) + alpha)."""
 
-    def __init__(self, base_lr, steps, alpha=0.0, warmup=None):
+    def __init__(self, base_lr: float, steps: int, alpha: float = 0.0,
+                 warmup: Optional[_Warmup] = None) -> None:
         super().__init__(warmup)
         self.base_lr, self.steps, self.alpha = float(base_lr), _positive("CosineScheduler: steps", steps), float(alpha)
 
@@ -167,7 +171,8 @@ class CosineScheduler(_Scheduler):
 class LinearCosineScheduler(_Scheduler):
     """base_lr * ((alpha + linear) * cosine + beta), TensorFlow's linear cosine decay."""
 
-    def __init__(self, base_lr, steps, num_periods=0.5, alpha=0.0, beta=0.001, warmup=None):
+    def __init__(self, base_lr: float, steps: int, num_periods: float = 0.5, alpha: float = 0.0,
+                 beta: float = 0.001, warmup: Optional[_Warmup] = None) -> None:
         super().__init__(warmup)
         self.base_lr, self.steps = float(base_lr), _positive("LinearCosineScheduler: steps", steps)
         self.num_periods, self.alpha, self.beta = float(num_periods), float(alpha), float(beta)
@@ -186,7 +191,8 @@ class PolynomialScheduler(_Scheduler):
     cycle, steps grows to steps * ceil(step / steps) and step 0 counts as
     step 1 (OneFlow's kernel)."""
 
-    def __init__(self, base_lr, steps, end_learning_rate=0.0001, power=1.0, cycle=False, warmup=None):
+    def __init__(self, base_lr: float, steps: int, end_learning_rate: float = 0.0001, power: float = 1.0,
+                 cycle: bool = False, warmup: Optional[_Warmup] = None) -> None:
         super().__init__(warmup)
         self.base_lr, self.steps = float(base_lr), _positive("PolynomialScheduler: steps", steps)
         self.end, self.power, self.cycle = float(end_learning_rate), float(power), bool(cycle)
@@ -259,7 +265,7 @@ class grad_clipping:  # noqa: N801
     c / max(global_norm, c)."""
 
     @staticmethod
-    def by_global_norm(clip_norm):
+    def by_global_norm(clip_norm: float) -> _ByGlobalNorm:
         return _ByGlobalNorm(clip_norm)
 
 
@@ -304,7 +310,8 @@ def _variables_with_gradient(losses):
 class Optimizer:
     kind = "?"
 
-    def __init__(self, lr_scheduler, loss_scale_factor=None, grad_clipping=None):
+    def __init__(self, lr_scheduler: Union[_Scheduler, float], loss_scale_factor: Optional[float] = None,
+                 grad_clipping: Optional[_ByGlobalNorm] = None) -> None:
         if isinstance(lr_scheduler, numbers.Real) and not isinstance(lr_scheduler, bool):
             lr_scheduler = _Constant(lr_scheduler)
         if not isinstance(lr_scheduler, _Scheduler):
@@ -317,7 +324,7 @@ class Optimizer:
         self.loss_scale_factor = 1.0 if loss_scale_factor is None else float(loss_scale_factor)
         self.grad_clipping = grad_clipping
 
-    def minimize(self, loss):
+    def minimize(self, loss: Union[Blob, Sequence[Blob]]) -> None:
         """Trains the job's trainable variables to reduce `loss` (a blob or a
         list of blobs). A non-scalar loss trains like its mean (OneFlow)."""
         b = _trace.require_builder(f"{type(self).__name__}.minimize")
@@ -364,8 +371,9 @@ class SGD(Optimizer):
 
     kind = "SGD"
 
-    def __init__(self, lr_scheduler, loss_scale_factor=None, momentum=0.9, grad_clipping=None,
-                 train_step_lbn=None):
+    def __init__(self, lr_scheduler: Union[_Scheduler, float], loss_scale_factor: Optional[float] = None,
+                 momentum: float = 0.9, grad_clipping: Optional[_ByGlobalNorm] = None,
+                 train_step_lbn: Optional[str] = None) -> None:
         super().__init__(lr_scheduler, loss_scale_factor, grad_clipping)
         if not 0 <= momentum < 1:
             raise ValueError(f"SGD: momentum must be in [0, 1), got {momentum}")
@@ -376,10 +384,17 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
+    """Adam: m = beta1 m + (1 - beta1) g, v = beta2 v + (1 - beta2) g^2,
+    w -= lr * m / (sqrt(v) + epsilon). With do_bias_correction the rate is
+    scaled by sqrt(1 - beta2^t) / (1 - beta1^t), as OneFlow does (epsilon is
+    not corrected)."""
+
     kind = "Adam"
 
-    def __init__(self, lr_scheduler, beta1=0.9, beta2=0.999, epsilon=1e-8, do_bias_correction=False,
-                 loss_scale_factor=None, grad_clipping=None, train_step_lbn=None):
+    def __init__(self, lr_scheduler: Union[_Scheduler, float], beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-8, do_bias_correction: bool = False,
+                 loss_scale_factor: Optional[float] = None, grad_clipping: Optional[_ByGlobalNorm] = None,
+                 train_step_lbn: Optional[str] = None) -> None:
         super().__init__(lr_scheduler, loss_scale_factor, grad_clipping)
         for n, v in (("beta1", beta1), ("beta2", beta2)):
             if not 0 <= v < 1:
@@ -413,9 +428,12 @@ class AdamW(Adam):
 
     kind = "AdamW"
 
-    def __init__(self, lr_scheduler, beta1=0.9, beta2=0.999, epsilon=1e-8, do_bias_correction=False,
-                 loss_scale_factor=None, weight_decay=None, weight_decay_includes=None,
-                 weight_decay_excludes=None, grad_clipping=None, train_step_lbn=None):
+    def __init__(self, lr_scheduler: Union[_Scheduler, float], beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-8, do_bias_correction: bool = False,
+                 loss_scale_factor: Optional[float] = None, weight_decay: Optional[float] = None,
+                 weight_decay_includes: Optional[Sequence[str]] = None,
+                 weight_decay_excludes: Optional[Sequence[str]] = None,
+                 grad_clipping: Optional[_ByGlobalNorm] = None, train_step_lbn: Optional[str] = None) -> None:
         super().__init__(lr_scheduler, beta1, beta2, epsilon, do_bias_correction, loss_scale_factor,
                          grad_clipping)
         if weight_decay_includes is not None and weight_decay_excludes is not None:
@@ -445,8 +463,9 @@ class RMSProp(Optimizer):
 
     kind = "RMSProp"
 
-    def __init__(self, lr_scheduler, decay_rate=0.99, epsilon=1e-8, centered=False,
-                 loss_scale_factor=None, grad_clipping=None, train_step_lbn=None):
+    def __init__(self, lr_scheduler: Union[_Scheduler, float], decay_rate: float = 0.99,
+                 epsilon: float = 1e-8, centered: bool = False, loss_scale_factor: Optional[float] = None,
+                 grad_clipping: Optional[_ByGlobalNorm] = None, train_step_lbn: Optional[str] = None) -> None:
         super().__init__(lr_scheduler, loss_scale_factor, grad_clipping)
         self.decay_rate, self.epsilon, self.centered = float(decay_rate), float(epsilon), bool(centered)
 
@@ -459,9 +478,11 @@ class LAMB(Optimizer):
 
     kind = "LAMB"
 
-    def __init__(self, lr_scheduler, beta1=0.9, beta2=0.999, epsilon=1e-6, loss_scale_factor=None,
-                 grad_clipping=None, train_step_lbn=None, weight_decay=None,
-                 weight_decay_includes=None, weight_decay_excludes=None):
+    def __init__(self, lr_scheduler: Union[_Scheduler, float], beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-6, loss_scale_factor: Optional[float] = None,
+                 grad_clipping: Optional[_ByGlobalNorm] = None, train_step_lbn: Optional[str] = None,
+                 weight_decay: Optional[float] = None, weight_decay_includes: Optional[Sequence[str]] = None,
+                 weight_decay_excludes: Optional[Sequence[str]] = None) -> None:
         super().__init__(lr_scheduler, loss_scale_factor, grad_clipping)
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
         self.weight_decay = float(weight_decay or 0.0)
@@ -478,8 +499,10 @@ class LARS(Optimizer):
 
     kind = "LARS"
 
-    def __init__(self, lr_scheduler, momentum_beta=0.9, epsilon=1e-9, lars_coefficient=0.0001,
-                 loss_scale_factor=None, grad_clipping=None, train_step_lbn=None, weight_decay=None):
+    def __init__(self, lr_scheduler: Union[_Scheduler, float], momentum_beta: float = 0.9,
+                 epsilon: float = 1e-9, lars_coefficient: float = 0.0001,
+                 loss_scale_factor: Optional[float] = None, grad_clipping: Optional[_ByGlobalNorm] = None,
+                 train_step_lbn: Optional[str] = None, weight_decay: Optional[float] = None) -> None:
         super().__init__(lr_scheduler, loss_scale_factor, grad_clipping)
         self.momentum, self.epsilon = float(momentum_beta), float(epsilon)
         self.lars_coefficient = float(lars_coefficient)

@@ -1,11 +1,15 @@
 """flow.scope: placement, logical views (consistent / mirrored) and name spaces."""
 import threading
+from typing import List, Union
 
 __all__ = ["consistent_view", "mirrored_view", "consistent_view_enabled", "mirrored_view_enabled",
            "placement", "namespace", "LogicalView", "Placement"]
 
 
 class LogicalView:
+    """A logical view of a job's blobs (flow.scope.consistent_view() or
+    mirrored_view(); for function_config().default_logical_view)."""
+
     def __init__(self, kind):
         self.kind = kind
 
@@ -91,7 +95,11 @@ def parse_device_ids(s):
     return machine, devs
 
 
-def placement(device_tag, machine_device_ids, hierarchy=None):
+def placement(device_tag: str, machine_device_ids: Union[str, List[str]], hierarchy=None) -> Placement:
+    """Where the ops traced inside ``with flow.scope.placement(...)`` run:
+    `device_tag` "cpu" or "gpu", `machine_device_ids` such as "0:0" or "0:0-3"
+    (machine 0, devices 0 to 3), or a list of those. `hierarchy` is accepted
+    for OneFlow compatibility and ignored."""
     return Placement(device_tag, machine_device_ids)
 
 

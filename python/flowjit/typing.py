@@ -16,6 +16,7 @@ Returns: ``tp.Numpy``, ``tp.ListNumpy`` (one array per device),
 ``None``, and ``tp.Callback[T]`` for an asynchronous call delivering T.
 """
 import numbers
+from typing import Sequence
 
 from . import _dtypes
 
@@ -23,7 +24,7 @@ from . import _dtypes
 class _Placeholder:
     kind = "?"
 
-    def __init__(self, shape, dtype=_dtypes.float32, batch_axis=0):
+    def __init__(self, shape: Sequence[int], dtype: _dtypes.DTypeLike = _dtypes.float32, batch_axis: int = 0):
         if isinstance(shape, list):
             shape = tuple(shape)
         if not isinstance(shape, tuple):

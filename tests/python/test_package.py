@@ -297,3 +297,39 @@ def test_cache_json_and_dot(tmp_path):
     assert "I0 ->" in dot and "-> O0" in dot
     bad = tool("show", "ffffffffffff", "--json")
     assert bad.returncode == 2 and "error" in json.loads(bad.stdout)
+
+
+MISS_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import flowjit as flow
+    import flowjit.typing as tp
+
+    @flow.global_function()
+    def cached_job(x: tp.Numpy.Placeholder((16, 16))) -> tp.Numpy:
+        return flow.math.exp(flow.math.tanh(x) * 2.0 + float(sys.argv[1]))
+
+    cached_job(np.ones((16, 16), np.float32))
+""")
+
+
+def test_flowjit_debug_says_why_the_disk_cache_missed_across_processes(tmp_path):
+    """Each run is a new process; the second and later name the key part that
+    differs from the closest entry an earlier process cached."""
+    def run(c, **extra):
+        env = _env(FLOWJIT_CACHE_DIR=str(tmp_path / "cache"), FLOWJIT_DEBUG="1", **extra)
+        env.pop("FLOWJIT_DISABLE_CACHE", None)
+        r = subprocess.run([sys.executable, "-c", MISS_SCRIPT, c], env=env, capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        lines = [ln for ln in r.stderr.splitlines() if "disk cache miss:" in ln]
+        return lines[0] if lines else None
+
+    assert "no entry for this job and signature" in run("1.0")
+    assert run("1.0") is None  # a hit
+    cpu = flow._C.build_info()["target"].split(";")[1]
+    other = "x86-64-v2" if cpu != "x86-64-v2" else "x86-64"  # older ISAs: runnable on this host
+    assert "the target differs" in run("1.0", FLOWJIT_CPU=other)
+    assert "the fusion plan differs" in run("1.0", FLOWJIT_DISABLE_FUSION="1")
+    why = run("1.5")
+    assert "the optimized IR differs" in why and "1.5" in why
