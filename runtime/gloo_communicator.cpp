@@ -353,6 +353,7 @@ class GlooCommunicator final : public Communicator {
   template <class F>
   void lead(const char* what, F&& step) {
     std::string failed;
+    inject_test_delay();
     {
       std::lock_guard<std::mutex> lock(gloo_mu_);
       try {
