@@ -154,11 +154,12 @@ void CollectiveQueue::drain() noexcept {
 }
 
 void inject_test_delay() {
-  static const int ms = [] {
+  static const int64_t us = [] {
     const char* v = std::getenv("FLOWJIT_TEST_COMM_DELAY_MS");
-    return v ? std::max(0, std::atoi(v)) : 0;
+    double ms = v ? std::strtod(v, nullptr) : 0.0;
+    return ms > 0 && ms < 1e7 ? static_cast<int64_t>(ms * 1000) : int64_t{0};
   }();
-  if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
 }
 
 // ---------------------------------------------------------------- threads
