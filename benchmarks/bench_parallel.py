@@ -22,6 +22,7 @@ comparison with Gloo's own algorithms (benchmarks/bench_collectives.cpp;
 import argparse
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -82,8 +83,9 @@ def run(devices, split, steps, threads=0, world=1, extra_layers=0, env_extra=Non
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
     procs = []
+    token = os.environ.get("FLOWJIT_STORE_TOKEN") or secrets.token_hex(32)  # the rendezvous's job token
     for rank in range(world):
-        env = dict(os.environ, FLOWJIT_PROFILE="1")
+        env = dict(os.environ, FLOWJIT_PROFILE="1", FLOWJIT_STORE_TOKEN=token)
         env.update(env_extra or {})
         if world > 1:
             env.update(FLOWJIT_WORLD_SIZE=str(world), FLOWJIT_RANK=str(rank), FLOWJIT_MASTER_PORT=str(port))

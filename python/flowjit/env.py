@@ -31,15 +31,23 @@ or ``python -m flowjit.launch --nproc-per-node 2 script.py``.
 """
 import os
 import re
+import secrets
 import zlib
 
-__all__ = ["machine", "ctrl_port", "timeout", "get_rank", "get_world_size", "get_local_rank"]
+__all__ = ["machine", "ctrl_port", "timeout", "get_rank", "get_world_size", "get_local_rank",
+           "STORE_TOKEN_ENV", "new_store_token"]
 
 _state = {"machines": None, "ctrl_port": None, "timeout": None}
 
 # The variable that carries the rendezvous store's shared secret to every
-# process (flowjit.launch generates it); the one place that names it.
+# process (flowjit.launch makes one with new_store_token()); the one place
+# on the Python side that names it (the C++ store: runtime/tcp_store.h).
 STORE_TOKEN_ENV = "FLOWJIT_STORE_TOKEN"
+
+
+def new_store_token():
+    """A fresh job token for STORE_TOKEN_ENV: 64 random hex digits."""
+    return secrets.token_hex(32)
 
 # Sources of (world size, rank, local rank), in precedence order.
 _SOURCES = (

@@ -21,14 +21,13 @@ several machines, set the same value on every machine yourself.
 """
 import argparse
 import os
-import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
 
-from .env import STORE_TOKEN_ENV
+from .env import STORE_TOKEN_ENV, new_store_token
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -87,7 +86,7 @@ def process_environments(a, base=None):
         except OSError:
             port = 29500
     if STORE_TOKEN_ENV not in base and a.nnodes == 1:
-        base[STORE_TOKEN_ENV] = secrets.token_hex(16)
+        base[STORE_TOKEN_ENV] = new_store_token()
     world = a.nnodes * a.nproc_per_node
     # The launcher's own variables decide; stale flowjit ones would outrank them.
     for k in ("FLOWJIT_WORLD_SIZE", "FLOWJIT_RANK", "FLOWJIT_LOCAL_RANK", "FLOWJIT_MASTER_ADDR",

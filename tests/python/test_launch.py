@@ -84,10 +84,14 @@ def test_flowjit_launch_matches_one_process(tmp_path, one_process, nproc):
     check_same(outs, one_process, [p.stdout])
 
 
+TOKEN = "test-launch-token-0123456789abcdef"  # what flowjit.launch would generate
+
+
 def start_by_hand(tmp_path, world, env_of_rank):
     """Starts `world` workers with the environment a launcher would set."""
     out = str(tmp_path / "r{rank}.npz")
-    procs = [subprocess.Popen([sys.executable, *worker_args(out)], env=clean_env(**env_of_rank(r)),
+    procs = [subprocess.Popen([sys.executable, *worker_args(out)],
+                              env=clean_env(FLOWJIT_STORE_TOKEN=TOKEN, **env_of_rank(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
     texts = [p.communicate(timeout=120)[0] for p in procs]
     for p, t in zip(procs, texts):
@@ -130,7 +134,7 @@ def mpirun():
 def test_real_mpirun(tmp_path, one_process, nproc):
     exe = mpirun()
     out = str(tmp_path / "r{rank}.npz")
-    e = clean_env(OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    e = clean_env(FLOWJIT_STORE_TOKEN=TOKEN, OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1, OMPI_MCA_btl_vader_single_copy_mechanism="none")
     # No MASTER_PORT: the rendezvous port comes from Open MPI's job id.
     p = subprocess.run([exe, "--oversubscribe", "--bind-to", "none", "-np", str(nproc), sys.executable,
                         *worker_args(out)], env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
