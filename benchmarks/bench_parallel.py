@@ -13,12 +13,16 @@ Configurations (each in a fresh process, the same batch every step):
   2 processes       2 processes x 1 device over Gloo on 127.0.0.1, each with
                     cores/2 kernel threads so that they do not oversubscribe
 Ratios are against the 1-device step measured in the same run; "ideal" is
-2x for the 2-way configurations. Collective time comes from FLOWJIT_PROFILE
+2x for the 2-way configurations. Then the overlap rows (overlap on/off,
+with and without an injected delay per message) and the all-reduce
+comparison with Gloo's own algorithms (benchmarks/bench_collectives.cpp;
+--only scaling|overlap|collectives runs one part). Collective time comes from FLOWJIT_PROFILE
 (device 0's launches whose symbol starts with '@').
 """
 import argparse
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -33,6 +37,7 @@ import numpy as np
 import flowjit as flow
 import flowjit.typing as tp
 devices, split, steps, threads = int(sys.argv[2]), sys.argv[3] == "split", int(sys.argv[4]), int(sys.argv[5])
+extra_layers = int(sys.argv[6])
 flow.config.cpu_device_num(devices)
 if threads:
     flow.config.cpu_threads(threads)
@@ -43,6 +48,8 @@ def train_job(images: tp.Numpy.Placeholder((B, 1, 28, 28), dtype=flow.float),
     init = flow.truncated_normal(0.1)
     r = flow.reshape(images, [images.shape[0], -1])
     h = flow.layers.dense(r, 512, activation=flow.nn.relu, kernel_initializer=init, name="hidden")
+    for i in range(extra_layers):
+        h = flow.layers.dense(h, 512, activation=flow.nn.relu, kernel_initializer=init, name=f"extra{i}")
     logits = flow.layers.dense(h, 10, kernel_initializer=init, name="output",
                                model_distribute=flow.distribute.split(axis=0) if split else None)
     loss = flow.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
@@ -69,19 +76,22 @@ print("RESULT " + json.dumps({"step_ms": min(samples) * 1e3, "collective_ms": co
 '''
 
 
-def run(devices, split, steps, threads=0, world=1):
+def run(devices, split, steps, threads=0, world=1, extra_layers=0, env_extra=None):
     port = 0
     if world > 1:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
     procs = []
+    token = os.environ.get("FLOWJIT_STORE_TOKEN") or secrets.token_hex(32)  # the rendezvous's job token
     for rank in range(world):
-        env = dict(os.environ, FLOWJIT_PROFILE="1")
+        env = dict(os.environ, FLOWJIT_PROFILE="1", FLOWJIT_STORE_TOKEN=token)
+        env.update(env_extra or {})
         if world > 1:
             env.update(FLOWJIT_WORLD_SIZE=str(world), FLOWJIT_RANK=str(rank), FLOWJIT_MASTER_PORT=str(port))
         procs.append(subprocess.Popen([sys.executable, "-c", CHILD, ROOT, str(devices),
-                                       "split" if split else "dp", str(steps), str(threads)],
+                                       "split" if split else "dp", str(steps), str(threads),
+                                       str(extra_layers)],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
     for p in procs:
@@ -92,11 +102,63 @@ def run(devices, split, steps, threads=0, world=1):
     return results[0]
 
 
+def overlap_rows(steps, cores, delay_ms):
+    """2 processes x 1 device, overlap on and off, with and without an
+    injected per-message delay (FLOWJIT_TEST_COMM_DELAY_MS), for the seed
+    and for the seed with 3 more 512-unit layers (4 gradient buckets)."""
+    print(f"\noverlap of gradient all-reduces with the backward pass (2 processes x 1 device, "
+          f"injected delay {delay_ms} ms per message)")
+    print(f"{'model':22s} {'overlap':>7s} {'step ms':>8s} {'delayed':>8s} {'growth':>8s} {'hidden':>7s}")
+    for name, extra in (("seed (2 layers)", 0), ("5 layers", 3)):
+        got = {}
+        for rnd in range(2):  # A/B alternately, best of the two rounds
+            for ov in ("1", "0"):
+                for d in (0, delay_ms):
+                    r = run(1, False, steps, threads=max(1, cores // 2), world=2, extra_layers=extra,
+                            env_extra={"FLOWJIT_OVERLAP": ov, "FLOWJIT_TEST_COMM_DELAY_MS": str(d)})
+                    key = (ov, d)
+                    got[key] = min(got.get(key, 1e9), r["step_ms"])
+        growth_off = got[("0", delay_ms)] - got[("0", 0)]
+        for ov in ("1", "0"):
+            growth = got[(ov, delay_ms)] - got[(ov, 0)]
+            hidden = (1 - growth / growth_off) * 100 if growth_off > 0 else 0
+            print(f"{name:22s} {'on' if ov == '1' else 'off':>7s} {got[(ov, 0)]:8.3f} {got[(ov, delay_ms)]:8.3f} "
+                  f"{growth:+8.3f} {hidden if ov == '1' else 0:6.0f}%")
+    print("growth: step time added by the delay; with overlap off it is the whole injected delay "
+          "(one per exchange); hidden: the share of it overlap takes off the step")
+
+
+def collective_rows(reps):
+    """flowjit's Gloo all-reduce against Gloo's own algorithms, 2 processes."""
+    exe = os.path.join(os.environ.get("FLOWJIT_BUILD_DIR", os.path.join(ROOT, "build", "dev")),
+                       "flowjit_bench_collectives")
+    if not os.path.exists(exe):
+        print(f"\n(collective comparison skipped: build {exe} with "
+              "`cmake --build build/dev --target flowjit_bench_collectives`)")
+        return
+    out = subprocess.run([exe, "2", str(reps)], stdout=subprocess.PIPE, text=True, check=True).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    algos = ["ours", "ring", "new_api_ring", "ring_chunked", "halving_doubling"]
+    print(f"\nall-reduce of float32 between 2 processes (127.0.0.1), best / median of {reps} ms")
+    print(f"{'bytes':>9s} " + " ".join(f"{a:>17s}" for a in algos) + f" {'ours/best':>10s}")
+    for r in rows:
+        best = min(r[f"{a}_min_ms"] for a in algos[1:])
+        print(f"{r['bytes']:9d} " + " ".join(f"{r[a + '_min_ms']:7.3f} / {r[a + '_ms']:7.3f}" for a in algos)
+              + f" {r['ours_min_ms'] / best:9.2f}x")
+    print("ours: flowjit's communicator (one allgather below 256 KB, Gloo's ring above, for 2 processes)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--delay-ms", type=float, default=1.0, help="injected delay per message in the overlap rows")
+    ap.add_argument("--only", choices=["scaling", "overlap", "collectives"], default=None)
     args = ap.parse_args()
     cores = os.cpu_count() or 1
+    if args.only == "overlap":
+        return overlap_rows(args.steps, cores, args.delay_ms)
+    if args.only == "collectives":
+        return collective_rows(50)
     print(f"seed train step, batch 100, {cores} cores, {args.steps} steps per configuration "
           f"(load {os.getloadavg()[0]:.2f})")
     base = run(1, False, args.steps)
@@ -115,6 +177,9 @@ def main():
               f"({r['collectives']} collectives)")
     print("ideal for the 2-way rows: 2.00x against 1 core (this machine has "
           f"{cores} cores, so 1.00x against the 1-device row that already uses them all)")
+    if args.only is None:
+        overlap_rows(args.steps, cores, args.delay_ms)
+        collective_rows(50)
 
 
 if __name__ == "__main__":

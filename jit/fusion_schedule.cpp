@@ -88,6 +88,30 @@ void Fuser::build_and_schedule(FusedProgram& out) {
     l.first = 0;
     l.last = static_cast<int>(launches.size());
   }
+  // Asynchronous all_reduces (runtime/executable.h, CollectiveStep::
+  // complete_before): complete before the first later launch that touches
+  // the operand or the result; both stay alive until then, so that no
+  // other value is placed in them while the communication thread works.
+  auto same = [](const Storage& a, const Storage& b) {
+    return a.kind == b.kind && a.index == b.index;
+  };
+  for (size_t li = 0; li < launches.size(); ++li) {
+    Built& b = *launches[li];
+    if (!b.collective || b.collective->op != runtime::CollectiveStep::Op::AllReduce) continue;
+    size_t until = launches.size();
+    for (size_t lj = li + 1; lj < launches.size() && until == launches.size(); ++lj)
+      for (const Storage& s : launches[lj]->arg_storage)
+        if (same(s, b.arg_storage[0]) || same(s, b.arg_storage[1])) {
+          until = lj;
+          break;
+        }
+    b.collective->complete_before = static_cast<int64_t>(until);
+    for (const Storage& s : b.arg_storage)
+      if (s.kind == Storage::Arena) {
+        BufferLife& l = lives[s.index];
+        l.last = std::max(l.last, static_cast<int>(until));
+      }
+  }
   ArenaPlan ap = plan_arena(lives);
   plan.arena_bytes = ap.arena_bytes;
   out.bytes_without_reuse = ap.total_bytes;
@@ -223,33 +247,67 @@ bool Fuser::schedule(std::vector<Built>& built, std::vector<int>& order) {
       if (w != writer.end()) edge(static_cast<int>(i), w->second);
     }
   }
-  // Collectives go after all other ready work, and then all ready
-  // collectives go at once, so that those ready together (the gradients of
-  // a backward pass) become adjacent launches the runtime sends as one
-  // bucket: one exchange instead of one per variable. Synchronous
-  // collectives gain nothing from starting earlier.
+  // Collectives start as early as they can and their consumers run as
+  // late as they can, so that the runtime exchanges on its communication
+  // thread while the kernels between them run (overlap): first the kernels
+  // that compute an operand of a collective (a backward pass's gradients),
+  // then all ready collectives at once (adjacent all_reduces are one
+  // bucket: one exchange instead of one per variable), then other kernels,
+  // and the kernels that read a collective's result only when nothing else
+  // is ready (the updates wait for their own bucket only).
   using Queue =
       std::priority_queue<std::pair<int, int>, std::vector<std::pair<int, int>>, std::greater<>>;
-  Queue ready, collectives;
+  std::vector<bool> feeds(n, false), waits(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    bool coll = is_collective(groups_[i]->root->op());
+    for (const Node* r : built[i].reads) {
+      auto p = producer.find(r);
+      if (p == producer.end()) continue;
+      if (coll) feeds[p->second] = true;
+      if (is_collective(groups_[p->second]->root->op())) waits[i] = true;
+    }
+  }
+  Queue feeders, collectives, ready;
+  // Consumers go in the order their collectives were launched (an update
+  // of the first bucket does not wait behind the last), then program order.
+  using Key = std::pair<std::pair<int, int>, int>;
+  std::priority_queue<Key, std::vector<Key>, std::greater<>> consumers;
+  std::vector<int> at(n, -1);  // position in `order`
   auto push = [&](int i) {
     const Node* r = groups_[i]->root.get();
-    (is_collective(r->op()) ? collectives : ready).push({pos_[r], i});
+    if (waits[i] && !is_collective(r->op()) && !feeds[i]) {
+      int last = -1;
+      for (const Node* x : built[i].reads) {
+        auto p = producer.find(x);
+        if (p != producer.end() && is_collective(groups_[p->second]->root->op()))
+          last = std::max(last, at[p->second]);
+      }
+      consumers.push({{last, pos_[r]}, i});
+      return;
+    }
+    Queue& q = is_collective(r->op()) ? collectives : feeds[i] ? feeders : ready;
+    q.push({pos_[r], i});
   };
   for (size_t i = 0; i < n; ++i)
     if (indeg[i] == 0) push(static_cast<int>(i));
   order.clear();
-  auto take = [&](Queue& q) {
+  auto take = [&](auto& q) {
     int i = q.top().second;
     q.pop();
+    at[i] = static_cast<int>(order.size());
     order.push_back(i);
     for (int s : succ[i])
       if (--indeg[s] == 0) push(s);
   };
-  while (!ready.empty() || !collectives.empty()) {
-    if (!ready.empty()) {
+  while (!feeders.empty() || !collectives.empty() || !ready.empty() || !consumers.empty()) {
+    if (!feeders.empty()) {
+      take(feeders);
+    } else if (!collectives.empty()) {
+      while (!collectives.empty()) take(collectives);
+    } else if (!ready.empty()) {
       take(ready);
     } else {
-      while (!collectives.empty()) take(collectives);
+      take(consumers);
     }
   }
   return order.size() == n;

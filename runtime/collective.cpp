@@ -5,9 +5,14 @@
 #include "runtime/collective.h"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "ir/error.h"
@@ -70,6 +75,95 @@ void Communicator::all_reduce_many(int rank, const std::vector<Buffer>& buffers,
   }
 }
 
+// ---------------------------------------------------------------- queue
+
+struct CollectiveQueue::State {
+  std::mutex mu;
+  std::condition_variable cv, done_cv;
+  std::deque<std::pair<uint64_t, std::function<void()>>> work;
+  uint64_t submitted = 0, done = 0;
+  std::exception_ptr error;
+  bool stop = false;
+  std::thread thread;
+
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      cv.wait(lock, [&] { return stop || !work.empty(); });
+      if (work.empty()) return;
+      auto [ticket, fn] = std::move(work.front());
+      work.pop_front();
+      bool skip = error != nullptr;
+      lock.unlock();
+      std::exception_ptr failed;
+      if (!skip) {
+        try {
+          fn();
+        } catch (...) {
+          failed = std::current_exception();
+        }
+      }
+      lock.lock();
+      if (failed && !error) error = failed;
+      done = ticket;
+      done_cv.notify_all();
+    }
+  }
+};
+
+CollectiveQueue::CollectiveQueue() : s_(std::make_unique<State>()) {
+  s_->thread = std::thread([s = s_.get()] { s->loop(); });
+}
+
+CollectiveQueue::~CollectiveQueue() {
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    s_->stop = true;
+  }
+  s_->cv.notify_all();
+  s_->thread.join();
+}
+
+uint64_t CollectiveQueue::submit(std::function<void()> work) {
+  std::lock_guard<std::mutex> lock(s_->mu);
+  uint64_t t = ++s_->submitted;
+  s_->work.emplace_back(t, std::move(work));
+  s_->cv.notify_all();
+  return t;
+}
+
+void CollectiveQueue::wait(uint64_t ticket) {
+  std::unique_lock<std::mutex> lock(s_->mu);
+  s_->done_cv.wait(lock, [&] { return s_->done >= ticket; });
+  if (s_->error) std::rethrow_exception(s_->error);  // until drain()
+}
+
+void CollectiveQueue::wait_all() {
+  uint64_t t;
+  {
+    std::lock_guard<std::mutex> lock(s_->mu);
+    t = s_->submitted;
+  }
+  wait(t);
+}
+
+void CollectiveQueue::drain() noexcept {
+  std::unique_lock<std::mutex> lock(s_->mu);
+  s_->done_cv.wait(lock, [&] { return s_->done >= s_->submitted; });
+  s_->error = nullptr;
+}
+
+void inject_test_delay() {
+  static const int64_t us = [] {
+    const char* v = std::getenv("FLOWJIT_TEST_COMM_DELAY_MS");
+    double ms = v ? std::strtod(v, nullptr) : 0.0;
+    return ms > 0 && ms < 1e7 ? static_cast<int64_t>(ms * 1000) : int64_t{0};
+  }();
+  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+}
+
+// ---------------------------------------------------------------- threads
+
 namespace {
 
 class ThreadCommunicator final : public Communicator {
@@ -103,6 +197,7 @@ class ThreadCommunicator final : public Communicator {
   // Every rank publishes its buffer list; rank r reduces its share of each
   // buffer as in all_reduce; one barrier at each end for the whole bucket.
   void all_reduce_many(int rank, const std::vector<Buffer>& buffers, ir::DType dtype) override {
+    inject_test_delay();
     lists_[rank] = &buffers;
     wait(rank);
     size_t es = static_cast<size_t>(ir::dtype_bytes(dtype));
@@ -166,6 +261,7 @@ class ThreadCommunicator final : public Communicator {
  private:
   void publish(int rank, const void* in, void* out) {
     FJ_CHECK(rank >= 0 && rank < n_, "communicator rank out of range");
+    inject_test_delay();
     in_[rank] = in;
     out_[rank] = out;
     wait(rank);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,34 @@ class Communicator {
   // Makes every rank blocked in, or later entering, a collective throw.
   virtual void abort(const std::string& why) = 0;
 };
+
+// One device's communication thread: runs submitted work (collectives) in
+// submission order while the device's own thread goes on with kernels.
+// After a failure the rest of the queue is skipped and every wait rethrows
+// the first error.
+class CollectiveQueue {
+ public:
+  CollectiveQueue();
+  ~CollectiveQueue();  // waits for what was submitted
+  CollectiveQueue(const CollectiveQueue&) = delete;
+  CollectiveQueue& operator=(const CollectiveQueue&) = delete;
+  // Returns a ticket for wait().
+  uint64_t submit(std::function<void()> work);
+  // Waits until the work of `ticket` and everything before it has run.
+  void wait(uint64_t ticket);
+  void wait_all();
+  // Waits for everything and forgets any error (the end of a run).
+  void drain() noexcept;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+// The test-only injected delay per message (FLOWJIT_TEST_COMM_DELAY_MS,
+// read once): every collective a communicator runs first sleeps this long,
+// as a slower network would make it wait. 0 when unset.
+void inject_test_delay();
 
 // `ranks` devices of this process, exchanging through shared memory.
 std::shared_ptr<Communicator> make_thread_communicator(int ranks);

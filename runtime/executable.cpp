@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include <sys/syscall.h>
@@ -110,9 +111,12 @@ std::string Plan::serialize() const {
     os << "launch " << l.symbol << " " << l.range << " " << l.grain << " " << l.scratch_bytes;
     for (auto& a : l.args) os << " " << kind_tag(a.kind) << a.index << "+" << a.offset_bytes;
     os << "\n";
-    if (const auto& c = l.collective)
+    if (const auto& c = l.collective) {
       os << "collective " << collective_op_name(c->op) << " " << ir::dtype_short_name(c->dtype)
-         << " " << c->parts << " " << c->outer << " " << c->inner << "\n";
+         << " " << c->parts << " " << c->outer << " " << c->inner;
+      if (c->complete_before >= 0) os << " " << c->complete_before;
+      os << "\n";
+    }
     os << "summary " << l.summary << "\n";
   }
   os << "end\n";
@@ -179,6 +183,7 @@ Plan Plan::deserialize(const std::string& text) {
         CollectiveStep c;
         if (!(ls >> op >> dt >> c.parts >> c.outer >> c.inner))
           bad_plan("bad collective line '" + line + "'");
+        if (!(ls >> c.complete_before)) c.complete_before = -1;
         bool known = false;
         for (auto o : {CollectiveStep::Op::AllReduce, CollectiveStep::Op::AllGather,
                        CollectiveStep::Op::ReduceScatter, CollectiveStep::Op::LocalSlice})
@@ -191,6 +196,10 @@ Plan Plan::deserialize(const std::string& text) {
         if (!d) bad_plan("bad dtype in '" + line + "'");
         c.dtype = *d;
         if (c.parts < 1 || c.outer < 0 || c.inner < 0) bad_plan("bad sizes in '" + line + "'");
+        if (c.complete_before >= 0 &&
+            (c.op != CollectiveStep::Op::AllReduce ||
+             c.complete_before <= static_cast<int64_t>(p.launches.size()) - 1))
+          bad_plan("bad completion point in '" + line + "'");
         p.launches.back().collective = c;
       } else if (key == "summary") {
         if (p.launches.empty()) bad_plan("summary before launch");
@@ -209,6 +218,9 @@ Plan Plan::deserialize(const std::string& text) {
   }
   if (!ended) bad_plan("truncated (no 'end' line)");
   // Structural checks so that a damaged plan can never address memory wrongly.
+  for (auto& l : p.launches)
+    if (l.collective && l.collective->complete_before > static_cast<int64_t>(p.launches.size()))
+      bad_plan("completion point out of range in " + l.symbol);
   for (auto& l : p.launches)
     for (auto& a : l.args) {
       int64_t limit = a.kind == BufferKind::Input      ? static_cast<int64_t>(p.inputs.size())
@@ -256,6 +268,7 @@ std::vector<Executable::LaunchEvent> Executable::events() const {
 
 void Executable::record(size_t li, std::chrono::steady_clock::time_point t0) {
   auto t1 = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(record_mu_);  // the communication thread records too
   profile_[li].calls += 1;
   profile_[li].seconds += std::chrono::duration<double>(t1 - t0).count();
   static thread_local const int64_t tid = static_cast<int64_t>(::syscall(SYS_gettid));
@@ -268,6 +281,15 @@ void Executable::record(size_t li, std::chrono::steady_clock::time_point t0) {
     events_[events_next_] = e;
     events_next_ = (events_next_ + 1) % kMaxEvents;
   }
+}
+
+// A bucket's later members ran with it: a call of no length each, on the
+// thread that ran the bucket.
+void Executable::record_bucket(size_t li, std::chrono::steady_clock::time_point t0) {
+  record(li, t0);
+  if (li < bucket_.size())
+    for (size_t k = 1; k < bucket_[li].size(); ++k)
+      record(bucket_[li][k], std::chrono::steady_clock::now());
 }
 
 const char* collective_op_name(CollectiveStep::Op op) {
@@ -364,6 +386,14 @@ void Executable::set_device(std::shared_ptr<Communicator> comm, int rank) {
   comm_ = std::move(comm);
   rank_ = rank;
 }
+
+namespace {
+// FLOWJIT_OVERLAP=0 runs every collective synchronously, in plan order.
+bool overlap_enabled() {
+  const char* v = std::getenv("FLOWJIT_OVERLAP");
+  return !(v && std::string(v) == "0");
+}
+}  // namespace
 
 void Executable::run_collective(size_t li, char* const* args) {
   if (bucketed_[li]) return;  // ran with its bucket
@@ -480,15 +510,63 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
       scratch_size_.push_back(need);
     }
   }
+  // Overlap: an all_reduce (bucket) with a completion point runs on the
+  // communication thread; each launch first waits for the buckets that must
+  // be complete before it. Other collectives run here, after the pending ones
+  // (every rank calls its communicator in plan order).
+  const bool overlap = !collective_index_.empty() && overlap_enabled();
+  if (overlap && !comm_thread_) comm_thread_ = std::make_unique<CollectiveQueue>();
+  struct Pending {
+    int64_t before;
+    uint64_t ticket;
+  };
+  std::vector<Pending> pending;
+  struct Drain {  // nothing of this run stays in flight, whatever happens
+    CollectiveQueue* q;
+    ~Drain() {
+      if (q) q->drain();
+    }
+  } drain{overlap ? comm_thread_.get() : nullptr};
+  auto settle = [&](int64_t li) {
+    for (size_t i = 0; i < pending.size();) {
+      if (pending[i].before <= li) {
+        comm_thread_->wait(pending[i].ticket);
+        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  };
   for (size_t li = 0; li < plan_.launches.size(); ++li) {
     const Launch& l = plan_.launches[li];
     char* const* args = argbuf_.data() + arg_start_[li];
     KernelFn fn = fns_[li];
     const bool prof = profiling_enabled();
+    if (!pending.empty()) settle(static_cast<int64_t>(li));
     if (!collective_index_.empty() && collective_index_[li] >= 0) {
+      if (bucketed_[li]) continue;  // ran with its bucket
+      int64_t before = -1;
+      if (overlap && !bucket_[li].empty()) {
+        before = static_cast<int64_t>(plan_.launches.size());
+        for (size_t m : bucket_[li]) {
+          int64_t b = collectives_[collective_index_[m]].complete_before;
+          before = b < 0 ? -1 : std::min(before, b);
+          if (before < 0) break;
+        }
+      }
+      if (before > static_cast<int64_t>(li)) {
+        pending.push_back({before, comm_thread_->submit([this, li, args, prof] {
+                             auto t0 = prof ? std::chrono::steady_clock::now()
+                                            : std::chrono::steady_clock::time_point{};
+                             run_collective(li, args);
+                             if (prof) record_bucket(li, t0);
+                           })});
+        continue;
+      }
+      if (!pending.empty()) settle(std::numeric_limits<int64_t>::max());
       auto t0 = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       run_collective(li, args);
-      if (prof) record(li, t0);
+      if (prof) record_bucket(li, t0);
       continue;
     }
     if (l.range <= 0) continue;
@@ -520,6 +598,7 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
         },
         tbb::static_partitioner());
   }
+  if (!pending.empty()) settle(std::numeric_limits<int64_t>::max());
 }
 
 }  // namespace flowjit::runtime

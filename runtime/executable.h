@@ -40,13 +40,20 @@ struct BufferRef {
 // A collective run between kernels (args {operand, result}): op, dtype,
 // parts, and the [outer][inner] element counts of one device's piece (see
 // runtime/collective.h).
+//
+// complete_before >= 0 (all_reduce only): the collective may run on the
+// device's communication thread while the launches after it run; it must
+// be complete before launch `complete_before` (the first that touches its
+// operand or result; the plan's size: the end of the run). The compiler
+// keeps both buffers alive until then. -1: it runs in place, synchronously.
 struct CollectiveStep {
   enum class Op : uint8_t { AllReduce, AllGather, ReduceScatter, LocalSlice } op = Op::AllReduce;
   ir::DType dtype = ir::DType::Float32;
   int64_t parts = 1, outer = 1, inner = 1;
+  int64_t complete_before = -1;
   bool operator==(const CollectiveStep& o) const {
     return op == o.op && dtype == o.dtype && parts == o.parts && outer == o.outer &&
-           inner == o.inner;
+           inner == o.inner && complete_before == o.complete_before;
   }
 };
 const char* collective_op_name(CollectiveStep::Op op);
@@ -152,6 +159,8 @@ class Executable : public Program {
   std::vector<bool> bucketed_;
   std::shared_ptr<Communicator> comm_;
   int rank_ = 0;
+  std::unique_ptr<CollectiveQueue> comm_thread_;  // asynchronous all_reduces (overlap)
+  std::mutex record_mu_;                          // record() from both threads
   AlignedBuffer arena_;
   std::vector<char*> argbuf_;      // per-launch resolved argument arrays, concatenated
   std::vector<size_t> arg_start_;  // start of launch i in argbuf_
@@ -161,6 +170,7 @@ class Executable : public Program {
   std::vector<LaunchEvent> events_;  // a ring of kMaxEvents once full
   size_t events_next_ = 0;
   void record(size_t li, std::chrono::steady_clock::time_point t0);
+  void record_bucket(size_t li, std::chrono::steady_clock::time_point t0);
   bool bound_ = false;
   bool writes_variables_ = true;
 };

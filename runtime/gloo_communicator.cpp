@@ -38,9 +38,11 @@
 #include <vector>
 
 #include <gloo/allgather.h>
+#include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
 #include <gloo/barrier.h>
 #include <gloo/common/error.h>
+#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
@@ -353,6 +355,7 @@ class GlooCommunicator final : public Communicator {
   template <class F>
   void lead(const char* what, F&& step) {
     std::string failed;
+    inject_test_delay();
     {
       std::lock_guard<std::mutex> lock(gloo_mu_);
       try {
@@ -422,8 +425,55 @@ class GlooCommunicator final : public Communicator {
     for (int l = 1; l < L_; ++l) std::memcpy(slots_[static_cast<size_t>(l)].out, out0, piece);
   }
 
+  // Gloo's ring all-reduce, in place in rank 0's output. Only for two
+  // processes of one device each: every element is then one addition of
+  // two values, which is the same in either order, so the bits equal the
+  // rank-order sum of make_thread_communicator.
+  template <class T>
+  void reduce_all_by_ring(int64_t count) {
+    T* out = static_cast<T*>(slots_[0].out);
+    if (slots_[0].in != slots_[0].out)
+      std::memcpy(out, slots_[0].in, static_cast<size_t>(count) * sizeof(T));
+    gloo::AllreduceOptions o(context_);
+    o.setOutput(out, static_cast<size_t>(count));
+    o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    o.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<T>));
+    o.setTag(tag_++);
+    o.setTimeout(timeout_);
+    gloo::allreduce(o);
+  }
+
+  // The size from which two processes use Gloo's ring (reduce-scatter, then
+  // allgather: each process adds half the elements) rather than gathering
+  // both inputs whole and adding all of them: the same bytes cross the
+  // socket, but a process adds, copies and holds half as much. Below it,
+  // one allgather round trip is the cheaper (latency-bound) exchange.
+  static constexpr int64_t kRingBytes = 256 << 10;
+
+  bool reduce_all_by_ring_if_best(int64_t count, ir::DType dtype) {
+    if (P_ != 2 || L_ != 1 || count * ir::dtype_bytes(dtype) < kRingBytes) return false;
+    switch (dtype) {
+      case ir::DType::Float32:
+        reduce_all_by_ring<float>(count);
+        return true;
+      case ir::DType::Float64:
+        reduce_all_by_ring<double>(count);
+        return true;
+      case ir::DType::Int32:
+        reduce_all_by_ring<int32_t>(count);
+        return true;
+      case ir::DType::Int64:
+        reduce_all_by_ring<int64_t>(count);
+        return true;
+      default:
+        return false;  // Bool is an or; 8-bit sums stay on the gather path
+    }
+  }
+
   void reduce_all(int64_t count, ir::DType dtype) {
     if (count <= 0) return;
+    if (reduce_all_by_ring_if_best(count, dtype)) return;
     // Small exchanges are latency-bound and two processes move the same bytes
     // either way: gather. Large ones over more processes: alltoall + allgather.
     if (P_ > 1 && (P_ == 2 || count * ir::dtype_bytes(dtype) * L_ <= (64 << 10)))

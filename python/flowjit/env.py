@@ -1,18 +1,61 @@
 """flow.env: the processes of a job spread over several machines.
 
-The same script runs in every process, as in OneFlow. Set the processes
-either with flow.env.machine([...]) and flow.env.ctrl_port(port) plus the
-process's rank in FLOWJIT_RANK, or with environment variables only:
+The same script runs in every process, as in OneFlow. A process learns its
+place in the job from, in this order (the first that applies wins):
+
+1. ``flow.env.machine([...])`` and ``flow.env.ctrl_port(port)`` in the script:
+   one process per listed machine, the first hosting the rendezvous at the
+   control port; the rank comes from the environment as below.
+2. flowjit's own variables: ``FLOWJIT_WORLD_SIZE``, ``FLOWJIT_RANK``,
+   ``FLOWJIT_LOCAL_RANK``, ``FLOWJIT_MASTER_ADDR``, ``FLOWJIT_MASTER_PORT``.
+3. torchrun's (and ``python -m flowjit.launch``'s): ``WORLD_SIZE``, ``RANK``,
+   ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``.
+4. Open MPI's ``mpirun``: ``OMPI_COMM_WORLD_SIZE``, ``OMPI_COMM_WORLD_RANK``,
+   ``OMPI_COMM_WORLD_LOCAL_RANK``.
+5. Slurm's ``srun``: ``SLURM_NTASKS`` (``SLURM_STEP_NUM_TASKS`` when set),
+   ``SLURM_PROCID``, ``SLURM_LOCALID``; the rendezvous host is the first
+   host of ``SLURM_JOB_NODELIST`` (``node[01-04,07]`` -> ``node01``).
+
+The world size and the rank are taken from the same source (the first whose
+world-size variable is set). The rendezvous address is ``FLOWJIT_MASTER_ADDR``,
+else ``MASTER_ADDR``, else the source's own (Slurm's first node; 127.0.0.1
+for mpirun on one node), else 127.0.0.1; the port is ``ctrl_port``, else
+``FLOWJIT_MASTER_PORT``, else ``MASTER_PORT``, else, under mpirun or Slurm,
+one derived from the job id (the same in every process of the job).
+
+Example, by hand:
 
     FLOWJIT_WORLD_SIZE=2 FLOWJIT_RANK=0 FLOWJIT_MASTER_ADDR=127.0.0.1 FLOWJIT_MASTER_PORT=29500
 
-Process 0 hosts the rendezvous at the master address and control port.
+or ``python -m flowjit.launch --nproc-per-node 2 script.py``.
 """
 import os
+import re
+import secrets
+import zlib
 
-__all__ = ["machine", "ctrl_port", "timeout"]
+__all__ = ["machine", "ctrl_port", "timeout", "get_rank", "get_world_size", "get_local_rank",
+           "STORE_TOKEN_ENV", "new_store_token"]
 
 _state = {"machines": None, "ctrl_port": None, "timeout": None}
+
+# The variable that carries the rendezvous store's shared secret to every
+# process (flowjit.launch makes one with new_store_token()); the one place
+# on the Python side that names it (the C++ store: runtime/tcp_store.h).
+STORE_TOKEN_ENV = "FLOWJIT_STORE_TOKEN"
+
+
+def new_store_token():
+    """A fresh job token for STORE_TOKEN_ENV: 64 random hex digits."""
+    return secrets.token_hex(32)
+
+# Sources of (world size, rank, local rank), in precedence order.
+_SOURCES = (
+    ("flowjit", ("FLOWJIT_WORLD_SIZE",), "FLOWJIT_RANK", "FLOWJIT_LOCAL_RANK"),
+    ("torchrun", ("WORLD_SIZE",), "RANK", "LOCAL_RANK"),
+    ("mpirun", ("OMPI_COMM_WORLD_SIZE",), "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("slurm", ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), "SLURM_PROCID", "SLURM_LOCALID"),
+)
 
 
 def machine(nodes):
@@ -44,9 +87,28 @@ def timeout(seconds):
     _state["timeout"] = float(seconds)
 
 
+def get_rank():
+    """This process's index in the job (0 when it runs alone)."""
+    return _process_rank()
+
+
+def get_world_size():
+    """The number of processes of the job."""
+    return _process_count()
+
+
+def get_local_rank():
+    """This process's index among the job's processes on its machine."""
+    src = _source()
+    if src is None or _process_count() == 1:
+        return 0
+    v = _int_env(src[3])
+    return _process_rank() if v is None else v
+
+
 def _int_env(name):
     v = os.environ.get(name)
-    if v is None:
+    if v is None or v == "":
         return None
     try:
         return int(v)
@@ -54,34 +116,141 @@ def _int_env(name):
         raise ValueError(f"environment variable {name}={v!r} is not an integer") from None
 
 
+def _source():
+    """(name, world-size variable, rank variable, local-rank variable) of
+    the first launcher whose world size is set, or None."""
+    for name, sizes, rank, local in _SOURCES:
+        for size in sizes:
+            if os.environ.get(size, "") != "":
+                return name, size, rank, local
+    return None
+
+
 def _process_count():
     if _state["machines"] is not None:
         return len(_state["machines"])
-    n = _int_env("FLOWJIT_WORLD_SIZE")
-    if n is not None and n < 1:
-        raise ValueError(f"FLOWJIT_WORLD_SIZE must be >= 1, got {n}")
-    return n or 1
+    src = _source()
+    if src is None:
+        return 1
+    n = _int_env(src[1])
+    if n < 1:
+        raise ValueError(f"{src[1]} must be >= 1, got {n}")
+    return n
+
+
+def _rank_variable():
+    """The variable this process's rank is read from."""
+    src = _source()
+    if src is not None:
+        return src[2]
+    if _state["machines"] is not None:  # flow.env.machine: the first rank variable that is set
+        for _, _, rank, _ in _SOURCES:
+            if os.environ.get(rank, "") != "":
+                return rank
+    return "FLOWJIT_RANK"
 
 
 def _process_rank():
     n = _process_count()
-    r = _int_env("FLOWJIT_RANK")
     if n == 1:
         return 0
+    var = _rank_variable()
+    r = _int_env(var)
     if r is None:
-        raise ValueError(f"this job runs over {n} processes, but FLOWJIT_RANK (this process's index, "
+        also = "" if var == "FLOWJIT_RANK" else " (or FLOWJIT_RANK)"
+        raise ValueError(f"this job runs over {n} processes, but {var}{also} (this process's index, "
                          f"0..{n - 1}) is not set")
     if not 0 <= r < n:
-        raise ValueError(f"FLOWJIT_RANK={r} is outside 0..{n - 1} for {n} processes")
+        raise ValueError(f"{var}={r} is outside 0..{n - 1} for {n} processes")
     return r
 
 
+def expand_nodelist(text):
+    """Slurm's compressed host list ("node[01-04,07],gpu1") as a list of
+    hosts (node01 ... node04, node07, gpu1); several bracket groups in one
+    name multiply out ("r[1-2]n[1-2]" -> r1n1, r1n2, r2n1, r2n2)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"SLURM_JOB_NODELIST: expected a host list such as 'node[01-04,07]', got {text!r}")
+    names, depth, start = [], 0, 0
+    for i, c in enumerate(text + ","):
+        if c == "[":
+            depth += 1
+        elif c == "]":
+            depth -= 1
+        if depth < 0 or depth > 1:
+            raise ValueError(f"SLURM_JOB_NODELIST={text!r}: unbalanced brackets")
+        if c == "," and depth == 0:
+            if i > start:
+                names.append(text[start:i].strip())
+            start = i + 1
+    if depth != 0:
+        raise ValueError(f"SLURM_JOB_NODELIST={text!r}: unbalanced brackets")
+    hosts = []
+    for name in names:
+        parts = re.split(r"(\[[^\]]*\])", name)
+        expanded = [""]
+        for p in parts:
+            if not p.startswith("["):
+                expanded = [e + p for e in expanded]
+                continue
+            choices = []
+            for item in p[1:-1].split(","):
+                m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", item)
+                if not m:
+                    raise ValueError(f"SLURM_JOB_NODELIST={text!r}: bad range {item!r} in {p}")
+                lo, hi = m.group(1), m.group(2) or m.group(1)
+                if int(hi) < int(lo):
+                    raise ValueError(f"SLURM_JOB_NODELIST={text!r}: range {item!r} runs backwards")
+                width = len(lo)
+                choices.extend(str(k).zfill(width) for k in range(int(lo), int(hi) + 1))
+            expanded = [e + c for e in expanded for c in choices]
+        hosts.extend(expanded)
+    return hosts
+
+
+def _first_slurm_host():
+    nodes = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST") \
+        or os.environ.get("SLURM_NODELIST")
+    return expand_nodelist(nodes)[0] if nodes else None
+
+
+def _port_from_job_id(job):
+    """A port every process of one job derives alike (20000..39999)."""
+    return 20000 + zlib.crc32(job.encode()) % 20000
+
+
 def _master():
-    addr = _state["machines"][0] if _state["machines"] else os.environ.get("FLOWJIT_MASTER_ADDR", "127.0.0.1")
-    port = _state["ctrl_port"] or _int_env("FLOWJIT_MASTER_PORT")
+    src = _source()
+    kind = src[0] if src else None
+    if _state["machines"]:
+        addr = _state["machines"][0]
+    else:
+        addr = os.environ.get("FLOWJIT_MASTER_ADDR") or os.environ.get("MASTER_ADDR")
+        if not addr and kind == "slurm":
+            addr = _first_slurm_host()
+        if not addr and kind == "mpirun":
+            size = _int_env("OMPI_COMM_WORLD_SIZE")
+            local = _int_env("OMPI_COMM_WORLD_LOCAL_SIZE")
+            if local is not None and local != size:
+                raise ValueError(f"mpirun started {size} processes over several machines ({local} on this "
+                                 "one), and Open MPI does not say where rank 0 runs: set MASTER_ADDR (or "
+                                 "FLOWJIT_MASTER_ADDR) to rank 0's host, e.g. mpirun -x MASTER_ADDR=host0")
+        addr = addr or "127.0.0.1"
+    port = _state["ctrl_port"] or _int_env("FLOWJIT_MASTER_PORT") or _int_env("MASTER_PORT")
+    if port is None:
+        job = None
+        if kind == "slurm":
+            job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SLURM_JOBID")
+            job = job and f"slurm-{job}-{os.environ.get('SLURM_STEP_ID', '')}"
+        elif kind == "mpirun":
+            job = os.environ.get("OMPI_MCA_ess_base_jobid") or os.environ.get("PMIX_NAMESPACE")
+        if job:
+            port = _port_from_job_id(job)
     if port is None:
         raise ValueError("several processes need a rendezvous port: call flow.env.ctrl_port(port) or set "
-                         "FLOWJIT_MASTER_PORT")
+                         "FLOWJIT_MASTER_PORT (or MASTER_PORT)")
+    if not 0 < port < 65536:
+        raise ValueError(f"the rendezvous port must be in 1..65535, got {port}")
     return addr, port
 
 

@@ -180,6 +180,40 @@ TEST(Distribute, FusionMakesCollectivesLaunchesWithoutCode) {
                UserError);
   EXPECT_THROW(runtime::Plan::deserialize(head + "collective shuffle f32 2 1 3\nend\n"), UserError);
   EXPECT_NO_THROW(runtime::Plan::deserialize(head + "collective all_gather f32 2 1 3\nend\n"));
+  // The completion point of an asynchronous all_reduce: after it, at most the end.
+  EXPECT_EQ(runtime::Plan::deserialize(head + "collective all_reduce f32 2 1 3 1\nend\n")
+                .launches[0]
+                .collective->complete_before,
+            1);
+  EXPECT_THROW(runtime::Plan::deserialize(head + "collective all_reduce f32 2 1 3 0\nend\n"),
+               UserError);
+  EXPECT_THROW(runtime::Plan::deserialize(head + "collective all_reduce f32 2 1 3 2\nend\n"),
+               UserError);
+  EXPECT_THROW(runtime::Plan::deserialize(head + "collective all_gather f32 2 1 3 1\nend\n"),
+               UserError);
+  for (auto& l : fp.plan.launches)
+    if (l.collective) EXPECT_GT(l.collective->complete_before, 0) << fp.description;
+}
+
+TEST(Distribute, CollectiveQueueRunsInOrderAndReportsTheFirstError) {
+  runtime::CollectiveQueue q;
+  std::vector<int> seen;
+  uint64_t a = q.submit([&] { seen.push_back(1); });
+  q.wait(a);
+  EXPECT_EQ(seen, std::vector<int>{1});
+  uint64_t b = q.submit([&] { throw UserError(ErrorKind::Runtime, "peer gone"); });
+  uint64_t c = q.submit([&] { seen.push_back(3); });  // skipped after the failure
+  try {
+    q.wait(b);
+    FAIL() << "expected the error";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("peer gone"), std::string::npos);
+  }
+  EXPECT_THROW(q.wait(c), UserError);
+  q.drain();  // the next run starts clean
+  uint64_t d = q.submit([&] { seen.push_back(4); });
+  q.wait(d);
+  EXPECT_EQ(seen, (std::vector<int>{1, 4}));
 }
 
 // ---------------------------------------------------------------- communicator

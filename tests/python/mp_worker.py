@@ -1,7 +1,8 @@
 """One process of a multi-process test (tests/python/test_multiprocess.py):
 trains the seed MLP for a few steps on synthetic data and saves the loss and
-the variables. Its role comes from FLOWJIT_* environment variables; the
-same script runs in every process, as in OneFlow."""
+the variables. Its role comes from the environment (FLOWJIT_*, torchrun's, mpirun's
+or Slurm's variables, see flow.env); the same script runs in every process,
+as in OneFlow."""
 import os
 import sys
 
@@ -21,7 +22,7 @@ def main(out, local, mode, steps, exit_after):
         os.environ["FLOWJIT_WORLD_SIZE"] = str(world)  # read back below for the data split only
     flow.config.cpu_device_num(local)
     split, mirrored = mode == "split", mode == "mirrored"
-    rank, world = int(os.environ.get("FLOWJIT_RANK", "0")), int(os.environ.get("FLOWJIT_WORLD_SIZE", "1"))
+    rank, world = flow.env.get_rank(), flow.env.get_world_size()  # from whichever launcher started us
     devices = local * world
     cfg = flow.function_config()
     if mirrored:
@@ -45,7 +46,7 @@ def main(out, local, mode, steps, exit_after):
     rng = np.random.default_rng(7)
     losses = []
     for step in range(steps):
-        if step == exit_after:
+        if step == exit_after and rank == world - 1:
             os._exit(3)  # a process that dies without a word
         x = rng.random((BATCH, 1, 28, 28), dtype=np.float32)
         y = rng.integers(0, 10, BATCH).astype(np.int32)

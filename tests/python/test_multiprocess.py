@@ -92,6 +92,11 @@ def test_two_processes_of_two_devices_data_parallel(tmp_path, one_process):
     check_same(launch(tmp_path, 2, local=2, split=False), one_process)
 
 
+def test_two_processes_without_overlap(tmp_path, one_process):
+    # FLOWJIT_OVERLAP=0: every collective synchronous, in plan order.
+    check_same(launch(tmp_path, 2, extra_env={"FLOWJIT_OVERLAP": "0"}), one_process)
+
+
 def test_mirrored_view_over_two_processes(tmp_path, one_process):
     check_same(launch(tmp_path, 2, mode="mirrored"), one_process, losses=False)
 
