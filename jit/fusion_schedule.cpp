@@ -107,7 +107,7 @@ void Fuser::build_and_schedule(FusedProgram& out) {
         }
     b.collective->complete_before = static_cast<int64_t>(until);
     for (const Storage& s : b.arg_storage)
-      if (s.kind == Storage::Arena) {
+      if (s.kind == BufferKind::Arena) {
         BufferLife& l = lives[s.index];
         l.last = std::max(l.last, static_cast<int>(until));
       }
