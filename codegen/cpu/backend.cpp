@@ -193,7 +193,13 @@ const CpuTarget& host_target() {
   return t;
 }
 
-std::string CpuTarget::id() const { return triple + ";" + cpu + ";" + features; }
+// The matmul's tiles come from the features (vector width, registers, FMA);
+// its cache blocking and task split from the cache sizes and thread count,
+// so those are part of the key too.
+std::string CpuTarget::id() const {
+  return triple + ";" + cpu + ";" + features + ";l1d=" + std::to_string(l1d_bytes) +
+         ";l2=" + std::to_string(l2_bytes) + ";threads=" + std::to_string(threads);
+}
 
 std::string host_target_id() { return host_target().id(); }
 int host_vector_bits() { return host_target().vector_bits; }
