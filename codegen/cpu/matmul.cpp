@@ -164,7 +164,7 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   // Packing pays when a panel is reused: B's across the row tiles of a task,
   // A's across its column panels. B is read in place only along contiguous
   // rows (vector loads); A's broadcasts take any plain strides.
-  bl.pack_b = true;  // B read in place measured 2x slower (L2-strided rows) even when used once
+  bl.pack_b = !(mm.plain(1) && mm.b.strides[2] == 1 && bl.task_rows <= bl.mr);
   bl.pack_a = !(mm.plain(0) && bl.task_cols <= bl.nr);
   return bl;
 }
