@@ -32,13 +32,34 @@ _prefer_this_checkout()
 _OPENBLAS_PINS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
+# FLOWJIT_CPU values that mean an AVX2+FMA target, and the switches that hold
+# the peers to the same instructions: OpenBLAS's Haswell kernels, MKL and
+# PyTorch's ATen at AVX2 (XLA gets --xla_cpu_max_isa=AVX2).
+_AVX2_CPUS = ("x86-64-v3", "haswell", "broadwell", "skylake", "znver1", "znver2", "znver3")
+_AVX2_PEERS = {"OPENBLAS_CORETYPE": "Haswell", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+               "ATEN_CPU_CAPABILITY": "avx2"}
+
+
 def fair_env():
     """Re-executes this process without the OpenBLAS pinning variables, once.
 
     Call it first in a script's __main__ block. The variables are removed for
-    the benchmark process only; the caller's shell is unchanged.
+    the benchmark process only; the caller's shell is unchanged. With
+    FLOWJIT_CPU=x86-64-v3 (an AVX2 target on a bigger host) the peers are
+    held to AVX2 instead (see _AVX2_PEERS).
     """
+    peers_avx2 = os.environ.get("FLOWJIT_CPU", "") in _AVX2_CPUS
     found = {k: os.environ[k] for k in _OPENBLAS_PINS if k in os.environ}
+    if peers_avx2 and not os.environ.get("FLOWJIT_BENCH_REEXEC"):
+        # flowjit generates AVX2 code (FLOWJIT_CPU): the peers are held to AVX2
+        # as well, so the run measures what an AVX2+FMA host would see.
+        env = {k: v for k, v in os.environ.items() if k not in _OPENBLAS_PINS}
+        env.update(_AVX2_PEERS)
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_max_isa=AVX2").strip()
+        env["FLOWJIT_BENCH_REEXEC"] = "peers held to AVX2: " + " ".join(
+            f"{k}={v}" for k, v in sorted(_AVX2_PEERS.items()))
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable] + sys.argv, env)
     if found and not os.environ.get("FLOWJIT_BENCH_REEXEC"):
         env = {k: v for k, v in os.environ.items() if k not in _OPENBLAS_PINS}
         env["FLOWJIT_BENCH_REEXEC"] = ",".join(f"{k}={v}" for k, v in found.items())
@@ -142,6 +163,8 @@ def flowjit_build():
     """'flowjit <version> build <id> from <path> (git <rev>), LLVM <v>, target, threads'."""
     import flowjit
     from flowjit import _C
+    if os.environ.get("FLOWJIT_BENCH_THREADS"):  # every implementation gets this many threads
+        _C.set_num_threads(int(os.environ["FLOWJIT_BENCH_THREADS"]))
     b = _C.build_info()
     where = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(flowjit.__file__))))
     rev = "?"
@@ -167,6 +190,8 @@ def header():
     print(f"# {flowjit_build()}")
     import numpy
     print(f"# numpy {numpy.__version__}: {openblas_info()}", flush=True)
+    if clock_note():
+        print(clock_note(), flush=True)
     return m
 
 
@@ -181,6 +206,22 @@ def peer(name):
         return None
 
 
+# FLOWJIT_BENCH_CLOCK=cpu times with the process's CPU time instead of the wall
+# clock: on a machine whose cores other work shares, time spent preempted is
+# then not counted. Use it with FLOWJIT_BENCH_THREADS=1 (every implementation on
+# one thread; with more, CPU time adds the threads up and counts a peer's
+# spinning workers).
+_clock = time.process_time if os.environ.get("FLOWJIT_BENCH_CLOCK") == "cpu" else time.perf_counter
+
+
+def clock_note():
+    """'' or the line saying which clock and thread count the run used."""
+    if os.environ.get("FLOWJIT_BENCH_CLOCK") != "cpu" and not os.environ.get("FLOWJIT_BENCH_THREADS"):
+        return ""
+    return (f"# clock: {'process CPU time' if _clock is time.process_time else 'wall'}; "
+            f"FLOWJIT_BENCH_THREADS={os.environ.get('FLOWJIT_BENCH_THREADS', '(default)')}")
+
+
 def timeit(fn, *, warmup=3, reps=7, target_s=0.08, max_inner=100000, sync=None):
     """Times fn(); returns (best, median) seconds per call.
 
@@ -192,20 +233,20 @@ def timeit(fn, *, warmup=3, reps=7, target_s=0.08, max_inner=100000, sync=None):
         r = fn()
     if sync is not None:
         sync(r)
-    t0 = time.perf_counter()
+    t0 = _clock()
     r = fn()
     if sync is not None:
         sync(r)
-    one = max(time.perf_counter() - t0, 1e-7)
+    one = max(_clock() - t0, 1e-7)
     inner = int(min(max_inner, max(1, target_s / one)))
     samples = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = _clock()
         for _ in range(inner):
             r = fn()
         if sync is not None:
             sync(r)
-        samples.append((time.perf_counter() - t0) / inner)
+        samples.append((_clock() - t0) / inner)
     return min(samples), statistics.median(samples)
 
 
@@ -235,11 +276,11 @@ def interleaved(fns, *, warmup=3, reps=7, target_s=0.08, max_inner=100000, syncs
             r = fn()
         if sync is not None:
             sync(r)
-        t0 = time.perf_counter()
+        t0 = _clock()
         r = fn()
         if sync is not None:
             sync(r)
-        one = max(time.perf_counter() - t0, 1e-7)
+        one = max(_clock() - t0, 1e-7)
         inner[name] = fixed or int(min(max_inner, max(1, target_s / one)))
     samples = {name: [] for name in names}
     for k in range(reps):
@@ -248,12 +289,12 @@ def interleaved(fns, *, warmup=3, reps=7, target_s=0.08, max_inner=100000, syncs
             fn, sync, n = fns[name], syncs.get(name), inner[name]
             if cooldown_s:
                 time.sleep(cooldown_s)
-            t0 = time.perf_counter()
+            t0 = _clock()
             for _ in range(n):
                 r = fn()
             if sync is not None:
                 sync(r)
-            samples[name].append((time.perf_counter() - t0) / n)
+            samples[name].append((_clock() - t0) / n)
     return {name: (min(v), statistics.median(v)) for name, v in samples.items()}
 
 

@@ -193,12 +193,20 @@ const CpuTarget& host_target() {
   return t;
 }
 
-std::string CpuTarget::id() const { return TargetId{triple, cpu, {features}, ""}.str(); }
-
-TargetId host_target_id() {
-  const CpuTarget& t = host_target();
-  return TargetId{t.triple, t.cpu, {t.features}, ""};
+// The matmul's tiles come from the features (vector width, registers, FMA);
+// its cache blocking and task split from the cache sizes and thread count,
+// so those are part of the key too.
+TargetId CpuTarget::target_id() const {
+  return TargetId{triple,
+                  cpu,
+                  {features, "l1d=" + std::to_string(l1d_bytes), "l2=" + std::to_string(l2_bytes),
+                   "threads=" + std::to_string(threads)},
+                  ""};
 }
+
+std::string CpuTarget::id() const { return target_id().str(); }
+
+TargetId host_target_id() { return host_target().target_id(); }
 int host_vector_bits() { return host_target().vector_bits; }
 
 llvm::Function* declare_kernel(llvm::Module& m, const std::string& name, const CpuTarget& t) {

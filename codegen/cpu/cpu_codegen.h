@@ -10,6 +10,7 @@
 
 #include "codegen/emit.h"
 #include "codegen/kernel.h"
+#include "codegen/target.h"
 
 namespace flowjit::codegen::cpu {
 
@@ -25,7 +26,9 @@ struct CpuTarget {
   int threads = 1;
 
   int lanes(int elem_bytes) const { return std::max(1, vector_bits / (8 * elem_bytes)); }
-  std::string id() const;  // triple, cpu and features: part of the disk-cache key
+  // Triple, cpu, features, cache sizes and threads: part of the disk-cache key.
+  TargetId target_id() const;
+  std::string id() const;  // target_id().str()
 };
 
 const CpuTarget& host_target();

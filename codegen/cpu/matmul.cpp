@@ -14,6 +14,7 @@
 #include <llvm/IR/Intrinsics.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 
@@ -29,8 +30,19 @@ namespace {
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
+// Two kernel shapes. Gemm: the packed Goto/BLIS algorithm above, the register
+// tile MR rows x NR columns of accumulators, broadcasting A and loading B
+// vectors along n. Dot: for skinny outputs (n <= kSkinny) whose operands are
+// both contiguous along k (x @ W^T with W stored (out, in)), vectors run along
+// k instead: MR rows x NR columns of k-vector accumulators, one horizontal sum
+// per output at the end, no packing and no lanes wasted on a short n.
+enum class Path { Gemm, Dot };
+constexpr int64_t kSkinny = 10;
+
 struct Blocking {
-  int vl = 16;  // lanes per vector
+  Path path = Path::Gemm;
+  int vl = 16;    // lanes per vector
+  int regs = 32;  // vector registers of the target
   int mr = 12, nr = 32;
   int64_t kc = 256, mc = 144, nc = 512;
   int64_t num_kb = 1;
@@ -38,20 +50,75 @@ struct Blocking {
   int64_t task_cols = 0;  // cols per task (multiple of nr)
   int64_t row_groups = 1, col_blocks = 1;
   int64_t tasks = 1;
+  // Gemm: an operand is packed only when the task reuses its panels; else
+  // the micro-kernel reads it where it lies (a single row tile per task
+  // reads each B element once, a single column panel each A element once).
+  bool pack_a = true, pack_b = true;
 };
+
+// Vector registers: 32 with AVX-512 (zmm0-31), 16 otherwise (ymm/xmm0-15).
+int vector_registers(const CpuTarget& t) { return t.vector_bits >= 512 ? 32 : 16; }
+
+// Threads worth using: one task per thread, but not for matmuls too small to
+// pay for a fork (about a megaflop per task).
+int64_t wanted_tasks(const MatMulSpec& mm, const CpuTarget& t) {
+  double flops = 2.0 * mm.m * mm.n * mm.k * mm.batch;
+  return std::max<int64_t>(1, std::min<int64_t>(t.threads, static_cast<int64_t>(flops / 1.5e6)));
+}
+
+bool dot_applies(const MatMulSpec& mm, int vl) {
+  return mm.plain(0) && mm.plain(1) && mm.a.strides[2] == 1 && mm.b.strides[1] == 1 &&
+         mm.n <= kSkinny && mm.k >= 2 * vl && mm.m > 0 && mm.batch > 0;
+}
+
+// Dot tile: MR x NR accumulators plus MR A vectors, one B vector and one spare
+// (a product temporary without FMA) must fit the registers; NR <= VL so one
+// vector holds a tile row's sums for the epilogue. Best: most accumulators
+// doing useful work (edge tiles waste some), then fewest loads per FMA.
+Blocking choose_dot(const MatMulSpec& mm, Blocking bl, const CpuTarget& t) {
+  bl.path = Path::Dot;
+  bl.pack_a = bl.pack_b = false;
+  double best = -1;
+  for (int c = 1; c <= std::min<int64_t>({mm.n, bl.vl, 8}); ++c) {
+    int ce = static_cast<int>(ceil_div(mm.n, ceil_div(mm.n, c)));  // even split of n
+    for (int r = 1; r <= std::min<int64_t>(mm.m, 8); ++r) {
+      if (r * ce + r + 2 > bl.regs) continue;
+      double eff = static_cast<double>(mm.m * mm.n) / (round_up(mm.m, r) * round_up(mm.n, ce));
+      double score = r * ce * eff - 1e-3 * (r + ce) / (r * ce);
+      if (score > best) best = score, bl.mr = r, bl.nr = ce;
+    }
+  }
+  int64_t want = wanted_tasks(mm, t);
+  int64_t row_groups = std::min<int64_t>(ceil_div(want, mm.batch), ceil_div(mm.m, bl.mr));
+  row_groups = std::max<int64_t>(1, row_groups);
+  bl.task_rows = round_up(ceil_div(mm.m, row_groups), bl.mr);
+  bl.row_groups = ceil_div(mm.m, bl.task_rows);
+  bl.task_cols = mm.n;
+  bl.col_blocks = 1;
+  bl.kc = mm.k;
+  bl.mc = bl.task_rows;
+  bl.nc = mm.n;
+  bl.tasks = mm.batch * bl.row_groups;
+  return bl;
+}
 
 Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& t) {
   Blocking bl;
   bl.vl = t.lanes(elem_bytes);
-  int regs = t.vector_bits >= 512 ? 32 : 16;
-  // Accumulators MR x (NR / VL) plus NR / VL B vectors plus one broadcast.
+  bl.regs = vector_registers(t);
+  if (dot_applies(mm, bl.vl)) return choose_dot(mm, bl, t);
+  const int regs = bl.regs;
+  // Accumulators MR x (NR / VL) plus NR / VL B vectors plus one broadcast
+  // (and one product temporary where there is no FMA).
   if (mm.n <= bl.vl) {
     bl.nr = bl.vl;
     bl.mr = std::min<int>(regs - 4, 14);
   } else {
     bl.nr = 2 * bl.vl;
-    bl.mr = (regs - 3 - 2) / 2;  // 13 with 32 registers, 5 with 16
-    bl.mr = regs >= 32 ? 12 : 5;
+    // 32 registers: 12 x 2 (24 accumulators, BLIS's SKX shape); 16: 6 x 2
+    // (12 accumulators, 2 B vectors, 1 broadcast: Haswell/Zen's 6x16), 5 x 2
+    // without FMA, whose multiply needs a temporary.
+    bl.mr = regs >= 32 ? 12 : t.has_fma ? 6 : 5;
   }
   bl.mr = static_cast<int>(std::min<int64_t>(bl.mr, std::max<int64_t>(1, mm.m)));
   // KC: the B micro-panel (KC x NR) and an A micro-panel share L1.
@@ -74,11 +141,7 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   }
   int64_t col_blocks = std::max<int64_t>(1, ceil_div(mm.n, nc_max)), row_groups = 1;
   int64_t max_row_groups = ceil_div(mm.m, bl.mr), max_col_blocks = ceil_div(mm.n, bl.nr);
-  // One task per thread, but not for matmuls too small to pay for a fork
-  // (about a megaflop per task).
-  double flops = 2.0 * mm.m * mm.n * mm.k * mm.batch;
-  int64_t want =
-      std::max<int64_t>(1, std::min<int64_t>(t.threads, static_cast<int64_t>(flops / 1.5e6)));
+  int64_t want = wanted_tasks(mm, t);
   while (mm.batch * row_groups * col_blocks < want) {
     bool can_cols = col_blocks < max_col_blocks;
     bool can_rows = row_groups < max_row_groups;
@@ -98,7 +161,41 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   bl.mc = std::min(bl.task_rows, mc_max);
   bl.nc = bl.task_cols;
   bl.tasks = mm.batch * bl.row_groups * bl.col_blocks;
+  // Packing pays when a panel is reused: B's across the row tiles of a task,
+  // A's across its column panels. B is read in place only along contiguous
+  // rows (vector loads); A's broadcasts take any plain strides.
+  bl.pack_b = !(mm.plain(1) && mm.b.strides[2] == 1 && bl.task_rows <= bl.mr);
+  bl.pack_a = !(mm.plain(0) && bl.task_cols <= bl.nr);
   return bl;
+}
+
+// What FLOWJIT_DEBUG=1 prints for a matmul kernel: the target facts the
+// choice came from and the choice.
+std::string describe_blocking(const Kernel& k, const Blocking& bl, const CpuTarget& t) {
+  const MatMulSpec& mm = k.mm;
+  std::string s = k.name + ": matmul " + std::to_string(mm.batch) + "x" + std::to_string(mm.m) +
+                  "x" + std::to_string(mm.k) + "x" + std::to_string(mm.n) + " on " + t.cpu + " (" +
+                  std::to_string(t.vector_bits) + "-bit vectors, " + std::to_string(bl.regs) +
+                  " registers, " + (t.has_fma ? "fma" : "no fma") + ", L1d " +
+                  std::to_string(t.l1d_bytes >> 10) + "K, L2 " + std::to_string(t.l2_bytes >> 10) +
+                  "K, " + std::to_string(t.threads) + " threads): ";
+  if (bl.path == Path::Dot) {
+    s += "dot path, " + std::to_string(bl.mr) + " rows x " + std::to_string(bl.nr) + " cols of " +
+         std::to_string(bl.vl) + "-lane k vectors, no packing";
+  } else {
+    s += "gemm, tile " + std::to_string(bl.mr) + "x" + std::to_string(bl.nr) + " (" +
+         std::to_string(bl.mr * (bl.nr / bl.vl)) + " accumulators of " + std::to_string(bl.vl) +
+         " lanes), kc " + std::to_string(bl.kc) + " x " + std::to_string(bl.num_kb) + ", mc " +
+         std::to_string(bl.mc) + ", nc " + std::to_string(bl.nc) + ", A " +
+         (bl.pack_a ? "packed" : "in place") + ", B " + (bl.pack_b ? "packed" : "in place");
+  }
+  s += ", " + std::to_string(bl.tasks) + " task(s)";
+  return s;
+}
+
+bool debug_enabled() {
+  const char* d = std::getenv("FLOWJIT_DEBUG");
+  return d != nullptr && std::atoi(d) >= 1;
 }
 
 class MatMulEmitter {
@@ -112,6 +209,8 @@ class MatMulEmitter {
     eb_ = ir::dtype_bytes(dt_);
     is_float_ = ir::is_float(dt_);
     bl_ = choose_blocking(mm_, eb_, t);
+    if (debug_enabled())
+      std::fprintf(stderr, "[flowjit] %s\n", describe_blocking(k_, bl_, t_).c_str());
   }
 
   llvm::Function* emit(LaunchShape& shape) {
@@ -126,15 +225,24 @@ class MatMulEmitter {
 
     // Scratch: Ap (MC x KC), Bp (KC x NC), and partial sums when K is blocked.
     Value* scratch = f_->getArg(3);
-    int64_t ap_elems = round_up(bl_.mc, bl_.mr) * bl_.kc;
-    int64_t bp_elems = round_up(bl_.nc, bl_.nr) * bl_.kc;
+    int64_t ap_elems = bl_.pack_a ? round_up(bl_.mc, bl_.mr) * bl_.kc : 0;
+    int64_t bp_elems = bl_.pack_b ? round_up(bl_.nc, bl_.nr) * bl_.kc : 0;
     int64_t cp_elems = bl_.num_kb > 1 ? bl_.task_rows * bl_.task_cols : 0;
     ap_ = scratch;
     bp_ = b_.CreateGEP(et_, scratch, b_.getInt64(round_up(ap_elems, 16)));
     cp_ = b_.CreateGEP(et_, bp_, b_.getInt64(round_up(bp_elems, 16)));
     shape.scratch_bytes = (round_up(ap_elems, 16) + round_up(bp_elems, 16) + cp_elems) * eb_ + 64;
 
-    emit_for(b_, f_->getArg(1), f_->getArg(2), 1, [&](Value* task) { emit_task(task); }, "task");
+    emit_for(
+        b_, f_->getArg(1), f_->getArg(2), 1,
+        [&](Value* task) {
+          if (bl_.path == Path::Dot) {
+            emit_dot_task(task);
+          } else {
+            emit_task(task);
+          }
+        },
+        "task");
     b_.CreateRetVoid();
 
     shape.range = bl_.tasks;
@@ -178,19 +286,110 @@ class MatMulEmitter {
                  /*last=*/true);
   }
 
+  // ---------------------------------------------------------------- dot
+
+  // One task: rows [m_lo, m_hi) of one batch, all n columns, in tiles of MR
+  // rows x NR columns (the column tiles unrolled: n <= kSkinny).
+  void emit_dot_task(Value* task) {
+    bi_ = b_.CreateSDiv(task, i64(bl_.row_groups));
+    Value* rg = b_.CreateSRem(task, i64(bl_.row_groups));
+    m_lo_ = b_.CreateMul(rg, i64(bl_.task_rows));
+    m_hi_ = min64(b_.CreateAdd(m_lo_, i64(bl_.task_rows)), i64(mm_.m));
+    n_lo_ = i64(0);
+    n_hi_ = i64(mm_.n);
+    emit_for(
+        b_, m_lo_, m_hi_, bl_.mr,
+        [&](Value* m0) {
+          for (int64_t n0 = 0; n0 < mm_.n; n0 += bl_.nr)
+            emit_dot_tile(m0, n0, static_cast<int>(std::min<int64_t>(bl_.nr, mm_.n - n0)));
+        },
+        "dm");
+  }
+
+  // acc[i][j] += A[m0 + i, k:k+VL] * B[k:k+VL, n0 + j] over k, then each
+  // row's cols horizontal sums go into one vector for the epilogue.
+  void emit_dot_tile(Value* m0, int64_t n0, int cols) {
+    const int mr = bl_.mr, vl = bl_.vl;
+    std::vector<llvm::AllocaInst*> acc(mr * cols);
+    {
+      llvm::IRBuilder<> eb(entry_, entry_->begin());
+      for (auto& a : acc) a = eb.CreateAlloca(vt_, nullptr, "d");
+    }
+    for (auto* a : acc) b_.CreateStore(llvm::Constant::getNullValue(vt_), a);
+    std::vector<Value*> row(mr);
+    for (int i = 0; i < mr; ++i) row[i] = min64(b_.CreateAdd(m0, i64(i)), i64(mm_.m - 1));
+    auto step = [&](Value* k, Value* mask) {
+      auto load = [&](Value* p) {
+        if (mask)
+          return static_cast<Value*>(
+              b_.CreateMaskedLoad(vt_, p, ealign(), mask, llvm::Constant::getNullValue(vt_)));
+        return static_cast<Value*>(b_.CreateAlignedLoad(vt_, p, ealign()));
+      };
+      std::vector<Value*> av(mr);
+      for (int i = 0; i < mr; ++i) av[i] = load(a_ptr(row[i], k));
+      for (int j = 0; j < cols; ++j) {
+        Value* bv = load(b_ptr(k, i64(n0 + j)));
+        for (int i = 0; i < mr; ++i) {
+          Value* c = b_.CreateLoad(vt_, acc[i * cols + j]);
+          b_.CreateStore(fma(av[i], bv, c), acc[i * cols + j]);
+        }
+      }
+    };
+    int64_t full = mm_.k / vl * vl;
+    emit_for(b_, i64(0), i64(full), vl, [&](Value* k) { step(k, nullptr); }, "dk");
+    if (mm_.k > full) step(i64(full), lane_mask(i64(mm_.k - full)));
+    llvm::LLVMContext& c = m_.getContext();
+    auto* sums = [&] {
+      llvm::IRBuilder<> eb(entry_, entry_->begin());
+      return eb.CreateAlloca(vt_, nullptr, "dsum");
+    }();
+    Value* mask = cols < vl ? lane_mask(i64(cols)) : nullptr;
+    for (int i = 0; i < mr; ++i) {
+      auto* in = llvm::BasicBlock::Create(c, "drow", f_);
+      auto* next = llvm::BasicBlock::Create(c, "drow.next", f_);
+      b_.CreateCondBr(b_.CreateICmpSLT(b_.CreateAdd(m0, i64(i)), m_hi_), in, next);
+      b_.SetInsertPoint(in);
+      Value* v = llvm::Constant::getNullValue(vt_);
+      std::vector<Value*> sc(cols);
+      for (int j = 0; j < cols; ++j) {
+        Value* x = b_.CreateLoad(vt_, acc[i * cols + j]);
+        Value* sum;
+        if (is_float_) {
+          auto* r = b_.CreateFAddReduce(llvm::ConstantFP::getNegativeZero(et_), x);
+          r->setHasAllowReassoc(true);
+          sum = r;
+        } else {
+          sum = b_.CreateAddReduce(x);
+        }
+        v = b_.CreateInsertElement(v, sum, i64(j));
+        sc[j] = sum;
+      }
+      if (native_masks() || cols == vl) {
+        b_.CreateStore(v, sums);
+        epilogue(i, 0, m0, i64(n0), sums, mask);
+      } else {
+        for (int j = 0; j < cols; ++j)
+          epilogue_at(b_.CreateAdd(m0, i64(i)), i64(n0 + j), sc[j], nullptr, 1);
+      }
+      b_.CreateBr(next);
+      b_.SetInsertPoint(next);
+    }
+  }
+
   void emit_k_block(Value* k0, int64_t kc, Value* first, bool last) {
-    emit_pack_b(k0, kc);
+    if (bl_.pack_b) emit_pack_b(k0, kc);
     emit_for(
         b_, m_lo_, m_hi_, bl_.mc,
         [&](Value* ic) {
           Value* mc_hi = min64(b_.CreateAdd(ic, i64(bl_.mc)), m_hi_);
-          emit_pack_a(ic, mc_hi, k0, kc);
+          if (bl_.pack_a) emit_pack_a(ic, mc_hi, k0, kc);
           emit_for(
               b_, n_lo_, n_hi_, bl_.nr,
               [&](Value* jr) {
                 emit_for(
                     b_, ic, mc_hi, bl_.mr,
-                    [&](Value* ir) { emit_micro_tile(ic, jr, ir, mc_hi, kc, first, last); }, "ir");
+                    [&](Value* ir) { emit_micro_tile(ic, jr, ir, mc_hi, k0, kc, first, last); },
+                    "ir");
               },
               "jr");
         },
@@ -483,8 +682,8 @@ class MatMulEmitter {
 
   // ---------------------------------------------------------------- tile
 
-  void emit_micro_tile(Value* ic, Value* jr, Value* ir, Value* mc_hi, int64_t kc, Value* first,
-                       bool last) {
+  void emit_micro_tile(Value* ic, Value* jr, Value* ir, Value* mc_hi, Value* k0, int64_t kc,
+                       Value* first, bool last) {
     const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
     Value* p = b_.CreateSDiv(b_.CreateSub(ir, ic), i64(mr));
     Value* q = b_.CreateSDiv(b_.CreateSub(jr, n_lo_), i64(bl_.nr));
@@ -508,27 +707,65 @@ class MatMulEmitter {
         }
         b_.CreateStore(init, acc[i * nv + v]);
       }
-    emit_for(
-        b_, i64(0), i64(kc), 1,
-        [&](Value* k) {
-          std::vector<Value*> bv(nv);
-          for (int v = 0; v < nv; ++v)
-            bv[v] = b_.CreateAlignedLoad(
-                vt_,
-                b_.CreateGEP(et_, bp, b_.CreateAdd(b_.CreateMul(k, i64(bl_.nr)), i64(v * bl_.vl))),
-                ealign());
-          for (int i = 0; i < mr; ++i) {
-            Value* a = b_.CreateAlignedLoad(
-                et_, b_.CreateGEP(et_, ap, b_.CreateAdd(b_.CreateMul(k, i64(mr)), i64(i))),
-                ealign());
-            Value* as = b_.CreateVectorSplat(bl_.vl, a);
+    // A in place: rows past the end read the last row (their sums are never
+    // stored). B in place: an edge panel loads with a lane mask.
+    std::vector<Value*> arow(mr);
+    if (!bl_.pack_a)
+      for (int i = 0; i < mr; ++i) arow[i] = min64(b_.CreateAdd(ir, i64(i)), i64(mm_.m - 1));
+    auto kloop = [&](bool masked) {
+      std::vector<Value*> bmask(nv);
+      if (masked)
+        for (int v = 0; v < nv; ++v) bmask[v] = lane_mask(b_.CreateSub(cols, i64(v * bl_.vl)));
+      emit_for(
+          b_, i64(0), i64(kc), 1,
+          [&](Value* k) {
+            std::vector<Value*> bv(nv);
             for (int v = 0; v < nv; ++v) {
-              Value* c = b_.CreateLoad(vt_, acc[i * nv + v]);
-              b_.CreateStore(fma(as, bv[v], c), acc[i * nv + v]);
+              if (bl_.pack_b) {
+                bv[v] = b_.CreateAlignedLoad(
+                    vt_,
+                    b_.CreateGEP(et_, bp,
+                                 b_.CreateAdd(b_.CreateMul(k, i64(bl_.nr)), i64(v * bl_.vl))),
+                    ealign());
+              } else {
+                Value* src = b_ptr(b_.CreateAdd(k0, k), b_.CreateAdd(jr, i64(v * bl_.vl)));
+                if (masked) {
+                  bv[v] = b_.CreateMaskedLoad(vt_, src, ealign(), bmask[v],
+                                              llvm::Constant::getNullValue(vt_));
+                } else {
+                  bv[v] = b_.CreateAlignedLoad(vt_, src, ealign());
+                }
+              }
             }
-          }
-        },
-        "kk");
+            for (int i = 0; i < mr; ++i) {
+              Value* src =
+                  bl_.pack_a ? b_.CreateGEP(et_, ap, b_.CreateAdd(b_.CreateMul(k, i64(mr)), i64(i)))
+                             : a_ptr(arow[i], b_.CreateAdd(k0, k));
+              Value* as = b_.CreateVectorSplat(bl_.vl, b_.CreateAlignedLoad(et_, src, ealign()));
+              for (int v = 0; v < nv; ++v) {
+                Value* c = b_.CreateLoad(vt_, acc[i * nv + v]);
+                b_.CreateStore(fma(as, bv[v], c), acc[i * nv + v]);
+              }
+            }
+          },
+          "kk");
+    };
+    if (bl_.pack_b) {
+      kloop(false);
+    } else {
+      llvm::LLVMContext& c = m_.getContext();
+      auto* whole = llvm::BasicBlock::Create(c, "kk.whole", f_);
+      auto* part = llvm::BasicBlock::Create(c, "kk.part", f_);
+      auto* join = llvm::BasicBlock::Create(c, "kk.done", f_);
+      b_.CreateCondBr(b_.CreateICmpSGE(cols, i64(bl_.nr)), whole, part);
+      b_.SetInsertPoint(whole);
+      kloop(false);
+      b_.CreateBr(join);
+      b_.SetInsertPoint(part);
+      kloop(true);
+      b_.CreateBr(join);
+      b_.SetInsertPoint(join);
+    }
     if (!last) {
       for (int i = 0; i < mr; ++i)
         for (int v = 0; v < nv; ++v)
@@ -548,19 +785,52 @@ class MatMulEmitter {
       for (int v = 0; v < nv; ++v) epilogue(i, v, ir, jr, acc[i * nv + v], nullptr);
     b_.CreateBr(done);
     b_.SetInsertPoint(edge);
+    // Edge tiles: the rows that exist; per vector, whole (plain stores) or
+    // partial (a masked store with AVX-512; elsewhere, where a masked store
+    // is slow (vmaskmovps), the valid lanes one by one).
     for (int i = 0; i < mr; ++i) {
       auto* row = llvm::BasicBlock::Create(c, "row", f_);
       auto* next = llvm::BasicBlock::Create(c, "row.next", f_);
       b_.CreateCondBr(b_.CreateICmpSLT(i64(i), rows), row, next);
       b_.SetInsertPoint(row);
-      for (int v = 0; v < nv; ++v)
-        epilogue(i, v, ir, jr, acc[i * nv + v], lane_mask(b_.CreateSub(cols, i64(v * bl_.vl))));
+      for (int v = 0; v < nv; ++v) {
+        Value* valid = b_.CreateSub(cols, i64(v * bl_.vl));
+        auto* whole = llvm::BasicBlock::Create(c, "vec.whole", f_);
+        auto* part = llvm::BasicBlock::Create(c, "vec.part", f_);
+        auto* after = llvm::BasicBlock::Create(c, "vec.next", f_);
+        b_.CreateCondBr(b_.CreateICmpSGE(valid, i64(bl_.vl)), whole, part);
+        b_.SetInsertPoint(whole);
+        epilogue(i, v, ir, jr, acc[i * nv + v], nullptr);
+        b_.CreateBr(after);
+        b_.SetInsertPoint(part);
+        partial_vector_epilogue(b_.CreateAdd(ir, i64(i)), b_.CreateAdd(jr, i64(v * bl_.vl)),
+                                acc[i * nv + v], valid);
+        b_.CreateBr(after);
+        b_.SetInsertPoint(after);
+      }
       b_.CreateBr(next);
       b_.SetInsertPoint(next);
     }
     b_.CreateBr(done);
     b_.SetInsertPoint(done);
   }
+
+  // Outputs (m, n..n+valid), valid < VL (it may be <= 0: nothing to do).
+  void partial_vector_epilogue(Value* m, Value* n, llvm::AllocaInst* acc, Value* valid) {
+    if (native_masks()) {
+      epilogue_at(m, n, b_.CreateLoad(vt_, acc), lane_mask(valid), bl_.vl);
+      return;
+    }
+    Value* accv = b_.CreateLoad(vt_, acc);
+    emit_for(
+        b_, i64(0), valid, 1,
+        [&](Value* l) {
+          epilogue_at(m, b_.CreateAdd(n, l), b_.CreateExtractElement(accv, l), nullptr, 1);
+        },
+        "lane");
+  }
+  // AVX-512 stores under a mask register at full speed.
+  bool native_masks() const { return t_.vector_bits >= 512; }
 
   Value* partial_ptr(int i, int v, Value* ir, Value* jr) {
     Value* r = b_.CreateAdd(b_.CreateSub(ir, m_lo_), i64(i));
@@ -576,8 +846,13 @@ class MatMulEmitter {
   }
 
   void epilogue(int i, int v, Value* ir, Value* jr, llvm::AllocaInst* acc, Value* mask) {
-    Value* m = b_.CreateAdd(ir, i64(i));
-    Value* n = b_.CreateAdd(jr, i64(v * bl_.vl));
+    epilogue_at(b_.CreateAdd(ir, i64(i)), b_.CreateAdd(jr, i64(v * bl_.vl)),
+                b_.CreateLoad(vt_, acc), mask, bl_.vl);
+  }
+
+  // The epilogue for `width` outputs (m, n..n+width) whose sums are `accv`
+  // (a scalar when width is 1).
+  void epilogue_at(Value* m, Value* n, Value* accv, Value* mask, int width) {
     int r = k_.rank();
     // The batch dims of the domain, row-major in bi_.
     Value* rest = bi_;
@@ -592,10 +867,9 @@ class MatMulEmitter {
     e_->idx[r - 2] = m;
     e_->idx[r - 1] = n;
     e_->vec_dim = r - 1;
-    e_->width = bl_.vl;
+    e_->width = width;
     e_->mask = mask;
     e_->push_scope();
-    Value* accv = b_.CreateLoad(vt_, acc);
     for (size_t j = 0; j < k_.nodes.size(); ++j)
       if (k_.nodes[j].kind == KOp::Acc) e_->set_value(static_cast<int>(j), accv);
     for (const Store& s : k_.stores) e_->store(s, e_->eval(s.node));
