@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 WORKER = textwrap.dedent('''
     import json, sys
@@ -46,7 +47,9 @@ WORKER = textwrap.dedent('''
 def _run(tmp_path, **env):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    e = dict(os.environ, FLOWJIT_DISABLE_CACHE="1", FLOWJIT_DEBUG="1", **env)
+    e = {k: v for k, v in os.environ.items() if k not in ("FLOWJIT_CACHE_DIR", "FLOWJIT_DISABLE_FUSION")}
+    e.update(FLOWJIT_DISABLE_CACHE="1", FLOWJIT_DEBUG="1")
+    e.update(env)
     p = subprocess.run([sys.executable, str(script)], env=e, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -84,3 +87,24 @@ def test_identical_layers_compile_once_and_match_the_unfused_reference(tmp_path)
     np.testing.assert_allclose(np.array(out["losses"]), np.array(ref["losses"]), rtol=2e-5,
                                atol=1e-6)
     assert np.all(np.diff(np.mean(out["losses"], axis=1)) < 0)  # it trains
+
+
+def test_the_disk_entry_holds_each_distinct_kernel_once_and_loads_again(tmp_path):
+    from flowjit.cache.store import Cache, container_objects
+    cache = tmp_path / "cache"
+    cold, log = _run(tmp_path, FLOWJIT_DISABLE_CACHE="0", FLOWJIT_CACHE_DIR=str(cache))
+    (compiled, identical, _, _), _ = _counts(log, "deep")
+    entries = {e.job: e for e in Cache(str(cache)).entries()}
+    assert {"deep", "deep.init"} <= set(entries)
+    for e in entries.values():
+        assert e.problems() == [], (e.job, e.problems())
+    objects, aliases = container_objects(entries["deep"].read("object.o"))
+    assert len(aliases) == compiled + identical  # every kernel's name
+    assert len(objects) == len(set(aliases.values())) == compiled  # each distinct code once
+    warm, log = _run(tmp_path, FLOWJIT_DISABLE_CACHE="0", FLOWJIT_CACHE_DIR=str(cache))
+    assert re.search(r"\[flowjit\] deep: disk cache hit", log), log[-2000:]
+    assert warm["losses"] == cold["losses"]
+    # A damaged container is reported by the cache tool's check.
+    blob = entries["deep"].read("object.o")
+    with pytest.raises(ValueError, match="truncated"):
+        container_objects(blob[: len(blob) // 2])
