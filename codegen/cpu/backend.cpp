@@ -379,6 +379,10 @@ CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions&
   std::vector<size_t> missing;
   for (size_t u = 0; u < units.size(); ++u) {
     if (!bypass) units[u] = UnitCache::process().find(unit_keys[u]);
+    if (!bypass && !units[u] && opts.run_once) {  // O3 code of the kernel computes the same bits
+      const std::string& k = unit_keys[u];
+      units[u] = UnitCache::process().find(k.substr(0, k.size() - 2) + level_for(false).id);
+    }
     if (units[u] && need_ir && units[u]->llvm_ir.empty()) units[u] = nullptr;
     if (units[u]) {
       out.kernels_reused += static_cast<int>(names[u].size());
