@@ -109,7 +109,7 @@ TEST(CompileUnits, SharedKernelsComputeEachTwinsOwnResult) {
   std::vector<std::vector<float>> out(3, std::vector<float>(n));
   const void* ins[] = {in[0].data(), in[1].data(), in[2].data()};
   void* outs[] = {out[0].data(), out[1].data(), out[2].data()};
-  cj.executable->run(ins, outs);
+  cj.program->run(ins, outs);
   for (int j = 0; j < 3; ++j)
     for (size_t i = 0; i < n; i += 97)
       EXPECT_NEAR(out[j][i], std::tanh(in[j][i]) * 2 + (j == 2 ? 3 : 1), 1e-5)
@@ -174,7 +174,7 @@ TEST(CompileUnits, RunOnceKernelsComputeTheSameBits) {
       outs.push_back(out.back().data());
     }
     const void* ins[] = {in.data()};
-    cj.executable->run(ins, outs.data());
+    cj.program->run(ins, outs.data());
     return out;
   };
   auto o3 = run(false), o1 = run(true);
