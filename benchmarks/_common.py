@@ -195,6 +195,21 @@ def header():
     return m
 
 
+def host_kind():
+    """'<isa>, <n>-bit vectors, <cpu>, <k> cores' of the target flowjit generates code for
+    (FLOWJIT_CPU, when set, replaces the host's CPU)."""
+    import os as _os
+    from flowjit import _C
+    b = _C.build_info()
+    parts = b.get("target", "").split(";")
+    feats = set(parts[2].split(",")) if len(parts) > 2 else set()
+    isa = ("AVX-512" if "+avx512f" in feats else "AVX2+FMA" if {"+avx2", "+fma"} <= feats
+           else "AVX2" if "+avx2" in feats else "baseline x86-64 (no FMA)" if "+fma" not in feats
+           else "SSE+FMA")
+    cpu = parts[1] if len(parts) > 1 else "?"
+    return f"{isa}, {b.get('vector_bits')}-bit vectors, cpu {cpu}, {_os.cpu_count()} cores"
+
+
 def peer(name):
     """Imports an optional peer (torch, jax); None with a printed line when absent."""
     try:
@@ -320,7 +335,7 @@ def fmt(v):
     return f"{v:.2f}"
 
 
-HIGHER_IS_BETTER = {"GFLOP/s": True, "GB/s": True, "ms/step": False, "us/call": False}
+HIGHER_IS_BETTER = {"GFLOP/s": True, "GB/s": True, "ms/step": False, "us/call": False, "ms": False}
 
 
 def speedups(rows):

@@ -74,7 +74,24 @@ def check_targets(rows):
         pct = _val(r, "pct_peak")
         add(f"3x3 conv {what} >= 70% of FMA peak", None if pct is None else pct >= 70,
             "-" if pct is None else f"{pct:.0f}% of peak")
+    # [speed] compile time: the seed job's cold first call, the 9-layer MLP against jax.jit,
+    # and the growth per identical extra layer.
+    r = _find(rows, "compile", "seed 784-512-10 cold", "flowjit")
+    add("seed train job cold first call <= 0.5 s", None if r is None else r["median"] <= 500,
+        f"{r['median']:.0f} ms (median)" if r else "no figure")
+    fj = _find(rows, "compile", "mlp +8x512 cold", "flowjit")
+    jx = _find(rows, "compile", "mlp +8x512 cold", "jax.jit")
+    add("9-layer MLP cold first call <= jax.jit", None if fj is None or jx is None or jx["median"] is None
+        else fj["median"] <= jx["median"],
+        f"flowjit {fj['median']:.0f} vs jax.jit {jx['median']:.0f} ms" if fj and jx and jx["median"]
+        else "jax not installed")
+    g = COMPILE_GROWTH.get("flowjit")
+    add("< 10% growth per identical extra layer", None if g is None else g < 0.10,
+        "no figure" if g is None else f"{100 * g:.1f}% per layer")
     return out
+
+
+COMPILE_GROWTH = {}
 
 
 def main():
@@ -82,12 +99,16 @@ def main():
     ap.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                     help="wait up to SECONDS for a quiet machine (CPUs <= 25%% busy) before starting; "
                          "the machine is shared, and other builds disturb every figure")
+    ap.add_argument("--compile-repeat", type=int, default=2, metavar="N",
+                    help="fresh processes per compile-time cell (default 2)")
     args = ap.parse_args()
     C.fair_env()
     m = C.header()
     if args.wait > 0:
         C.wait_for_quiet(0.25, args.wait)
+    print(f"# host kind: {C.host_kind()}", flush=True)
     la0 = C.print_load("(start)")
+    import bench_compile
     import bench_conv
     import bench_elementwise
     import bench_matmul
@@ -100,6 +121,10 @@ def main():
         print(f"\n# running {mod.__name__} ...", flush=True)
         rows.extend(mod.run())
         print(f"# {mod.__name__}: {time.perf_counter() - t:.0f} s", flush=True)
+    t = time.perf_counter()
+    print("\n# running bench_compile ...", flush=True)
+    rows.extend(bench_compile.run(repeat=args.compile_repeat, growth=COMPILE_GROWTH))
+    print(f"# bench_compile: {time.perf_counter() - t:.0f} s", flush=True)
     la1 = C.print_load("(end)")
     C.print_rows(rows, f"all benchmarks ({time.perf_counter() - t0:.0f} s; load average "
                        f"{la0[0]:.2f} at start, {la1[0]:.2f} at end, {m['cpus']} cpus)")

@@ -9,6 +9,7 @@
 #include <llvm/IR/Verifier.h>
 #include <llvm/IRReader/IRReader.h>
 #include <llvm/MC/TargetRegistry.h>
+#include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/SourceMgr.h>
 #include <llvm/Support/TargetSelect.h>
@@ -21,11 +22,17 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
+
+#include <tbb/parallel_for_each.h>
+#include <tbb/task_arena.h>
 
 #include "codegen/cpu/cpu_codegen.h"
+#include "codegen/cpu/kernel_units.h"
 #include "codegen/llvm_util.h"
 #include "codegen/mathlib.h"
 #include "ir/error.h"
@@ -161,20 +168,34 @@ class CpuMath : public MathProvider {
   }
 };
 
-std::unique_ptr<llvm::TargetMachine> make_target_machine(const CpuTarget& t) {
+std::unique_ptr<llvm::TargetMachine> make_target_machine(
+    const CpuTarget& t, llvm::CodeGenOptLevel level = llvm::CodeGenOptLevel::Aggressive) {
   init_llvm();
   std::string err;
   const llvm::Target* target = llvm::TargetRegistry::lookupTarget(t.triple, err);
   FJ_CHECK(target != nullptr, "no LLVM target for ", t.triple, ": ", err);
   llvm::TargetOptions to;
   auto* tm = target->createTargetMachine(t.triple, t.cpu, t.features, to, llvm::Reloc::PIC_,
-                                         llvm::CodeModel::Small, llvm::CodeGenOptLevel::Aggressive);
+                                         llvm::CodeModel::Small, level);
   FJ_CHECK(tm != nullptr, "cannot create a target machine for ", t.triple);
+  if (level == llvm::CodeGenOptLevel::None) {
+    tm->setO0WantsFastISel(true);
+    tm->setFastISel(true);
+  }
   return std::unique_ptr<llvm::TargetMachine>(tm);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// CPU seconds of the calling thread: the stages of one kernel's compile,
+// which other threads (compiling other kernels, or other processes on a
+// shared machine) do not inflate.
+double thread_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 std::string emit_file(llvm::Module& m, llvm::TargetMachine& tm, llvm::CodeGenFileType type) {
@@ -242,46 +263,199 @@ std::vector<llvm::Value*> load_kernel_args(llvm::IRBuilderBase& b, llvm::Functio
   return out;
 }
 
-CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions& opts) {
+namespace {
+
+// The two optimization levels of kernels: O3 for kernels that run many
+// times, O1 with fast instruction selection for those that run once. Neither
+// uses fast-math flags or contracts anything the IR did not (fmuladd is
+// fused by the same rule at both), so both compute the same numbers.
+struct Level {
+  llvm::OptimizationLevel ir;
+  llvm::CodeGenOptLevel cg;
+  const char* id;
+};
+Level level_for(bool run_once) {
+  if (run_once) return {llvm::OptimizationLevel::O1, llvm::CodeGenOptLevel::None, "O1"};
+  return {llvm::OptimizationLevel::O3, llvm::CodeGenOptLevel::Aggressive, "O3"};
+}
+
+void run_pipeline(llvm::Module& m, llvm::TargetMachine& tm, llvm::OptimizationLevel level) {
+  llvm::LoopAnalysisManager lam;
+  llvm::FunctionAnalysisManager fam;
+  llvm::CGSCCAnalysisManager cgam;
+  llvm::ModuleAnalysisManager mam;
+  llvm::PipelineTuningOptions pto;
+  pto.LoopUnrolling = true;
+  pto.LoopVectorization = true;
+  pto.SLPVectorization = true;
+  llvm::PassBuilder pb(&tm, pto);
+  pb.registerModuleAnalyses(mam);
+  pb.registerCGSCCAnalyses(cgam);
+  pb.registerFunctionAnalyses(fam);
+  pb.registerLoopAnalyses(lam);
+  pb.crossRegisterProxies(lam, fam, cgam, mam);
+  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(level);
+  mpm.run(m, mam);
+}
+
+// Compiles one kernel alone, under `symbol`, in a context of its own (so
+// several run at once on different threads).
+std::shared_ptr<CompiledUnit> compile_unit(const Kernel& kernel, const std::string& symbol,
+                                           const Level& level, const CompileOptions& opts,
+                                           std::string* unoptimized_ir) {
   const CpuTarget& t = host_target();
-  CompiledObject out;
-  auto t0 = std::chrono::steady_clock::now();
+  auto u = std::make_shared<CompiledUnit>();
+  u->symbol = symbol;
+  double t0 = thread_seconds();
   llvm::LLVMContext ctx;
-  llvm::Module m(opts.module_name, ctx);
+  llvm::Module m(symbol, ctx);
   m.setTargetTriple(t.triple);
-  auto tm = make_target_machine(t);
+  auto tm = make_target_machine(t, level.cg);
   m.setDataLayout(tm->createDataLayout());
   CpuMath math;
-  for (const Kernel& k : kernels) {
-    LaunchShape shape;
-    if (k.kind == Kernel::Kind::MatMul) {
-      emit_matmul_kernel(m, k, t, math, shape);
-    } else {
-      emit_loop_kernel(m, k, t, math, shape);
-    }
-    out.launches.push_back({k.name, shape.range, shape.grain, shape.scratch_bytes});
+  Kernel k = kernel;
+  k.name = symbol;
+  if (k.kind == Kernel::Kind::MatMul) {
+    emit_matmul_kernel(m, k, t, math, u->shape);
+  } else {
+    emit_loop_kernel(m, k, t, math, u->shape);
   }
   std::string verify_err;
   llvm::raw_string_ostream vos(verify_err);
   if (llvm::verifyModule(m, &vos)) {
     throw InternalError(
         "flowjit internal error (a bug in flowjit, please report it): generated "
-        "LLVM IR for module '" +
-        opts.module_name + "' is invalid: " + verify_err);
+        "LLVM IR for kernel '" +
+        kernel.name + "' of module '" + opts.module_name + "' is invalid: " + verify_err);
   }
-  if (opts.want_unoptimized_ir) out.unoptimized_ir = module_text(m);
-  out.seconds_emit = seconds_since(t0);
+  if (unoptimized_ir != nullptr) *unoptimized_ir = module_text(m);
+  u->seconds_emit = thread_seconds() - t0;
 
-  auto t1 = std::chrono::steady_clock::now();
-  optimize_module(m, *tm, /*slp=*/true);
-  out.seconds_optimize = seconds_since(t1);
-  if (opts.want_llvm_ir) out.llvm_ir = module_text(m);
+  double t1 = thread_seconds();
+  run_pipeline(m, *tm, level.ir);
+  u->seconds_optimize = thread_seconds() - t1;
+  if (opts.want_llvm_ir || opts.want_assembly) u->llvm_ir = module_text(m);
 
-  auto t2 = std::chrono::steady_clock::now();
-  if (opts.want_assembly) out.assembly = emit_file(m, *tm, llvm::CodeGenFileType::AssemblyFile);
+  double t2 = thread_seconds();
+  if (opts.want_assembly) u->assembly = emit_file(m, *tm, llvm::CodeGenFileType::AssemblyFile);
   std::string obj = emit_file(m, *tm, llvm::CodeGenFileType::ObjectFile);
-  out.object.assign(obj.begin(), obj.end());
-  out.seconds_codegen = seconds_since(t2);
+  u->object.assign(obj.begin(), obj.end());
+  u->seconds_codegen = thread_seconds() - t2;
+  return u;
+}
+
+// A rough size of a kernel's code, to start the biggest compiles first.
+double compile_weight(const Kernel& k) {
+  return (k.kind == Kernel::Kind::MatMul ? 1000.0 : 0.0) + static_cast<double>(k.nodes.size());
+}
+
+}  // namespace
+
+void clear_kernel_cache() { UnitCache::process().clear(); }
+
+CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions& opts) {
+  auto t_start = std::chrono::steady_clock::now();
+  const CpuTarget& t = host_target();
+  const Level level = level_for(opts.run_once);
+  CompiledObject out;
+  // 1. One unit per distinct kernel: its key is the kernel's structure, the
+  // target and the level, never the kernel's name.
+  std::vector<size_t> unit_of(kernels.size());
+  std::vector<std::string> unit_keys;
+  std::vector<size_t> first_kernel;  // of each unit
+  std::vector<std::vector<std::string>> names;
+  {
+    std::unordered_map<std::string, size_t> seen;
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      std::string key = structural_key(kernels[i]) + '\0' + t.id() + '\0' + level.id;
+      auto [it, inserted] = seen.emplace(std::move(key), unit_keys.size());
+      if (inserted) {
+        unit_keys.push_back(it->first);
+        first_kernel.push_back(i);
+        names.emplace_back();
+      } else {
+        ++out.kernels_shared;
+      }
+      unit_of[i] = it->second;
+      names[it->second].push_back(kernels[i].name);
+    }
+  }
+  // 2. Units this process compiled before (with their IR when it is asked for).
+  const bool need_ir = opts.want_llvm_ir || opts.want_assembly;
+  const bool bypass = opts.want_unoptimized_ir;  // the unoptimized text needs a fresh emit
+  std::vector<std::shared_ptr<const CompiledUnit>> units(unit_keys.size());
+  std::vector<size_t> missing;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (!bypass) units[u] = UnitCache::process().find(unit_keys[u]);
+    if (!bypass && !units[u] && opts.run_once) {  // O3 code of the kernel computes the same bits
+      const std::string& k = unit_keys[u];
+      units[u] = UnitCache::process().find(k.substr(0, k.size() - 2) + level_for(false).id);
+    }
+    if (units[u] && need_ir && units[u]->llvm_ir.empty()) units[u] = nullptr;
+    if (units[u]) {
+      out.kernels_reused += static_cast<int>(names[u].size());
+    } else {
+      missing.push_back(u);
+    }
+  }
+  // 3. The others in parallel, the biggest first.
+  std::stable_sort(missing.begin(), missing.end(), [&](size_t a, size_t b) {
+    return compile_weight(kernels[first_kernel[a]]) > compile_weight(kernels[first_kernel[b]]);
+  });
+  std::vector<std::string> unopt(units.size());
+  auto one = [&](size_t u) {
+    units[u] = compile_unit(kernels[first_kernel[u]], unit_symbol(unit_keys[u]), level, opts,
+                            opts.want_unoptimized_ir ? &unopt[u] : nullptr);
+  };
+  if (missing.size() > 1) {
+    out.threads =
+        std::min<int>(static_cast<int>(missing.size()), tbb::this_task_arena::max_concurrency());
+    tbb::parallel_for_each(missing.begin(), missing.end(), one);
+  } else if (!missing.empty()) {
+    one(missing[0]);
+  }
+  out.kernels_compiled = static_cast<int>(missing.size());
+  for (size_t u : missing) {
+    char line[160];
+    std::snprintf(line, sizeof line, ": %s emit %.1f, optimize %.1f, codegen %.1f ms, %zu bytes\n",
+                  level.id, 1e3 * units[u]->seconds_emit, 1e3 * units[u]->seconds_optimize,
+                  1e3 * units[u]->seconds_codegen, units[u]->object.size());
+    out.kernel_times +=
+        "  " + kernels[first_kernel[u]].name +
+        (names[u].size() > 1 ? " (+" + std::to_string(names[u].size() - 1) + ")" : "") + line;
+    out.seconds_emit += units[u]->seconds_emit;
+    out.seconds_optimize += units[u]->seconds_optimize;
+    out.seconds_codegen += units[u]->seconds_codegen;
+    if (units[u]->assembly.empty()) {
+      UnitCache::process().put(unit_keys[u], units[u]);
+    } else {  // the cache keeps code and IR, not one call's assembly
+      auto kept = std::make_shared<CompiledUnit>(*units[u]);
+      kept->assembly.clear();
+      UnitCache::process().put(unit_keys[u], std::move(kept));
+    }
+  }
+  // 4. One container: every unit's object and every kernel name's symbol.
+  std::vector<const std::vector<char>*> objects;
+  std::vector<std::pair<std::string, std::string>> aliases;
+  for (size_t u = 0; u < units.size(); ++u) {
+    objects.push_back(&units[u]->object);
+    std::string list;
+    for (const std::string& n : names[u]) list += (list.empty() ? "" : ", ") + n;
+    if (need_ir)
+      out.llvm_ir +=
+          "; flowjit kernels " + list + ": " + units[u]->symbol + "\n" + units[u]->llvm_ir;
+    if (opts.want_unoptimized_ir && !unopt[u].empty()) out.unoptimized_ir += unopt[u];
+    if (opts.want_assembly)
+      out.assembly +=
+          units[u]->assembly.empty() ? assembly_from_ir(units[u]->llvm_ir) : units[u]->assembly;
+  }
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const CompiledUnit& u = *units[unit_of[i]];
+    aliases.emplace_back(kernels[i].name, u.symbol);
+    out.launches.push_back({kernels[i].name, u.shape.range, u.shape.grain, u.shape.scratch_bytes});
+  }
+  out.object = pack_objects(objects, aliases);
+  out.seconds_wall = seconds_since(t_start);
   return out;
 }
 
@@ -304,15 +478,30 @@ CompiledObject compile_ir_text(const std::string& llvm_ir) {
 
 std::string assembly_from_ir(const std::string& llvm_ir) {
   init_llvm();
-  llvm::LLVMContext ctx;
-  llvm::SMDiagnostic diag;
-  auto buf = llvm::MemoryBuffer::getMemBuffer(llvm_ir, "cached.ll", false);
-  std::unique_ptr<llvm::Module> m = llvm::parseIR(buf->getMemBufferRef(), diag, ctx);
-  if (!m)
-    throw_user(ErrorKind::Value, "cannot parse the cached LLVM IR: ", diag.getMessage().str());
+  // compile() keeps one module per kernel: the text is their concatenation.
+  std::vector<std::string> modules;
+  std::vector<size_t> starts;
+  const std::string mark = "; ModuleID = ";
+  for (size_t p = llvm_ir.find(mark); p != std::string::npos; p = llvm_ir.find(mark, p + 1))
+    if (p == 0 || llvm_ir[p - 1] == '\n') starts.push_back(p);
+  if (starts.empty()) starts.push_back(0);
+  for (size_t i = 0; i < starts.size(); ++i) {
+    size_t end = i + 1 < starts.size() ? starts[i + 1] : llvm_ir.size();
+    modules.push_back(llvm_ir.substr(starts[i], end - starts[i]));
+  }
   auto tm = make_target_machine(host_target());
-  m->setDataLayout(tm->createDataLayout());
-  return emit_file(*m, *tm, llvm::CodeGenFileType::AssemblyFile);
+  std::string out;
+  for (const std::string& text : modules) {
+    llvm::LLVMContext ctx;
+    llvm::SMDiagnostic diag;
+    auto buf = llvm::MemoryBuffer::getMemBuffer(text, "cached.ll", false);
+    std::unique_ptr<llvm::Module> m = llvm::parseIR(buf->getMemBufferRef(), diag, ctx);
+    if (!m)
+      throw_user(ErrorKind::Value, "cannot parse the cached LLVM IR: ", diag.getMessage().str());
+    m->setDataLayout(tm->createDataLayout());
+    out += emit_file(*m, *tm, llvm::CodeGenFileType::AssemblyFile);
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------- loading
@@ -379,11 +568,27 @@ std::shared_ptr<LoadedCode> load(const std::vector<char>& object,
     llvm::consumeError(es.removeJITDylib(jd));
     throw_user(ErrorKind::Runtime, "cannot load compiled kernels: ", msg);
   };
-  auto buf = llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(object.data(), object.size()),
-                                                  "flowjit-kernels.o");
-  if (auto e = j.lljit().addObjectFile(jd, std::move(buf))) fail(std::move(e));
+  UnpackedObjects parts;
+  try {
+    if (is_container(object)) {
+      parts = unpack_objects(object);
+    } else {
+      parts.objects.emplace_back(object.data(), object.size());  // one plain ELF object
+    }
+  } catch (const UserError& e) {
+    llvm::consumeError(es.removeJITDylib(jd));
+    throw;
+  }
+  for (size_t i = 0; i < parts.objects.size(); ++i) {
+    auto buf = llvm::MemoryBuffer::getMemBufferCopy(
+        llvm::StringRef(parts.objects[i].first, parts.objects[i].second),
+        "flowjit-kernels-" + std::to_string(i) + ".o");
+    if (auto e = j.lljit().addObjectFile(jd, std::move(buf))) fail(std::move(e));
+  }
   std::vector<void*> addrs;
-  for (const std::string& s : symbols) {
+  for (const std::string& name : symbols) {
+    auto alias = parts.aliases.find(name);
+    const std::string& s = alias == parts.aliases.end() ? name : alias->second;
     auto a = j.lljit().lookup(jd, s);
     if (!a) fail(a.takeError());
     addrs.push_back(a->toPtr<void*>());

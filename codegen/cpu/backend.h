@@ -24,6 +24,9 @@ struct CompileOptions {
   bool want_llvm_ir = false;   // keep the optimized module's text
   bool want_assembly = false;  // also emit assembly text
   bool want_unoptimized_ir = false;
+  // Kernels that run once (initializer jobs): a cheap LLVM pipeline (O1 and
+  // fast instruction selection). The numbers they compute are the same.
+  bool run_once = false;
 };
 
 struct CompiledObject {
@@ -32,11 +35,22 @@ struct CompiledObject {
   std::string llvm_ir;                 // optimized (if asked)
   std::string unoptimized_ir;          // (if asked)
   std::string assembly;                // (if asked)
+  // Summed over the kernels compiled (on several threads, so more than the wall time).
   double seconds_emit = 0, seconds_optimize = 0, seconds_codegen = 0;
+  double seconds_wall = 0;   // of the whole compile() call
+  int kernels_compiled = 0;  // LLVM compiles this call ran
+  int kernels_shared = 0;    // kernels identical to another kernel of this call
+  int kernels_reused = 0;    // kernels found compiled by an earlier call of this process
+  int threads = 1;           // compiling at once
+  std::string kernel_times;  // a line per kernel compiled: CPU ms of each stage, object bytes
 };
 
-// Lowers `kernels` into one LLVM module, optimizes it at O3 for the host and
-// emits an object file. Throws InternalError when LLVM rejects the module.
+// Lowers each distinct kernel (by structural key, the name aside) into an
+// LLVM module of its own, optimizes it (O3 for the host, O1 for run-once
+// kernels) and emits an object, in parallel on the TBB pool; kernels this
+// process compiled before are reused. The result is one container of the
+// objects whose table maps every kernel's name to its code's symbol (load()
+// resolves through it). Throws InternalError when LLVM rejects a module.
 CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions& opts);
 
 // Optimizes and compiles LLVM IR text (a module whose functions follow the
@@ -54,6 +68,9 @@ class LoadedCode {
 // `symbols`. Throws UserError(Runtime) for a damaged object.
 std::shared_ptr<LoadedCode> load(const std::vector<char>& object,
                                  const std::vector<std::string>& symbols);
+
+// Forgets the kernels this process compiled (tests of the compile counters).
+void clear_kernel_cache();
 
 // The host as the disk-cache key sees it: triple, CPU name and features
 // (FLOWJIT_CPU's when set).

@@ -19,9 +19,19 @@ double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
+// The CPU backend's compile counters, for the log.
+std::string compile_counts(const cg::CompiledObject& obj, bool run_once) {
+  return std::to_string(obj.kernels_compiled) + " kernels compiled (" + (run_once ? "O1" : "O3") +
+         ", " + std::to_string(obj.threads) + " threads), " + std::to_string(obj.kernels_shared) +
+         " identical to another, " + std::to_string(obj.kernels_reused) +
+         " reused from this process";
+}
+
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(const JobDescription& job) : target_(cg::host_target_id()) {
+  explicit CpuBackend(const JobDescription& job)
+      : target_(cg::host_target_id()),
+        run_once_(job.signature.rfind("init:", 0) == 0) {  // the variables' initializer job
     if (job.distribution.parts > 1)  // the per-device program of a distributed job
       placement_ = "x" + std::to_string(job.distribution.parts) +
                    (job.distribution.mirrored ? " mirrored" : " devices");
@@ -39,10 +49,13 @@ class CpuBackend : public Backend {
     co.module_name = req.module_name;
     co.want_llvm_ir = req.want_llvm_ir;
     co.want_assembly = req.debug >= 4;
+    co.run_once = run_once_;
     cg::CompiledObject obj = cg::compile(coded, co);
     log.stage("llvm emit", obj.seconds_emit);
     log.stage("llvm optimize", obj.seconds_optimize);
     log.stage("llvm codegen", obj.seconds_codegen, std::to_string(obj.object.size()) + " bytes");
+    log.stage("llvm compile", obj.seconds_wall, compile_counts(obj, run_once_));
+    if (req.debug >= 2) std::fprintf(stderr, "%s", obj.kernel_times.c_str());
 
     CodeObject code;
     code.target = target_;
@@ -99,6 +112,7 @@ class CpuBackend : public Backend {
  private:
   codegen::TargetId target_;
   std::string placement_;
+  bool run_once_;
 };
 
 }  // namespace

@@ -227,8 +227,10 @@ class Entry:
                 out.append(f"launches.txt: {why}")
             if ".entry " not in self.text("kernels.ptx", verify=False):
                 out.append("kernels.ptx has no kernel (.entry)")
-        elif obj[:4] != b"\x7fELF":
-            out.append("object.o is not an ELF object")
+        else:
+            why = cpu_object_problem(obj)
+            if why:
+                out.append(f"object.o: {why}")
         why = plan_problem(self.text("plan.txt", verify=False), self.meta.get("num_kernels"))
         if why:
             out.append(f"plan.txt: {why}")
@@ -244,6 +246,53 @@ def short_target(target):
     if len(parts) >= 2:
         return f"{parts[0].split('-')[0]}/{parts[1]}"
     return target or "?"
+
+
+CONTAINER_MAGIC = b"FJKOBJS\0"
+CONTAINER_VERSION = 1
+
+
+def container_objects(blob):
+    """The ELF objects of a CPU object container (codegen/cpu/kernel_units.h: magic,
+    u32 version, u32 objects, u32 aliases, objects as u64 size + bytes, aliases as two
+    u32-sized strings), and the {kernel name: symbol} table. Raises ValueError when damaged."""
+    import struct
+    if blob[:8] != CONTAINER_MAGIC:
+        raise ValueError("not an object container")
+    pos = 8
+
+    def take(n):
+        nonlocal pos
+        if n > len(blob) - pos:
+            raise ValueError(f"truncated at byte {pos} of {len(blob)}")
+        pos += n
+        return blob[pos - n:pos]
+
+    version, n_obj, n_alias = struct.unpack("<III", take(12))
+    if version != CONTAINER_VERSION:
+        raise ValueError(f"container version {version}, this flowjit reads {CONTAINER_VERSION}")
+    objects = [take(struct.unpack("<Q", take(8))[0]) for _ in range(n_obj)]
+    aliases = {}
+    for _ in range(n_alias):
+        name = take(struct.unpack("<I", take(4))[0]).decode("utf-8", "replace")
+        aliases[name] = take(struct.unpack("<I", take(4))[0]).decode("utf-8", "replace")
+    if pos != len(blob):
+        raise ValueError("trailing bytes after the container")
+    return objects, aliases
+
+
+def cpu_object_problem(obj):
+    """None when object.o is an ELF object or a container of ELF objects."""
+    if obj[:4] == b"\x7fELF":
+        return None
+    if obj[:8] != CONTAINER_MAGIC:
+        return "not an ELF object or an object container"
+    try:
+        objects, _ = container_objects(obj)
+    except ValueError as e:
+        return str(e)
+    bad = [i for i, o in enumerate(objects) if o[:4] != b"\x7fELF"]
+    return f"its object {bad[0]} is not ELF" if bad else None
 
 
 def launches_problem(text, num_kernels=None):

@@ -1,0 +1,183 @@
+// The CPU backend's compile units: identical kernels compiled once per call
+// and once per process, the object container and its damage checks, and
+// run-once kernels (O1) computing the same bits as O3 ones.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "codegen/cpu/backend.h"
+#include "ir/error.h"
+#include "jit/compile.h"
+#include "jit/fusion.h"
+
+using namespace flowjit;
+using namespace flowjit::ir;
+namespace cpu = flowjit::codegen::cpu;
+
+namespace {
+
+NodeRef param(const std::string& name, int64_t index, Shape s, DType dt = DType::Float32) {
+  return make_node(OpKind::Parameter, {},
+                   Attrs{{"name", name}, {"index", index}, {"shape", s}, {"dtype", dt}});
+}
+
+// Two independent copies of one computation (a layer), plus a different one.
+Graph twins() {
+  Graph g;
+  g.name = "twins";
+  for (int i = 0; i < 3; ++i) g.params.push_back(param("x" + std::to_string(i), i, {64, 33}));
+  auto layer = [](const NodeRef& x, double c) {
+    return binary(OpKind::Add,
+                  binary(OpKind::Mul, unary(OpKind::Tanh, x), fill(2.0, {}, x->dtype())),
+                  fill(c, {}, x->dtype()));
+  };
+  g.outputs = {layer(g.params[0], 1.0), layer(g.params[1], 1.0), layer(g.params[2], 3.0)};
+  return g;
+}
+
+std::vector<codegen::Kernel> kernels_of(const Graph& g) {
+  jit::FusedProgram fp = jit::fuse(g, g.name);
+  return fp.kernels;
+}
+
+std::vector<float> random_floats(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> u(-3, 3);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(gen);
+  return v;
+}
+
+}  // namespace
+
+TEST(CompileUnits, IdenticalKernelsAreCompiledOncePerCallAndPerProcess) {
+  cpu::clear_kernel_cache();
+  std::vector<codegen::Kernel> ks = kernels_of(twins());
+  ASSERT_EQ(ks.size(), 3u);
+  EXPECT_NE(ks[0].name, ks[1].name);
+  cpu::CompiledObject a = cpu::compile(ks, {});
+  EXPECT_EQ(a.kernels_compiled, 2);  // the twins share one compile
+  EXPECT_EQ(a.kernels_shared, 1);
+  EXPECT_EQ(a.kernels_reused, 0);
+  ASSERT_EQ(a.launches.size(), 3u);
+  EXPECT_EQ(a.launches[0].symbol, ks[0].name);
+  EXPECT_EQ(a.launches[1].symbol, ks[1].name);
+
+  // Another call (another job of the process): nothing is compiled again.
+  cpu::CompiledObject b = cpu::compile(ks, {});
+  EXPECT_EQ(b.kernels_compiled, 0);
+  EXPECT_EQ(b.kernels_reused, 3);
+  EXPECT_EQ(b.object, a.object);
+
+  // Asking for the IR text of units compiled without it compiles them again.
+  cpu::CompileOptions with_ir;
+  with_ir.want_llvm_ir = true;
+  cpu::CompiledObject c = cpu::compile(ks, with_ir);
+  EXPECT_EQ(c.kernels_compiled, 2);
+  EXPECT_NE(c.llvm_ir.find("; flowjit kernels " + ks[0].name + ", " + ks[1].name + ": fjk_"),
+            std::string::npos)
+      << c.llvm_ir.substr(0, 400);
+  EXPECT_FALSE(cpu::assembly_from_ir(c.llvm_ir).empty());  // every module of the text parses
+
+  // A run-once compile takes the O3 code there is (it computes the same
+  // bits); an O3 compile never takes O1 code.
+  cpu::CompileOptions once;
+  once.run_once = true;
+  EXPECT_EQ(cpu::compile(ks, once).kernels_compiled, 0);
+  cpu::clear_kernel_cache();
+  EXPECT_EQ(cpu::compile(ks, once).kernels_compiled, 2);
+  EXPECT_EQ(cpu::compile(ks, once).kernels_compiled, 0);
+  EXPECT_EQ(cpu::compile(ks, {}).kernels_compiled, 2);
+
+  // Both names resolve to the one copy of the code.
+  auto code = cpu::load(a.object, {ks[0].name, ks[1].name, ks[2].name});
+  EXPECT_EQ(code->address(0), code->address(1));
+  EXPECT_NE(code->address(0), code->address(2));
+}
+
+TEST(CompileUnits, SharedKernelsComputeEachTwinsOwnResult) {
+  cpu::clear_kernel_cache();
+  runtime::VariableStore store;
+  jit::JobDescription job;
+  job.name = "twins";
+  job.graph = twins();
+  jit::CompiledJob cj = jit::compile_job(job, jit::CompileSettings{}, store);
+  const size_t n = 64 * 33;
+  std::vector<std::vector<float>> in = {random_floats(n, 1), random_floats(n, 2),
+                                        random_floats(n, 3)};
+  std::vector<std::vector<float>> out(3, std::vector<float>(n));
+  const void* ins[] = {in[0].data(), in[1].data(), in[2].data()};
+  void* outs[] = {out[0].data(), out[1].data(), out[2].data()};
+  cj.program->run(ins, outs);
+  for (int j = 0; j < 3; ++j)
+    for (size_t i = 0; i < n; i += 97)
+      EXPECT_NEAR(out[j][i], std::tanh(in[j][i]) * 2 + (j == 2 ? 3 : 1), 1e-5)
+          << "output " << j << " at " << i;
+}
+
+TEST(CompileUnits, DamagedContainersAreUserErrors) {
+  cpu::CompiledObject a = cpu::compile(kernels_of(twins()), {});
+  std::vector<std::string> names = {a.launches[0].symbol};
+  std::vector<char> cut(a.object.begin(), a.object.begin() + a.object.size() / 2);
+  try {
+    cpu::load(cut, names);
+    FAIL() << "a truncated container loaded";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+  std::vector<char> other = a.object;
+  other[8] = 99;  // the version field
+  try {
+    cpu::load(other, names);
+    FAIL() << "a container of another version loaded";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("container version 99"), std::string::npos) << e.what();
+  }
+  // The intact container still loads after the failures.
+  EXPECT_NE(cpu::load(a.object, names)->address(0), nullptr);
+}
+
+// Initializer jobs compile at a cheap level; they must compute the same bits.
+TEST(CompileUnits, RunOnceKernelsComputeTheSameBits) {
+  Graph g;
+  g.name = "inits";
+  auto x = param("x", 0, {1000});
+  g.params = {x};
+  for (OpKind op : {OpKind::RandomUniform, OpKind::RandomNormal, OpKind::TruncatedNormal})
+    for (DType dt : {DType::Float32, DType::Float64}) {
+      auto r =
+          make_node(op, {}, Attrs{{"shape", Shape{1000}}, {"dtype", dt}, {"seed", int64_t{11}}});
+      g.outputs.push_back(binary(OpKind::Mul, r, fill(0.1, {}, dt)));
+    }
+  // Math and a reduction on top of an input, in the same job.
+  auto e = unary(OpKind::Exp, unary(OpKind::Tanh, x));
+  g.outputs.push_back(
+      binary(OpKind::Add, e,
+             make_node(OpKind::ReduceSum, {e},
+                       Attrs{{"axes", std::vector<int64_t>{0}}, {"keepdims", true}})));
+  auto run = [&](bool run_once) {
+    cpu::clear_kernel_cache();
+    runtime::VariableStore store;
+    jit::JobDescription job;
+    job.name = run_once ? "inits.init" : "inits";
+    job.signature = run_once ? "init:x" : "x";
+    job.graph = g;
+    jit::CompileSettings settings;
+    settings.debug = 0;
+    jit::CompiledJob cj = jit::compile_job(job, settings, store);
+    std::vector<float> in = random_floats(1000, 5);
+    std::vector<std::vector<char>> out;
+    std::vector<void*> outs;
+    for (const NodeRef& o : g.outputs) {
+      out.emplace_back(static_cast<size_t>(o->type().bytes()));
+      outs.push_back(out.back().data());
+    }
+    const void* ins[] = {in.data()};
+    cj.program->run(ins, outs.data());
+    return out;
+  };
+  auto o3 = run(false), o1 = run(true);
+  ASSERT_EQ(o3.size(), o1.size());
+  for (size_t i = 0; i < o3.size(); ++i) EXPECT_TRUE(o3[i] == o1[i]) << "output " << i;
+}
