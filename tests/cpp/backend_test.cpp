@@ -24,7 +24,10 @@ NodeRef param(const std::string& name, int64_t index, Shape s) {
 
 TEST(Backend, TargetIdIsWrittenInOnePlace) {
   codegen::TargetId cpu = codegen::cpu::host_target_id();
-  EXPECT_EQ(cpu.str(), cpu.triple + ";" + cpu.processor + ";" + cpu.facts.at(0));
+  std::string expected = cpu.triple + ";" + cpu.processor;
+  for (const std::string& f : cpu.facts) expected += ";" + f;
+  EXPECT_EQ(cpu.str(), expected);
+  EXPECT_EQ(cpu.facts.at(0).rfind("+", 0), 0u);  // the feature list comes first
   cpu.placement = "x2 devices";
   EXPECT_EQ(cpu.str().substr(cpu.str().size() - 11), " x2 devices");
 

@@ -175,7 +175,9 @@ def _target_summary(target):
     if len(parts) < 3:
         return target
     enabled = [f for f in parts[2].split(",") if f.startswith("+")]
-    return f"{parts[0]}, cpu {parts[1]}, {len(enabled)} features enabled (--all lists them)"
+    # After the features: the settings the matmul's blocking reads (l1d=, l2=, threads=).
+    settings = "".join(f", {p}" for p in parts[3:])
+    return f"{parts[0]}, cpu {parts[1]}, {len(enabled)} features enabled (--all lists them){settings}"
 
 
 def cmd_show(cache, args, style):
@@ -219,7 +221,9 @@ def cmd_show(cache, args, style):
             parts.append(_section(title, style(f"(unavailable: {exc})", "red"), style))
             status = 1
     if args.all and not e.is_gpu:
-        parts.append(_section("target features", e.get("target", "?").split(";")[-1].replace(",", " "), style))
+        fields = e.get("target", "?").split(";")
+        features = fields[2] if len(fields) > 2 else "?"
+        parts.append(_section("target features", features.replace(",", " "), style))
     if (args.asm or args.all) and e.is_gpu:
         if "ptx" not in chosen:  # a GPU entry's assembly is its PTX
             try:
@@ -399,6 +403,8 @@ def _target_diff(a, b):
         only_b = sorted(fb - fa)
         notes.append(f"features only in the first: {' '.join(only_a) or '-'}; only in the second: "
                      f"{' '.join(only_b) or '-'}")
+    notes += [f"{x or '-'} vs {y or '-'}" for x, y in
+              zip(pa[3:] + [""] * (len(pb) - len(pa)), pb[3:] + [""] * (len(pa) - len(pb))) if x != y]
     return notes
 
 
