@@ -8,7 +8,8 @@
 
 namespace flowjit::codegen {
 
-void optimize_module(llvm::Module& m, llvm::TargetMachine& tm, bool slp) {
+void optimize_module(llvm::Module& m, llvm::TargetMachine& tm, bool slp,
+                     const std::function<bool()>& interrupted) {
   llvm::LoopAnalysisManager lam;
   llvm::FunctionAnalysisManager fam;
   llvm::CGSCCAnalysisManager cgam;
@@ -17,7 +18,14 @@ void optimize_module(llvm::Module& m, llvm::TargetMachine& tm, bool slp) {
   pto.LoopUnrolling = true;
   pto.LoopVectorization = true;
   pto.SLPVectorization = slp;
-  llvm::PassBuilder pb(&tm, pto);
+  llvm::PassInstrumentationCallbacks pic;
+  bool stop = false;
+  if (interrupted)
+    pic.registerShouldRunOptionalPassCallback([&](llvm::StringRef, llvm::Any) {
+      stop = stop || interrupted();
+      return !stop;
+    });
+  llvm::PassBuilder pb(&tm, pto, std::nullopt, interrupted ? &pic : nullptr);
   pb.registerModuleAnalyses(mam);
   pb.registerCGSCCAnalyses(cgam);
   pb.registerFunctionAnalyses(fam);

@@ -69,6 +69,8 @@ std::shared_ptr<codegen::cpu::LoadedCode> load_cached(DiskCache& cache, const st
       if (!same_launches(cached, fresh))
         throw_user(ErrorKind::Value, "its plan does not match the job's kernels");
       code = codegen::cpu::load(hit.object, symbols);
+      cached.status_offset = fresh.status_offset;  // [harden] checks are not serialized
+      cached.checks = fresh.checks;
       plan = std::move(cached);
     } catch (const std::exception& e) {
       why = e.what();
@@ -270,6 +272,10 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
     out.new_variables = low.new_variables;
     log.stage("autodiff+optimizer", since(t0), optimizer_name(job.optimizer->kind));
   }
+  auto stop_if_interrupted = [&] {
+    if (settings.interrupted && settings.interrupted()) throw Interrupted();
+  };
+  stop_if_interrupted();
   for (auto& [name, type] : out.new_variables) store.get_or_create(name, type, /*trainable=*/false);
   out.writes_variables = !g.effects.empty();
   out.ir_traced = print_graph(g);
@@ -295,9 +301,10 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
              print_graph(opt, PrintOptions{true}) + "\nboxing:\n" + out.distributed->description);
   }
   out.ir_optimized = print_graph(opt);
+  stop_if_interrupted();
 
   auto t_fuse = std::chrono::steady_clock::now();
-  FusedProgram fp = fuse(opt, job.name, FusionOptions{settings.fuse});
+  FusedProgram fp = fuse(opt, job.name, FusionOptions{settings.fuse, settings.check_numerics});
   out.fusion_plan = fp.description;
   for (auto& k : fp.kernels) out.kernels += codegen::describe_kernel(k);
   log.stage("fusion+memory", since(t_fuse),
@@ -308,6 +315,7 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
     std::fprintf(stderr, "[flowjit] %s fusion plan:\n%s", job.name.c_str(), fp.description.c_str());
   log.dump("fusion", fp.description + "\n" + out.kernels);
   out.seconds_passes = since(t_passes);
+  stop_if_interrupted();
 
   if (settings.target.is_gpu()) {
     compile_for_gpu(job, settings, fp, store, out, log, t_start);
@@ -346,6 +354,7 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
     co.module_name = job.name;
     co.want_llvm_ir = keep_llvm_ir || cache.has_value();  // the cache keeps it for `show`
     co.want_assembly = settings.debug >= 4;
+    co.interrupted = settings.interrupted;
     codegen::cpu::CompiledObject obj = codegen::cpu::compile(code_kernels, co);
     log.stage("llvm emit", obj.seconds_emit);
     log.stage("llvm optimize", obj.seconds_optimize);

@@ -249,6 +249,7 @@ CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions&
       emit_loop_kernel(m, k, t, math, shape);
     }
     out.launches.push_back({k.name, shape.range, shape.grain, shape.scratch_bytes});
+    if (opts.interrupted && opts.interrupted()) throw Interrupted();
   }
   std::string verify_err;
   llvm::raw_string_ostream vos(verify_err);
@@ -262,7 +263,8 @@ CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions&
   out.seconds_emit = seconds_since(t0);
 
   auto t1 = std::chrono::steady_clock::now();
-  optimize_module(m, *tm, /*slp=*/true);
+  optimize_module(m, *tm, /*slp=*/true, opts.interrupted);
+  if (opts.interrupted && opts.interrupted()) throw Interrupted();
   out.seconds_optimize = seconds_since(t1);
   if (opts.want_llvm_ir) out.llvm_ir = module_text(m);
 

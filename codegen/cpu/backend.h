@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,9 @@ struct CompileOptions {
   bool want_llvm_ir = false;   // keep the optimized module's text
   bool want_assembly = false;  // also emit assembly text
   bool want_unoptimized_ir = false;
+  // Polled between kernels and LLVM passes; true: stop with Interrupted
+  // (ir/error.h) before the object is emitted. [harden: Ctrl-C]
+  std::function<bool()> interrupted;
 };
 
 struct CompiledObject {

@@ -93,6 +93,16 @@ class Session {
   void clear();     // waits for work, drops variables, bumps generation
   void shutdown();  // at interpreter exit: finishes work, stops threads
 
+  // [harden] Errors no sync point raised (at exit: printed, then exit status 1).
+  std::vector<py::object> take_errors();
+  // [harden] os.fork(): before, the forking thread waits until queued jobs
+  // and callbacks are done (so no worker holds a lock the child inherits);
+  // in the child, whose only thread is the forking one, the worker and
+  // callback threads are gone: their queues are abandoned (new ones start
+  // on the next async call) and the session's locks are made anew.
+  void before_fork();
+  void after_fork_in_child();
+
  private:
   Session() = default;
   void ensure_threads();

@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -310,7 +312,50 @@ void Session::shutdown() {
   c.reset();
 }
 
+// ---- [harden] exit and fork
+
+std::vector<py::object> Session::take_errors() {
+  std::vector<py::object> out;
+  out.swap(errors_);
+  return out;
+}
+
+void Session::before_fork() {
+  {
+    std::lock_guard<std::mutex> lock(threads_mu_);
+    if (shut_down_ || !worker_ || worker_->on_worker_thread() ||
+        (callbacks_ && callbacks_->on_worker_thread()))
+      return;  // (a fork from a callback cannot wait for callbacks)
+  }
+  try {
+    wait(*worker_);
+    if (callbacks_) wait(*callbacks_);
+  } catch (py::error_already_set&) {
+    // Interrupted: fork without waiting; the child starts afresh anyway.
+  }
+}
+
+void Session::after_fork_in_child() {
+  // The threads of these queues exist only in the parent: destroying the
+  // queues would join them. Leaked on purpose (the parent still owns its).
+  (void)worker_.release();
+  (void)callbacks_.release();
+  // Locks another parent thread may have held at the fork.
+  new (&threads_mu_) std::mutex();
+  new (&slots_mu_) std::mutex();
+  new (&slots_cv_) std::condition_variable();
+  new (&run_mu_) std::mutex();
+  outstanding_ = 0;
+}
+
 namespace {
+
+bool g_failed_exit = false;
+// After finalization (Py_AtExit): the process exits with status 1.
+void exit_failed() {
+  std::fflush(nullptr);
+  std::_Exit(1);
+}
 
 py::array variable_value(const std::string& name) {
   Session::get().wait_jobs();
@@ -448,6 +493,13 @@ void register_session(py::module_& m) {
       },
       py::arg("n"));
   m.def("raise_pending_errors", [] { Session::get().raise_pending(); });
+  // [harden] exit and fork (python/flowjit/__init__.py).
+  m.def("take_pending_errors", [] { return Session::get().take_errors(); });
+  m.def("fail_exit_status", [] {
+    if (!g_failed_exit && Py_AtExit(&exit_failed) == 0) g_failed_exit = true;
+  });
+  m.def("before_fork", [] { Session::get().before_fork(); });
+  m.def("after_fork_in_child", [] { Session::get().after_fork_in_child(); });
 
   m.def("num_threads", &runtime::num_threads);
   m.def("set_num_threads", &runtime::set_num_threads);
