@@ -206,11 +206,12 @@ def test_check_numerics_stops_a_train_step_at_the_first_kernel():
 
 # ---------------------------------------------------------------- exit, fork, Ctrl-C
 
-def _python(code, timeout=240, **kw):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+def _python(code, timeout=240, env=None):
+    if env is None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout, env=env, **kw)
+                          timeout=timeout, env=env)
 
 
 _CALLBACK_JOB = """
@@ -316,3 +317,54 @@ def test_ctrl_c_during_a_compile_stops_it():
     assert "INTERRUPTED in job = _C.compile_job(" in out, out
     stopped = float(out.split("STOPPED")[1].split()[0])
     print(f"Ctrl-C honoured {stopped - sent:.2f} s after the signal")
+
+
+_LABEL_JOB = """
+    import os, sys, numpy as np, flowjit as flow, flowjit.typing as tp
+
+    @flow.global_function()
+    def ce(y: tp.Numpy.Placeholder((8,), dtype=flow.int32), z: tp.Numpy.Placeholder((8, 3))) -> tp.Numpy:
+        return flow.nn.sparse_softmax_cross_entropy_with_logits(y, z)
+    c = ce.lower(np.zeros(8, np.int32), np.zeros((8, 3), np.float32)).compile()
+    y = np.zeros(8, np.int32)
+    y[5] = 3
+    try:
+        ce(y, np.zeros((8, 3), np.float32))
+        print("no error")
+    except IndexError as e:
+        print("disk" if c.from_disk_cache else "fresh", e)
+"""
+
+
+def test_index_checks_hold_for_disk_cache_hits(tmp_path):
+    env = {"FLOWJIT_CACHE_DIR": str(tmp_path / "cache")}
+    outs = [_python(_LABEL_JOB, env={**os.environ, **env,
+                                     "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+            for _ in range(2)]
+    for r in outs:
+        assert r.returncode == 0, r.stderr
+    assert outs[0].stdout.startswith("fresh job 'ce'"), outs[0].stdout
+    assert outs[1].stdout.startswith("disk job 'ce'"), outs[1].stdout
+    assert "labels holds 3 at [5], outside the valid range [0, 3)" in outs[1].stdout
+
+
+def test_index_checks_on_several_devices():
+    r = _python("""
+    import numpy as np, flowjit as flow, flowjit.typing as tp
+    flow.config.cpu_device_num(2)
+
+    @flow.global_function()
+    def ce(y: tp.Numpy.Placeholder((8,), dtype=flow.int32), z: tp.Numpy.Placeholder((8, 3))) -> tp.Numpy:
+        return flow.nn.sparse_softmax_cross_entropy_with_logits(y, z)
+    y = np.zeros(8, np.int32)
+    print(ce(y, np.zeros((8, 3), np.float32)).shape)
+    y[6] = -4
+    try:
+        ce(y, np.zeros((8, 3), np.float32))
+    except IndexError as e:
+        print(e)
+    print(ce(np.ones(8, np.int32), np.zeros((8, 3), np.float32)).shape)
+    """, timeout=120)
+    assert r.returncode == 0, r.stderr
+    # Each device checks its piece of the batch (the position is in that piece).
+    assert "(8,)\n" in r.stdout and "labels holds -4 at [2], outside the valid range [0, 3)" in r.stdout, r.stdout
