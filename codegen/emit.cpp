@@ -2,6 +2,8 @@
 #include "codegen/emit.h"
 
 #include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/MDBuilder.h>
+#include <llvm/IR/Module.h>
 
 #include <cmath>
 #include <limits>
@@ -235,6 +237,71 @@ Value* ExprEmitter::eval(int node) {
   return v;
 }
 
+// The status report of index checks: an internal always-inline function per
+// width and pointer type, so that its cold branch is made by the inliner
+// and the caller's blocks (loop structure, kept points) stay as they are.
+//   report(status, bad, value, pos, id): if any lane of bad is set, the first
+//   such lane's value and position go to status[1], status[2] when
+//   status[0] was 0 and now holds id + 1 (compare-exchange).
+static llvm::Function* report_function(llvm::Module& m, llvm::Type* ptr_ty, int width) {
+  std::string name = "flowjit.report.v" + std::to_string(width) + ".p" +
+                     std::to_string(ptr_ty->getPointerAddressSpace());
+  if (llvm::Function* f = m.getFunction(name)) return f;
+  llvm::LLVMContext& c = m.getContext();
+  llvm::Type* i64 = llvm::Type::getInt64Ty(c);
+  llvm::Type* bad_ty = with_width(llvm::Type::getInt1Ty(c), width);
+  llvm::Type* val_ty = with_width(i64, width);
+  auto* fty = llvm::FunctionType::get(llvm::Type::getVoidTy(c),
+                                      {ptr_ty, bad_ty, val_ty, val_ty, i64}, false);
+  auto* f = llvm::Function::Create(fty, llvm::GlobalValue::InternalLinkage, name, m);
+  f->addFnAttr(llvm::Attribute::AlwaysInline);
+  f->addFnAttr(llvm::Attribute::NoUnwind);
+  auto* entry = llvm::BasicBlock::Create(c, "entry", f);
+  auto* cold = llvm::BasicBlock::Create(c, "bad", f);
+  auto* write = llvm::BasicBlock::Create(c, "first", f);
+  auto* done = llvm::BasicBlock::Create(c, "done", f);
+  llvm::IRBuilder<> b(entry);
+  llvm::Value *status = f->getArg(0), *bad = f->getArg(1), *value = f->getArg(2),
+              *pos = f->getArg(3), *id = f->getArg(4);
+  Value* any = width == 1 ? bad : b.CreateOrReduce(bad);
+  llvm::MDBuilder md(c);
+  b.CreateCondBr(any, cold, done, md.createBranchWeights(1, 1 << 20));
+  b.SetInsertPoint(cold);
+  Value* v = value;
+  Value* p = pos;
+  if (width > 1) {
+    Value* bits = b.CreateBitCast(bad, b.getIntNTy(width));
+    Value* lane = b.CreateBinaryIntrinsic(llvm::Intrinsic::cttz, bits, b.getFalse());
+    v = b.CreateExtractElement(value, lane);
+    p = b.CreateExtractElement(pos, lane);
+  }
+  Value* cx = b.CreateAtomicCmpXchg(status, b.getInt64(0), b.CreateAdd(id, b.getInt64(1)),
+                                    llvm::MaybeAlign(8), llvm::AtomicOrdering::Monotonic,
+                                    llvm::AtomicOrdering::Monotonic);
+  b.CreateCondBr(b.CreateExtractValue(cx, 1), write, done);
+  b.SetInsertPoint(write);
+  b.CreateAlignedStore(v, b.CreateConstGEP1_64(i64, status, 1), llvm::Align(8));
+  b.CreateAlignedStore(p, b.CreateConstGEP1_64(i64, status, 2), llvm::Align(8));
+  b.CreateBr(done);
+  b.SetInsertPoint(done);
+  b.CreateRetVoid();
+  return f;
+}
+
+void ExprEmitter::check_range(Value* value, int64_t limit, Value* pos, int check) {
+  // Unsigned: negative values are out of range too.
+  report(b_.CreateICmpUGE(value, splat(b_.getInt64(limit), width)), value, pos, check);
+}
+
+void ExprEmitter::report(Value* bad, Value* value, Value* pos, int check) {
+  FJ_CHECK(k_.status_arg >= 0, "kernel ", k_.name, ": a check without a status buffer");
+  Value* status = args_.at(k_.status_arg);
+  if (mask && width > 1) bad = b_.CreateAnd(bad, mask);
+  llvm::Module& m = *b_.GetInsertBlock()->getModule();
+  llvm::Function* f = report_function(m, status->getType(), width);
+  b_.CreateCall(f, {status, bad, value, pos, b_.getInt64(check)});
+}
+
 Value* ExprEmitter::element_offset(const std::vector<int64_t>& strides, int64_t offset) {
   Value* off = b_.getInt64(offset);
   for (size_t d = 0; d < strides.size(); ++d) {
@@ -265,6 +332,8 @@ Value* ExprEmitter::guarded_load(const Access& a, DType t) {
   for (const Indirect& ind : a.indirect) {
     const KNode& in = k_.nodes.at(ind.node);
     Value* iv = cast(eval(ind.node), in.dtype, DType::Int64);
+    if (ind.check >= 0)
+      check_range(iv, ind.limit, index_value(ind.pos_strides, ind.pos_offset), ind.check);
     iv = b_.CreateSelect(b_.CreateICmpSLT(iv, k64(0)), k64(0), iv);
     iv = b_.CreateSelect(b_.CreateICmpSGT(iv, k64(ind.limit - 1)), k64(ind.limit - 1), iv);
     off = b_.CreateAdd(off, b_.CreateMul(iv, k64(ind.stride)));
@@ -448,6 +517,18 @@ Value* ExprEmitter::compute(const KNode& n, const std::vector<Value*>& ops) {
       return x;
     case OpKind::Cast:
       return cast(x, in, n.dtype);
+    case OpKind::CheckIndex:
+      check_range(cast(x, in, DType::Int64), n.ivalue, index_value(n.index_strides, 0), n.check);
+      return x;
+    case OpKind::CheckFinite: {
+      // NaN (unordered) or +-inf: |x| ueq inf. Reported as the double's bits.
+      Value* d = cast(x, in, DType::Float64);
+      Value* bad = b_.CreateFCmpUEQ(unary_intr(llvm::Intrinsic::fabs, d),
+                                    llvm::ConstantFP::getInfinity(d->getType()));
+      report(bad, b_.CreateBitCast(d, with_width(b_.getInt64Ty(), width)),
+             index_value(n.index_strides, n.ivalue), n.check);
+      return x;
+    }
     case OpKind::Neg:
       return f ? b_.CreateFNeg(x) : b_.CreateNeg(x);
     case OpKind::Abs:

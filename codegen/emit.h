@@ -84,6 +84,12 @@ class ExprEmitter {
   llvm::Value* load(const Access& a, DType t);
   llvm::Value* guarded_load(const Access& a, DType t);
   llvm::Value* cast(llvm::Value* v, DType from, DType to);
+  // Index checks (KNode CheckIndex, checked Indirect): lanes of `value`
+  // (i64, `width` lanes) outside [0, limit) under the current mask are
+  // reported to the status buffer with their positions.
+  void check_range(llvm::Value* value, int64_t limit, llvm::Value* pos, int check);
+  // Lanes of `bad` (under the current mask) reported with value and position.
+  void report(llvm::Value* bad, llvm::Value* value, llvm::Value* pos, int check);
   llvm::Value* constant(double v, DType t);
   llvm::Value* lookup(int node, int width);
 

@@ -31,8 +31,14 @@ void Kernel::finalize() {
         const Access& a = loads.at(n.access);
         kept = kept && !varies_on_reduced(a.strides);  // operands: indirect indices
         for (const Coord& c : a.coords) kept &= !varies_on_reduced(c.coef);
+        for (const Indirect& ind : a.indirect)
+          if (ind.check >= 0) kept &= !varies_on_reduced(ind.pos_strides);
         break;
       }
+      case KOp::Compute:
+        if (n.op == ir::OpKind::CheckIndex || n.op == ir::OpKind::CheckFinite)
+          kept &= !varies_on_reduced(n.index_strides);
+        break;
       case KOp::Index:
       case KOp::Random:
         kept = !varies_on_reduced(n.index_strides);
@@ -92,6 +98,8 @@ void coalesce_domain(Kernel& k) {
   for (auto& a : k.loads) {
     all.push_back(&a.strides);
     for (auto& c : a.coords) all.push_back(&c.coef);
+    for (auto& i : a.indirect)
+      if (!i.pos_strides.empty()) all.push_back(&i.pos_strides);
   }
   for (auto& s : k.stores) all.push_back(&s.where.strides);
   for (auto& n : k.nodes)
@@ -132,9 +140,14 @@ std::string access_str(const Access& a) {
     if (c.div != 1) s += " /" + std::to_string(c.div);
     s += " <" + std::to_string(c.limit) + " *" + std::to_string(c.stride) + ")";
   }
-  for (const Indirect& i : a.indirect)
+  for (const Indirect& i : a.indirect) {
     s += " indirect($" + std::to_string(i.node) + " <" + std::to_string(i.limit) + " *" +
-         std::to_string(i.stride) + ")";
+         std::to_string(i.stride);
+    if (i.check >= 0)
+      s += " check#" + std::to_string(i.check) + " at " + strides_str(i.pos_strides) + "+" +
+           std::to_string(i.pos_offset);
+    s += ")";
+  }
   if (!a.coords.empty() && a.pad != 0) {
     std::ostringstream p;
     p << a.pad;
@@ -162,7 +175,8 @@ std::string describe_kernel(const Kernel& k) {
   os << "\n";
   for (size_t i = 0; i < k.args.size(); ++i)
     os << "  arg" << i << ": " << ir::dtype_short_name(k.args[i].dtype) << "[" << k.args[i].elements
-       << "]" << (k.args[i].read ? " r" : "") << (k.args[i].written ? " w" : "") << "\n";
+       << "]" << (k.args[i].read ? " r" : "") << (k.args[i].written ? " w" : "")
+       << (static_cast<int>(i) == k.status_arg ? " status" : "") << "\n";
   if (k.kind == Kernel::Kind::MatMul)
     os << "  mm: batch=" << k.mm.batch << " m=" << k.mm.m << " n=" << k.mm.n << " k=" << k.mm.k
        << " a=" << access_str(k.mm.a) << " b=" << access_str(k.mm.b);
@@ -197,6 +211,10 @@ std::string describe_kernel(const Kernel& k) {
       case KOp::Reduce:
         os << ir::op_name(n.op);
         for (size_t j = 0; j < n.operands.size(); ++j) os << (j ? ", $" : " $") << n.operands[j];
+        if (n.op == ir::OpKind::CheckIndex)
+          os << " <" << n.ivalue << " check#" << n.check << " at " << strides_str(n.index_strides);
+        if (n.op == ir::OpKind::CheckFinite)
+          os << " check#" << n.check << " at " << strides_str(n.index_strides) << "+" << n.ivalue;
         if (n.kind == KOp::Reduce) {
           os << " phase=" << n.phase;
           if (!n.index_strides.empty()) os << " index=" << strides_str(n.index_strides);

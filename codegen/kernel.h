@@ -50,12 +50,19 @@ struct Coord {
 // An indirect coordinate (gathers): the integer value of KNode `node`,
 // evaluated at the same domain point, clamped into [0, limit), adds
 // value * stride to the element offset. The node is an operand of the load.
+// With `check` >= 0 a value outside [0, limit) is also reported (see
+// Kernel::status_arg) with its position in the index tensor,
+// pos_offset + sum over d of idx[d] * pos_strides[d].
 struct Indirect {
   int node = -1;
   int64_t limit = 1;
   int64_t stride = 0;
+  int check = -1;
+  std::vector<int64_t> pos_strides;  // one per domain dim
+  int64_t pos_offset = 0;
   bool operator==(const Indirect& o) const {
-    return node == o.node && limit == o.limit && stride == o.stride;
+    return node == o.node && limit == o.limit && stride == o.stride && check == o.check &&
+           pos_strides == o.pos_strides && pos_offset == o.pos_offset;
   }
 };
 
@@ -96,8 +103,13 @@ struct KNode {
   double value = 0;              // Const (floating-point)
   int64_t ivalue = 0;            // Const (integers: exact)
   std::vector<int64_t>
-      index_strides;        // Index, Random (counter), ArgMax/ArgMin (index along the axis)
-  int64_t seed = 0;         // Random
+      index_strides;  // Index, Random (counter), ArgMax/ArgMin (index along the axis)
+  int64_t seed = 0;   // Random
+  // Compute CheckIndex: reports operand 0 outside [0, ivalue) as check
+  // `check` of the program, at position sum over d of idx[d] *
+  // index_strides[d]; the result is operand 0. Compute CheckFinite: reports
+  // a NaN or an infinity, at position ivalue + that sum.
+  int check = -1;
   bool kept_space = false;  // depends on no reduced index (set by Kernel::finalize)
   int phase = 0;            // Reduce: 1 + max phase of reductions it depends on
 };
@@ -152,6 +164,10 @@ struct Kernel {
   std::vector<KNode> nodes;  // topological: operands come first
   std::vector<Store> stores;
   MatMulSpec mm;  // MatMul kernels
+  // The run's status buffer (int64[4], zero before a run) when the kernel
+  // checks something: the first failing check writes {check + 1, value,
+  // position} (a compare-exchange on word 0 decides which one).
+  int status_arg = -1;
 
   // What the kernel computes, for plans and dumps: "fused: matmul, add, relu".
   std::string summary;

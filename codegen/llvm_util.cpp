@@ -8,7 +8,8 @@
 
 namespace flowjit::codegen {
 
-void optimize_module(llvm::Module& m, llvm::TargetMachine& tm, bool slp) {
+void optimize_module(llvm::Module& m, llvm::TargetMachine& tm, bool slp,
+                     const std::function<bool()>& interrupted, llvm::OptimizationLevel level) {
   llvm::LoopAnalysisManager lam;
   llvm::FunctionAnalysisManager fam;
   llvm::CGSCCAnalysisManager cgam;
@@ -17,13 +18,20 @@ void optimize_module(llvm::Module& m, llvm::TargetMachine& tm, bool slp) {
   pto.LoopUnrolling = true;
   pto.LoopVectorization = true;
   pto.SLPVectorization = slp;
-  llvm::PassBuilder pb(&tm, pto);
+  llvm::PassInstrumentationCallbacks pic;
+  bool stop = false;
+  if (interrupted)
+    pic.registerShouldRunOptionalPassCallback([&](llvm::StringRef, llvm::Any) {
+      stop = stop || interrupted();
+      return !stop;
+    });
+  llvm::PassBuilder pb(&tm, pto, std::nullopt, interrupted ? &pic : nullptr);
   pb.registerModuleAnalyses(mam);
   pb.registerCGSCCAnalyses(cgam);
   pb.registerFunctionAnalyses(fam);
   pb.registerLoopAnalyses(lam);
   pb.crossRegisterProxies(lam, fam, cgam, mam);
-  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O3);
+  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(level);
   mpm.run(m, mam);
 }
 

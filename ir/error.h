@@ -13,7 +13,16 @@
 
 namespace flowjit {
 
-enum class ErrorKind { Type, Value, NotImplemented, Runtime };
+// Index: a run found an index outside its range (Python IndexError);
+// FloatingPoint: check_numerics found a NaN or infinity (FloatingPointError).
+enum class ErrorKind { Type, Value, NotImplemented, Runtime, Index, FloatingPoint };
+
+// A compile stopped because the user asked (Ctrl-C): the caller that asked
+// knows why (the bindings re-raise Python's KeyboardInterrupt).
+class Interrupted : public std::runtime_error {
+ public:
+  Interrupted() : std::runtime_error("flowjit: compile interrupted") {}
+};
 
 class UserError : public std::runtime_error {
  public:

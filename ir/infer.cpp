@@ -232,6 +232,18 @@ TensorType infer_type(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attr
     DType dt = attrs.get_dtype("dtype");
     return {dt, in(inputs, 0).shape};
   }
+  if (op == OpKind::CheckFinite) {
+    check_float(name, in(inputs, 0));
+    return in(inputs, 0);
+  }
+  if (op == OpKind::CheckIndex) {
+    const TensorType& x = in(inputs, 0);
+    FJ_USER_CHECK(is_int(x.dtype), kType, attrs.get_str("what"),
+                  " must be an integer tensor (int32 or int64), got ", x.str());
+    FJ_USER_CHECK(attrs.get_int("limit") >= 0, kValue, name, ": limit must be >= 0, got ",
+                  attrs.get_int("limit"));
+    return x;
+  }
   if (is_elementwise(op)) {
     switch (inputs.size()) {
       case 1:

@@ -244,8 +244,14 @@ NodeRef iota(const Shape& s, int axis, DType dt) {
   return make_node(OpKind::Iota, {},
                    Attrs{{"shape", s}, {"dtype", dt}, {"axis", static_cast<int64_t>(axis)}});
 }
+// The forward gather checks its indices (check_index); the gradient reads
+// them unchecked.
+NodeRef gather_index(const NodeRef& n) {
+  const NodeRef& x = n->input(1);
+  return x->op() == OpKind::CheckIndex ? x->input(0) : x;
+}
 Grads vjp_Gather(const NodeRef& n, const NodeRef& dy) {
-  const NodeRef &p = n->input(0), &idx = n->input(1);
+  const NodeRef &p = n->input(0), idx = gather_index(n);
   if (!is_float(p->dtype())) return {nullptr, nullptr};
   int axis = static_cast<int>(n->attrs().get_int("axis")),
       bd = static_cast<int>(n->attrs().get_int("batch_dims"));
@@ -276,7 +282,7 @@ Grads vjp_Gather(const NodeRef& n, const NodeRef& dy) {
   return {reduce(OpKind::ReduceSum, sel, axes, false), nullptr};
 }
 Grads vjp_GatherNd(const NodeRef& n, const NodeRef& dy) {
-  const NodeRef &p = n->input(0), &idx = n->input(1);
+  const NodeRef &p = n->input(0), idx = gather_index(n);
   if (!is_float(p->dtype())) return {nullptr, nullptr};
   const Shape &ps = p->shape(), &is = idx->shape();
   int k = static_cast<int>(is.back()), nj = static_cast<int>(is.size()) - 1,

@@ -16,6 +16,7 @@
 // it and must not know LLVM); see tools/check_layering.py.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -52,6 +53,9 @@ struct CompileRequest {
   int debug = 0;              // FLOWJIT_DEBUG: 3 prints LLVM IR, 4 assembly
   bool keep_text = false;     // CompileSettings::keep_text
   bool want_llvm_ir = false;  // keep the optimized LLVM IR on the CodeObject
+  // Polled between kernels and passes (Ctrl-C): true stops the compile with
+  // Interrupted. Empty: never.
+  std::function<bool()> interrupted;
 };
 
 // One backend on one decided target (one job's compile).

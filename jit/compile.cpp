@@ -199,6 +199,9 @@ std::shared_ptr<runtime::Program> load_cached(DiskCache& cache, const std::strin
       code.plan = runtime::Plan::deserialize(hit.plan);
       if (!code.plan.same_program(fresh))
         throw_user(ErrorKind::Value, "its plan does not match the job's kernels");
+      // [harden] The run checks are not serialized: they come with fusion's plan.
+      code.plan.status_offset = fresh.status_offset;
+      code.plan.checks = fresh.checks;
       code.target = backend.target();
       code.object = std::move(hit.object);
       code.files.clear();
@@ -276,6 +279,10 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
     out.new_variables = low.new_variables;
     log.stage("autodiff+optimizer", since(t0), optimizer_name(job.optimizer->kind));
   }
+  auto stop_if_interrupted = [&] {
+    if (settings.interrupted && settings.interrupted()) throw Interrupted();
+  };
+  stop_if_interrupted();
   for (auto& [name, type] : out.new_variables) store.get_or_create(name, type, /*trainable=*/false);
   out.writes_variables = !g.effects.empty();
   out.ir_traced = print_graph(g);
@@ -301,9 +308,10 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
              print_graph(opt, PrintOptions{true}) + "\nboxing:\n" + out.distributed->description);
   }
   out.ir_optimized = print_graph(opt);
+  stop_if_interrupted();
 
   auto t_fuse = std::chrono::steady_clock::now();
-  FusedProgram fp = fuse(opt, job.name, FusionOptions{settings.fuse});
+  FusedProgram fp = fuse(opt, job.name, FusionOptions{settings.fuse, settings.check_numerics});
   out.fusion_plan = fp.description;
   for (auto& k : fp.kernels) out.kernels += codegen::describe_kernel(k);
   log.stage("fusion+memory", since(t_fuse),
@@ -314,12 +322,14 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
     std::fprintf(stderr, "[flowjit] %s fusion plan:\n%s", job.name.c_str(), fp.description.c_str());
   log.dump("fusion", fp.description + "\n" + out.kernels);
   out.seconds_passes = since(t_passes);
+  stop_if_interrupted();
 
   std::unique_ptr<Backend> backend = make_backend(job, settings.target);
   CompileRequest req;
   req.module_name = job.name;
   req.debug = settings.debug;
   req.keep_text = settings.keep_text;
+  req.interrupted = settings.interrupted;
   const bool keep_llvm_ir = settings.debug >= 3 || settings.keep_text || !settings.dump_dir.empty();
   std::optional<DiskCache> cache = open_cache(settings, fp, backend->target().str(), out);
   req.want_llvm_ir = keep_llvm_ir || cache.has_value();  // the cache keeps it for `show`

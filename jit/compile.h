@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -76,7 +77,11 @@ struct CompileSettings {
   int64_t cache_max_bytes = 0;  // FLOWJIT_CACHE_MAX_BYTES (0: default bound, -1: unparsable)
   bool keep_text = false;       // keep IR/LLVM text on the result even without debug
   bool fuse = true;             // FLOWJIT_DISABLE_FUSION=1 turns fusion off (tests)
-  Target target;                // the CPU unless the job is placed on a GPU
+  bool check_numerics = false;  // [harden] function_config().check_numerics(True)
+  // [harden] Polled between stages, kernels and LLVM passes (CPU codegen);
+  // true stops the compile with ir::Interrupted (Ctrl-C from Python).
+  std::function<bool()> interrupted;
+  Target target;  // the CPU unless the job is placed on a GPU
   static CompileSettings from_environment();
 };
 

@@ -46,6 +46,10 @@ struct FusionOptions {
   // still folded into their users). The unfused reference for tests;
   // FLOWJIT_DISABLE_FUSION=1 selects it.
   bool fuse = true;
+  // [harden] function_config().check_numerics(True): every float value a
+  // kernel stores is checked for NaN and infinity; the first kernel that
+  // stores one fails the run, naming the kernel, the op and its source line.
+  bool check_numerics = false;
 };
 
 FusedProgram fuse(const ir::Graph& g, const std::string& job_name, FusionOptions opts = {});

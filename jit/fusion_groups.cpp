@@ -14,11 +14,17 @@ Graph Fuser::materialize(const Graph& g) {
     if (is_contraction(n->op()) || is_addressed_view(n)) {
       // Operands addressed as strided buffers (addressed views add their
       // own offsets and coordinates).
-      for (auto& x : in) {
+      for (size_t i = 0; i < in.size(); ++i) {
+        // A gather reads its indices through their check_index (jit/fusion
+        // puts the check in the indirect load), so the unchecked indices
+        // are the buffer.
+        bool checked = i == 1 && is_gather(n) && in[i]->op() == OpKind::CheckIndex;
+        NodeRef x = checked ? in[i]->input(0) : in[i];
         auto v = resolve_view(x);
         if (!v || !v->plain() || is_duplicable(v->base) ||
             (n->op() == OpKind::MatMul && !batch_collapses(*v, x)))
           x = identity(x);
+        in[i] = checked ? Node::with_inputs(in[i], {x}) : x;
       }
     } else if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) {
       if (!is_contiguous_view(in[0])) in[0] = identity(in[0]);
@@ -72,7 +78,11 @@ void Fuser::analyze() {
   // Bases of matmul operands and of reshapes must exist in memory.
   for (const NodeRef& n : topo_) {
     if (is_contraction(n->op()) || is_addressed_view(n)) {
-      for (auto& x : n->inputs()) must_store_.insert(resolve_view(x)->base.get());
+      for (size_t i = 0; i < n->inputs().size(); ++i) {
+        const NodeRef& x = n->input(i);
+        must_store_.insert(
+            resolve_view(i == 1 && is_gather(n) ? unchecked_index(x) : x)->base.get());
+      }
     } else if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) {
       if (auto v = resolve_view(n->input(0))) must_store_.insert(v->base.get());
     } else if (is_collective(n->op())) {

@@ -41,7 +41,22 @@ struct IndirectView {
   int64_t offset = 0;
   int64_t limit = 1;
   int64_t stride = 0;  // elements of the gathered buffer per index unit
+  // The check_index the gather reads its indices through (or null), and the
+  // position of the index element in that tensor: pos_offset + sum over the
+  // viewed node's dims of idx * pos_strides.
+  NodeRef check;
+  std::vector<int64_t> pos_strides;
+  int64_t pos_offset = 0;
 };
+
+inline bool is_gather(const NodeRef& n) {
+  return n->op() == OpKind::Gather || n->op() == OpKind::GatherNd;
+}
+
+// A gather's index operand read through its check_index, if it has one.
+inline NodeRef unchecked_index(const NodeRef& x) {
+  return x->op() == OpKind::CheckIndex ? x->input(0) : x;
+}
 
 struct View {
   NodeRef base;                  // a buffer: parameter, variable or computed node
@@ -145,6 +160,7 @@ struct Built {
   std::vector<std::string> var_reads;
   std::vector<const Node*> computes;                  // members, for the description
   std::optional<runtime::CollectiveStep> collective;  // a collective's launch: no kernel code
+  std::vector<NodeRef> stored;                        // the value of each store, in order
 };
 
 // One operand of an implicit GEMM while it is being described: its index
@@ -259,6 +275,17 @@ class Fuser {
 
   std::vector<Built> build_deferred_copies(const std::set<std::string>& deferred);
 
+  // [harden] Index checks: the id of a check_index node in the plan's check
+  // table (added on first use; `limits`: the range the kernel checks, one per
+  // component of a gather_nd's index), and
+  // the status buffer they report to (an arena buffer live for the whole
+  // run, created on first use).
+  int check_id(const NodeRef& check, const std::vector<int64_t>& limits);
+  // check_numerics: the check of what kernel `kernel` stores of `value` (into `where`).
+  int numerics_check_id(const std::string& kernel, const NodeRef& value, const Storage& where);
+  const void* status_key() const { return &status_index_; }
+  int status_buffer();
+
   // Kahn's algorithm over data and anti dependences (readers of a
   // variable's old value run before the kernel that overwrites it). Ties go
   // to program order. Returns false on a cycle.
@@ -287,6 +314,9 @@ class Fuser {
   std::unordered_map<std::string, int> temp_index_;
   std::unordered_map<std::string, NodeRef> temp_vars_;
   std::vector<BufferLife> temp_lives_;
+  int status_index_ = -1;
+  std::unordered_map<const Node*, int> check_ids_;
+  std::vector<runtime::RunCheck> checks_;
 };
 
 class KernelBuilder {
@@ -346,10 +376,19 @@ class KernelBuilder {
     // Gathers: each index is a load of its own, an operand of this load.
     std::vector<codegen::Indirect> indirect;
     std::vector<int> operands;
+    std::vector<int64_t> limits;  // gather_nd: one per index component
+    for (const IndirectView& iv : v->indirect) limits.push_back(iv.limit);
     for (const IndirectView& iv : v->indirect) {
       Access ia{read_arg(iv.base), domain_strides(iv.strides, m), iv.offset, {}, 0, {}};
       int node = push_load(ia, iv.base->dtype());
-      indirect.push_back({node, iv.limit, iv.stride});
+      codegen::Indirect ind{node, iv.limit, iv.stride};
+      if (iv.check) {
+        ind.check = f_.check_id(iv.check, limits);
+        ind.pos_strides = domain_strides(iv.pos_strides, m);
+        ind.pos_offset = iv.pos_offset;
+        b_.k.status_arg = status_arg();
+      }
+      indirect.push_back(ind);
       operands.push_back(node);
     }
     Access a{read_arg(v->base), domain_strides(v->strides, m), v->offset, {}, v->pad, indirect};
@@ -422,6 +461,23 @@ class KernelBuilder {
         kn.index_strides = domain_strides(contiguous_strides(n->shape()), m);
         kn.operands = {inst(n->input(0), operand_map(n, m, 0))};
         return push(kn);
+      case OpKind::CheckIndex:  // [harden] index checks
+        kn.kind = KOp::Compute;
+        kn.op = n->op();
+        kn.ivalue = a.get_int("limit");
+        kn.check = f_.check_id(n, {kn.ivalue});
+        kn.index_strides = domain_strides(contiguous_strides(n->shape()), m);
+        kn.operands = {inst(n->input(0), operand_map(n, m, 0))};
+        b_.k.status_arg = status_arg();
+        return push(kn);
+      case OpKind::CheckFinite:
+        kn.kind = KOp::Compute;
+        kn.op = n->op();
+        kn.check = f_.check_id(n, {});
+        kn.index_strides = domain_strides(contiguous_strides(n->shape()), m);
+        kn.operands = {inst(n->input(0), operand_map(n, m, 0))};
+        b_.k.status_arg = status_arg();
+        return push(kn);
       case OpKind::MatMul:
       case OpKind::Conv:
       case OpKind::ConvDataGrad:
@@ -454,11 +510,37 @@ class KernelBuilder {
     return push(kn);
   }
 
+  // The run's status buffer as an argument of this kernel (written).
+  int status_arg() {
+    return arg_for(f_.status_key(), {BufferKind::Arena, f_.status_buffer()}, DType::Int64, 4, true);
+  }
+
   void store(const NodeRef& n, const DimMap& m, const void* buffer, Storage s) {
     int node = inst(n, m);
     int arg = arg_for(buffer, s, n->dtype(), n->type().numel(), true);
     Access a{arg, domain_strides(contiguous_strides(n->shape()), m), 0};
     b_.k.stores.push_back({node, a});
+    b_.stored.push_back(n);
+  }
+
+  // [harden] check_numerics: every float value this kernel stores goes
+  // through a CheckFinite node (reported at its element in the buffer).
+  void check_stores_finite() {
+    for (size_t i = 0; i < b_.k.stores.size(); ++i) {
+      codegen::Store& st = b_.k.stores[i];
+      if (!is_float(b_.k.args[st.where.arg].dtype)) continue;
+      const Storage& where = b_.arg_storage[st.where.arg];
+      KNode kn;
+      kn.kind = KOp::Compute;
+      kn.op = OpKind::CheckFinite;
+      kn.dtype = b_.k.nodes[st.node].dtype;
+      kn.operands = {st.node};
+      kn.index_strides = st.where.strides;
+      kn.ivalue = st.where.offset;
+      kn.check = f_.numerics_check_id(b_.k.name, b_.stored.at(i), where);
+      b_.k.status_arg = status_arg();
+      st.node = push(kn);
+    }
   }
 
  private:

@@ -136,6 +136,7 @@ Built Fuser::build_group(Group& g, const std::set<std::string>& deferred,
       b.var_writes.push_back(name);
     }
   }
+  if (opts_.check_numerics) kb.check_stores_finite();
   if (g.matmul) build_matmul_spec(g, b, kb);
   // In place is safe when every read of the variable in this kernel is at
   // the element being written.
@@ -428,7 +429,11 @@ void Fuser::build_matmul_spec(Group& g, Built& b, KernelBuilder& kb) {
 void Fuser::collapse_batch_dims(Kernel& k) {
   int r = k.rank();
   std::vector<std::vector<int64_t>*> all;
-  for (auto& l : k.loads) all.push_back(&l.strides);
+  for (auto& l : k.loads) {
+    all.push_back(&l.strides);
+    for (auto& i : l.indirect)
+      if (!i.pos_strides.empty()) all.push_back(&i.pos_strides);
+  }
   for (auto& s : k.stores) all.push_back(&s.where.strides);
   for (auto& n : k.nodes)
     if (!n.index_strides.empty()) all.push_back(&n.index_strides);

@@ -1,4 +1,6 @@
 // fusion: launch order, deferred assigns, arena lives and the runtime plan.
+#include <filesystem>
+
 #include "jit/fusion_internal.h"
 
 namespace flowjit::jit::fusion_detail {
@@ -114,6 +116,8 @@ void Fuser::build_and_schedule(FusedProgram& out) {
   }
   ArenaPlan ap = plan_arena(lives);
   plan.arena_bytes = ap.arena_bytes;
+  if (status_index_ >= 0) plan.status_offset = ap.offsets[status_index_];
+  plan.checks = checks_;
   out.bytes_without_reuse = ap.total_bytes;
   plan.variables = plan_vars_;
 
@@ -160,6 +164,55 @@ void Fuser::build_and_schedule(FusedProgram& out) {
     out.kernels.push_back(std::move(b.k));
   }
   out.description = desc.str();
+}
+
+int Fuser::check_id(const NodeRef& check, const std::vector<int64_t>& limits) {
+  auto it = check_ids_.find(check.get());
+  if (it != check_ids_.end()) return it->second;
+  runtime::RunCheck c;
+  c.what = check->attrs().get_str("what");
+  // The user's "file.py:12", as tracing errors name it.
+  const ir::SourceLoc& loc = check->loc();
+  if (loc.known())
+    c.where = std::filesystem::path(loc.file).filename().string() + ":" + std::to_string(loc.line);
+  c.numerics = check->op() == OpKind::CheckFinite;
+  bool same = std::all_of(limits.begin(), limits.end(), [&](int64_t l) { return l == limits[0]; });
+  c.limit = limits.empty() ? 0 : same ? limits[0] : -1;
+  if (!same) c.limits = limits;
+  c.shape = check->shape();
+  checks_.push_back(c);
+  int id = static_cast<int>(checks_.size()) - 1;
+  check_ids_[check.get()] = id;
+  return id;
+}
+
+int Fuser::numerics_check_id(const std::string& kernel, const NodeRef& value,
+                             const Storage& where) {
+  runtime::RunCheck c;
+  c.numerics = true;
+  // What computed the value: through the copies fusion adds for stores.
+  NodeRef v = value;
+  while (v->op() == OpKind::Identity && v->inputs().size() == 1 && !v->loc().known())
+    v = v->input(0);
+  std::string what = std::string(op_name(v->op()));
+  if (where.kind == BufferKind::Variable)
+    what += ", the new value of variable '" + plan_vars_.at(where.index).first + "'";
+  c.what = "check_numerics: kernel " + kernel + " stores " + what;
+  const ir::SourceLoc& loc = v->loc();
+  if (loc.known())
+    c.where = std::filesystem::path(loc.file).filename().string() + ":" + std::to_string(loc.line);
+  c.shape = value->shape();
+  checks_.push_back(c);
+  return static_cast<int>(checks_.size()) - 1;
+}
+
+int Fuser::status_buffer() {
+  if (status_index_ >= 0) return status_index_;
+  status_index_ = arena_base_count() + static_cast<int>(temp_lives_.size());
+  BufferLife l;
+  l.bytes = 4 * sizeof(int64_t);
+  temp_lives_.push_back(l);
+  return status_index_;
 }
 
 int Fuser::temp_for(const std::string& name, const NodeRef& var) {

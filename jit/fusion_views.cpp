@@ -112,8 +112,11 @@ std::optional<View> resolve_slice(const NodeRef& n) {
 
 std::optional<View> resolve_gather(const NodeRef& n) {
   auto vp = resolve_view(n->input(0));
-  auto vi = resolve_view(n->input(1));
+  const NodeRef& checked = n->input(1);
+  auto vi = resolve_view(unchecked_index(checked));
   if (!vp || !vp->plain() || !vi || !vi->plain()) return std::nullopt;
+  NodeRef check = checked->op() == OpKind::CheckIndex ? checked : nullptr;
+  std::vector<int64_t> ipos = contiguous_strides(checked->shape());
   const Shape &p = n->input(0)->shape(), &idx = n->input(1)->shape();
   int rp = static_cast<int>(p.size()), ri = static_cast<int>(idx.size());
   View w{vp->base, std::vector<int64_t>(n->rank(), 0), vp->offset, {}, 0, {}};
@@ -124,7 +127,12 @@ std::optional<View> resolve_gather(const NodeRef& n) {
     for (int d = axis + 1; d < rp; ++d) w.strides[d + ri - bd - 1] = vp->strides[d];
     IndirectView iv{vi->base, std::vector<int64_t>(n->rank(), 0), vi->offset, p[axis],
                     vp->strides[axis]};
-    for (int j = 0; j < ri; ++j) iv.strides[j < bd ? j : axis + j - bd] = vi->strides[j];
+    iv.check = check;
+    iv.pos_strides.assign(n->rank(), 0);
+    for (int j = 0; j < ri; ++j) {
+      iv.strides[j < bd ? j : axis + j - bd] = vi->strides[j];
+      iv.pos_strides[j < bd ? j : axis + j - bd] = ipos[j];
+    }
     w.indirect.push_back(iv);
     return w;
   }
@@ -133,7 +141,13 @@ std::optional<View> resolve_gather(const NodeRef& n) {
   for (int c = 0; c < k; ++c) {
     IndirectView iv{vi->base, std::vector<int64_t>(n->rank(), 0),
                     vi->offset + c * vi->strides[ri - 1], p[c], vp->strides[c]};
-    for (int j = 0; j + 1 < ri; ++j) iv.strides[j] = vi->strides[j];
+    iv.check = check;
+    iv.pos_strides.assign(n->rank(), 0);
+    iv.pos_offset = c;
+    for (int j = 0; j + 1 < ri; ++j) {
+      iv.strides[j] = vi->strides[j];
+      iv.pos_strides[j] = ipos[j];
+    }
     w.indirect.push_back(iv);
   }
   return w;
@@ -152,7 +166,10 @@ std::optional<View> resolve_view(const NodeRef& n) {
       };
       permute(v->strides);
       for (auto& c : v->coords) permute(c.coef);
-      for (auto& i : v->indirect) permute(i.strides);
+      for (auto& i : v->indirect) {
+        permute(i.strides);
+        if (!i.pos_strides.empty()) permute(i.pos_strides);
+      }
       return v;
     }
     case OpKind::Window:
@@ -179,7 +196,10 @@ std::optional<View> resolve_view(const NodeRef& n) {
       };
       widen(v->strides);
       for (auto& c : v->coords) widen(c.coef);
-      for (auto& i : v->indirect) widen(i.strides);
+      for (auto& i : v->indirect) {
+        widen(i.strides);
+        if (!i.pos_strides.empty()) widen(i.pos_strides);
+      }
       return v;
     }
     case OpKind::Reshape: {
@@ -202,7 +222,10 @@ std::optional<View> resolve_view(const NodeRef& n) {
       };
       reindex(v->strides);
       for (auto& c : v->coords) reindex(c.coef);
-      for (auto& i : v->indirect) reindex(i.strides);
+      for (auto& i : v->indirect) {
+        reindex(i.strides);
+        if (!i.pos_strides.empty()) reindex(i.pos_strides);
+      }
       return v;
     }
     default:

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -310,10 +311,58 @@ std::shared_ptr<Executable> Executable::instance() const {
   return std::make_shared<Executable>(plan_, fns_, code_owner_);
 }
 
+std::string describe_failed_check(const std::string& job, const RunCheck& c, int64_t value,
+                                  int64_t position) {
+  std::ostringstream os;
+  os << "job '" << job << "'";
+  if (!c.where.empty()) os << ", " << c.where;
+  if (c.numerics) {
+    double d;
+    std::memcpy(&d, &value, sizeof d);
+    os << ": " << c.what << ", " << (std::isnan(d) ? "nan" : d > 0 ? "inf" : "-inf");
+  } else {
+    os << ": " << c.what << " holds " << value;
+  }
+  // The position as an index of the checked tensor.
+  std::vector<int64_t> at(c.shape.size(), 0);
+  int64_t rest = position;
+  for (size_t d = c.shape.size(); d-- > 0;) {
+    int64_t e = std::max<int64_t>(c.shape[d], 1);
+    at[d] = rest % e;
+    rest /= e;
+  }
+  os << " at [";
+  for (size_t d = 0; d < at.size(); ++d) os << (d ? ", " : "") << at[d];
+  os << "]";
+  if (c.numerics) return os.str();
+  int64_t limit = c.limit;
+  if (limit < 0 && !c.limits.empty())
+    limit = c.limits[static_cast<size_t>(at.empty() ? 0 : at.back()) % c.limits.size()];
+  os << ", outside the valid range [0, " << limit << ")";
+  return os.str();
+}
+
+// [harden] The run's checks: raised after the launch whose kernel reported
+// one, so no later launch (an optimizer update) runs on the bad values.
+void Executable::raise_failed_check() const {
+  const int64_t* st = reinterpret_cast<const int64_t*>(arena_.get() + plan_.status_offset);
+  int64_t id = st[0] - 1;
+  FJ_CHECK(id >= 0 && id < static_cast<int64_t>(plan_.checks.size()), "job '", plan_.job_name,
+           "': a kernel reported check #", id, " which the plan does not have");
+  const RunCheck& c = plan_.checks[id];
+  throw_user(c.numerics ? ErrorKind::FloatingPoint : ErrorKind::Index,
+             describe_failed_check(plan_.job_name, c, st[1], st[2]));
+}
+
 Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<void> code_owner)
     : plan_(std::move(plan)), fns_(std::move(fns)), code_owner_(std::move(code_owner)) {
   FJ_CHECK(fns_.size() == plan_.launches.size(), "one function per launch");
   for (auto& l : plan_.launches) {
+    bool checks = false;
+    for (const BufferRef& r : l.args)
+      checks |= plan_.status_offset >= 0 && r.kind == BufferKind::Arena &&
+                r.offset_bytes == plan_.status_offset;
+    checks_.push_back(checks);
     if (l.collective) {
       FJ_USER_CHECK(l.args.size() == 2, ErrorKind::Value, "corrupt compiled plan: collective ",
                     l.symbol, " needs 2 buffers");
@@ -537,7 +586,13 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
       }
     }
   };
+  if (plan_.status_offset >= 0) std::memset(arena_.get() + plan_.status_offset, 0, 32);
   for (size_t li = 0; li < plan_.launches.size(); ++li) {
+    // (Devices of a distributed job check at the end: one that stopped
+    // early would leave the others waiting in a collective.)
+    if (li > 0 && checks_[li - 1] && collective_index_.empty() &&
+        *reinterpret_cast<const int64_t*>(arena_.get() + plan_.status_offset) != 0)
+      raise_failed_check();
     const Launch& l = plan_.launches[li];
     char* const* args = argbuf_.data() + arg_start_[li];
     KernelFn fn = fns_[li];
@@ -599,6 +654,9 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
         tbb::static_partitioner());
   }
   if (!pending.empty()) settle(std::numeric_limits<int64_t>::max());
+  if (!checks_.empty() && checks_.back() &&
+      *reinterpret_cast<const int64_t*>(arena_.get() + plan_.status_offset) != 0)
+    raise_failed_check();
 }
 
 }  // namespace flowjit::runtime

@@ -68,6 +68,24 @@ struct Launch {
   std::optional<CollectiveStep> collective;  // set: no code, the runtime runs this collective
 };
 
+// [harden] A check of the run (index ranges, numerics): kernels report the
+// first one that fails to the run's status buffer, int64 {check + 1, value,
+// flat position, 0} at arena offset Plan::status_offset; the runtime raises
+// it after the launch as a UserError naming the job, `what`, the value and
+// its position in `shape`.
+struct RunCheck {
+  std::string what;             // "one_hot: indices"
+  std::string where;            // the user's "file.py:12", or ""
+  int64_t limit = 0;            // values must be in [0, limit); -1: one per last-dim index
+  std::vector<int64_t> limits;  // limit -1: the limit of each last-dim index
+  std::vector<int64_t> shape;   // of the checked tensor
+  bool numerics = false;        // a NaN/infinity check: the value is a double's bits
+};
+
+// The error a failed check reports (status words 1 and 2: value, position).
+std::string describe_failed_check(const std::string& job, const RunCheck& c, int64_t value,
+                                  int64_t position);
+
 struct Plan {
   std::string job_name;
   std::vector<ir::TensorType> inputs;
@@ -75,6 +93,10 @@ struct Plan {
   std::vector<std::pair<std::string, ir::TensorType>> variables;
   std::vector<Launch> launches;
   int64_t arena_bytes = 0;
+  // [harden] Not serialized: fusion makes them for every compile, also on a
+  // disk-cache hit (whose launches must equal fusion's).
+  int64_t status_offset = -1;  // arena offset of the status buffer, -1: no checks
+  std::vector<RunCheck> checks;
 
   // Whether `o` launches the same kernels on the same buffers: equal but
   // for what codegen decides per launch (range, grain, scratch bytes). The
@@ -142,6 +164,8 @@ class Executable : public Program {
 
  private:
   char* scratch_for(int thread, int64_t bytes);
+  [[noreturn]] void raise_failed_check() const;
+  std::vector<bool> checks_;  // per launch: its kernel reports to the status buffer
 
   Plan plan_;
   std::vector<KernelFn> fns_;

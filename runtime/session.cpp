@@ -2,6 +2,7 @@
 #include "runtime/session.h"
 
 #include <chrono>
+#include <new>
 
 #include "ir/error.h"
 #include "runtime/distributed.h"
@@ -200,6 +201,34 @@ bool Session::shutdown() {
     return true;
   });
   return true;
+}
+
+void Session::before_fork() {
+  {
+    std::lock_guard<std::mutex> lock(threads_mu_);
+    if (shut_down_ || !worker_ || worker_->on_worker_thread() ||
+        (callbacks_ && callbacks_->on_worker_thread()))
+      return;  // (a fork from a callback cannot wait for callbacks)
+  }
+  try {
+    wait(*worker_);
+    if (callbacks_) wait(*callbacks_);
+  } catch (const std::exception&) {
+    // Interrupted: fork without waiting; the child starts afresh anyway.
+  }
+}
+
+void Session::after_fork_in_child() {
+  // The threads of these queues exist only in the parent: destroying the
+  // queues would join them. Leaked on purpose (the parent still owns its).
+  (void)worker_.release();
+  (void)callbacks_.release();
+  // Locks another parent thread may have held at the fork.
+  new (&threads_mu_) std::mutex();
+  new (&slots_mu_) std::mutex();
+  new (&slots_cv_) std::condition_variable();
+  new (&run_mu_) std::mutex();
+  outstanding_ = 0;
 }
 
 }  // namespace flowjit::runtime

@@ -89,6 +89,15 @@ class Session {
   // Returns false when it had already run.
   bool shutdown();
 
+  // os.fork(): before, the forking thread waits until queued jobs and
+  // callbacks are done (not from the worker or callback thread, and an
+  // interrupted wait forks without waiting); in the child, whose only thread
+  // is the forking one, the parent's worker and callback threads are
+  // forgotten and the locks made afresh, so the first async call starts new
+  // threads.
+  void before_fork();
+  void after_fork_in_child();
+
  private:
   void ensure_threads();
   void wait(WorkQueue& q);

@@ -279,25 +279,6 @@ Level level_for(bool run_once) {
   return {llvm::OptimizationLevel::O3, llvm::CodeGenOptLevel::Aggressive, "O3"};
 }
 
-void run_pipeline(llvm::Module& m, llvm::TargetMachine& tm, llvm::OptimizationLevel level) {
-  llvm::LoopAnalysisManager lam;
-  llvm::FunctionAnalysisManager fam;
-  llvm::CGSCCAnalysisManager cgam;
-  llvm::ModuleAnalysisManager mam;
-  llvm::PipelineTuningOptions pto;
-  pto.LoopUnrolling = true;
-  pto.LoopVectorization = true;
-  pto.SLPVectorization = true;
-  llvm::PassBuilder pb(&tm, pto);
-  pb.registerModuleAnalyses(mam);
-  pb.registerCGSCCAnalyses(cgam);
-  pb.registerFunctionAnalyses(fam);
-  pb.registerLoopAnalyses(lam);
-  pb.crossRegisterProxies(lam, fam, cgam, mam);
-  llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(level);
-  mpm.run(m, mam);
-}
-
 // Compiles one kernel alone, under `symbol`, in a context of its own (so
 // several run at once on different threads).
 std::shared_ptr<CompiledUnit> compile_unit(const Kernel& kernel, const std::string& symbol,
@@ -320,6 +301,7 @@ std::shared_ptr<CompiledUnit> compile_unit(const Kernel& kernel, const std::stri
   } else {
     emit_loop_kernel(m, k, t, math, u->shape);
   }
+  if (opts.interrupted && opts.interrupted()) throw Interrupted();
   std::string verify_err;
   llvm::raw_string_ostream vos(verify_err);
   if (llvm::verifyModule(m, &vos)) {
@@ -332,7 +314,8 @@ std::shared_ptr<CompiledUnit> compile_unit(const Kernel& kernel, const std::stri
   u->seconds_emit = thread_seconds() - t0;
 
   double t1 = thread_seconds();
-  run_pipeline(m, *tm, level.ir);
+  optimize_module(m, *tm, /*slp=*/true, opts.interrupted, level.ir);
+  if (opts.interrupted && opts.interrupted()) throw Interrupted();
   u->seconds_optimize = thread_seconds() - t1;
   if (opts.want_llvm_ir || opts.want_assembly) u->llvm_ir = module_text(m);
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,9 @@ struct CompileOptions {
   // Kernels that run once (initializer jobs): a cheap LLVM pipeline (O1 and
   // fast instruction selection). The numbers they compute are the same.
   bool run_once = false;
+  // Polled between kernels and LLVM passes; true: stop with Interrupted
+  // (ir/error.h) before the object is emitted. [harden: Ctrl-C]
+  std::function<bool()> interrupted;
 };
 
 struct CompiledObject {

@@ -50,6 +50,7 @@ class CpuBackend : public Backend {
     co.want_llvm_ir = req.want_llvm_ir;
     co.want_assembly = req.debug >= 4;
     co.run_once = run_once_;
+    co.interrupted = req.interrupted;
     cg::CompiledObject obj = cg::compile(coded, co);
     log.stage("llvm emit", obj.seconds_emit);
     log.stage("llvm optimize", obj.seconds_optimize);

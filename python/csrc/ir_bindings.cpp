@@ -32,6 +32,12 @@ void translate(std::exception_ptr p) {
       case ErrorKind::Runtime:
         PyErr_SetString(PyExc_RuntimeError, what.c_str());
         break;
+      case ErrorKind::Index:
+        PyErr_SetString(PyExc_IndexError, what.c_str());
+        break;
+      case ErrorKind::FloatingPoint:
+        PyErr_SetString(PyExc_FloatingPointError, what.c_str());
+        break;
     }
   } catch (const InternalError& e) {
     PyErr_SetString(g_internal_error.ptr(), jit::printable_text(e.what()).c_str());

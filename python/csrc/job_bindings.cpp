@@ -2,7 +2,11 @@
 // or through the session's worker with callbacks.
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <mutex>
+#include <thread>
 
 #include "ir/error.h"
 #include "jit/cache.h"
@@ -445,22 +449,62 @@ void register_jobs(py::module_& m) {
         }
         jit::CompileSettings s = jit::CompileSettings::from_environment();
         if (settings.contains("keep_text")) s.keep_text = settings["keep_text"].cast<bool>();
+        if (settings.contains("check_numerics"))  // [harden]
+          s.check_numerics = settings["check_numerics"].cast<bool>();
         // "device": "cpu" (the default) or "gpu" with "gpu": its ordinal.
         std::string device =
             settings.contains("device") ? settings["device"].cast<std::string>() : "cpu";
         FJ_USER_CHECK(device == "cpu" || device == "gpu", ErrorKind::Value, "job '", name,
                       "': device must be \"cpu\" or \"gpu\", got \"", device, "\"");
         int gpu_ordinal = settings.contains("gpu") ? settings["gpu"].cast<int>() : 0;
+        // [harden] Ctrl-C during a compile on the main thread: Python's
+        // signal handlers are run (at most every 20 ms, taking the GIL) from
+        // the compile's stage, kernel and LLVM pass boundaries; a
+        // KeyboardInterrupt stops the compile and is raised here.
+        bool interrupted = false;
+        if (settings.contains("interruptible") && settings["interruptible"].cast<bool>()) {
+          // Kernels compile on the pool: only the calling (main) thread runs
+          // Python's signal handlers; the others see its verdict.
+          struct Poll {
+            std::mutex mu;
+            std::chrono::steady_clock::time_point last;
+            std::atomic<bool> hit{false};
+            std::thread::id owner = std::this_thread::get_id();
+          };
+          auto poll = std::make_shared<Poll>();
+          s.interrupted = [poll] {
+            if (poll->hit.load()) return true;
+            if (std::this_thread::get_id() != poll->owner) return false;
+            {
+              std::lock_guard<std::mutex> lock(poll->mu);
+              auto now = std::chrono::steady_clock::now();
+              if (now - poll->last < std::chrono::milliseconds(20)) return false;
+              poll->last = now;
+            }
+            PyGILState_STATE st = PyGILState_Ensure();
+            if (PyErr_CheckSignals() != 0) poll->hit = true;  // the exception stays set
+            PyGILState_Release(st);
+            return poll->hit.load();
+          };
+        }
         Session& sess = Session::get();
         sess.wait_jobs();
         jit::CompiledJob cj;
-        uint64_t generation;
+        uint64_t generation = 0;
         {
           GilRelease release;
           std::lock_guard<std::mutex> lock(sess.run_mutex());
           if (device == "gpu") set_gpu_target(s, gpu_ordinal);
-          cj = jit::compile_job(job, s, sess.store());
+          try {
+            cj = jit::compile_job(job, s, sess.store());
+          } catch (const Interrupted&) {
+            interrupted = true;
+          }
           generation = sess.generation();
+        }
+        if (interrupted) {
+          if (!PyErr_Occurred()) PyErr_SetNone(PyExc_KeyboardInterrupt);
+          throw py::error_already_set();
         }
         // Cache problems (damaged entry, unwritable directory) are warnings,
         // never errors; they stay readable on the result too.

@@ -60,6 +60,9 @@ class Session : public runtime::Session {
   void clear();     // sync(), then drops variables and bumps the generation
   void shutdown();  // at interpreter exit: finishes work, stops threads
 
+  // [harden] Errors no sync point raised (at exit: printed, then exit status 1).
+  std::vector<py::object> take_errors();
+
  private:
   Session();
   std::vector<py::object> errors_;  // guarded by the GIL

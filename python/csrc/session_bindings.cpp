@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -142,7 +144,22 @@ void Session::shutdown() {
   runtime::Session::shutdown();
 }
 
+// ---- [harden] exit and fork
+
+std::vector<py::object> Session::take_errors() {
+  std::vector<py::object> out;
+  out.swap(errors_);
+  return out;
+}
+
 namespace {
+
+bool g_failed_exit = false;
+// After finalization (Py_AtExit): the process exits with status 1.
+void exit_failed() {
+  std::fflush(nullptr);
+  std::_Exit(1);
+}
 
 py::array variable_value(const std::string& name) {
   Session::get().wait_jobs();
@@ -280,6 +297,13 @@ void register_session(py::module_& m) {
       },
       py::arg("n"));
   m.def("raise_pending_errors", [] { Session::get().raise_pending(); });
+  // [harden] exit and fork (python/flowjit/__init__.py).
+  m.def("take_pending_errors", [] { return Session::get().take_errors(); });
+  m.def("fail_exit_status", [] {
+    if (!g_failed_exit && Py_AtExit(&exit_failed) == 0) g_failed_exit = true;
+  });
+  m.def("before_fork", [] { Session::get().before_fork(); });
+  m.def("after_fork_in_child", [] { Session::get().after_fork_in_child(); });
 
   m.def("num_threads", &runtime::num_threads);
   m.def("set_num_threads", &runtime::set_num_threads);

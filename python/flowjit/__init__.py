@@ -8,9 +8,8 @@ kernel with LLVM::
     def double(x: tp.Numpy.Placeholder((4,), dtype=flow.float)) -> tp.Numpy:
         return x * 2
 """
-import atexit as _atexit
 
-from . import _C
+from . import _C, _process
 from ._dtypes import (bool_, float16, float32, float64, int8, int32, int64, uint8)  # noqa: F401
 from . import typing  # noqa: F401
 from ._blob import Blob  # noqa: F401
@@ -57,7 +56,7 @@ def sync_default_session():
     _C.sync_session()
 
 
-_atexit.register(_C.shutdown_session)
+_process.register()  # at exit: finish async work, report errors nobody saw; os.fork
 
 
 # ---------------------------------------------------------------- public names

@@ -353,22 +353,30 @@ def range(start: float, limit: Optional[float] = None, delta: float = 1, dtype: 
 def gather(params: Blob, indices: Blob, validate_indices: Optional[bool] = None, axis: Optional[int] = None,
            batch_dims: int = 0, name: Optional[str] = None) -> Blob:
     """params indexed along `axis` by integer `indices` (TensorFlow's rule:
-    shape params[:axis] + indices[batch_dims:] + params[axis+1:]); indices
-    are clamped into [0, params.shape[axis])."""
+    shape params[:axis] + indices[batch_dims:] + params[axis+1:]); an index
+    outside [0, params.shape[axis]) is an error of the run."""
     _blob(params, "gather", "params")
     _blob(indices, "gather", "indices")
     ax = batch_dims if axis is None else axis
     if not _ops._is_int(ax) or not _ops._is_int(batch_dims):
         _trace.fail(TypeError, f"gather: axis and batch_dims must be ints, got {axis!r} and {batch_dims!r}")
+    rank = len(params.shape)
+    if -rank <= ax < rank:
+        indices = _ops.checked_index(indices, params.shape[ax % rank], "gather: indices", "gather")
     return _ops.make(K.gather, [params, indices], {"axis": int(ax), "batch_dims": int(batch_dims)},
                      name=name, api="gather")
 
 
 def gather_nd(params: Blob, indices: Blob, name: Optional[str] = None) -> Blob:
-    """params[indices[..., 0], ..., indices[..., K-1]] (K = indices.shape[-1]),
-    each index clamped into its dim."""
+    """params[indices[..., 0], ..., indices[..., K-1]] (K = indices.shape[-1]);
+    an index outside its dim is an error of the run."""
     _blob(params, "gather_nd", "params")
     _blob(indices, "gather_nd", "indices")
+    k = indices.shape[-1] if indices.shape else 0
+    if 1 <= k <= len(params.shape):
+        # The kernels check each component against its own dim.
+        indices = _ops.checked_index(indices, max(params.shape[:k]), "gather_nd: indices",
+                                     "gather_nd")
     return _ops.make(K.gather_nd, [params, indices], name=name, api="gather_nd")
 
 
@@ -387,7 +395,7 @@ def _masked_sum(hit, values, axes, api):
 def scatter_nd(indices: Blob, updates: Blob, shape: Sequence[int], name: Optional[str] = None) -> Blob:
     """A zero tensor of `shape` with updates[j...] added at position
     indices[j...] (shape [..., K]); duplicate indices add up, out-of-range
-    ones are dropped."""
+    ones are an error of the run."""
     _check_index(indices, "scatter_nd")
     _blob(updates, "scatter_nd", "updates")
     shape = _ops._int_list(shape, "scatter_nd")
@@ -405,6 +413,7 @@ def scatter_nd(indices: Blob, updates: Blob, shape: Sequence[int], name: Optiona
     hit = None
     for c in _b.range(k):
         comp = _slice_dim(indices, len(ishape) - 1, c, c + 1, 1, "scatter_nd")
+        comp = _ops.checked_index(comp, shape[c], f"scatter_nd: indices[..., {c}]", "scatter_nd")
         comp = _ops.reshape(comp, lead + [1] * len(shape))
         h = _ops.equal(comp, _iota(t, nj + c, indices.dtype))
         hit = h if hit is None else _ops.logical_and(hit, h)
@@ -416,8 +425,8 @@ def scatter_nd(indices: Blob, updates: Blob, shape: Sequence[int], name: Optiona
 def unsorted_segment_sum(data: Blob, segment_ids: Blob, num_segments: int, axis: int = 0,
                          name: Optional[str] = None) -> Blob:
     """out[..., s, ...] = sum of data[..., i..., ...] over the i with
-    segment_ids[i...] == s; segment_ids index data from `axis`; ids outside
-    [0, num_segments) are dropped."""
+    segment_ids[i...] == s; segment_ids index data from `axis`; an id outside
+    [0, num_segments) is an error of the run."""
     _blob(data, "unsorted_segment_sum", "data")
     _check_index(segment_ids, "unsorted_segment_sum", "segment_ids")
     axis = _axis(data, axis, "unsorted_segment_sum")
@@ -430,6 +439,8 @@ def unsorted_segment_sum(data: Blob, segment_ids: Blob, num_segments: int, axis:
         _trace.fail(ValueError, f"unsorted_segment_sum: num_segments must be an int >= 0, got {num_segments!r}")
     pre, post = ds[:axis], ds[axis + m:]
     t = pre + ids + [int(num_segments)] + post
+    segment_ids = _ops.checked_index(segment_ids, int(num_segments),
+                                     "unsorted_segment_sum: segment_ids", "unsorted_segment_sum")
     idb = _ops.reshape(segment_ids, [1] * axis + ids + [1] + [1] * len(post))
     hit = _ops.equal(idb, _iota(t, axis + m, segment_ids.dtype))
     d = _ops.broadcast_to(_ops.reshape(data, pre + ids + [1] + post), t)
@@ -539,7 +550,9 @@ def in_top_k(targets: Blob, predictions: Blob, k: int, name: Optional[str] = Non
     c = predictions.shape[1]
     valid = _ops.logical_and(_ops.greater_equal(targets, _ops._scalar(0, targets.dtype, "in_top_k")),
                              _ops.less(targets, _ops._scalar(c, targets.dtype, "in_top_k")))
-    t = gather(predictions, targets, axis=1, batch_dims=1)
+    # Targets outside [0, C) are documented as "not in the top k" (valid is
+    # false there): this gather reads them clamped instead of checking them.
+    t = _ops.make(K.gather, [predictions, targets], {"axis": 1, "batch_dims": 1}, api="in_top_k")
     above = _ops.greater(predictions, _ops.expand_dims(t, -1))
     count = _ops.reduce_sum(_ops.cast(above, _dtypes.int32), -1)
     out = _ops.logical_and(valid, _ops.less(count, _ops._scalar(int(k), _dtypes.int32, "in_top_k")))

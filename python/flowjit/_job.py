@@ -26,7 +26,7 @@ class FunctionConfig:
                  "default_distribute_strategy", "recompile_limit", "allow_cpu_fallback", "train",
                  "enable_tensor_float_32_compute", "enable_auto_mixed_precision", "enable_inplace",
                  "enable_fuse_add_to_output", "enable_fuse_model_update_ops", "enable_xla_jit",
-                 "cudnn_conv_heuristic_search_algo")
+                 "cudnn_conv_heuristic_search_algo", "check_numerics")
     # OneFlow settings that flowjit does not implement, with the reason.
     _ONEFLOW_ONLY = {
         "enable_tensorrt": "TensorRT is not used",
@@ -103,6 +103,17 @@ class FunctionConfig:
         them whatever the environment says). CPU jobs always compute in full
         float32."""
         self._values["enable_tensor_float_32_compute"] = self._flag("enable_tensor_float_32_compute", flag)
+        return self
+
+    def check_numerics(self, flag=True):
+        """Debugging aid, off by default (like torch.autograd.detect_anomaly):
+        every floating-point value a kernel of the job stores is checked, and
+        the first kernel that produces a NaN or an infinity stops the run
+        with a FloatingPointError naming the kernel, the op that computed
+        the value, its source line and the element. Later kernels of that
+        run (optimizer updates among them) do not run. Costs a compare per
+        stored element; the compiled code differs, so it compiles apart."""
+        self._values["check_numerics"] = self._flag("check_numerics", flag)
         return self
 
     def enable_auto_mixed_precision(self, flag=True):
@@ -831,7 +842,10 @@ class JobFunction:
                          if t and (names is None or n in names)]
         sig = ";".join(f"{ph.kind}:{ph.dtype.name}{k}" for (_, ph), k in zip(self._params, key))
         dist = _devices.distribution(self._name, self._config, builder, self._params)
-        settings = {"keep_text": keep_text or bool(os.environ.get("FLOWJIT_KEEP_TEXT"))}
+        settings = {"keep_text": keep_text or bool(os.environ.get("FLOWJIT_KEEP_TEXT")),
+                    "check_numerics": bool(self._config.get("check_numerics", False)),
+                    # Ctrl-C stops a compile on the main thread (signals go there).
+                    "interruptible": threading.current_thread() is threading.main_thread()}
         settings.update(_devices.job_target(self._name, self._config, builder, self._params))
         t_compile = _inspect.now_ns()
         with _tf32_for(self._config, settings):

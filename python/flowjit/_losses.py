@@ -140,6 +140,7 @@ def sparse_cross_entropy(labels: Blob, prediction: Blob, name: Optional[str] = N
     if not ps or ls != ps[:-1]:
         _trace.fail(ValueError, f"{api}: labels of shape {tuple(labels.shape)} do not match prediction "
                     f"of shape {ps} (expected labels of shape {ps[:-1] if ps else '()'})")
+    labels = _ops.checked_index(labels, ps[-1], f"{api}: labels", api)
     classes = _ops.make(_ops.K.iota, [], {"shape": list(ps), "dtype": labels.dtype.c,
                                           "axis": len(ps) - 1}, api=api)
     hit = _ops.equal(classes, _ops.reshape(labels, list(ls) + [1]))

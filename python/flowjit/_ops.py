@@ -403,10 +403,28 @@ def log_softmax(logits: Blob, axis: Optional[int] = None, name: Optional[str] = 
                 api="log_softmax")
 
 
+_INDEX_DTYPES = ("int8", "uint8", "int32", "int64")
+
+
+def checked_index(x: Blob, limit: int, what: str, api: str) -> Blob:
+    """x read through a check_index node: a run in which an element of x is
+    outside [0, limit) raises IndexError naming the job, `what`, the value and
+    its position (the kernels report it; nothing is clamped silently).
+    Anything that is not an integer Blob is returned as it is, for the op to
+    report."""
+    if not isinstance(x, Blob) or x.dtype.name not in _INDEX_DTYPES or \
+            not isinstance(limit, numbers.Integral) or limit < 0:
+        return x
+    return make(K.check_index, [x], {"limit": int(limit), "what": what}, api=api)
+
+
 def sparse_softmax_cross_entropy_with_logits(labels: Blob, logits: Blob, name: Optional[str] = None) -> Blob:
-    """Per-sample cross entropy: -log softmax(logits)[label]; shape logits.shape[:-1]."""
-    return make(K.sparse_softmax_cross_entropy, [labels, logits], name=name,
-                api="sparse_softmax_cross_entropy_with_logits")
+    """Per-sample cross entropy: -log softmax(logits)[label]; shape logits.shape[:-1].
+    A label outside [0, classes) is an error of the run."""
+    api = "sparse_softmax_cross_entropy_with_logits"
+    if isinstance(logits, Blob) and logits.shape:
+        labels = checked_index(labels, logits.shape[-1], f"{api}: labels", api)
+    return make(K.sparse_softmax_cross_entropy, [labels, logits], name=name, api=api)
 
 
 def softmax_cross_entropy_with_logits(labels: Blob, logits: Blob, name: Optional[str] = None) -> Blob:
@@ -420,6 +438,8 @@ def one_hot(indices: Blob, depth: int, on_value: float = 1, off_value: float = 0
     if axis != -1:
         _trace.fail(NotImplementedError, "one_hot: only axis=-1 is supported")
     d = _dtype(dtype or _dtypes.float32, "one_hot")
+    if isinstance(depth, numbers.Integral):
+        indices = checked_index(indices, depth, "one_hot: indices", "one_hot")
     return make(K.one_hot, [indices], {"depth": int(depth), "dtype": d.c,
                                        "on_value": float(on_value), "off_value": float(off_value)},
                 name=name, api="one_hot")

@@ -334,6 +334,10 @@ void CudaExecutable::load_and_allocate(const GpuImage& image) {
     stage_out_.push_back(staged);
     staged += round_up(static_cast<size_t>(t.bytes()), 256);
   }
+  if (plan_.status_offset >= 0) {
+    stage_status_ = staged;
+    staged += 256;
+  }
   staging_ = PinnedBuffer(d_, staged);
   FLOWJIT_CU(api, cuEventCreate, &done_, kEventDisableTiming);
 
@@ -440,6 +444,16 @@ void CudaExecutable::submit(const void* const* inputs) {
     check(api, api.cuMemcpyHtoDAsync(inputs_[i].ptr(), stage, n, s), "cuMemcpyHtoDAsync",
           "input " + std::to_string(i) + " of job '" + plan_.job_name + "'");
   }
+  // [harden] The status buffer starts at zero (the staged copy of the last
+  // run's is zeroed first: finish() read it before this submit).
+  const size_t kStatusBytes = 4 * sizeof(int64_t);
+  if (plan_.status_offset >= 0) {
+    std::memset(staging_.data() + stage_status_, 0, kStatusBytes);
+    check(api,
+          api.cuMemcpyHtoDAsync(arena_.ptr() + static_cast<CUdeviceptr>(plan_.status_offset),
+                                staging_.data() + stage_status_, kStatusBytes, s),
+          "cuMemcpyHtoDAsync", "the status buffer of job '" + plan_.job_name + "'");
+  }
   for (size_t li = 0; li < launches_.size(); ++li) {
     const GpuLaunch& l = launches_[li];
     void** params = plan_.launches[li].args.empty() ? nullptr : &arg_ptrs_[arg_start_[li]];
@@ -458,6 +472,12 @@ void CudaExecutable::submit(const void* const* inputs) {
     check(api, api.cuMemcpyDtoHAsync(staging_.data() + stage_out_[i], outputs_[i].ptr(), n, s),
           "cuMemcpyDtoHAsync", "output " + std::to_string(i) + " of job '" + plan_.job_name + "'");
   }
+  if (plan_.status_offset >= 0)
+    check(api,
+          api.cuMemcpyDtoHAsync(staging_.data() + stage_status_,
+                                arena_.ptr() + static_cast<CUdeviceptr>(plan_.status_offset),
+                                kStatusBytes, s),
+          "cuMemcpyDtoHAsync", "the status buffer of job '" + plan_.job_name + "'");
   FLOWJIT_CU(api, cuEventRecord, done_, s);
   in_flight_ = true;
   // Host reads download after the kernels (same stream), whenever they come.
@@ -485,6 +505,17 @@ void CudaExecutable::finish(void* const* outputs) {
   in_flight_ = false;
   check(api, api.cuEventSynchronize(done_), "cuEventSynchronize",
         "running job '" + plan_.job_name + "' on " + d_->info().str());
+  if (plan_.status_offset >= 0) {  // [harden] a failed check of the run
+    const auto* st = reinterpret_cast<const int64_t*>(staging_.data() + stage_status_);
+    if (st[0] != 0) {
+      int64_t id = st[0] - 1;
+      FJ_CHECK(id >= 0 && id < static_cast<int64_t>(plan_.checks.size()), "job '", plan_.job_name,
+               "': a GPU kernel reported check #", id, " which the plan does not have");
+      const RunCheck& c = plan_.checks[id];
+      throw_user(c.numerics ? ErrorKind::FloatingPoint : ErrorKind::Index,
+                 describe_failed_check(plan_.job_name, c, st[1], st[2]));
+    }
+  }
   for (size_t i = 0; i < outputs_.size(); ++i) {
     size_t n = static_cast<size_t>(plan_.outputs[i].bytes());
     if (n > 0) std::memcpy(outputs[i], staging_.data() + stage_out_[i], n);

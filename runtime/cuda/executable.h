@@ -168,8 +168,9 @@ class CudaExecutable : public Program {
   bool writes_variables_ = true;
   PinnedBuffer staging_;
   std::vector<size_t> stage_in_, stage_out_;  // offsets into staging_
-  std::vector<CUdeviceptr> arg_values_;       // every launch's parameters, concatenated
-  std::vector<void*> arg_ptrs_;               // &arg_values_[k], what cuLaunchKernel reads
+  size_t stage_status_ = 0;  // [harden] the status buffer's copy (plan_.status_offset >= 0)
+  std::vector<CUdeviceptr> arg_values_;  // every launch's parameters, concatenated
+  std::vector<void*> arg_ptrs_;          // &arg_values_[k], what cuLaunchKernel reads
   std::vector<size_t> arg_start_;
   CUevent done_ = nullptr;
   bool bound_ = false;

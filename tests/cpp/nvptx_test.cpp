@@ -149,6 +149,30 @@ Graph cross_entropy_backward() {
   return make_graph({y, z}, {grads[0]});
 }
 
+// [harden] Index checks in GPU kernels: labels checked in a cross-entropy
+// (a kept-space check) and in its gradient, a gather reading its indices
+// through their check (an indirect load's check), and a one-hot; and a
+// NaN/infinity check (check_numerics) of the gathered rows.
+Graph index_checks() {
+  auto y = param("y", 0, {100}, DType::Int32);
+  auto z = param("z", 1, {100, 10});
+  auto p = param("p", 2, {10, 33});
+  auto cy = make_node(OpKind::CheckIndex, {y},
+                      Attrs{{"limit", int64_t{10}}, {"what", std::string("t: labels")}});
+  auto loss = make_node(OpKind::SparseCrossEntropy, {cy, z});
+  auto grads = jit::gradients(loss, fill(1.0, loss->shape(), loss->dtype()), {z});
+  auto rows =
+      make_node(OpKind::Gather, {p, cy}, Attrs{{"axis", int64_t{0}}, {"batch_dims", int64_t{0}}});
+  auto oh = make_node(OpKind::OneHot, {cy},
+                      Attrs{{"depth", int64_t{10}},
+                            {"dtype", DType::Float32},
+                            {"on_value", 1.0},
+                            {"off_value", 0.0}});
+  auto finite = make_node(OpKind::CheckFinite, {unary(OpKind::Tanh, rows)},
+                          Attrs{{"what", std::string("t: rows")}});
+  return make_graph({y, z, p}, {loss, grads[0], finite, oh});
+}
+
 // Rows long enough for a block per row, a thread per column, every float type.
 Graph reductions_by_mapping() {
   auto a = param("a", 0, {16, 5000});
@@ -222,6 +246,12 @@ Graph elementwise_ops(DType dt, std::set<OpKind>* covered) {
           n = cast(x, dt == DType::Float32 ? DType::Int32 : DType::Float32);
         } else if (op == OpKind::Where) {
           n = where(c, x, y);
+        } else if (op == OpKind::CheckIndex) {  // [harden] the inputs are in range
+          n = make_node(
+              op, {unary(OpKind::Relu, x)},
+              Attrs{{"limit", std::numeric_limits<int64_t>::max()}, {"what", std::string("x")}});
+        } else if (op == OpKind::CheckFinite) {
+          n = make_node(op, {x}, Attrs{{"what", std::string("x")}});
         } else if (op_arity(op) == 1) {
           n = unary(op, x);
         } else {
@@ -389,6 +419,7 @@ const std::vector<Case>& suite() {
     c.push_back({"softmax", parse_graph(kSoftmax), {}});
     c.push_back({"cross_entropy_fwd", parse_graph(kCrossEntropy), {}});
     c.push_back({"cross_entropy_bwd", cross_entropy_backward(), {}});
+    c.push_back({"index_checks", index_checks(), {}});
     c.push_back({"reduce_axis0", parse_graph(kReduceAxis0), {}});
     c.push_back({"reductions_by_mapping", reductions_by_mapping(), {}});
     for (DType dt : {DType::Float32, DType::Float64, DType::Int32})
@@ -2470,6 +2501,45 @@ TEST(NvptxEmulated, EveryCaseMatchesTheCpu) {
   EXPECT_GT(emulated, 300u) << "kernels run by the emulator";
   std::printf("[emu] %zu kernels in %zu modules ran in the emulator\n", emulated,
               fake::gpu().emu.size());
+}
+
+// [harden] An index outside its range, found by a GPU kernel (run by the
+// emulator): the run raises naming the check, the value and its position,
+// and the next run with good indices succeeds (the status buffer is reset).
+TEST(NvptxEmulated, AnIndexOutOfRangeIsReportedByTheKernel) {
+#ifndef FLOWJIT_HAVE_EMULATOR
+  GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+#endif
+  fake::gpu() = fake::Gpu();
+  auto dev = rc::Device::open(0, &fake::api());
+  g_emulate = true;
+  GpuJob j = gpu_job(index_checks(), dev, false);
+  g_emulate = false;
+  EXPECT_GE(j.fp.plan.status_offset, 0);
+  ASSERT_EQ(j.fp.plan.checks.size(), 2u);  // the labels, the rows' numerics
+  std::vector<int32_t> y(100, 3);
+  std::vector<float> z(100 * 10, 0.5f), p(10 * 33, 0.25f);
+  std::vector<std::vector<char>> outs;
+  for (auto& t : j.fp.plan.outputs) outs.emplace_back(static_cast<size_t>(t.bytes()));
+  std::vector<void*> out_ptrs;
+  for (auto& o : outs) out_ptrs.push_back(o.data());
+  const void* ins[] = {y.data(), z.data(), p.data()};
+  g_emulate = true;
+  j.exec->run(ins, out_ptrs.data());
+  for (int bad : {10, -2}) {
+    y[57] = bad;
+    try {
+      j.exec->run(ins, out_ptrs.data());
+      ADD_FAILURE() << "an index of " << bad << " was not reported";
+    } catch (const UserError& e) {
+      EXPECT_EQ(std::string(e.what()), "job 't': t: labels holds " + std::to_string(bad) +
+                                           " at [57], outside the valid range [0, 10)");
+    }
+  }
+  y[57] = 9;
+  j.exec->run(ins, out_ptrs.data());
+  g_emulate = false;
+  for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
 }
 
 // compile_job's GPU path with the GPU kernels themselves run by the SIMT

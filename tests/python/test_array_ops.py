@@ -137,10 +137,12 @@ def test_gather(axis, batch_dims):
     np.testing.assert_array_equal(got, want)
 
 
-def test_gather_clamps_out_of_range_indices():
+def test_gather_out_of_range_indices_are_an_error():
+    # (They were clamped; tests/python/test_harden_run.py covers the checks.)
     p = rnd(4, 3)
-    idx = np.array([-3, 0, 3, 9], np.int64)
-    np.testing.assert_array_equal(run(lambda a, i: flow.gather(a, i), p, idx), p[np.clip(idx, 0, 3)])
+    idx = np.array([0, 1, 3, 9], np.int64)
+    with pytest.raises(IndexError, match=r"gather: indices holds 9 at \[3\], outside the valid range \[0, 4\)"):
+        run(lambda a, i: flow.gather(a, i), p, idx)
 
 
 def test_gather_fuses_with_computed_index_and_consumer():
@@ -164,12 +166,14 @@ def test_gather_nd_and_scatter_nd():
 
 def test_unsorted_segment_sum():
     d = rnd(5, 3)
-    ids = np.array([1, 3, 1, -1, 0], np.int32)
+    ids = np.array([1, 3, 1, 2, 0], np.int32)
     want = np.zeros((4, 3), np.float32)
     for i, s in enumerate(ids):
-        if 0 <= s < 4:
-            want[s] += d[i]
+        want[s] += d[i]
     np.testing.assert_allclose(run(lambda a, i: flow.math.unsorted_segment_sum(a, i, 4), d, ids), want, rtol=1e-6)
+    # An id outside [0, num_segments) is an error (negative ones too, unlike TensorFlow).
+    with pytest.raises(IndexError, match=r"unsorted_segment_sum: segment_ids holds -1 at \[3\]"):
+        run(lambda a, i: flow.math.unsorted_segment_sum(a, i, 4), d, np.array([1, 3, 1, -1, 0], np.int32))
     ids2 = np.array([2, 0, 2], np.int64)
     want2 = np.zeros((5, 3), np.float32)
     for j, s in enumerate(ids2):
@@ -240,8 +244,8 @@ GRADS = {
               lambda x: x[1:2] * x[2:3], [(3, 2)], []),
     "tile": (lambda x: flow.tile(x, [2, 3]), lambda x: np.tile(x, [2, 3]), [(2, 1)], []),
     "expand": (lambda x: flow.expand(x, [2, 3, -1]), lambda x: np.broadcast_to(x, (2, 3, 2)), [(1, 2)], []),
-    "gather": (lambda x, i: flow.gather(x, i, axis=1), lambda x, i: np.take(x, i, axis=1, mode="clip"),
-               [(2, 4)], [_i([[3, 0, 3], [1, 9, -1]])]),
+    "gather": (lambda x, i: flow.gather(x, i, axis=1), lambda x, i: np.take(x, i, axis=1),
+               [(2, 4)], [_i([[3, 0, 3], [1, 2, 0]])]),
     "gather_batch": (lambda x, i: flow.gather(x, i, axis=1, batch_dims=1),
                      lambda x, i: np.stack([x[b][i[b]] for b in range(2)]), [(2, 3, 2)], [_i([[2, 2], [0, 1]])]),
     "gather_nd": (lambda x, i: flow.gather_nd(x, i), lambda x, i: x[i[..., 0], i[..., 1]],
@@ -249,7 +253,7 @@ GRADS = {
     "scatter_nd": (lambda u, i: flow.scatter_nd(i, u, [4, 2]),
                    lambda u, i: np.stack([u[i[:, 0] == r].sum(0) for r in range(4)]), [(3, 2)], [_i([[1], [3], [1]])]),
     "segment_sum": (lambda d, i: flow.math.unsorted_segment_sum(d, i, 3),
-                    lambda d, i: np.stack([d[i == s].sum(0) for s in range(3)]), [(4, 2)], [_i([2, 0, 2, 7])]),
+                    lambda d, i: np.stack([d[i == s].sum(0) for s in range(3)]), [(4, 2)], [_i([2, 0, 2, 1])]),
     "sort": (lambda x: flow.sort(x, axis=0), lambda x: np.sort(x, axis=0), [(4, 2)], []),
     "batched_matmul": (lambda a, b: flow.matmul(a, b), np.matmul, [(2, 1, 2, 3), (3, 3, 2)], []),
 }
