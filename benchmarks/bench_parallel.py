@@ -19,6 +19,7 @@ Ratios are against the 1-device step measured in the same run; "ideal" is
 import argparse
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -76,10 +77,12 @@ def run(devices, split, steps, threads=0, world=1):
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
     procs = []
+    token = secrets.token_hex(32)
     for rank in range(world):
         env = dict(os.environ, FLOWJIT_PROFILE="1")
         if world > 1:
-            env.update(FLOWJIT_WORLD_SIZE=str(world), FLOWJIT_RANK=str(rank), FLOWJIT_MASTER_PORT=str(port))
+            env.update(FLOWJIT_WORLD_SIZE=str(world), FLOWJIT_RANK=str(rank), FLOWJIT_MASTER_PORT=str(port),
+                       FLOWJIT_STORE_TOKEN=token)
         procs.append(subprocess.Popen([sys.executable, "-c", CHILD, ROOT, str(devices),
                                        "split" if split else "dp", str(steps), str(threads)],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))

@@ -6,11 +6,32 @@ process's rank in FLOWJIT_RANK, or with environment variables only:
 
     FLOWJIT_WORLD_SIZE=2 FLOWJIT_RANK=0 FLOWJIT_MASTER_ADDR=127.0.0.1 FLOWJIT_MASTER_PORT=29500
 
-Process 0 hosts the rendezvous at the master address and control port.
+Process 0 hosts the rendezvous at the master address and control port. Every
+process also needs the job's token in FLOWJIT_STORE_TOKEN (STORE_TOKEN_ENV),
+the same secret everywhere: the rendezvous serves no one who does not present
+it. A launcher makes one with new_store_token() and puts it in the
+environment of every process it starts; by hand:
+
+    export FLOWJIT_STORE_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
+
+The master address is the one process 0 listens on: 127.0.0.1 (the default)
+when every process is on one machine; otherwise process 0's address on the
+network the machines share (never 0.0.0.0 or a public address: the token
+keeps strangers out, but it travels unencrypted).
 """
 import os
+import secrets
 
-__all__ = ["machine", "ctrl_port", "timeout"]
+__all__ = ["machine", "ctrl_port", "timeout", "STORE_TOKEN_ENV", "new_store_token"]
+
+# The environment variable that carries the rendezvous token (read by the
+# C++ runtime, runtime/tcp_store.h: kStoreTokenEnv; 16 to 1024 characters).
+STORE_TOKEN_ENV = "FLOWJIT_STORE_TOKEN"
+
+
+def new_store_token():
+    """A fresh job token for STORE_TOKEN_ENV: 64 random hex digits."""
+    return secrets.token_hex(32)
 
 _state = {"machines": None, "ctrl_port": None, "timeout": None}
 
