@@ -144,6 +144,18 @@ std::string print_graph(const Graph& g, PrintOptions opts) {
 
 namespace {
 
+// The message of a failed FJ_CHECK without its "internal error at
+// file:line: condition: " preamble (or the condition, when it has none).
+std::string check_message(const std::string& what) {
+  size_t at = what.find(" at ");
+  if (at == std::string::npos) return what;
+  size_t a = what.find(": ", at);
+  size_t b = a == std::string::npos ? a : what.find(": ", a + 2);
+  if (b == std::string::npos) return what;
+  std::string msg = what.substr(b + 2);
+  return msg.empty() ? what.substr(a + 2, b - a - 2) : msg;
+}
+
 class Parser {
  public:
   explicit Parser(std::string_view text) : s_(text) {}
@@ -218,6 +230,10 @@ class Parser {
       n = make_node(*op, std::move(ins), std::move(attrs), loc);
     } catch (const UserError& e) {
       fail(std::string("invalid node: ") + e.what());
+    } catch (const InternalError& e) {
+      // The factories' invariant checks hold for nodes flowjit builds; text
+      // can break them (an assign to a non-variable): the text's fault.
+      fail(std::string("invalid node: ") + check_message(e.what()));
     }
     if (n->type() != declared)
       fail("declared type " + declared.str() + " but the op infers " + n->type().str());

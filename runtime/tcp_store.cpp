@@ -473,7 +473,9 @@ class TcpStoreServer {
       for (const auto& c : conns) {
         // Read only once the replies so far are sent and parsed requests
         // are answered: a client that does not read stalls only itself.
-        short events = c->sent < c->out.size() ? POLLOUT : POLLIN;
+        // (With answers held back, POLLOUT wakes us at once to resume them.)
+        bool sending = c->sent < c->out.size() || (c->session.backlog() && !c->closing);
+        short events = sending ? POLLOUT : POLLIN;
         fds.push_back({c->fd, events, 0});
         wake_at = std::min(wake_at, c->deadline);
       }
@@ -532,7 +534,6 @@ class TcpStoreServer {
         if (n <= 0) c.done = true;
         continue;
       }
-      bool was_authenticated = c.session.authenticated();
       bool ok;
       if (c.session.backlog()) {
         ok = c.session.resume(&c.out);
@@ -548,8 +549,7 @@ class TcpStoreServer {
       }
       // Before the token, the deadline set at accept stands (a stranger
       // cannot extend it by trickling bytes); after it, activity extends it.
-      if (c.session.authenticated() || was_authenticated)
-        c.deadline = Clock::now() + limits_.idle_timeout;
+      if (c.session.authenticated()) c.deadline = Clock::now() + limits_.idle_timeout;
       if (!ok) {
         c.closing = true;
         // A refusal gets a short while to be read, not the idle timeout.

@@ -387,3 +387,14 @@ TEST(TcpStoreHardening, GlooAddressesArePublishedWithoutStackBytes) {
   EXPECT_EQ(odd, std::vector<char>(136, 0x11));
   // End to end: GlooMultiProcess.FileStore reads what three processes published.
 }
+
+TEST(TcpStoreHardening, PipelinedRequestsPastTheReplyBudgetAreAllAnswered) {
+  TcpStore host("127.0.0.1", 0, true, milliseconds(2000), kToken);
+  host.set("big", std::vector<char>(1 << 20, 'b'));
+  Raw r(host.port());
+  std::string gets = Raw::hello(kToken);
+  for (int i = 0; i < 8; ++i) gets += Raw::get("big");
+  r.send(gets);
+  std::string reply = r.read_all(milliseconds(1000));
+  EXPECT_EQ(reply.size(), 1 + 8 * (9 + (size_t{1} << 20)));
+}
