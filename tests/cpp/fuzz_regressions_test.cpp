@@ -6,6 +6,9 @@
 
 #include "ir/error.h"
 #include "ir/printer.h"
+#include "jit/cache.h"
+#include "jit/sha256.h"
+#include "tests/cpp/test_util.h"
 
 using namespace flowjit;
 
@@ -39,4 +42,33 @@ TEST(FuzzRegressions, IrTextBreakingAFactoryInvariantIsAUserError) {
   EXPECT_NE(msg.find("invalid node: assign: first operand must be a variable"), std::string::npos)
       << msg;
   EXPECT_EQ(msg.find("internal error"), std::string::npos) << msg;
+}
+
+// cache_entry (UBSan): hashing an empty file passed memcpy a null pointer
+// (an empty vector's data()), which memcpy's contract forbids.
+TEST(FuzzRegressions, HashingNothingIsDefined) {
+  EXPECT_EQ(jit::sha256_hex(std::string_view()),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  std::vector<char> empty;
+  jit::Sha256 h;
+  h.update(empty.data(), empty.size());
+  EXPECT_EQ(h.hex_digest(), jit::sha256_hex(""));
+}
+
+// cache_entry: store() published a plan that was not UTF-8, which lookup()
+// then called damaged and removed: every run recompiled and rewrote it.
+TEST(FuzzRegressions, TheCacheDoesNotStoreWhatItWouldCallDamaged) {
+  flowjit::testing::TempDir dir;
+  jit::DiskCache cache(dir.path + "/cache", 1 << 20);
+  jit::CacheEntry e;
+  e.key = std::string(64, 'b');
+  e.plan = "flowjit-plan 2\njob \xff\xfe\n";
+  std::string why;
+  EXPECT_EQ(cache.store(e, why), jit::DiskCache::Stored::Failed);
+  EXPECT_EQ(why, "plan.txt is not UTF-8 text; not stored");
+  e.plan = "flowjit-plan 2\njob caf\xc3\xa9\n";  // UTF-8 is stored and found
+  ASSERT_EQ(cache.store(e, why), jit::DiskCache::Stored::Published) << why;
+  jit::CacheHit hit;
+  EXPECT_EQ(cache.lookup(e.key, false, hit, why), jit::DiskCache::Found::Hit) << why;
+  EXPECT_EQ(hit.plan, e.plan);
 }
