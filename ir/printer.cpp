@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -268,6 +269,8 @@ class Parser {
 
   AttrValue number() {
     size_t start = pos_;
+    // (Reading past the end here was a heap overflow the fuzzer found.)
+    if (pos_ >= s_.size()) fail("expected a number, found the end of the text");
     if (s_[pos_] == '-' || s_[pos_] == '+') ++pos_;
     if (s_.substr(pos_, 3) == "inf") {
       pos_ += 3;
@@ -287,8 +290,12 @@ class Parser {
       }
     }
     std::string tok(s_.substr(start, pos_ - start));
+    if (tok.find_first_of("0123456789") == std::string::npos) fail("expected a number");
     if (is_float) return std::strtod(tok.c_str(), nullptr);
-    return static_cast<int64_t>(std::strtoll(tok.c_str(), nullptr, 10));
+    errno = 0;
+    long long v = std::strtoll(tok.c_str(), nullptr, 10);
+    if (errno == ERANGE) fail("integer " + tok + " does not fit in 64 bits");
+    return static_cast<int64_t>(v);
   }
 
   int64_t integer() {
