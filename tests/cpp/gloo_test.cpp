@@ -157,7 +157,7 @@ void run_collectives(Communicator& comm, int rank) {
         std::vector<char> gwant(static_cast<size_t>(outer) * R * row);
         for (int q = 0; q < R; ++q) {
           std::vector<char> x = make_input(dt, q, outer * n, 2);
-          for (int64_t o = 0; o < outer; ++o)
+          for (int64_t o = 0; o < outer && row > 0; ++o)  // (empty vectors' data() is null)
             std::memcpy(gwant.data() + (o * R + q) * row, x.data() + o * row, row);
         }
         std::vector<char> gin = make_input(dt, rank, outer * n, 2), gout(gwant.size(), 0x5a);
