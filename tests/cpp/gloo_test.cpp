@@ -168,7 +168,7 @@ void run_collectives(Communicator& comm, int rank) {
         std::vector<char> rwant(static_cast<size_t>(outer) * row);
         for (int q = 0; q < R; ++q) {
           std::vector<char> x = make_input(dt, q, outer * R * n, 3);
-          for (int64_t o = 0; o < outer; ++o) {
+          for (int64_t o = 0; o < outer && row > 0; ++o) {
             char* dst = rwant.data() + o * row;
             const char* src = x.data() + (o * R + rank) * row;
             if (q == 0)
