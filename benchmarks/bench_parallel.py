@@ -88,7 +88,8 @@ def run(devices, split, steps, threads=0, world=1, extra_layers=0, env_extra=Non
         env = dict(os.environ, FLOWJIT_PROFILE="1", FLOWJIT_STORE_TOKEN=token)
         env.update(env_extra or {})
         if world > 1:
-            env.update(FLOWJIT_WORLD_SIZE=str(world), FLOWJIT_RANK=str(rank), FLOWJIT_MASTER_PORT=str(port))
+            env.update(FLOWJIT_WORLD_SIZE=str(world), FLOWJIT_RANK=str(rank), FLOWJIT_MASTER_PORT=str(port),
+                       FLOWJIT_STORE_TOKEN=token)
         procs.append(subprocess.Popen([sys.executable, "-c", CHILD, ROOT, str(devices),
                                        "split" if split else "dp", str(steps), str(threads),
                                        str(extra_layers)],

@@ -6,7 +6,8 @@ devices are CPU devices (OneFlow's example asks for gpu_device_num(2)).
     python examples/mixed_parallel_mlp.py [--steps N] [--devices N]
     # over 2 processes (the same script in each, as in OneFlow):
     python -m flowjit.launch --nproc-per-node 2 examples/mixed_parallel_mlp.py --devices 1
-    # or by hand:
+    # or by hand, with the job's token:
+    export FLOWJIT_STORE_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
     FLOWJIT_WORLD_SIZE=2 FLOWJIT_RANK=0 FLOWJIT_MASTER_PORT=29500 python examples/mixed_parallel_mlp.py --devices 1 &
     FLOWJIT_WORLD_SIZE=2 FLOWJIT_RANK=1 FLOWJIT_MASTER_PORT=29500 python examples/mixed_parallel_mlp.py --devices 1
 """

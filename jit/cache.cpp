@@ -1037,6 +1037,17 @@ DiskCache::Stored DiskCache::store(const CacheEntry& e, std::string& why) {
   FJ_CHECK(is_key(e.key), "bad cache key '", e.key, "'");
   for (auto& [name, data] : e.extra_files)
     FJ_CHECK(is_extra_name(name), "bad extra cache file name '", name, "'");
+  // lookup() reads these as text and calls an entry with bytes that are not
+  // UTF-8 damaged: such an entry is not worth writing (found by the fuzzer).
+  std::vector<std::pair<std::string, const std::string*>> texts = {{"plan.txt", &e.plan},
+                                                                   {"llvm.ll", &e.llvm_ir}};
+  for (auto& [name, data] : e.extra_files) texts.emplace_back(name, &data);
+  for (auto& [name, text] : texts) {
+    if (!valid_utf8(*text)) {
+      why = name + " is not UTF-8 text; not stored";
+      return Stored::Failed;
+    }
+  }
   const std::string final_dir = entry_dir(e.key);
   if (is_dir(final_dir)) return Stored::AlreadyPresent;
   if (!make_dirs(dir_ + "/tmp", why) || !make_dirs(dir_ + "/" + e.key.substr(0, 2), why))

@@ -73,6 +73,7 @@ void Sha256::compress(const uint8_t* block) {
 
 void Sha256::update(const void* data, size_t bytes) {
   FJ_CHECK(!finished_, "Sha256::update after digest");
+  if (bytes == 0) return;  // `data` may be null then (an empty vector's), which memcpy must not see
   const uint8_t* p = static_cast<const uint8_t*>(data);
   total_bytes_ += bytes;
   if (buf_len_ > 0) {

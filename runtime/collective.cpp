@@ -245,8 +245,8 @@ class ThreadCommunicator final : public Communicator {
         accumulate(d, static_cast<const char*>(in_[q]) + (o * n_ + rank) * inner * es, inner,
                    dtype);
     }
-    wait(rank);  // out may alias in
-    std::memcpy(out, sum.data(), sum.size());
+    wait(rank);                                                  // out may alias in
+    if (!sum.empty()) std::memcpy(out, sum.data(), sum.size());  // out may be null when empty
     wait(rank);
   }
 

@@ -244,7 +244,8 @@ class GlooCommunicator final : public Communicator {
       if (!opts_.file_store_dir.empty())
         store = std::make_unique<FileStore>(opts_.file_store_dir, timeout_);
       else
-        store = std::make_unique<TcpStore>(opts_.master_addr, opts_.port, p_ == 0, timeout_);
+        store = std::make_unique<TcpStore>(opts_.master_addr, opts_.port, p_ == 0, timeout_,
+                                           opts_.store_token);
     } catch (const UserError& e) {
       std::string msg = e.what();
       if (msg.rfind("gloo: ", 0) == 0) msg.erase(0, 6);
@@ -259,7 +260,8 @@ class GlooCommunicator final : public Communicator {
       gloo::transport::tcp::attr attr;
       attr.hostname = local_address_towards(opts_.master_addr);
       auto device = gloo::transport::tcp::CreateDevice(attr);
-      gloo::rendezvous::PrefixStore mesh_store(base + "gloo", *store);
+      gloo::rendezvous::PrefixStore prefixed(base + "gloo", *store);
+      ScrubbedAddressStore mesh_store(prefixed);  // gloo's addresses, without its stack bytes
       context->connectFullMesh(mesh_store, device);
       context_ = context;
       // Nobody leaves (and process 0 stops serving the store) before

@@ -30,6 +30,9 @@ struct GlooOptions {
   // Gloo connections, the local interface that routes to master_addr.
   std::string master_addr = "127.0.0.1";
   int port = 0;
+  // The job's secret for the TCP store (runtime/tcp_store.h); empty: the
+  // value of $FLOWJIT_STORE_TOKEN. Needed when num_processes > 1 over TCP.
+  std::string store_token;
   std::string file_store_dir;   // non-empty: rendezvous through files here instead of TCP
   double timeout_seconds = 60;  // rendezvous and every collective
   std::string tag;              // key prefix, so several communicators can share a store

@@ -2,10 +2,14 @@
 // and the directory store.
 //
 // Wire format of the TCP store, integers little-endian:
-//   set:  'S' u32 key_len key u64 value_len value  ->  'K'
-//   get:  'G' u32 key_len key                      ->  'N' | 'V' u64 value_len value
-// A get never waits on the server; waiting is polling on the client, which
-// keeps the server a plain single-threaded request/response loop.
+//   hello: 'A' u32 token_len token                   ->  'K'
+//   set:   'S' u32 key_len key u64 value_len value   ->  'K'
+//   get:   'G' u32 key_len key                       ->  'N' | 'V' u64 value_len value
+// The hello comes first on every connection. Any request may instead be
+// answered 'E' u32 text_len text (a refusal: wrong token, over a cap,
+// malformed), after which the server closes the connection. A get never
+// waits on the server; waiting is polling on the client, which keeps the
+// server a plain request/response loop over non-blocking sockets.
 #include "runtime/tcp_store.h"
 
 #include <fcntl.h>
@@ -34,9 +38,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
-
-constexpr size_t kMaxKeyBytes = 64 << 10;
-constexpr uint64_t kMaxValueBytes = uint64_t{256} << 20;
 
 std::string seconds_text(milliseconds ms) { return str(ms.count() / 1000.0, " s"); }
 
@@ -206,19 +207,200 @@ std::vector<char> RendezvousStore::get(const std::string& key) {
 }
 
 // ---------------------------------------------------------------------------
-// TcpStoreServer: a thread polling the listening socket, its connections and
-// a pipe that tells it to stop.
+// StoreProtocol: the server's side of the wire format.
+
+namespace {
+
+// Whether `presented` equals `expected` (non-empty), in a time that depends
+// only on the length of `presented`, never on where the two differ.
+bool same_token(const std::string& expected, const std::string& presented) {
+  unsigned diff = expected.size() != presented.size();
+  for (size_t i = 0; i < presented.size(); ++i)
+    diff |= static_cast<unsigned char>(presented[i] ^ expected[i % expected.size()]);
+  return diff == 0;
+}
+
+void put_refusal(std::vector<char>* out, const std::string& why) {
+  out->push_back('E');
+  put_u32(*out, static_cast<uint32_t>(why.size()));
+  out->insert(out->end(), why.begin(), why.end());
+}
+
+// Replies queued past this many bytes stop the parsing of further
+// requests until they are sent (a client pipelining gets of a big value
+// cannot make the server hold many copies of it).
+constexpr size_t kReplyBudget = size_t{1} << 20;
+
+}  // namespace
+
+bool StoreProtocol::Session::feed(const char* p, size_t n, std::vector<char>* out) {
+  if (closed_) return false;
+  in_.insert(in_.end(), p, p + n);
+  return resume(out);
+}
+
+bool StoreProtocol::Session::resume(std::vector<char>* out) {
+  if (closed_) return false;
+  size_t done = 0;
+  bool ok = true;
+  backlog_ = false;
+  while (ok) {
+    if (out->size() >= kReplyBudget) {
+      backlog_ = done < in_.size();
+      break;
+    }
+    size_t used = 0;
+    ok = step(in_.data() + done, in_.size() - done, out, &used);
+    if (used == 0) break;  // an incomplete request: wait for more bytes
+    done += used;
+  }
+  if (!ok) {
+    closed_ = true;
+    in_.clear();
+    in_.shrink_to_fit();
+    return false;
+  }
+  in_.erase(in_.begin(), in_.begin() + static_cast<std::ptrdiff_t>(done));
+  return true;
+}
+
+// Parses and answers one request at the front of [p, p + n). *used: its
+// bytes, 0 when it is not all there yet. False: refused (reply queued).
+bool StoreProtocol::Session::step(const char* p, size_t n, std::vector<char>* out, size_t* used) {
+  const TcpStoreLimits& lim = store_.limits_;
+  Reader r(p, n);
+  uint8_t op;
+  uint32_t len;
+  *used = 0;
+  if (!r.u8(&op)) return true;
+  if (!authenticated_) {
+    if (op != 'A') {
+      put_refusal(out, "present the job's token first");
+      return false;
+    }
+    if (!r.u32(&len)) return true;
+    if (len > kMaxStoreTokenBytes) {
+      put_refusal(out, str("a token of ", len, " bytes (at most ", kMaxStoreTokenBytes, ")"));
+      return false;
+    }
+    const char* token;
+    if (!r.bytes(len, &token)) return true;
+    if (!same_token(store_.token_, std::string(token, len))) {
+      put_refusal(out, "wrong job token");
+      return false;
+    }
+    authenticated_ = true;
+    out->push_back('K');
+    *used = r.consumed();
+    return true;
+  }
+  if (op != 'S' && op != 'G') {
+    put_refusal(out, str("unknown request 0x", std::hex, int{op}));
+    return false;
+  }
+  if (!r.u32(&len)) return true;
+  if (len > lim.max_key_bytes) {
+    put_refusal(out, str("a key of ", len, " bytes (at most ", lim.max_key_bytes, ")"));
+    return false;
+  }
+  const char* key;
+  if (!r.bytes(len, &key)) return true;
+  std::string k(key, len);
+  if (op == 'G') {
+    auto it = store_.data_.find(k);
+    if (it == store_.data_.end()) {
+      out->push_back('N');
+    } else {
+      out->push_back('V');
+      put_u64(*out, it->second.size());
+      out->insert(out->end(), it->second.begin(), it->second.end());
+    }
+    *used = r.consumed();
+    return true;
+  }
+  uint64_t vlen;
+  if (!r.u64(&vlen)) return true;
+  // Every cap is checked on the header, before the value is received.
+  if (vlen > lim.max_value_bytes) {
+    put_refusal(out, str("a value of ", vlen, " bytes for key ", k, " (at most ",
+                         lim.max_value_bytes, ")"));
+    return false;
+  }
+  auto it = store_.data_.find(k);
+  uint64_t held = it == store_.data_.end() ? 0 : it->second.size() + k.size();
+  if (it == store_.data_.end() && store_.data_.size() >= lim.max_keys) {
+    put_refusal(out, str("the store holds its most keys (", lim.max_keys, ")"));
+    return false;
+  }
+  if (store_.bytes_ - held + k.size() + vlen > lim.max_total_bytes) {
+    put_refusal(out, str("setting ", vlen, " bytes for key ", k, " would take the store past its ",
+                         lim.max_total_bytes, " bytes"));
+    return false;
+  }
+  const char* value;
+  if (!r.bytes(static_cast<size_t>(vlen), &value)) return true;
+  store_.bytes_ += k.size() + vlen - held;
+  store_.data_[k].assign(value, value + vlen);
+  out->push_back('K');
+  *used = r.consumed();
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// ScrubbedAddressStore
+
+bool ScrubbedAddressStore::scrub(std::vector<char>& value) {
+  // A gloo::transport::tcp::Address: struct { sockaddr_storage ss; ssize_t seq; }.
+  constexpr size_t kAddress = sizeof(sockaddr_storage) + sizeof(ssize_t);
+  static_assert(kAddress == 136, "gloo's tcp address layout on Linux");
+  if (value.empty() || value.size() % kAddress != 0) return false;
+  for (size_t at = 0; at < value.size(); at += kAddress) {
+    sa_family_t family;
+    std::memcpy(&family, value.data() + at + offsetof(sockaddr_storage, ss_family), sizeof(family));
+    if (family != AF_INET && family != AF_INET6) return false;
+  }
+  for (size_t at = 0; at < value.size(); at += kAddress) {
+    char* a = value.data() + at;
+    sa_family_t family;
+    std::memcpy(&family, a + offsetof(sockaddr_storage, ss_family), sizeof(family));
+    if (family == AF_INET) {
+      std::memset(a + offsetof(sockaddr_in, sin_zero), 0, sizeof(sockaddr_in::sin_zero));
+      std::memset(a + sizeof(sockaddr_in), 0, sizeof(sockaddr_storage) - sizeof(sockaddr_in));
+    } else {
+      std::memset(a + sizeof(sockaddr_in6), 0, sizeof(sockaddr_storage) - sizeof(sockaddr_in6));
+    }
+  }
+  return true;
+}
+
+void ScrubbedAddressStore::set(const std::string& key, const std::vector<char>& value) {
+  bool digits = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c));
+  });
+  if (!digits) return inner_.set(key, value);
+  std::vector<char> copy = value;
+  scrub(copy);
+  inner_.set(key, copy);
+}
+
+// ---------------------------------------------------------------------------
+// TcpStoreServer: one thread polling the listening socket, its non-blocking
+// connections and a pipe that tells it to stop.
 
 class TcpStoreServer {
  public:
-  TcpStoreServer(const std::string& host, int port) {
+  TcpStoreServer(const std::string& host, int port, const std::string& token,
+                 const TcpStoreLimits& limits)
+      : protocol_(token, limits), limits_(limits) {
+    FJ_CHECK(!token.empty(), "the store's token must be resolved first");
     AddrInfo ai;
     int rv = resolve(host, port, false, &ai);
     FJ_USER_CHECK(rv == 0, ErrorKind::Runtime, "gloo: cannot resolve the rendezvous address ", host,
                   ": ", gai_strerror(rv));
     std::string err = "no address";
     for (addrinfo* a = ai.list; a && listen_fd_ < 0; a = a->ai_next) {
-      int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      int fd =
+          ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
       if (fd < 0) continue;
       // A store of an earlier job on this port may have left it in TIME_WAIT.
       int one = 1;
@@ -259,119 +441,213 @@ class TcpStoreServer {
 
  private:
   struct Conn {
+    Conn(int f, StoreProtocol& p, Clock::time_point d) : fd(f), session(p), deadline(d) {}
     int fd;
-    std::vector<char> in;  // received bytes not yet parsed
+    StoreProtocol::Session session;
+    std::vector<char> out;  // replies not yet sent, from out[sent]
+    size_t sent = 0;
+    // Closing: no more requests are answered; once `out` is sent the write
+    // side is shut and input is read and dropped until the client closes
+    // (or the deadline), so that it reads the refusal rather than a reset.
+    bool closing = false, shut = false, done = false;
+    Clock::time_point deadline;
   };
 
   void run() {
-    std::vector<Conn> conns;
+    std::vector<std::unique_ptr<Conn>> conns;
+    Clock::time_point accept_again{};  // accepting paused until then (out of descriptors)
     for (;;) {
-      std::vector<pollfd> fds{{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
-      for (const auto& c : conns) fds.push_back({c.fd, POLLIN, 0});
-      int rv = ::poll(fds.data(), fds.size(), -1);
-      if (rv < 0 && errno == EINTR) continue;
-      if (rv < 0 || fds[0].revents) break;
-      std::vector<Conn> alive;
-      for (size_t i = 0; i < conns.size(); ++i) {
-        Conn& c = conns[i];
-        if (fds[i + 2].revents && !receive(c)) {
-          ::close(c.fd);
-          continue;
-        }
-        alive.push_back(std::move(c));
+      auto now = Clock::now();
+      // Drop the connections past their deadline, and those done.
+      std::vector<std::unique_ptr<Conn>> alive;
+      for (auto& c : conns) {
+        if (now >= c->deadline || c->done)
+          ::close(c->fd);
+        else
+          alive.push_back(std::move(c));
       }
       conns = std::move(alive);
-      if (fds[1].revents & POLLIN) {
-        int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-        if (fd >= 0) {
-          set_nodelay(fd);
-          // A client that stops reading must not stall the server for good.
-          timeval tv{10, 0};
-          setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-          conns.push_back({fd, {}});
-        }
+      Clock::time_point wake_at = accept_again > now ? accept_again : Clock::time_point::max();
+      std::vector<pollfd> fds{{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+      if (accept_again > now) fds[1].fd = -1;
+      for (const auto& c : conns) {
+        // Read only once the replies so far are sent and parsed requests
+        // are answered: a client that does not read stalls only itself.
+        // (With answers held back, POLLOUT wakes us at once to resume them.)
+        bool sending = c->sent < c->out.size() || (c->session.backlog() && !c->closing);
+        short events = sending ? POLLOUT : POLLIN;
+        fds.push_back({c->fd, events, 0});
+        wake_at = std::min(wake_at, c->deadline);
       }
+      int wait_ms = wake_at == Clock::time_point::max() ? -1 : std::max(1, remaining_ms(wake_at));
+      int rv = ::poll(fds.data(), fds.size(), wait_ms);
+      if (rv < 0 && errno == EINTR) continue;
+      if (rv < 0 || fds[0].revents) break;
+      for (size_t i = 0; i < conns.size(); ++i)
+        if (fds[i + 2].revents) serve(*conns[i]);
+      if (fds[1].fd >= 0 && (fds[1].revents & POLLIN)) accept_all(conns, &accept_again);
     }
-    for (const auto& c : conns) ::close(c.fd);
+    for (const auto& c : conns) ::close(c->fd);
   }
 
-  // Reads what is there and answers every complete request; false drops the
-  // connection (closed by the client, or a malformed request).
-  bool receive(Conn& c) {
-    char buf[1 << 16];
-    ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
-    if (n < 0 && errno == EINTR) return true;
-    if (n <= 0) return false;
-    c.in.insert(c.in.end(), buf, buf + n);
-    size_t done = 0;
+  void accept_all(std::vector<std::unique_ptr<Conn>>& conns, Clock::time_point* accept_again) {
     for (;;) {
-      Reader r(c.in.data() + done, c.in.size() - done);
-      uint8_t op;
-      uint32_t klen;
-      const char* key;
-      if (!r.u8(&op)) break;
-      if (op != 'S' && op != 'G') return false;
-      if (!r.u32(&klen)) break;
-      if (klen > kMaxKeyBytes) return false;
-      if (!r.bytes(klen, &key)) break;
-      std::vector<char> reply;
-      if (op == 'S') {
-        uint64_t vlen;
-        const char* value;
-        if (!r.u64(&vlen)) break;
-        if (vlen > kMaxValueBytes) return false;
-        if (!r.bytes(vlen, &value)) break;
-        data_[std::string(key, klen)] = std::vector<char>(value, value + vlen);
-        reply.push_back('K');
-      } else {
-        auto it = data_.find(std::string(key, klen));
-        if (it == data_.end()) {
-          reply.push_back('N');
-        } else {
-          reply.push_back('V');
-          put_u64(reply, it->second.size());
-          reply.insert(reply.end(), it->second.begin(), it->second.end());
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+          *accept_again = Clock::now() + milliseconds(100);
+        return;  // EAGAIN: none left; anything else: try at the next wake-up
+      }
+      if (conns.size() >= limits_.max_connections) {
+        ::close(fd);
+        continue;
+      }
+      size_t strangers = 0;
+      for (const auto& c : conns) strangers += !c->session.authenticated();
+      if (strangers >= limits_.max_unauthenticated) {
+        // Make room by closing the stranger that has waited longest.
+        for (auto it = conns.begin(); it != conns.end(); ++it) {
+          if ((*it)->session.authenticated()) continue;
+          ::close((*it)->fd);
+          conns.erase(it);
+          break;
         }
       }
-      if (!send_all(c.fd, reply.data(), reply.size())) return false;
-      done += r.consumed();
+      set_nodelay(fd);
+      conns.push_back(std::make_unique<Conn>(fd, protocol_, Clock::now() + limits_.hello_timeout));
     }
-    c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(done));
+  }
+
+  // Sends what it can, reads what is there, answers complete requests.
+  void serve(Conn& c) {
+    if (c.sent < c.out.size() && !flush(c)) return;
+    char buf[1 << 16];
+    for (int round = 0; round < 16 && c.sent == c.out.size() && !c.done; ++round) {
+      if (c.closing) {
+        if (!c.shut) {
+          ::shutdown(c.fd, SHUT_WR);
+          c.shut = true;
+        }
+        ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (n <= 0) c.done = true;
+        continue;
+      }
+      bool ok;
+      if (c.session.backlog()) {
+        ok = c.session.resume(&c.out);
+      } else {
+        ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        if (n <= 0) {  // closed by the client, or broken
+          c.done = true;
+          return;
+        }
+        ok = c.session.feed(buf, static_cast<size_t>(n), &c.out);
+      }
+      // Before the token, the deadline set at accept stands (a stranger
+      // cannot extend it by trickling bytes); after it, activity extends it.
+      if (c.session.authenticated()) c.deadline = Clock::now() + limits_.idle_timeout;
+      if (!ok) {
+        c.closing = true;
+        // A refusal gets a short while to be read, not the idle timeout.
+        c.deadline = std::min(c.deadline, Clock::now() + milliseconds(1000));
+      }
+      if (!flush(c)) return;
+    }
+  }
+
+  // Sends queued replies without blocking; false when the connection broke.
+  bool flush(Conn& c) {
+    while (c.sent < c.out.size()) {
+      ssize_t k = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+      if (k <= 0) {
+        c.done = true;
+        return false;
+      }
+      c.sent += static_cast<size_t>(k);
+      if (c.session.authenticated() && !c.closing)
+        c.deadline = std::max(c.deadline, Clock::now() + limits_.idle_timeout);
+    }
+    c.out.clear();
+    c.sent = 0;
     return true;
   }
 
+  StoreProtocol protocol_;
+  TcpStoreLimits limits_;
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};
   int port_ = 0;
   std::thread thread_;
-  std::map<std::string, std::vector<char>> data_;  // touched by the server thread only
 };
 
 namespace {
 
 // The servers this process hosts, by address, so that communicators created
 // with the same master address and port share one (a second bind would fail).
-std::shared_ptr<TcpStoreServer> acquire_server(const std::string& host, int port) {
-  if (port == 0) return std::make_shared<TcpStoreServer>(host, port);
+std::shared_ptr<TcpStoreServer> acquire_server(const std::string& host, int port,
+                                               const std::string& token,
+                                               const TcpStoreLimits& limits) {
   static std::mutex mu;
   static auto* servers = new std::map<std::string, std::weak_ptr<TcpStoreServer>>();
   std::lock_guard<std::mutex> lock(mu);
-  auto& slot = (*servers)[host + ":" + std::to_string(port)];
-  if (auto s = slot.lock()) return s;
-  auto s = std::make_shared<TcpStoreServer>(host, port);
-  slot = s;
+  if (port != 0) {
+    if (auto s = (*servers)[host + ":" + std::to_string(port)].lock()) return s;
+  }
+  // Port 0: the kernel's pick, registered under it so that later hosts
+  // naming that port join this server.
+  auto s = std::make_shared<TcpStoreServer>(host, port, token, limits);
+  (*servers)[host + ":" + std::to_string(s->port())] = s;
   return s;
 }
 
+// The server said no: not retried, not reconnected.
+class Refused : public UserError {
+ public:
+  explicit Refused(std::string msg) : UserError(ErrorKind::Runtime, std::move(msg)) {}
+};
+
+const char* const kTokenHowTo =
+    " (every process of a job needs the same secret there: python -m flowjit.launch sets one, "
+    "or export FLOWJIT_STORE_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(32))') "
+    "before starting the processes)";
+
 }  // namespace
+
+std::string resolve_store_token(const std::string& token) {
+  std::string t = token;
+  const char* from = "the store token";
+  if (t.empty()) {
+    const char* env = std::getenv(kStoreTokenEnv);
+    FJ_USER_CHECK(env && *env, ErrorKind::Value,
+                  "gloo: a rendezvous over TCP needs the job's token in ", kStoreTokenEnv,
+                  ", which is not set", kTokenHowTo);
+    t = env;
+    from = kStoreTokenEnv;
+  }
+  FJ_USER_CHECK(t.size() >= kMinStoreTokenBytes && t.size() <= kMaxStoreTokenBytes,
+                ErrorKind::Value, "gloo: ", from, " has ", t.size(), " characters; it needs ",
+                kMinStoreTokenBytes, " to ", kMaxStoreTokenBytes, kTokenHowTo);
+  return t;
+}
 
 // ---------------------------------------------------------------------------
 // TcpStore
 
-TcpStore::TcpStore(const std::string& host, int port, bool host_server, milliseconds timeout)
-    : RendezvousStore(timeout), host_(host), port_(port) {
+TcpStore::TcpStore(const std::string& host, int port, bool host_server, milliseconds timeout,
+                   const std::string& token, const TcpStoreLimits& limits)
+    : RendezvousStore(timeout),
+      host_(host),
+      port_(port),
+      token_(resolve_store_token(token)),
+      max_value_bytes_(limits.max_value_bytes) {
   if (host_server) {
-    server_ = acquire_server(host, port);
+    server_ = acquire_server(host, port, token_, limits);
     port_ = server_->port();
   }
   connect_until(Clock::now() + timeout);
@@ -391,7 +667,11 @@ void TcpStore::connect_until(Clock::time_point deadline) {
     FJ_USER_CHECK(rv == 0, ErrorKind::Runtime, "gloo: cannot resolve the rendezvous address ",
                   host_, ": ", gai_strerror(rv));
     for (addrinfo* a = ai.list; a && fd_ < 0; a = a->ai_next) fd_ = try_connect(a, deadline, &err);
-    if (fd_ >= 0) return;
+    if (fd_ >= 0) {
+      if (hello(&err)) return;
+      ::close(fd_);
+      fd_ = -1;
+    }
     if (Clock::now() >= deadline) break;
     // The hosting process may not be up yet: retry until the deadline.
     std::this_thread::sleep_for(milliseconds(std::min(50, std::max(1, remaining_ms(deadline)))));
@@ -400,13 +680,21 @@ void TcpStore::connect_until(Clock::time_point deadline) {
              " within ", seconds_text(timeout()), " (is process 0 running?): ", err);
 }
 
+// Presents the token on a fresh connection. False when the connection broke
+// (the caller retries); a refusal throws.
+bool TcpStore::hello(std::string* err) {
+  std::vector<char> msg, reply;
+  msg.push_back('A');
+  put_u32(msg, static_cast<uint32_t>(token_.size()));
+  msg.insert(msg.end(), token_.begin(), token_.end());
+  return exchange(msg, &reply, err, "connect");
+}
+
 // Sends `msg` and reads the reply (its first byte, and for 'V' the value).
-// False when the connection is gone; throws when the server does not answer.
-bool TcpStore::exchange(const std::vector<char>& msg, std::vector<char>* reply, std::string* err) {
-  if (!send_all(fd_, msg.data(), msg.size())) {
-    *err = std::strerror(errno);
-    return false;
-  }
+// False when the connection is gone; throws when the server does not answer
+// or refuses the request.
+bool TcpStore::exchange(const std::vector<char>& msg, std::vector<char>* reply, std::string* err,
+                        const char* what) {
   auto deadline = Clock::now() + timeout();
   auto read_exact = [&](char* p, size_t n) {
     while (n > 0) {
@@ -427,14 +715,39 @@ bool TcpStore::exchange(const std::vector<char>& msg, std::vector<char>* reply, 
     }
     return true;
   };
+  // A server that refuses a big request stops reading it: its refusal may be
+  // waiting although the send failed.
+  bool sent = send_all(fd_, msg.data(), msg.size());
+  if (!sent) {
+    *err = std::strerror(errno);
+    pollfd pfd{fd_, POLLIN, 0};
+    if (::poll(&pfd, 1, 0) <= 0) return false;
+  }
   char tag;
   if (!read_exact(&tag, 1)) return false;
   reply->assign(1, tag);
+  if (tag == 'E') {
+    char len[4];
+    std::string why = "(no reason given)";
+    if (read_exact(len, 4)) {
+      uint64_t n = std::min<uint64_t>(get_le(len, 4), 4096);
+      std::string text(n, '\0');
+      if (read_exact(text.data(), n)) why = text;
+    }
+    ::close(fd_);
+    fd_ = -1;
+    if (why == "wrong job token")
+      throw Refused(str("gloo: the rendezvous store at ", where(),
+                        " refused this process: wrong job token (", kStoreTokenEnv,
+                        " differs from process 0's)", kTokenHowTo));
+    throw Refused(str("gloo: the rendezvous store at ", where(), " refused a ", what, ": ", why));
+  }
+  if (!sent) return false;
   if (tag == 'V') {
     char len[8];
     if (!read_exact(len, 8)) return false;
     uint64_t n = get_le(len, 8);
-    if (n > kMaxValueBytes) {
+    if (n > max_value_bytes_) {
       *err = "malformed answer";
       return false;
     }
@@ -450,31 +763,45 @@ bool TcpStore::exchange(const std::vector<char>& msg, std::vector<char>* reply, 
 
 void TcpStore::request(const std::vector<char>& msg, std::vector<char>* reply, const char* what) {
   std::string err = "not connected";
-  if (fd_ >= 0 && exchange(msg, reply, &err)) return;
+  if (fd_ >= 0 && exchange(msg, reply, &err, what)) return;
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
-  // Our own server cannot have gone; anyone else's may have been replaced.
-  if (!server_) {
-    try {
-      connect_until(Clock::now() + timeout());
-    } catch (const UserError&) {
-      // Report the loss, not the failed retry.
-    }
-    bool ok = fd_ >= 0;
-    std::vector<char> ignored;
-    for (size_t i = 0; ok && i < sets_.size(); ++i) ok = exchange(sets_[i], &ignored, &err);
-    if (ok && exchange(msg, reply, &err)) return;
+  // The server may have closed an idle connection, or been replaced (a host
+  // serving an earlier communicator on this port, now the next one):
+  // reconnect and set this client's keys again.
+  try {
+    connect_until(Clock::now() + timeout());
+  } catch (const Refused&) {
+    throw;
+  } catch (const UserError&) {
+    // Report the loss, not the failed retry.
   }
+  bool ok = fd_ >= 0;
+  std::vector<char> ignored;
+  for (size_t i = 0; ok && i < sets_.size(); ++i) ok = exchange(sets_[i], &ignored, &err, "set");
+  if (ok && exchange(msg, reply, &err, what)) return;
   throw_user(ErrorKind::Runtime, "gloo: lost the connection to the rendezvous store at ", where(),
              " during ", what, " (did process 0 exit?): ", err);
 }
 
 void TcpStore::set(const std::string& key, const std::vector<char>& value) {
+  FJ_USER_CHECK(value.size() <= max_value_bytes_, ErrorKind::Runtime, "gloo: a value of ",
+                value.size(), " bytes for key ", key, " is over the rendezvous store's ",
+                max_value_bytes_, " bytes");
   std::vector<char> msg, reply;
   put_key(msg, 'S', key);
   put_u64(msg, value.size());
   msg.insert(msg.end(), value.begin(), value.end());
   request(msg, &reply, "set");
+  // Replayed after a reconnect; a later set of the same key replaces it.
+  for (auto it = sets_.begin(); it != sets_.end(); ++it) {
+    auto prefix = static_cast<std::ptrdiff_t>(5 + key.size());
+    if (static_cast<std::ptrdiff_t>(it->size()) >= prefix &&
+        std::equal(msg.begin(), msg.begin() + prefix, it->begin())) {
+      sets_.erase(it);
+      break;
+    }
+  }
   sets_.push_back(std::move(msg));
 }
 
@@ -497,13 +824,19 @@ FileStore::FileStore(const std::string& dir, milliseconds timeout)
   for (size_t pos = 1; pos <= dir.size(); ++pos) {
     if (pos < dir.size() && dir[pos] != '/') continue;
     std::string prefix = dir.substr(0, pos);
-    if (::mkdir(prefix.c_str(), 0777) != 0 && errno != EEXIST)
+    if (::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST)
       throw_user(ErrorKind::Runtime, "gloo: cannot create the file store directory ", prefix, ": ",
                  std::strerror(errno));
   }
   struct stat st;
   FJ_USER_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), ErrorKind::Runtime,
                 "gloo: the file store path ", dir, " is not a directory");
+  // Whoever can write the directory can forge any process's keys.
+  FJ_USER_CHECK(
+      st.st_uid == ::geteuid() && (st.st_mode & (S_IWGRP | S_IWOTH)) == 0, ErrorKind::Runtime,
+      "gloo: the file store directory ", dir,
+      st.st_uid == ::geteuid() ? " is writable by its group or others" : " belongs to another user",
+      "; use a directory of your own that only you can write (mode 0700)");
 }
 
 // Keys become file names: characters outside [A-Za-z0-9._-] are %XX-escaped,
@@ -532,7 +865,7 @@ void FileStore::set(const std::string& key, const std::vector<char>& value) {
   static std::atomic<uint64_t> counter{0};
   std::string path = path_of(key);
   std::string tmp = dir_ + "/.tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   FJ_USER_CHECK(fd >= 0, ErrorKind::Runtime, "gloo: cannot write ", tmp, ": ",
                 std::strerror(errno));
   const char* p = value.data();
@@ -560,7 +893,7 @@ void FileStore::set(const std::string& key, const std::vector<char>& value) {
 
 bool FileStore::try_get(const std::string& key, std::vector<char>* value) {
   std::string path = path_of(key);
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     FJ_USER_CHECK(errno == ENOENT, ErrorKind::Runtime, "gloo: cannot read ", path, ": ",
                   std::strerror(errno));

@@ -3,6 +3,27 @@
 
 namespace flowjit::runtime {
 
+namespace {
+
+// cv.wait_for(timeout) waits until now() + timeout, a sum that overflows for
+// timeouts near milliseconds::max() (the "forever" callers pass), and the
+// conversion to the clock's nanoseconds overflows already past ~292 years:
+// undefined behaviour that in practice turned "forever" into "not at all".
+// Timeouts of a century or more wait without a deadline; zero or negative
+// ones only test the predicate.
+template <class Pred>
+bool wait_up_to(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+                std::chrono::milliseconds timeout, Pred pred) {
+  if (timeout.count() <= 0) return pred();
+  if (timeout >= std::chrono::hours(24 * 365 * 100)) {
+    cv.wait(lock, pred);
+    return true;
+  }
+  return cv.wait_for(lock, timeout, pred);
+}
+
+}  // namespace
+
 WorkQueue::WorkQueue(std::string name, size_t capacity)
     : name_(std::move(name)), capacity_(capacity ? capacity : 1) {
   thread_ = std::thread([this] { loop(); });
@@ -19,7 +40,8 @@ WorkQueue::~WorkQueue() {
 
 bool WorkQueue::push_for(Task& task, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!not_full_.wait_for(lock, timeout, [&] { return tasks_.size() < capacity_; })) return false;
+  if (!wait_up_to(not_full_, lock, timeout, [&] { return tasks_.size() < capacity_; }))
+    return false;
   tasks_.push_back(std::move(task));
   lock.unlock();
   not_empty_.notify_one();
@@ -28,7 +50,7 @@ bool WorkQueue::push_for(Task& task, std::chrono::milliseconds timeout) {
 
 bool WorkQueue::wait_idle_for(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  return idle_.wait_for(lock, timeout, [&] { return tasks_.empty() && !running_task_; });
+  return wait_up_to(idle_, lock, timeout, [&] { return tasks_.empty() && !running_task_; });
 }
 
 size_t WorkQueue::cancel_pending() {

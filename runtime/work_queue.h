@@ -3,7 +3,8 @@
 // Tasks run one at a time, in push order, on the queue's own thread. A task
 // that throws does not stop the queue: the exception is kept and handed out
 // by take_errors(), in order. Waiting calls come in a timed form so that a
-// caller can poll for interruption (Ctrl-C in Python).
+// caller can poll for interruption (Ctrl-C in Python); any timeout is
+// valid, milliseconds::max() meaning "no timeout".
 #pragma once
 
 #include <chrono>

@@ -6,6 +6,8 @@
 #   tools/dev.sh bench   run the benchmarks (installs torch and jax first)
 #   tools/dev.sh docs    build the documentation (Sphinx, warnings are errors)
 #                        into build/docs/html
+#   tools/dev.sh sanitize [pytest args]   ctest and pytest under ASan+UBSan (build/asan)
+#   tools/dev.sh fuzz [targets]           build and run the libFuzzer targets (build/fuzz)
 # Python packages go into a virtual environment in the checkout
 # ($FLOWJIT_VENV, default .venv), never into the system Python (PEP 668).
 # Runs as root or as a user with sudo (for apt-get).
@@ -161,6 +163,112 @@ run_tests() {
   log "all suites passed"
 }
 
+# ---------------------------------------------------------------- sanitizers
+
+SAN_DIR="$ROOT/build/asan"
+SAN_FLAGS="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize=vptr -fno-sanitize-recover=undefined"
+# vptr is off: LLVM is built without RTTI, so its classes have no type info to check.
+
+# Tests that cannot run sanitized, with the reason (a ctest regex).
+SAN_CTEST_SKIP='NvptxEmulated\.'  # the SIMT emulator switches stacks by hand; ASan cannot follow
+
+# An ASan+UBSan build of the C++ tests and of the extension in build/asan;
+# ctest under it, then pytest (arguments: what pytest runs, default
+# tests/python) with the sanitizer runtimes preloaded into a Python of its
+# own (build/asan/venv, where the editable install's import hook does not
+# shadow the sanitized extension).
+sanitize() {
+  install_apt
+  make_venv
+  install_pip
+  log "sanitize: building the C++ tests and the extension with ASan+UBSan in $SAN_DIR"
+  local pkg="$SAN_DIR/pkg/flowjit"
+  mkdir -p "$pkg"
+  cmake -S "$ROOT" -B "$SAN_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Sanitize \
+    -DCMAKE_C_FLAGS="$SAN_FLAGS" -DCMAKE_CXX_FLAGS="$SAN_FLAGS" \
+    -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
+    -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" \
+    -DCMAKE_MODULE_LINKER_FLAGS="-fsanitize=address,undefined" \
+    -DFLOWJIT_BUILD_TESTS=ON -DFLOWJIT_PY_OUTPUT_DIR="$pkg" -DPython_EXECUTABLE="$PY" >/dev/null
+  # (the build lists the tests by running them: no leak check there)
+  ASAN_OPTIONS=detect_leaks=0 cmake --build "$SAN_DIR" --target _C flowjit_tests -j "$JOBS"
+  # The package: the checkout's Python files next to the sanitized _C.
+  local f
+  for f in "$ROOT"/python/flowjit/*; do
+    case "$(basename "$f")" in _C.*.so | __pycache__) continue ;; esac
+    ln -sfn "$f" "$pkg/$(basename "$f")"
+  done
+  local sanpy="$SAN_DIR/venv/bin/python"
+  if [ ! -x "$sanpy" ]; then
+    "$BASE_PY" -m venv "$SAN_DIR/venv"
+    "$sanpy" -m pip install -q --disable-pip-version-check "numpy>=1.22" pytest
+  fi
+  local asan ubsan
+  asan=$(g++ -print-file-name=libasan.so)
+  ubsan=$(g++ -print-file-name=libubsan.so)
+  local common="print_stacktrace=1:halt_on_error=1"
+  export UBSAN_OPTIONS="$common"
+  export FLOWJIT_CACHE_DIR="$SAN_DIR/cache"
+  log "sanitize: skipped under the sanitizers: $SAN_CTEST_SKIP (the SIMT emulator's hand-made stack switches)"
+  run_suite "ctest (ASan+UBSan)" bash -c "cd '$SAN_DIR' && ASAN_OPTIONS='$common:detect_leaks=1' ctest --output-on-failure -j '$JOBS' -E '$SAN_CTEST_SKIP'"
+  # Python itself is not instrumented and keeps objects alive at exit: no
+  # leak check there. PYTHONMALLOC=malloc lets ASan see every allocation.
+  run_suite "pytest (ASan+UBSan)" env LD_PRELOAD="$asan:$ubsan" ASAN_OPTIONS="$common:detect_leaks=0" \
+    PYTHONMALLOC=malloc PYTHONPATH="$SAN_DIR/pkg" "$sanpy" -m pytest -q -rs -p no:cacheprovider "${@:-tests/python}"
+  log "summary"
+  printf '  %s\n' "${SUMMARIES[@]}"
+  [ ${#FAILED[@]} -eq 0 ] || die "failed: ${FAILED[*]}"
+  log "clean under ASan+UBSan"
+}
+
+# ---------------------------------------------------------------- fuzzing
+
+FUZZ_DIR="$ROOT/build/fuzz"
+FUZZ_TARGETS="ir_parser cache_entry plan_text store_protocol"
+
+# Builds the libFuzzer targets of tests/fuzz with clang-19 (ASan+UBSan) in
+# build/fuzz and runs each for FLOWJIT_FUZZ_SECONDS (default 150) from the
+# seed corpus kept in tests/fuzz/corpus/<target>; new inputs go to
+# build/fuzz/corpus/<target>, crashes to build/fuzz/artifacts/. Arguments:
+# the targets to run (default all). The checkpoint `meta` parser is Python:
+# its fuzzer (tests/fuzz/checkpoint_meta.py) runs under atheris when it
+# can be installed.
+fuzz() {
+  command -v clang++-19 >/dev/null 2>&1 && [ -d /usr/lib/llvm-19/lib/clang/19/lib/linux ] ||
+    apt_install clang-19 libclang-rt-19-dev
+  install_apt
+  make_venv
+  install_pip
+  log "fuzz: building the targets with clang-19 in $FUZZ_DIR"
+  cmake -S "$ROOT/tests/fuzz" -B "$FUZZ_DIR" -G Ninja -DCMAKE_CXX_COMPILER=clang++-19 \
+    -DCMAKE_BUILD_TYPE=Fuzz >/dev/null
+  local targets="${*:-$FUZZ_TARGETS checkpoint_meta}" t secs="${FLOWJIT_FUZZ_SECONDS:-150}"
+  local native=()
+  for t in $targets; do [ "$t" = checkpoint_meta ] || native+=("$t"); done
+  [ ${#native[@]} -eq 0 ] || cmake --build "$FUZZ_DIR" --target "${native[@]}" -j "$JOBS"
+  mkdir -p "$FUZZ_DIR/artifacts"
+  for t in $targets; do
+    mkdir -p "$FUZZ_DIR/corpus/$t"
+    if [ "$t" = checkpoint_meta ]; then
+      if ! "$PY" -c 'import atheris' 2>/dev/null; then
+        "$PY" -m pip install -q --disable-pip-version-check atheris ||
+          { log "fuzz: checkpoint_meta skipped: atheris (libFuzzer for Python) is not installable here"; continue; }
+      fi
+      run_suite "fuzz $t (${secs} s)" "$PY" "$ROOT/tests/fuzz/checkpoint_meta.py" \
+        -max_total_time="$secs" -timeout=10 -artifact_prefix="$FUZZ_DIR/artifacts/$t-" \
+        "$FUZZ_DIR/corpus/$t" "$ROOT/tests/fuzz/corpus/$t"
+      continue
+    fi
+    run_suite "fuzz $t (${secs} s)" "$FUZZ_DIR/$t" -max_total_time="$secs" -timeout=10 \
+      -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$FUZZ_DIR/artifacts/$t-" \
+      "$FUZZ_DIR/corpus/$t" "$ROOT/tests/fuzz/corpus/$t"
+  done
+  log "summary"
+  printf '  %s\n' "${SUMMARIES[@]}"
+  [ ${#FAILED[@]} -eq 0 ] || die "failed: ${FAILED[*]} (inputs in $FUZZ_DIR/artifacts)"
+  log "no findings"
+}
+
 case "${1:-}" in
   setup) setup ;;
   lint) lint ;;
@@ -171,5 +279,7 @@ case "${1:-}" in
     setup
     "$PY" -m pip install -q --disable-pip-version-check torch jax jaxlib threadpoolctl || log "torch/jax not installable: their columns are skipped"
     exec "$PY" benchmarks/run_all.py ;;
-  *) echo "usage: tools/dev.sh {setup|train|test|lint|bench|docs}" >&2; exit 2 ;;
+  sanitize) shift; sanitize "$@" ;;
+  fuzz) shift; fuzz "$@" ;;
+  *) echo "usage: tools/dev.sh {setup|train|test|lint|bench|docs|sanitize [pytest args]|fuzz [targets]}" >&2; exit 2 ;;
 esac

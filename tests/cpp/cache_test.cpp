@@ -586,10 +586,12 @@ TEST(DiskCacheTrust, TextThatIsNotUtf8IsDamage) {
   std::string key = key_of("utf8"), why;
   CacheEntry e = sample_entry(key);
   e.plan = "flowjit-plan 1\njob \xff\xfe\nend\n";
-  ASSERT_EQ(cache.store(e, why), DiskCache::Stored::Published) << why;
+  // lookup() would call such an entry damaged, so store() does not write it
+  // (it used to, and every run then recompiled and rewrote it).
+  EXPECT_EQ(cache.store(e, why), DiskCache::Stored::Failed);
+  EXPECT_NE(why.find("plan.txt is not UTF-8"), std::string::npos) << why;
   CacheHit hit;
-  EXPECT_EQ(cache.lookup(key, false, hit, why), DiskCache::Found::Damaged);
-  EXPECT_NE(why.find("not UTF-8"), std::string::npos) << why;
+  EXPECT_EQ(cache.lookup(key, false, hit, why), DiskCache::Found::Miss);
   EXPECT_TRUE(valid_utf8("plain \xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80"));
   EXPECT_FALSE(valid_utf8("\xed\xa0\x80"));  // a surrogate
   EXPECT_FALSE(valid_utf8("\xc0\xaf"));      // overlong

@@ -59,6 +59,9 @@ bool contains(const std::string& s, const std::string& part) {
 
 using TempDir = flowjit::testing::TempDir;
 
+// The job token of the stores these tests make (and of their children).
+const std::string kToken = "gloo-test-token-0123456789abcdef";
+
 // A port nobody listens on right now (the kernel's pick for port 0).
 int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -154,7 +157,7 @@ void run_collectives(Communicator& comm, int rank) {
         std::vector<char> gwant(static_cast<size_t>(outer) * R * row);
         for (int q = 0; q < R; ++q) {
           std::vector<char> x = make_input(dt, q, outer * n, 2);
-          for (int64_t o = 0; o < outer; ++o)
+          for (int64_t o = 0; o < outer && row > 0; ++o)  // (empty vectors' data() is null)
             std::memcpy(gwant.data() + (o * R + q) * row, x.data() + o * row, row);
         }
         std::vector<char> gin = make_input(dt, rank, outer * n, 2), gout(gwant.size(), 0x5a);
@@ -165,7 +168,7 @@ void run_collectives(Communicator& comm, int rank) {
         std::vector<char> rwant(static_cast<size_t>(outer) * row);
         for (int q = 0; q < R; ++q) {
           std::vector<char> x = make_input(dt, q, outer * R * n, 3);
-          for (int64_t o = 0; o < outer; ++o) {
+          for (int64_t o = 0; o < outer && row > 0; ++o) {
             char* dst = rwant.data() + o * row;
             const char* src = x.data() + (o * R + rank) * row;
             if (q == 0)
@@ -314,7 +317,8 @@ std::vector<std::string> child_env(const std::string& scenario, int rank, int np
           "FLOWJIT_GLOO_TEST_LOCAL=" + std::to_string(local),
           "FLOWJIT_GLOO_TEST_PORT=" + std::to_string(port),
           "FLOWJIT_GLOO_TEST_DIR=" + dir,
-          "FLOWJIT_GLOO_TEST_TIMEOUT=" + t.str()};
+          "FLOWJIT_GLOO_TEST_TIMEOUT=" + t.str(),
+          std::string(kStoreTokenEnv) + "=" + kToken};
 }
 
 std::string env_or(const char* name, const char* fallback) {
@@ -492,9 +496,9 @@ TEST(GlooChild, Run) {
 // Stores
 
 TEST(GlooStore, TcpSetGetWait) {
-  TcpStore host("127.0.0.1", 0, true, milliseconds(2000));
+  TcpStore host("127.0.0.1", 0, true, milliseconds(2000), kToken);
   ASSERT_GT(host.port(), 0);
-  TcpStore client("127.0.0.1", host.port(), false, milliseconds(2000));
+  TcpStore client("127.0.0.1", host.port(), false, milliseconds(2000), kToken);
   host.set("a/b", {'x', 'y', 'z'});
   EXPECT_EQ(client.get("a/b"), (std::vector<char>{'x', 'y', 'z'}));
   client.set("empty", {});
@@ -534,10 +538,11 @@ TEST(GlooStore, TcpSetGetWait) {
 TEST(GlooStore, TcpClientWaitsForTheServerAndSurvivesARestart) {
   int port = free_port();
   std::unique_ptr<TcpStore> client;
-  std::thread connect(
-      [&] { client = std::make_unique<TcpStore>("127.0.0.1", port, false, milliseconds(3000)); });
+  std::thread connect([&] {
+    client = std::make_unique<TcpStore>("127.0.0.1", port, false, milliseconds(3000), kToken);
+  });
   std::this_thread::sleep_for(milliseconds(100));
-  auto first = std::make_unique<TcpStore>("127.0.0.1", port, true, milliseconds(3000));
+  auto first = std::make_unique<TcpStore>("127.0.0.1", port, true, milliseconds(3000), kToken);
   connect.join();
   ASSERT_TRUE(client);
   client->set("mine", {'m'});
@@ -545,7 +550,7 @@ TEST(GlooStore, TcpClientWaitsForTheServerAndSurvivesARestart) {
   // The host goes and a new one comes on the same port: the client
   // reconnects and sets its keys again.
   first.reset();
-  TcpStore second("127.0.0.1", port, true, milliseconds(3000));
+  TcpStore second("127.0.0.1", port, true, milliseconds(3000), kToken);
   std::vector<char> v;
   EXPECT_FALSE(client->try_get("theirs", &v));
   EXPECT_EQ(second.get("mine"), std::vector<char>{'m'});
@@ -555,7 +560,7 @@ TEST(GlooStore, TcpErrors) {
   int port = free_port();
   auto t0 = Clock::now();
   try {
-    TcpStore client("127.0.0.1", port, false, milliseconds(300));
+    TcpStore client("127.0.0.1", port, false, milliseconds(300), kToken);
     ADD_FAILURE() << "connected to nothing";
   } catch (const UserError& e) {
     EXPECT_TRUE(contains(e.what(), "could not reach the rendezvous store at 127.0.0.1:" +
@@ -566,8 +571,8 @@ TEST(GlooStore, TcpErrors) {
   EXPECT_LT(seconds_since(t0), 2.0);
 
   // A lost host that does not come back.
-  auto host = std::make_unique<TcpStore>("127.0.0.1", 0, true, milliseconds(300));
-  TcpStore client("127.0.0.1", host->port(), false, milliseconds(300));
+  auto host = std::make_unique<TcpStore>("127.0.0.1", 0, true, milliseconds(300), kToken);
+  TcpStore client("127.0.0.1", host->port(), false, milliseconds(300), kToken);
   host.reset();
   std::vector<char> v;
   try {
@@ -579,8 +584,8 @@ TEST(GlooStore, TcpErrors) {
 
   // Two hosts on one port in one process share the server.
   int shared = free_port();
-  TcpStore a("127.0.0.1", shared, true, milliseconds(1000));
-  TcpStore b("127.0.0.1", shared, true, milliseconds(1000));
+  TcpStore a("127.0.0.1", shared, true, milliseconds(1000), kToken);
+  TcpStore b("127.0.0.1", shared, true, milliseconds(1000), kToken);
   a.set("k", {'a'});
   EXPECT_EQ(b.get("k"), std::vector<char>{'a'});
 }
@@ -677,6 +682,7 @@ TEST(GlooCommunicator, ProcessDoesNotJoin) {
   o.num_processes = 2;
   o.port = free_port();
   o.timeout_seconds = 0.5;
+  o.store_token = kToken;
   auto t0 = Clock::now();
   try {
     make_gloo_communicator(o);
@@ -734,6 +740,15 @@ TEST(GlooMultiProcess, FileStore) {
   TempDir dir;
   expect_all_passed(
       run_job(3, [&](int i) { return child_env("collectives", i, 3, 1, 0, dir.path, 20); }, 30));
+  // Each process's gloo addresses (2 x 136 bytes) carry nothing past the
+  // sockaddr_in: no bytes of gloo's stack (ScrubbedAddressStore).
+  for (int p = 0; p < 3; ++p) {
+    std::ifstream f(dir.path + "/k_flowjit%2F%2F0%2Fgloo%2F" + std::to_string(p), std::ios::binary);
+    std::vector<char> a((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    ASSERT_EQ(a.size(), 272u) << "process " << p;
+    for (size_t at = 0; at < a.size(); at += 136)
+      for (size_t i = 8; i < 128; ++i) EXPECT_EQ(a[at + i], 0) << "process " << p << " byte " << i;
+  }
 }
 
 TEST(GlooMultiProcess, PeerExitsBeforeACollective) {

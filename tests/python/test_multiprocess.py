@@ -14,6 +14,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "mp_worker.py")
 STEPS = 3
+TOKEN = "test-multiprocess-" + "0123456789abcdef"
 
 
 def free_port():
@@ -30,7 +31,7 @@ def launch(tmp_path, world, local=1, split=True, exit_after=-1, sizes=None, time
         env = dict(os.environ)
         env.update(FLOWJIT_WORLD_SIZE=str(sizes[rank] if sizes else world), FLOWJIT_RANK=str(rank),
                    FLOWJIT_MASTER_ADDR="127.0.0.1", FLOWJIT_MASTER_PORT=str(port),
-                   FLOWJIT_TIMEOUT=str(timeout))
+                   FLOWJIT_TIMEOUT=str(timeout), FLOWJIT_STORE_TOKEN=TOKEN)
         env.update(extra_env or {})
         out = str(tmp_path / f"{tag}{rank}.npz")
         ea = exit_after if rank == world - 1 else -1
@@ -119,13 +120,88 @@ def test_mismatched_world_size_is_a_clear_error(tmp_path):
         assert "gloo: world size mismatch" in text, text
 
 
+def test_a_process_with_another_token_is_refused(tmp_path):
+    port = free_port()
+    procs = []
+    for rank, token in enumerate([TOKEN, TOKEN + "-other"]):
+        env = dict(os.environ, FLOWJIT_WORLD_SIZE="2", FLOWJIT_RANK=str(rank), FLOWJIT_MASTER_PORT=str(port),
+                   FLOWJIT_TIMEOUT="5", FLOWJIT_STORE_TOKEN=token)
+        procs.append(subprocess.Popen([sys.executable, WORKER, str(tmp_path / f"t{rank}.npz"), "1", "dp", "1", "-1"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    results = [(p.communicate(timeout=60)[0], p.returncode) for p in procs]
+    assert results[1][1] != 0
+    assert "refused this process: wrong job token (FLOWJIT_STORE_TOKEN differs from process 0's)" in results[1][0]
+    assert results[0][1] != 0 and "did not join" in results[0][0], results[0][0]
+
+
+def test_no_token_is_a_clear_error():
+    env = {k: v for k, v in os.environ.items() if k != "FLOWJIT_STORE_TOKEN"}
+    env.update(FLOWJIT_WORLD_SIZE="2", FLOWJIT_RANK="0", FLOWJIT_MASTER_PORT=str(free_port()))
+    r = subprocess.run([sys.executable, "-c", "from flowjit import _devices; _devices.ensure_configured()"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "ValueError" in r.stderr and "needs the job's token in FLOWJIT_STORE_TOKEN" in r.stderr, r.stderr
+    from flowjit import env as flow_env
+    assert flow_env.STORE_TOKEN_ENV == "FLOWJIT_STORE_TOKEN"
+    a, b = flow_env.new_store_token(), flow_env.new_store_token()
+    assert a != b and len(a) == 64 and int(a, 16) >= 0
+
+
+def test_strangers_on_the_port_get_nothing_and_the_job_runs(tmp_path, one_process):
+    """While process 0 waits for process 1, strangers connect to its port:
+    one asks for process 0's key without the token, one floods it with a
+    200 MiB value, one stalls half-way through the token. They are refused
+    or dropped, and the job then runs as usual."""
+    port = free_port()
+
+    def start(rank):
+        env = dict(os.environ, FLOWJIT_WORLD_SIZE="2", FLOWJIT_RANK=str(rank), FLOWJIT_MASTER_ADDR="127.0.0.1",
+                   FLOWJIT_MASTER_PORT=str(port), FLOWJIT_TIMEOUT="30", FLOWJIT_STORE_TOKEN=TOKEN)
+        out = str(tmp_path / f"s{rank}.npz")
+        return subprocess.Popen([sys.executable, WORKER, out, "1", "split", str(STEPS), "-1"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), out
+
+    p0 = start(0)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "process 0 never listened"
+            time.sleep(0.1)
+    key = b"flowjit/session/0/info/0"
+    get = b"G" + len(key).to_bytes(4, "little") + key
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(get)
+        reply = s.recv(4096)
+        assert reply[:1] == b"E" and b"present the job's token first" in reply, reply
+        assert b"num_processes" not in reply
+    stalled = socket.create_connection(("127.0.0.1", port), timeout=5)
+    stalled.sendall(b"A" + (10).to_bytes(4, "little") + b"half")
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"S" + (5).to_bytes(4, "little") + b"flood" + (200 << 20).to_bytes(8, "little"))
+        try:
+            s.sendall(b"x" * (1 << 20))
+        except OSError:
+            pass
+        assert s.recv(4096)[:1] == b"E"
+    p1 = start(1)
+    results = []
+    for p, out in (p0, p1):
+        text, _ = p.communicate(timeout=120)
+        results.append((p.returncode, text, out))
+    stalled.close()
+    check_same(results, one_process)
+
+
 def test_mixed_parallel_mlp_example_over_two_processes():
     example = os.path.join(HERE, "..", "..", "examples", "mixed_parallel_mlp.py")
     port = free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ, FLOWJIT_WORLD_SIZE="2", FLOWJIT_RANK=str(rank), FLOWJIT_MASTER_PORT=str(port),
-                   FLOWJIT_TIMEOUT="30")
+                   FLOWJIT_TIMEOUT="30", FLOWJIT_STORE_TOKEN=TOKEN)
         procs.append(subprocess.Popen([sys.executable, example, "--devices", "1", "--steps", "21"], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=180)[0] for p in procs]
