@@ -278,7 +278,7 @@ _LONG_COMPILE = """
         y = x
         for i in range(NOPS):
             y = flow.math.tanh(flow.matmul(y, x) * 0.5 + float(i)) if i % 3 == 0 else \\
-                flow.math.reduce_sum(flow.math.exp(y), axis=i % 2, keepdims=True) + y
+                flow.math.reduce_sum(flow.math.exp(y * (1.0 + i * 1e-4)), axis=i % 2, keepdims=True) + y
         return y
 """
 
@@ -299,13 +299,17 @@ def test_ctrl_c_during_a_compile_stops_it():
         print("STOPPED", time.monotonic(), flush=True)
         sys.exit(130)
     """
-    env = dict(os.environ)
+    env = dict(os.environ, FLOWJIT_DEBUG="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert p.stdout.readline().strip() == "START"
-        time.sleep(3.0)  # into the compile (tracing 600 ops takes a moment)
+        # Into the LLVM compile: fusion has logged its stage (hundreds of
+        # distinct kernels are left to compile, seconds of work).
+        for line in p.stderr:
+            if "fusion+memory" in line:
+                break
         sent = time.monotonic()
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=300)
