@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -192,6 +193,20 @@ struct Kernel {
 // contiguously (same reduced-ness, stride[d] == stride[d+1] * extent[d+1]).
 // Elementwise kernels over contiguous buffers become one flat loop.
 void coalesce_domain(Kernel& k);
+
+// What one launch of a kernel computes and touches, for the profiler's
+// GFLOP/s and GB/s. flops: 2 * m * n * k * batch for a MatMul kernel (its
+// MatMulSpec dims, implicit GEMMs included) plus the arithmetic nodes (not
+// Load, Const, Index, Acc, nor Compute Identity/Cast) times the domain
+// points; bytes: each argument's elements * dtype size, once per read and
+// once per write (at least once).
+struct KernelCost {
+  int64_t flops = 0;
+  int64_t bytes = 0;
+};
+
+// The cost of `k`; std::nullopt for collectives (the runtime runs them).
+std::optional<KernelCost> kernel_cost(const Kernel& k);
 
 // Human-readable form of a kernel for FLOWJIT_DEBUG dumps and golden tests.
 std::string describe_kernel(const Kernel& k);

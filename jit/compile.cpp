@@ -313,7 +313,10 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   auto t_fuse = std::chrono::steady_clock::now();
   FusedProgram fp = fuse(opt, job.name, FusionOptions{settings.fuse, settings.check_numerics});
   out.fusion_plan = fp.description;
-  for (auto& k : fp.kernels) out.kernels += codegen::describe_kernel(k);
+  for (auto& k : fp.kernels) {
+    out.kernels += codegen::describe_kernel(k);
+    if (auto c = codegen::kernel_cost(k)) out.kernel_costs.push_back({k.name, c->flops, c->bytes});
+  }
   log.stage("fusion+memory", since(t_fuse),
             std::to_string(fp.kernels.size()) + " kernels, arena " +
                 std::to_string(fp.plan.arena_bytes) + " bytes (" +

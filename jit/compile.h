@@ -85,6 +85,14 @@ struct CompileSettings {
   static CompileSettings from_environment();
 };
 
+// What one launch of kernel `symbol` computes and touches
+// (codegen::kernel_cost), for the profiler's GFLOP/s and GB/s.
+struct LaunchCost {
+  std::string symbol;
+  int64_t flops = 0;
+  int64_t bytes = 0;
+};
+
 struct CompiledJob {
   // Single-device jobs: bound to the session store (GPU jobs: and to the
   // target's variable copies). Distributed jobs: the per-device program,
@@ -99,6 +107,9 @@ struct CompiledJob {
   std::string kernels;           // loop-level kernel descriptions
   std::string llvm_ir;           // optimized LLVM IR (kept with debug >= 3 or keep_text)
   std::string assembly;          // with debug >= 4 (GPU jobs: the PTX, also with keep_text)
+  // Per kernel but collectives (which have none), on both the compile and
+  // the disk-cache path.
+  std::vector<LaunchCost> kernel_costs;
   std::vector<std::pair<std::string, ir::TensorType>> new_variables;
   double seconds_passes = 0, seconds_codegen = 0, seconds_total = 0;
   bool from_disk_cache = false;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "ir/error.h"
 #include "jit/cache.h"
@@ -354,6 +355,13 @@ void register_jobs(py::module_& m) {
       .def_property_readonly("fusion_plan",
                              [](const CompiledJobPy& j) { return j.job().fusion_plan; })
       .def_property_readonly("kernels", [](const CompiledJobPy& j) { return j.job().kernels; })
+      .def_property_readonly("kernel_costs",
+                             [](const CompiledJobPy& j) {
+                               std::vector<std::tuple<std::string, int64_t, int64_t>> out;
+                               for (const auto& c : j.job().kernel_costs)
+                                 out.emplace_back(c.symbol, c.flops, c.bytes);
+                               return out;
+                             })
       .def_property_readonly("llvm_ir", [](const CompiledJobPy& j) { return j.job().llvm_ir; })
       .def_property_readonly("assembly", [](const CompiledJobPy& j) { return j.job().assembly; })
       .def_property_readonly("plan",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -13,63 +12,15 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 # ---------------------------------------------------------------- kernel arithmetic
 
-_KERNEL = re.compile(r"^kernel (\S+) (\w+) domain=\[([0-9,]*)\]")
-_ARG = re.compile(r"^\s+arg\d+: (\w+)\[(\d+)\] ?(.*)$")
-_MM = re.compile(r"^\s+mm: batch=(\d+) m=(\d+) n=(\d+) k=(\d+)")
-_OP = re.compile(r"^\s+\$\d+ = (\w+)")
-# Body lines that move or name values rather than compute them.
-_NOT_ARITHMETIC = {"load", "const", "index", "identity", "acc", "cast", "bitcast"}
-_DTYPE_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i8": 1, "u8": 1, "i32": 4, "i64": 8,
-                "bool": 1}
-
-
 @dataclass
 class KernelCost:
-    """What one launch of a kernel computes and touches, from its loop-level
-    description: flops (2·m·n·k per matmul plus the epilogue's scalar ops at
-    every output point; a loop kernel's scalar ops at every domain point) and
-    bytes (each argument's extent once per read and once per write)."""
+    """What one launch of a kernel computes and touches, as the compiler
+    recorded it from the kernel's description (codegen::kernel_cost): flops
+    (2·m·n·k per matmul plus the epilogue's scalar ops at every output point;
+    a loop kernel's scalar ops at every domain point) and bytes (each
+    argument's extent once per read and once per write)."""
     flops: int
     bytes: int
-
-
-def kernel_costs(kernels_text: str) -> Dict[str, KernelCost]:
-    """Per kernel symbol, its cost, from CompiledJob.kernels (the printed
-    loop-level kernel descriptions)."""
-    costs: Dict[str, KernelCost] = {}
-    name, points, mm, ops, nbytes = None, 0, None, 0, 0
-
-    def close():
-        if name is not None:
-            flops = ops * points + (2 * mm[0] * mm[1] * mm[2] * mm[3] if mm else 0)
-            costs[name] = KernelCost(flops, nbytes)
-
-    for line in kernels_text.splitlines():
-        m = _KERNEL.match(line)
-        if m:
-            close()
-            name, mm, ops, nbytes = m.group(1), None, 0, 0
-            points = 1
-            for d in filter(None, m.group(3).split(",")):
-                points *= int(d)
-            continue
-        if name is None:
-            continue
-        a = _ARG.match(line)
-        if a:
-            size = int(a.group(2)) * _DTYPE_BYTES.get(a.group(1), 4)
-            modes = a.group(3).split()
-            nbytes += size * max(1, ("r" in modes) + ("w" in modes))
-            continue
-        m2 = _MM.match(line)
-        if m2:
-            mm = tuple(int(g) for g in m2.groups())
-            continue
-        o = _OP.match(line)
-        if o and o.group(1) not in _NOT_ARITHMETIC:
-            ops += 1
-    close()
-    return costs
 
 
 # ---------------------------------------------------------------- the profile table
@@ -204,8 +155,11 @@ class CompiledJob:
         return getattr(self._job, texts[stage])
 
     def kernel_costs(self) -> Dict[str, KernelCost]:
+        """Per kernel symbol, what one launch computes and touches (collectives
+        have no entry)."""
         if self._costs is None:
-            self._costs = kernel_costs(self._job.kernels or "")
+            self._costs = {sym: KernelCost(flops, nbytes)
+                           for sym, flops, nbytes in self._job.kernel_costs}
         return self._costs
 
     def profile(self) -> ProfileTable:

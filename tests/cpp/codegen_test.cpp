@@ -6,6 +6,7 @@
 #include <functional>
 #include <random>
 
+#include "codegen/kernel.h"
 #include "ir/error.h"
 #include "jit/compile.h"
 
@@ -208,4 +209,60 @@ TEST(Codegen, IntegerDivisionNeverTraps) {
   EXPECT_EQ(out[1], -3);
   EXPECT_EQ(out[2], INT32_MIN);
   EXPECT_EQ(out[3], 0);
+}
+
+// kernel_cost: what the profiler divides by time, from the typed description.
+TEST(Codegen, KernelCostOfMatmulAndLoopKernels) {
+  using codegen::Kernel;
+  using codegen::KNode;
+  using codegen::KOp;
+  auto node = [](KOp kind, OpKind op = OpKind::Identity, std::vector<int> operands = {}) {
+    KNode n;
+    n.kind = kind;
+    n.op = op;
+    n.operands = std::move(operands);
+    return n;
+  };
+  Kernel mm;
+  mm.name = "k1_matmul_add";
+  mm.kind = Kernel::Kind::MatMul;
+  mm.domain = {8, 4};
+  mm.args = {{DType::Float32, 4, false, true},
+             {DType::Float32, 32, true, false},
+             {DType::Float32, 256, false, true},
+             {DType::Float32, 128, false, true}};
+  mm.mm.m = 8;
+  mm.mm.n = 4;
+  mm.mm.k = 32;
+  mm.nodes = {node(KOp::Acc), node(KOp::Load), node(KOp::Compute, OpKind::Add, {0, 1})};
+  auto c = codegen::kernel_cost(mm);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->flops, 2 * 8 * 4 * 32 + 8 * 4);  // the epilogue's add at every output point
+  EXPECT_EQ(c->bytes, 4 * (4 + 32 + 256 + 128));
+  mm.mm.batch = 3;  // batched: every batch's GEMM counts
+  EXPECT_EQ(codegen::kernel_cost(mm)->flops, 3 * 2 * 8 * 4 * 32 + 8 * 4);
+
+  Kernel loop;
+  loop.name = "k0_add";
+  loop.domain = {2, 5};
+  loop.args = {{DType::Float32, 10, true, true}, {DType::Int64, 10, false, true}};
+  // Loads, constants, indices, identities and casts move values; add, exp
+  // and the reduction compute.
+  loop.nodes = {node(KOp::Load),
+                node(KOp::Const),
+                node(KOp::Compute, OpKind::Add, {0, 1}),
+                node(KOp::Compute, OpKind::Cast, {2}),
+                node(KOp::Compute, OpKind::Identity, {3}),
+                node(KOp::Index),
+                node(KOp::Compute, OpKind::Exp, {4}),
+                node(KOp::Reduce, OpKind::ReduceSum, {6})};
+  c = codegen::kernel_cost(loop);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->flops, 3 * 10);
+  EXPECT_EQ(c->bytes, 2 * 4 * 10 + 8 * 10);  // read and written: twice
+
+  Kernel all_reduce;
+  all_reduce.kind = Kernel::Kind::Collective;
+  all_reduce.args = loop.args;
+  EXPECT_FALSE(codegen::kernel_cost(all_reduce).has_value());
 }
