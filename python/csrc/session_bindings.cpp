@@ -166,9 +166,15 @@ void diag_to_logging(int level, std::string_view msg) {
   PyObject *type, *value, *trace;
   PyErr_Fetch(&type, &value, &trace);
   PyObject* fn = g_log_fn;  // read with the GIL: set_log_sink may have changed it
-  PyObject* r = fn == nullptr ? nullptr
-                              : PyObject_CallFunction(fn, "is#", level, msg.data(),
-                                                      static_cast<Py_ssize_t>(msg.size()));
+  PyObject* r = nullptr;
+  if (fn != nullptr) {
+    PyObject* text =
+        PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()), "replace");
+    PyObject* lvl = PyLong_FromLong(level);
+    if (text != nullptr && lvl != nullptr) r = PyObject_CallFunctionObjArgs(fn, lvl, text, nullptr);
+    Py_XDECREF(text);
+    Py_XDECREF(lvl);
+  }
   if (r != nullptr) {
     Py_DECREF(r);
   } else {
@@ -177,8 +183,8 @@ void diag_to_logging(int level, std::string_view msg) {
     if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
       PyErr_Clear();
       PyErr_SetInterrupt();
-    } else {
-      PyErr_Clear();
+    } else if (PyErr_Occurred()) {
+      PyErr_WriteUnraisable(fn);  // says why, then the line itself
     }
     ir::diag_to_stderr(level, msg);
   }
