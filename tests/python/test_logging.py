@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 WORKER = r'''
-import json, logging, sys
+import json, logging, os, sys
 import numpy as np
 import flowjit as flow, flowjit.typing as tp
 
@@ -15,7 +15,8 @@ records = []
 class Keep(logging.Handler):
     def emit(self, record):
         records.append([record.name, record.levelname, record.getMessage(), record.threadName])
-logging.getLogger("flowjit").addHandler(Keep())
+if "NO_HANDLER" not in os.environ:
+    logging.getLogger("flowjit").addHandler(Keep())
 
 def mm(a: tp.Numpy.Placeholder((64, 96)), b: tp.Numpy.Placeholder((96, 80))) -> tp.Numpy:
     return flow.nn.relu(flow.matmul(a, b))
@@ -24,11 +25,11 @@ print(json.dumps(records))
 '''
 
 
-def _run(tmp_path, debug):
+def _run(tmp_path, debug, **extra):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = {k: v for k, v in os.environ.items() if k not in ("FLOWJIT_DUMP_DIR", "FLOWJIT_CPU")}
-    env.update(FLOWJIT_DEBUG=debug, FLOWJIT_DISABLE_CACHE="1", FLOWJIT_CACHE_DIR=str(tmp_path))
+    env.update(FLOWJIT_DEBUG=debug, FLOWJIT_DISABLE_CACHE="1", FLOWJIT_CACHE_DIR=str(tmp_path), **extra)
     p = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -66,3 +67,13 @@ def test_without_flowjit_debug_the_core_says_nothing(tmp_path):
     records, err = _run(tmp_path, "0")
     assert records == [], records
     assert "[flowjit]" not in err, err[-2000:]
+
+
+def test_core_warnings_are_warning_records_and_reach_stderr_unconfigured(tmp_path):
+    records, err = _run(tmp_path, "0", FLOWJIT_CPU="no-such-cpu")
+    said = [r for r in records if r[2].startswith("FLOWJIT_CPU=no-such-cpu ")]
+    assert said and all(r[:2] == ["flowjit", "WARNING"] and r[2].endswith("; using the host")
+                        for r in said), records
+    # No handler configured: logging's last-resort handler writes it to stderr.
+    records, err = _run(tmp_path, "0", FLOWJIT_CPU="no-such-cpu", NO_HANDLER="1")
+    assert records == [] and said[0][2] in err, err[-2000:]
