@@ -13,6 +13,7 @@
 
 #include <map>
 
+#include "ir/diag.h"
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
@@ -287,7 +288,7 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   out.writes_variables = !g.effects.empty();
   out.ir_traced = print_graph(g);
   log.dump("traced", print_graph(g, PrintOptions{true}));
-  if (settings.debug >= 2) std::fprintf(stderr, "%s", out.ir_traced.c_str());
+  if (settings.debug >= 2) diag(2, job.name + " traced:\n" + out.ir_traced);
 
   auto t_passes = std::chrono::steady_clock::now();
   Graph opt = optimize(g, log);
@@ -302,8 +303,8 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
               std::to_string(job.distribution.parts) + " devices, " +
                   std::to_string(out.distributed->collectives) + " collectives");
     if (settings.debug >= 2)
-      std::fprintf(stderr, "[flowjit] %s over %d devices, boxing:\n%s", job.name.c_str(),
-                   job.distribution.parts, out.distributed->description.c_str());
+      diag(2, job.name + " over " + std::to_string(job.distribution.parts) + " devices, boxing:\n" +
+                  out.distributed->description);
     log.dump("distributed",
              print_graph(opt, PrintOptions{true}) + "\nboxing:\n" + out.distributed->description);
   }
@@ -321,8 +322,7 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
             std::to_string(fp.kernels.size()) + " kernels, arena " +
                 std::to_string(fp.plan.arena_bytes) + " bytes (" +
                 std::to_string(fp.bytes_without_reuse) + " without reuse)");
-  if (settings.debug >= 2)
-    std::fprintf(stderr, "[flowjit] %s fusion plan:\n%s", job.name.c_str(), fp.description.c_str());
+  if (settings.debug >= 2) diag(2, job.name + " fusion plan:\n" + fp.description);
   log.dump("fusion", fp.description + "\n" + out.kernels);
   out.seconds_passes = since(t_passes);
   stop_if_interrupted();
@@ -345,11 +345,11 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   const bool hit = program != nullptr;
   if (!hit) code = backend->compile(fp.kernels, fp.plan, req, log);
   if (keep_llvm_ir) out.llvm_ir = code.llvm_ir;
-  if (settings.debug >= 3) std::fprintf(stderr, "%s", code.llvm_ir.c_str());
+  if (settings.debug >= 3) diag(3, job.name + " LLVM IR:\n" + code.llvm_ir);
   log.dump("llvm", code.llvm_ir);
   std::string assembly = backend->assembly(code, req);
   if (backend->keep_assembly(req)) out.assembly = assembly;
-  if (settings.debug >= 4) std::fprintf(stderr, "%s", assembly.c_str());
+  if (settings.debug >= 4) diag(4, job.name + " assembly:\n" + assembly);
   if (!assembly.empty()) log.dump(backend->assembly_stage(), assembly);
   if (!hit) {
     program = backend->load(code, log);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "ir/diag.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
 #include "jit/passes/cse.h"
@@ -31,8 +32,9 @@ using namespace ir;
 void PassLog::stage(const std::string& name, double seconds, const std::string& detail) {
   times.emplace_back(name, seconds);
   if (debug >= 1) {
-    std::fprintf(stderr, "[flowjit] %s: %-18s %8.3f ms%s%s\n", job.c_str(), name.c_str(),
-                 seconds * 1e3, detail.empty() ? "" : "  ", detail.c_str());
+    char line[64];
+    std::snprintf(line, sizeof line, ": %-18s %8.3f ms", name.c_str(), seconds * 1e3);
+    diag(1, job + line + (detail.empty() ? "" : "  ") + detail);
   }
 }
 
@@ -78,8 +80,7 @@ void PassLog::dump(const std::string& stage, const std::string& text) {
   if (fd >= 0 && ::close(fd) != 0 && why.empty()) why = std::strerror(errno);
   if (!why.empty() && !dump_failed) {
     dump_failed = true;
-    std::fprintf(stderr, "[flowjit] FLOWJIT_DUMP_DIR: cannot write %s: %s\n", path.c_str(),
-                 why.c_str());
+    diag(0, "FLOWJIT_DUMP_DIR: cannot write " + path + ": " + why);
   }
 }
 
@@ -94,7 +95,8 @@ Graph optimize(const Graph& input, PassLog& log) {
     if (std::string(name) == "decompose") composites_left = false;
     verify_or_throw(next, name, VerifyOptions{composites_left});
     log.stage(std::string("pass ") + name, dt, unchanged ? "(unchanged)" : "");
-    if (log.debug >= 2 && !unchanged) std::fprintf(stderr, "%s", print_graph(next).c_str());
+    if (log.debug >= 2 && !unchanged)
+      diag(2, log.job + " after " + name + ":\n" + print_graph(next));
     if (!unchanged) log.dump(name, print_graph(next, PrintOptions{true}));
     g = std::move(next);
   };

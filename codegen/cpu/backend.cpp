@@ -35,6 +35,7 @@
 #include "codegen/cpu/kernel_units.h"
 #include "codegen/llvm_util.h"
 #include "codegen/mathlib.h"
+#include "ir/diag.h"
 #include "ir/error.h"
 
 namespace flowjit::codegen::cpu {
@@ -76,17 +77,15 @@ bool cpu_override(llvm::StringMap<bool>& feats, std::string& cpu) {
   llvm::SmallVector<llvm::StringRef, 128> named;
   llvm::X86::getFeaturesForCPU(want, named, /*NeedPlus=*/false);
   if (named.empty()) {
-    std::fprintf(stderr,
-                 "flowjit: FLOWJIT_CPU=%s is not an x86-64 CPU name LLVM knows; using the host\n",
-                 want);
+    ir::diag(0, std::string("FLOWJIT_CPU=") + want +
+                    " is not an x86-64 CPU name LLVM knows; using the host");
     return false;
   }
   for (llvm::StringRef f : named) {
     auto it = feats.find(f);  // features the host does not list (x87, 64bit) are implied
     if (it != feats.end() && !it->second) {
-      std::fprintf(stderr,
-                   "flowjit: FLOWJIT_CPU=%s needs '%s', which this host lacks; using the host\n",
-                   want, f.str().c_str());
+      ir::diag(0, std::string("FLOWJIT_CPU=") + want + " needs '" + f.str() +
+                      "', which this host lacks; using the host");
       return false;
     }
   }

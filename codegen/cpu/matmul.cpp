@@ -19,6 +19,7 @@
 #include <functional>
 
 #include "codegen/cpu/cpu_codegen.h"
+#include "ir/diag.h"
 #include "ir/error.h"
 
 namespace flowjit::codegen::cpu {
@@ -209,8 +210,7 @@ class MatMulEmitter {
     eb_ = ir::dtype_bytes(dt_);
     is_float_ = ir::is_float(dt_);
     bl_ = choose_blocking(mm_, eb_, t);
-    if (debug_enabled())
-      std::fprintf(stderr, "[flowjit] %s\n", describe_blocking(k_, bl_, t_).c_str());
+    if (debug_enabled()) ir::diag(1, describe_blocking(k_, bl_, t_));
   }
 
   llvm::Function* emit(LaunchShape& shape) {

@@ -2,10 +2,13 @@
 // runtime::Executable. Collective launches have no code (the runtime runs
 // them); codegen decides each coded launch's range, grain and scratch bytes,
 // which go into the plan the code runs with (and the entry's plan.txt).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <string_view>
 
 #include "codegen/cpu/backend.h"
+#include "ir/diag.h"
 #include "ir/error.h"
 #include "jit/backends/backends.h"
 
@@ -56,7 +59,14 @@ class CpuBackend : public Backend {
     log.stage("llvm optimize", obj.seconds_optimize);
     log.stage("llvm codegen", obj.seconds_codegen, std::to_string(obj.object.size()) + " bytes");
     log.stage("llvm compile", obj.seconds_wall, compile_counts(obj, run_once_));
-    if (req.debug >= 2) std::fprintf(stderr, "%s", obj.kernel_times.c_str());
+    if (req.debug >= 2) {  // a line per kernel compiled
+      std::string_view times = obj.kernel_times;
+      for (size_t at = 0; at < times.size();) {
+        size_t end = std::min(times.find('\n', at), times.size());
+        ir::diag(2, times.substr(at, end - at));
+        at = end + 1;
+      }
+    }
 
     CodeObject code;
     code.target = target_;

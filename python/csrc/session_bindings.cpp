@@ -8,10 +8,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
+#include <string_view>
 #include <thread>
 
 #include "codegen/cpu/backend.h"
 #include "codegen/cpu/peak.h"
+#include "ir/diag.h"
 #include "ir/error.h"
 #include "jit/build_info.h"
 #include "jit/cache.h"
@@ -138,6 +141,60 @@ void begin_exit() {
   }
   PyEval_RestoreThread(state);
 }
+
+// ---- diagnostics through logging (ir/diag.h)
+
+namespace {
+PyObject* g_log_fn = nullptr;  // flowjit._log._from_core, kept for the process
+
+// Hands a C++ diagnostic to Python's logging (logger "flowjit"), from any
+// thread: compiles run with the GIL released and kernels compile on the
+// pool. Once the interpreter exits (begin_exit, or finalizing) it writes to
+// stderr instead, as it does when the call fails.
+void diag_to_logging(int level, std::string_view msg) {
+  {
+    std::lock_guard<std::mutex> lock(g_exit_mu);
+    if (g_exiting || g_log_fn == nullptr || !Py_IsInitialized() || _Py_IsFinalizing()) {
+      ir::diag_to_stderr(level, msg);
+      return;
+    }
+    ++g_retaking;  // begin_exit waits for us to be done with the GIL
+  }
+  PyGILState_STATE st = PyGILState_Ensure();
+  // A pending exception of this thread (a KeyboardInterrupt the compile's
+  // Ctrl-C poll keeps for the binding) survives the call.
+  PyObject *type, *value, *trace;
+  PyErr_Fetch(&type, &value, &trace);
+  PyObject* fn = g_log_fn;  // read with the GIL: set_log_sink may have changed it
+  PyObject* r = nullptr;
+  if (fn != nullptr) {
+    PyObject* text =
+        PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()), "replace");
+    PyObject* lvl = PyLong_FromLong(level);
+    if (text != nullptr && lvl != nullptr) r = PyObject_CallFunctionObjArgs(fn, lvl, text, nullptr);
+    Py_XDECREF(text);
+    Py_XDECREF(lvl);
+  }
+  if (r != nullptr) {
+    Py_DECREF(r);
+  } else {
+    // Signal handlers may run inside the call: a Ctrl-C there is tripped
+    // again for the compile's own poll to see. Anything else is reported.
+    if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+      PyErr_Clear();
+      PyErr_SetInterrupt();
+    } else if (PyErr_Occurred()) {
+      PyErr_WriteUnraisable(fn);  // says why, then the line itself
+    }
+    ir::diag_to_stderr(level, msg);
+  }
+  PyErr_Restore(type, value, trace);
+  PyGILState_Release(st);
+  std::lock_guard<std::mutex> lock(g_exit_mu);
+  --g_retaking;
+  g_exit_cv.notify_all();
+}
+}  // namespace
 
 void Session::shutdown() {
   begin_exit();
@@ -302,6 +359,16 @@ void register_session(py::module_& m) {
   m.def("fail_exit_status", [] {
     if (!g_failed_exit && Py_AtExit(&exit_failed) == 0) g_failed_exit = true;
   });
+  // Diagnostics of the C++ core go to fn(level, message): flowjit._log.
+  m.def(
+      "set_log_sink",
+      [](py::object fn) {
+        PyObject* old = g_log_fn;
+        g_log_fn = fn.is_none() ? nullptr : fn.inc_ref().ptr();
+        ir::set_diag_sink(g_log_fn ? &diag_to_logging : nullptr);
+        Py_XDECREF(old);
+      },
+      py::arg("fn"));
   m.def("before_fork", [] { Session::get().before_fork(); });
   m.def("after_fork_in_child", [] { Session::get().after_fork_in_child(); });
 

@@ -41,6 +41,8 @@ bool = bool_  # noqa: A001
 char = int8
 
 from ._version import __version__  # noqa: E402,F401 - written once, in _version.py
+from ._log import install_core_sink as _install_core_sink  # noqa: E402
+_install_core_sink(_C)  # the C++ core's diagnostics through logger "flowjit" too
 CacheWarning = _C.CacheWarning  # the disk cache degraded (unwritable, damaged entry)
 
 

@@ -3,8 +3,11 @@
 FLOWJIT_DEBUG sets the logger's level when the package is imported: unset or
 0 WARNING, 1 INFO (compile stages and times, why a job recompiled, ignored
 hints), 2 and more DEBUG. When FLOWJIT_DEBUG is set and nothing configured a
-handler for "flowjit", records go to stderr as "[flowjit] message". The IR
-and assembly dumps of levels 2-4 are written by the C++ core to stderr."""
+handler for "flowjit", records go to stderr as "[flowjit] message". The C++
+core's lines (compile stages, the matmul choice, the IR, fusion plan, LLVM IR
+and assembly of levels 2-4, dump-dir and FLOWJIT_CPU warnings) come through
+the same logger: its level-1 lines as INFO, deeper ones as DEBUG, warnings
+as WARNING (install_core_sink)."""
 import logging
 import os
 import sys
@@ -60,6 +63,18 @@ def configure() -> None:
         _handler = _StderrHandler()
         _handler.setFormatter(logging.Formatter("[flowjit] %(message)s"))
         logger.addHandler(_handler)
+
+
+def _from_core(debug: int, msg: str) -> None:
+    """The C++ core's diagnostic sink (ir/diag.h): msg said at FLOWJIT_DEBUG
+    level debug (0: a warning), called with the GIL from any thread."""
+    configure()  # FLOWJIT_DEBUG may have been set since the last compile
+    logger.log(level_for(debug), "%s", msg)
+
+
+def install_core_sink(core) -> None:
+    """Routes the C++ core's diagnostics (core: flowjit._C) through logger."""
+    core.set_log_sink(_from_core)
 
 
 def info(msg: str, *args) -> None:
