@@ -10,7 +10,8 @@
 #   tools/dev.sh fuzz [targets]           build and run the libFuzzer targets (build/fuzz)
 # Python packages go into a virtual environment in the checkout
 # ($FLOWJIT_VENV, default .venv), never into the system Python (PEP 668).
-# Runs as root or as a user with sudo (for apt-get).
+# Runs as root or as a user with sudo (for apt-get). openmpi-bin is for the
+# launcher tests that start jobs with a real mpirun.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -23,7 +24,7 @@ VENV="${FLOWJIT_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 JOBS="${FLOWJIT_BUILD_JOBS:-$(nproc)}"
 
-APT_PACKAGES="llvm-19-dev libtbb-dev libgloo-dev dataset-fashion-mnist libgtest-dev cmake ninja-build ccache g++ python3-dev clang-format-19"
+APT_PACKAGES="llvm-19-dev libtbb-dev libgloo-dev dataset-fashion-mnist libgtest-dev cmake ninja-build ccache g++ python3-dev clang-format-19 openmpi-bin"
 
 log() { printf '\033[1m[dev.sh]\033[0m %s\n' "$*"; }
 die() { printf '\033[1m[dev.sh]\033[0m error: %s\n' "$*" >&2; exit 1; }
