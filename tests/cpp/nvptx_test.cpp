@@ -1650,11 +1650,14 @@ void emu_register(const nv::CompiledModule& mod, const std::vector<codegen::Kern
   codegen::cpu::CompiledObject obj = codegen::cpu::compile_ir_text(text);
   std::vector<std::string> syms;
   for (auto& k : kernels) syms.push_back(k.name + ".emu");
-  keep.push_back(codegen::cpu::load(obj.object, syms));
+  // Cases register concurrently: this module's code is `code`, not
+  // keep.back(), which another thread may have pushed meanwhile.
+  std::shared_ptr<codegen::cpu::LoadedCode> code = codegen::cpu::load(obj.object, syms);
   std::lock_guard<std::recursive_mutex> lock(fake::g_mu);
+  keep.push_back(code);
   for (size_t i = 0; i < kernels.size(); ++i)
-    fake::gpu().emu[mod.ptx][kernels[i].name] = {
-        reinterpret_cast<emu::Entry>(keep.back()->address(i)), kernels[i].args.size()};
+    fake::gpu().emu[mod.ptx][kernels[i].name] = {reinterpret_cast<emu::Entry>(code->address(i)),
+                                                 kernels[i].args.size()};
 }
 
 GpuJob gpu_job(const Graph& g, const std::shared_ptr<rc::Device>& dev, bool tf32,
