@@ -14,6 +14,7 @@
 #include "python/csrc/session.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/driver_api.h"
+#include "runtime/cuda/nccl.h"
 #include "runtime/distributed.h"
 
 namespace flowjit::python {
@@ -88,6 +89,40 @@ void set_gpu_target(jit::CompileSettings& s, int ordinal) {
   s.target.gpu = g.device;
   s.target.gpu_variables = g.variables;
   s.target.allow_tf32 = env_flag("FLOWJIT_ALLOW_TF32");
+}
+
+std::vector<runtime::VariableStore*> GpuGroup::store_ptrs() const {
+  std::vector<runtime::VariableStore*> out;
+  for (auto& st : stores) out.push_back(st.get());
+  return out;
+}
+
+std::shared_ptr<GpuGroup> gpu_group(const std::vector<int>& ordinals) {
+  static auto* groups = new std::map<std::vector<int>, std::pair<uint64_t, std::shared_ptr<GpuGroup>>>();
+  uint64_t generation = Session::get().generation();
+  {
+    std::lock_guard<std::mutex> lock(g_gpus_mu);
+    auto it = groups->find(ordinals);
+    if (it != groups->end() && it->second.first == generation) return it->second.second;
+  }
+  auto g = std::make_shared<GpuGroup>();
+  std::vector<std::shared_ptr<rc::Device>> devices;
+  for (int o : ordinals) {
+    jit::CompileSettings one;
+    set_gpu_target(one, o);
+    devices.push_back(one.target.gpu);
+    // Copies of the replicas, not of the session's variables (which jobs on
+    // this GPU alone bind): the two meet through the host.
+    g->copies.push_back(std::make_shared<rc::DeviceVariables>(one.target.gpu));
+    g->stores.push_back(std::make_unique<runtime::VariableStore>());
+  }
+  std::string why;
+  if (!rc::nccl_available(&why))
+    throw_user(ErrorKind::Runtime, "a job on ", ordinals.size(), " GPUs needs NCCL: ", why);
+  g->comm = rc::NcclCommunicator::create(devices);
+  std::lock_guard<std::mutex> lock(g_gpus_mu);
+  (*groups)[ordinals] = {generation, g};
+  return g;
 }
 
 // ---------------------------------------------------------------- module

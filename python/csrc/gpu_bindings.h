@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 
 #include <memory>
+#include <vector>
 
 #include "jit/compile.h"
 #include "runtime/cuda/executable.h"
@@ -22,5 +23,18 @@ void register_gpu(py::module_& m);
 // UserError(Runtime) saying why when there is no driver (libcuda.so.1) or
 // no such GPU. The caller holds the session's run mutex.
 void set_gpu_target(jit::CompileSettings& s, int ordinal);
+
+// GPUs `ordinals` of this process for one job spread over them: a store per
+// GPU for the variables' replicas, the replicas' copies on each GPU, and an NcclCommunicator over the
+// session's Devices. One group per set of GPUs and session generation.
+// UserError(Runtime) naming what is missing (driver, GPU, NCCL). The
+// caller holds the session's run mutex.
+struct GpuGroup {
+  std::vector<std::shared_ptr<runtime::cuda::DeviceVariables>> copies;
+  std::vector<std::unique_ptr<runtime::VariableStore>> stores;
+  std::shared_ptr<runtime::Communicator> comm;
+  std::vector<runtime::VariableStore*> store_ptrs() const;
+};
+std::shared_ptr<GpuGroup> gpu_group(const std::vector<int>& ordinals);
 
 }  // namespace flowjit::python

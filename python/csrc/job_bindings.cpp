@@ -83,12 +83,20 @@ class CompiledJobPy {
   // `gpu_variables`: a GPU job's variable copies, kept alive with the job.
   // `generation`: the session generation the job was compiled in (read under
   // the run lock, so a clear that follows the compile is seen as one).
+  // `gpus`: the GPUs of a job spread over several.
   CompiledJobPy(jit::CompiledJob job, uint64_t generation,
-                std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables = nullptr)
+                std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables = nullptr,
+                std::shared_ptr<GpuGroup> gpus = nullptr)
       : job_(std::move(job)), gpu_variables_(std::move(gpu_variables)) {
     Session& s = Session::get();
     program_ = job_.program;
-    if (job_.distributed) {
+    if (job_.distributed && gpus) {
+      std::lock_guard<std::mutex> lock(s.run_mutex());
+      auto dist = jit::make_distributed(job_, s.store(), gpus->store_ptrs(), gpus->comm, 0, false,
+                                        gpus->copies);
+      dist->keep_alive(gpus);
+      program_ = std::move(dist);
+    } else if (job_.distributed) {
       FJ_CHECK(s.communicator() != nullptr, "distributed job without configured devices");
       std::lock_guard<std::mutex> lock(s.run_mutex());
       program_ = jit::make_distributed(job_, s.store(), s.device_stores(), s.communicator(),
@@ -465,6 +473,10 @@ void register_jobs(py::module_& m) {
         FJ_USER_CHECK(device == "cpu" || device == "gpu", ErrorKind::Value, "job '", name,
                       "': device must be \"cpu\" or \"gpu\", got \"", device, "\"");
         int gpu_ordinal = settings.contains("gpu") ? settings["gpu"].cast<int>() : 0;
+        // "gpus": every GPU of a job spread over several (its first is "gpu").
+        std::vector<int> gpus;
+        if (settings.contains("gpus")) gpus = settings["gpus"].cast<std::vector<int>>();
+        std::shared_ptr<GpuGroup> group;
         // [harden] Ctrl-C during a compile on the main thread: Python's
         // signal handlers are run (at most every 20 ms, taking the GIL) from
         // the compile's stage, kernel and LLVM pass boundaries; a
@@ -503,6 +515,7 @@ void register_jobs(py::module_& m) {
           GilRelease release;
           std::lock_guard<std::mutex> lock(sess.run_mutex());
           if (device == "gpu") set_gpu_target(s, gpu_ordinal);
+          if (device == "gpu" && gpus.size() > 1) group = gpu_group(gpus);
           try {
             cj = jit::compile_job(job, s, sess.store());
           } catch (const Interrupted&) {
@@ -524,7 +537,9 @@ void register_jobs(py::module_& m) {
           for (const std::string& w : cj.distributed->warnings)
             if (PyErr_WarnEx(PyExc_UserWarning, jit::printable_text(w).c_str(), 1) != 0)
               throw py::error_already_set();
-        return std::make_shared<CompiledJobPy>(std::move(cj), generation, s.target.gpu_variables);
+        if (group) FJ_CHECK(cj.distributed.has_value(), "a job on several GPUs compiled for one");
+        return std::make_shared<CompiledJobPy>(std::move(cj), generation, s.target.gpu_variables,
+                                               group);
       },
       py::arg("name"), py::arg("train"), py::arg("params"), py::arg("outputs"), py::arg("effects"),
       py::arg("losses"), py::arg("lr"), py::arg("step"), py::arg("trainable"), py::arg("optimizer"),
