@@ -98,7 +98,8 @@ std::vector<runtime::VariableStore*> GpuGroup::store_ptrs() const {
 }
 
 std::shared_ptr<GpuGroup> gpu_group(const std::vector<int>& ordinals) {
-  static auto* groups = new std::map<std::vector<int>, std::pair<uint64_t, std::shared_ptr<GpuGroup>>>();
+  static auto* groups =
+      new std::map<std::vector<int>, std::pair<uint64_t, std::shared_ptr<GpuGroup>>>();
   uint64_t generation = Session::get().generation();
   {
     std::lock_guard<std::mutex> lock(g_gpus_mu);

@@ -25,10 +25,9 @@ void register_gpu(py::module_& m);
 void set_gpu_target(jit::CompileSettings& s, int ordinal);
 
 // GPUs `ordinals` of this process for one job spread over them: a store per
-// GPU for the variables' replicas, the replicas' copies on each GPU, and an NcclCommunicator over the
-// session's Devices. One group per set of GPUs and session generation.
-// UserError(Runtime) naming what is missing (driver, GPU, NCCL). The
-// caller holds the session's run mutex.
+// GPU for the variables' replicas, the replicas' copies on each GPU, and an NcclCommunicator over
+// the session's Devices. One group per set of GPUs and session generation. UserError(Runtime)
+// naming what is missing (driver, GPU, NCCL). The caller holds the session's run mutex.
 struct GpuGroup {
   std::vector<std::shared_ptr<runtime::cuda::DeviceVariables>> copies;
   std::vector<std::unique_ptr<runtime::VariableStore>> stores;

@@ -546,8 +546,8 @@ std::shared_ptr<CudaExecutable> CudaExecutable::instance(std::shared_ptr<Device>
 
 void CudaExecutable::set_device(std::shared_ptr<Communicator> comm, int rank) {
   auto* nccl = dynamic_cast<NcclCommunicator*>(comm.get());
-  FJ_USER_CHECK(nccl != nullptr, ErrorKind::NotImplemented, "job '", plan_.job_name,
-                "' runs on ", d_->info().str(), " as one of several devices, but its collectives ",
+  FJ_USER_CHECK(nccl != nullptr, ErrorKind::NotImplemented, "job '", plan_.job_name, "' runs on ",
+                d_->info().str(), " as one of several devices, but its collectives ",
                 "need an NCCL communicator between GPUs, not ",
                 comm ? comm->describe() : std::string("none"));
   FJ_USER_CHECK(rank >= nccl->first_rank() && rank < nccl->first_rank() + nccl->local_ranks() &&
@@ -596,8 +596,8 @@ void CudaExecutable::run_collective(size_t li) {
 
 void CudaExecutable::gather_variable_pieces(size_t index, void* dst, int64_t outer,
                                             int64_t piece_bytes) {
-  FJ_CHECK(comm_ != nullptr && index < variables_.size(), "gathering variable ", index,
-           " of job '", plan_.job_name, "' outside a distributed job");
+  FJ_CHECK(comm_ != nullptr && index < variables_.size(), "gathering variable ", index, " of job '",
+           plan_.job_name, "' outside a distributed job");
   uint64_t bytes = static_cast<uint64_t>(outer * piece_bytes * comm_->size());
   if (bytes == 0) return;
   DeviceBuffer all(d_, bytes);
@@ -605,9 +605,9 @@ void CudaExecutable::gather_variable_pieces(size_t index, void* dst, int64_t out
                     reinterpret_cast<void*>(all.ptr()), outer, piece_bytes);
   const DriverApi& api = d_->api();
   Device::Scope scope(*d_);
-  check(api, api.cuMemcpyDtoHAsync(dst, all.ptr(), bytes, d_->stream()), "cuMemcpyDtoHAsync",
-        "gathering variable '" + plan_.variables[index].first + "' of job '" + plan_.job_name +
-            "'");
+  check(
+      api, api.cuMemcpyDtoHAsync(dst, all.ptr(), bytes, d_->stream()), "cuMemcpyDtoHAsync",
+      "gathering variable '" + plan_.variables[index].first + "' of job '" + plan_.job_name + "'");
   d_->synchronize();
 }
 

@@ -180,7 +180,7 @@ class CudaExecutable : public Program {
   std::shared_ptr<Communicator> comm_;
   int rank_ = 0;
   std::vector<std::vector<size_t>> buckets_;  // all_reduce_buckets(plan_)
-  std::vector<bool> bucketed_;               // a later member of a bucket
+  std::vector<bool> bucketed_;                // a later member of a bucket
   CUmodule module_ = nullptr;
   std::vector<CUfunction> fns_;
   DeviceBuffer arena_;

@@ -32,9 +32,7 @@ namespace rc = flowjit::runtime::cuda;
 struct Hooks {
   std::function<int(rc::CUstream)> device_of_stream = [](rc::CUstream) { return 0; };
   std::function<int()> current_device = [] { return 0; };
-  std::function<bool(uintptr_t, size_t)> is_device_memory = [](uintptr_t, size_t) {
-    return true;
-  };
+  std::function<bool(uintptr_t, size_t)> is_device_memory = [](uintptr_t, size_t) { return true; };
   // Collectives enqueue nothing that ever completes (until aborted).
   std::function<bool()> hang = [] { return false; };
   std::function<void(int)> aborted = [](int) {};  // a device's communicator was aborted
@@ -43,8 +41,6 @@ inline Hooks& hooks() {
   static Hooks h;
   return h;
 }
-
-
 
 struct World {
   explicit World(int ranks)
@@ -155,9 +151,9 @@ inline bool overlap(const void* a, size_t an, const void* b, size_t bn) {
 
 // The checks every collective makes, then the meeting of the ranks.
 inline rc::ncclResult_t collective(const char* name, Comm* c, rc::CUstream stream, const void* send,
-                            size_t send_bytes, void* recv, size_t recv_bytes, bool bad_alias,
-                            rc::ncclDataType_t type, rc::ncclRedOp_t op,
-                            const std::function<void(World&)>& compute) {
+                                   size_t send_bytes, void* recv, size_t recv_bytes, bool bad_alias,
+                                   rc::ncclDataType_t type, rc::ncclRedOp_t op,
+                                   const std::function<void(World&)>& compute) {
   record(std::string(name) + " " + std::to_string(send_bytes));
   if (!c) return fail(rc::kNcclInvalidArgument, "fake: comm argument is NULL");
   if (type_size(type) == 0 || (op != rc::kNcclSum && op != rc::kNcclMax))
@@ -181,7 +177,7 @@ inline rc::ncclResult_t collective(const char* name, Comm* c, rc::CUstream strea
 }
 
 inline rc::ncclResult_t all_reduce(const void* send, void* recv, size_t count, rc::ncclDataType_t t,
-                            rc::ncclRedOp_t op, rc::ncclComm_t comm, rc::CUstream s) {
+                                   rc::ncclRedOp_t op, rc::ncclComm_t comm, rc::CUstream s) {
   size_t bytes = count * type_size(t);
   bool bad_alias = send != recv && overlap(send, bytes, recv, bytes);
   return collective("ncclAllReduce", reinterpret_cast<Comm*>(comm), s, send, bytes, recv, bytes,
@@ -196,7 +192,7 @@ inline rc::ncclResult_t all_reduce(const void* send, void* recv, size_t count, r
 }
 
 inline rc::ncclResult_t all_gather(const void* send, void* recv, size_t count, rc::ncclDataType_t t,
-                            rc::ncclComm_t comm, rc::CUstream s) {
+                                   rc::ncclComm_t comm, rc::CUstream s) {
   Comm* c = reinterpret_cast<Comm*>(comm);
   size_t block = count * type_size(t), total = c ? block * static_cast<size_t>(c->world->n) : 0;
   bool bad_alias = c && overlap(send, block, recv, total) &&
@@ -212,8 +208,9 @@ inline rc::ncclResult_t all_gather(const void* send, void* recv, size_t count, r
                     });
 }
 
-inline rc::ncclResult_t reduce_scatter(const void* send, void* recv, size_t count, rc::ncclDataType_t t,
-                                rc::ncclRedOp_t op, rc::ncclComm_t comm, rc::CUstream s) {
+inline rc::ncclResult_t reduce_scatter(const void* send, void* recv, size_t count,
+                                       rc::ncclDataType_t t, rc::ncclRedOp_t op,
+                                       rc::ncclComm_t comm, rc::CUstream s) {
   Comm* c = reinterpret_cast<Comm*>(comm);
   size_t block = count * type_size(t), total = c ? block * static_cast<size_t>(c->world->n) : 0;
   bool bad_alias = c && overlap(send, total, recv, block) &&
@@ -335,6 +332,5 @@ inline const rc::NcclApi& api() {
   }();
   return a;
 }
-
 
 }  // namespace flowjit::testing::fake_nccl

@@ -2740,9 +2740,10 @@ struct Gpus {
 };
 
 // compile_job for the GPU (emulated) and the job's executable over `gpus`.
-std::shared_ptr<runtime::DistributedExecutable> on_gpus(
-    const jit::JobDescription& job, Gpus& gpus, runtime::VariableStore& host,
-    std::shared_ptr<runtime::Communicator> comm, int first_rank, bool several_processes) {
+std::shared_ptr<runtime::DistributedExecutable> on_gpus(const jit::JobDescription& job, Gpus& gpus,
+                                                        runtime::VariableStore& host,
+                                                        std::shared_ptr<runtime::Communicator> comm,
+                                                        int first_rank, bool several_processes) {
   jit::CompileSettings s = gpu_settings(gpus.devs[0], "");
   s.target.run_ptxas = false;
   s.target.math = nv::MathLibrary::Builtin;
@@ -2820,8 +2821,8 @@ void check_train_on_gpus(int n, int64_t batch, int64_t hidden,
       Batch b = batch_of(batch, step);
       std::vector<float> want = train_loss(*cpu.program, b), got = train_loss(*dist, b);
       size_t bytes = want.size() * sizeof(float);
-      std::string d = compare(bytes_of(got.data(), bytes), bytes_of(want.data(), bytes), loss_t,
-                              1e-4, 1e-5);
+      std::string d =
+          compare(bytes_of(got.data(), bytes), bytes_of(want.data(), bytes), loss_t, 1e-4, 1e-5);
       EXPECT_TRUE(d.empty()) << "step " << step << ": " << d;
     }
     EXPECT_TRUE(gpus.copies[0]->holds_newest(*gpus.stores[0]->find("hidden-weight")))
@@ -2886,9 +2887,9 @@ TEST(NvptxMultiGpu, ReductionsOfEveryDtypeMatchOneDevice) {
       fake::gpu().devices = n;
       FakeNcclOnThisDriver fake_nccl;
       auto x = param("x", 0, {6, 5}, dt);
-      Graph g = make_graph({x}, {reduce(OpKind::ReduceSum, x, {0}, false),
-                                 reduce(OpKind::ReduceMax, x, {0}, false),
-                                 binary(OpKind::Add, x, x)});
+      Graph g =
+          make_graph({x}, {reduce(OpKind::ReduceSum, x, {0}, false),
+                           reduce(OpKind::ReduceMax, x, {0}, false), binary(OpKind::Add, x, x)});
       jit::JobDescription job;
       job.name = "r";
       job.graph = g;
@@ -3032,8 +3033,8 @@ TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
     for (int p = 0; p < procs; ++p) EXPECT_EQ(errors[p], "") << "process " << p;
   };
   each_process([&](int p) {
-    auto comm = rc::NcclCommunicator::create(id, procs, p, gpus[p]->devs,
-                                             FakeNcclOnThisDriver::options());
+    auto comm =
+        rc::NcclCommunicator::create(id, procs, p, gpus[p]->devs, FakeNcclOnThisDriver::options());
     dist[p] = on_gpus(job, *gpus[p], *hosts[p], comm, p, true);
   });
   ASSERT_TRUE(dist[0] && dist[1]);
@@ -3044,12 +3045,14 @@ TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
     each_process([&](int p) { got[p] = train_loss(*dist[p], b); });
     for (int p = 0; p < procs; ++p)
       for (size_t i = 0; i < want.size(); ++i)
-        EXPECT_NEAR(got[p][i], want[i], 1e-4) << "process " << p << " step " << step << " row " << i;
+        EXPECT_NEAR(got[p][i], want[i], 1e-4)
+            << "process " << p << " step " << step << " row " << i;
   }
   auto* w = hosts[1]->find("hidden-weight");
   ASSERT_NE(w->replicas, nullptr);
   EXPECT_FALSE(w->replicas->host_stale) << "split pieces are gathered into every host after a run";
-  for (int p = 0; p < procs; ++p) expect_same_variables(*hosts[p], cpu_store, "process " + std::to_string(p));
+  for (int p = 0; p < procs; ++p)
+    expect_same_variables(*hosts[p], cpu_store, "process " + std::to_string(p));
   EXPECT_GT(FakeNcclOnThisDriver::calls("ncclCommInitRank"), 1);
   dist.clear();
   for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
