@@ -856,9 +856,12 @@ b = flow.get_all_variables()["fc-bias"]
 np.testing.assert_allclose(predict_cpu(x), x @ np.full_like(w0, 0.5).T + b, rtol=1e-5)
 assert predict_gpu1(x).shape == (16, 4)
 assert predict_gpu1.compiled_jobs()[0].device == "gpu:1"
-# After clear_default_session the job recompiles, with fresh GPU copies.
+# After clear_default_session the job recompiles (from the disk cache: its
+# PTX and launch list, collectives' placeholders included), with fresh copies.
 flow.clear_default_session()
 train(x, y)
+again = train.compiled_jobs()[0]
+assert again.from_disk_cache and again.device == "gpu:0,1", (again.from_disk_cache, again.device)
 print("fake two-GPU session: ok")
 """
 
