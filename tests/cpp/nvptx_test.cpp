@@ -2839,6 +2839,18 @@ void check_train_on_gpus(int n, int64_t batch, int64_t hidden,
     std::vector<float> want = train_loss(*cpu.program, b), got = train_loss(*dist, b);
     for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4) << i;
     expect_same_variables(host, cpu_store, "after a host write");
+    // The variables live on these GPUs: a job over other devices cannot share them.
+    runtime::VariableStore elsewhere;
+    auto* b1 = host.find("hidden-bias");
+    try {
+      runtime::attach_replicas(*b1, -1, n, 0, {elsewhere.get_or_create(b1->name, b1->type, true)});
+      ADD_FAILURE() << "a variable was distributed over two sets of devices";
+    } catch (const UserError& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::NotImplemented);
+      EXPECT_NE(std::string(e.what()).find("used by jobs spread over different devices"),
+                std::string::npos)
+          << e.what();
+    }
     EXPECT_EQ(fake::gpu().current, 0) << "every context push is popped";
   }
   for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
