@@ -2839,6 +2839,22 @@ void check_train_on_gpus(int n, int64_t batch, int64_t hidden,
     std::vector<float> want = train_loss(*cpu.program, b), got = train_loss(*dist, b);
     for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4) << i;
     expect_same_variables(host, cpu_store, "after a host write");
+    // A job on GPU 0 alone continues from what the GPUs trained (through the
+    // host), and the GPUs from what it trained.
+    {
+      emulate_per_device_program(one);
+      jit::CompileSettings s1 = gpu_settings(gpus.devs[0], "");
+      s1.target.run_ptxas = false;
+      s1.target.math = nv::MathLibrary::Builtin;
+      jit::CompiledJob single = jit::compile_job(one, s1, host);
+      for (int step = 4; step < 7; ++step) {
+        runtime::Program& p = step == 5 ? *single.program : *dist;
+        Batch b = batch_of(batch, step);
+        std::vector<float> want = train_loss(*cpu.program, b), got = train_loss(p, b);
+        for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4) << step;
+      }
+      expect_same_variables(host, cpu_store, "after a job on one GPU between");
+    }
     // The variables live on these GPUs: a job over other devices cannot share them.
     runtime::VariableStore elsewhere;
     auto* b1 = host.find("hidden-bias");
