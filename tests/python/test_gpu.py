@@ -127,6 +127,14 @@ def test_a_job_on_several_gpus_needs_each_of_them():
         twice(np.zeros(4, np.float32))
 
 
+def test_gpu_jobs_over_several_processes_name_what_is_missing(monkeypatch):
+    from flowjit import _devices
+    monkeypatch.setattr(_devices, "process_info", lambda: (0, 2))
+    with pytest.raises(NotImplementedError, match=r"job 'j' is placed on a GPU in a session over 2 processes "
+                       r".*flow.env does not yet share an NCCL id"):
+        _devices._gpu_ordinals("j", flow.scope.placement("gpu", "0:0"))
+
+
 def test_several_gpus_take_the_consistent_view_only():
     cfg = _placed(flow.scope.placement("gpu", "0:0-1"))
     cfg.default_logical_view(flow.scope.mirrored_view())
