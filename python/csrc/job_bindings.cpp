@@ -92,8 +92,8 @@ class CompiledJobPy {
     program_ = job_.program;
     if (job_.distributed && gpus) {
       std::lock_guard<std::mutex> lock(s.run_mutex());
-      auto dist = jit::make_distributed(job_, s.store(), gpus->store_ptrs(), gpus->comm, 0, false,
-                                        gpus->copies);
+      auto dist = jit::make_distributed(job_, s.store(), gpus->store_ptrs(), gpus->comm,
+                                        gpus->first_rank, gpus->several_processes, gpus->copies);
       dist->keep_alive(gpus);
       program_ = std::move(dist);
     } else if (job_.distributed) {
@@ -476,6 +476,9 @@ void register_jobs(py::module_& m) {
         // "gpus": every GPU of a job spread over several (its first is "gpu").
         std::vector<int> gpus;
         if (settings.contains("gpus")) gpus = settings["gpus"].cast<std::vector<int>>();
+        // "gpu_processes": the processes whose GPUs the job joins (each passes its own).
+        int gpu_processes =
+            settings.contains("gpu_processes") ? settings["gpu_processes"].cast<int>() : 1;
         std::shared_ptr<GpuGroup> group;
         // [harden] Ctrl-C during a compile on the main thread: Python's
         // signal handlers are run (at most every 20 ms, taking the GIL) from
@@ -515,7 +518,8 @@ void register_jobs(py::module_& m) {
           GilRelease release;
           std::lock_guard<std::mutex> lock(sess.run_mutex());
           if (device == "gpu") set_gpu_target(s, gpu_ordinal);
-          if (device == "gpu" && gpus.size() > 1) group = gpu_group(gpus);
+          if (device == "gpu" && (gpus.size() > 1 || gpu_processes > 1))
+            group = gpu_group(gpus.empty() ? std::vector<int>{gpu_ordinal} : gpus, gpu_processes);
           try {
             cj = jit::compile_job(job, s, sess.store());
           } catch (const Interrupted&) {

@@ -1,8 +1,8 @@
 """The devices a job runs on: flow.config's device count, flow.env's
 processes, the job's placement and logical view, turned into the
 `distribution` the compiler takes (see jit/distribute.h), and the device
-(CPU, one GPU, or several GPUs of this process joined by NCCL) it is
-compiled for."""
+(CPU, one GPU, or several GPUs joined by NCCL, of this process or of every
+process of the session) it is compiled for."""
 import warnings
 import weakref
 
@@ -54,28 +54,42 @@ def _session_splits(job, builder):
 
 def _placement_devices(job, placement):
     if placement.device_tag == "gpu":
-        return len(_gpu_ordinals(job, placement))  # or a clear error
+        return _gpu_placement(job, placement)[1]  # or a clear error
     return sum(len(devs) for _, devs in placement.devices)
 
 
 def _gpu_ordinals(job, placement):
-    """The GPUs a job placed on "gpu" runs on (one, or several of this
-    process: then its collectives go through NCCL); errors name what is not
-    supported."""
+    """This process's GPUs of a job placed on "gpu"."""
+    return _gpu_placement(job, placement)[0]
+
+
+def _gpu_placement(job, placement):
+    """(this process's GPUs, the number of the job's GPUs in all processes)
+    for a job placed on "gpu": one GPU, several of this process, or in a
+    session over several processes (flow.env) the GPUs of machine <rank> in
+    each, the same number per process; collectives between GPUs go through
+    NCCL. Errors name what is not supported."""
     from . import config
     devices = [(m, d) for m, devs in placement.devices for d in devs]
     rank, procs = process_info()
-    if procs > 1:
-        raise NotImplementedError(
-            f"job '{job}' is placed on a GPU in a session over {procs} processes (flow.env): the runtime "
-            "can join GPUs of several processes through NCCL, but flow.env does not yet share an NCCL "
-            "id between the processes; run GPU jobs in one process (several GPUs: "
-            "flow.scope.placement(\"gpu\", \"0:0-1\"))")
     for machine, _ in devices:
-        if machine != 0:
-            raise ValueError(f"job '{job}' is placed on machine {machine} ({placement!r}), but this session "
-                             "runs on one machine, 0; use flow.scope.placement(\"gpu\", \"0:<gpu>\")")
-    ordinals = [d for _, d in devices]
+        if machine >= procs:
+            if procs == 1:
+                raise ValueError(f"job '{job}' is placed on machine {machine} ({placement!r}), but this "
+                                 "session runs on one machine, 0; use flow.scope.placement(\"gpu\", \"0:<gpu>\")")
+            raise ValueError(f"job '{job}' is placed on machine {machine} ({placement!r}), but the session "
+                             f"has {procs} processes (machines 0 to {procs - 1})")
+    per_machine = [[d for m, d in devices if m == p] for p in range(procs)]
+    if procs > 1 and len({len(g) for g in per_machine}) != 1:
+        raise NotImplementedError(
+            f"job '{job}' is placed on GPUs {placement!r} over {procs} processes, but every process "
+            "(machine) must hold the same number of the job's GPUs, e.g. [\"0:0\", \"1:0\"]")
+    if procs > 1 and local_device_count() != 1:
+        raise NotImplementedError(
+            f"job '{job}' is placed on GPUs in a session over {procs} processes, which needs "
+            f"flow.config.cpu_device_num(1) (it is {local_device_count()}): the GPUs' NCCL id travels "
+            "over the session's one CPU device per process")
+    ordinals = per_machine[rank]
     if len(set(ordinals)) != len(ordinals):
         raise ValueError(f"job '{job}' is placed on GPUs {ordinals} ({placement!r}): each GPU once")
     configured = config._settings["gpu_device_num"]
@@ -84,7 +98,7 @@ def _gpu_ordinals(job, placement):
             raise ValueError(f"job '{job}' is placed on GPU {ordinal} ({placement!r}), but "
                              f"flow.config.gpu_device_num({configured}) configures GPU"
                              f"{' 0' if configured == 1 else f's 0 to {configured - 1}'}")
-    return ordinals
+    return ordinals, len(devices)
 
 
 # Per function config, the jobs already warned that they fell back to the CPU.
@@ -101,12 +115,13 @@ def job_target(job, config, builder, params):
     placement = _job_placement(job, config, builder)
     if placement is None or placement.device_tag != "gpu":
         return {}
-    ordinals = _gpu_ordinals(job, placement)
+    ordinals, total = _gpu_placement(job, placement)
     ordinal = ordinals[0]
+    _, procs = process_info()
     lists = [name for name, ph in params if ph.kind != "Numpy"]
-    if lists and len(ordinals) > 1:
+    if lists and total > 1:
         raise NotImplementedError(
-            f"job '{job}' is placed on {len(ordinals)} GPUs, but parameter '{lists[0]}' is a list "
+            f"job '{job}' is placed on {total} GPUs, but parameter '{lists[0]}' is a list "
             "placeholder (the mirrored view), which jobs on several GPUs do not take yet; use "
             "tp.Numpy.Placeholder (the consistent view: the batch is split over the GPUs)")
     if lists and _config.device_count() != 1:
@@ -118,8 +133,9 @@ def job_target(job, config, builder, params):
     unusable = [(o, st) for o, st in unusable if not st["available"]]
     if not unusable:
         target = {"device": "gpu", "gpu": ordinal}
-        if len(ordinals) > 1:
+        if total > 1:
             target["gpus"] = ordinals
+            target["gpu_processes"] = procs
         return target
     ordinal, status = unusable[0]
     reason = status["reason"]
@@ -165,7 +181,7 @@ def distribution(job, config, builder, params):
         want = _placement_devices(job, placement)
         if want == 1:
             return None  # the job runs on one device; its variables come back to the host
-        if placement.device_tag == "gpu":  # several GPUs of this process, the consistent view
+        if placement.device_tag == "gpu":  # several GPUs, the consistent view
             ordinals = _gpu_ordinals(job, placement)
             usable = all(_C.gpu_status(o)["available"] for o in ordinals)
             if not usable and config.get("allow_cpu_fallback", False):
@@ -175,7 +191,7 @@ def distribution(job, config, builder, params):
                     f"job '{job}' is placed on {want} GPUs in the mirrored view, which jobs on several "
                     "GPUs do not take yet; use the consistent view (the default)")
             return {"parts": want, "mirrored": False, "split_vars": _session_splits(job, builder),
-                    "whole_outputs": False}
+                    "whole_outputs": procs > 1}
         if want != parts:
             raise NotImplementedError(
                 f"job '{job}' is placed on {want} devices ({placement!r}) but the session has {parts} "

@@ -127,12 +127,18 @@ def test_a_job_on_several_gpus_needs_each_of_them():
         twice(np.zeros(4, np.float32))
 
 
-def test_gpu_jobs_over_several_processes_name_what_is_missing(monkeypatch):
+def test_gpu_jobs_over_several_processes_name_what_is_not_supported(monkeypatch):
     from flowjit import _devices
-    monkeypatch.setattr(_devices, "process_info", lambda: (0, 2))
-    with pytest.raises(NotImplementedError, match=r"job 'j' is placed on a GPU in a session over 2 processes "
-                       r".*flow.env does not yet share an NCCL id"):
+    monkeypatch.setattr(_devices, "process_info", lambda: (1, 2))
+    with pytest.raises(NotImplementedError, match=r"over 2 processes, but every process \(machine\) must hold "
+                       r"the same number of the job's GPUs"):
         _devices._gpu_ordinals("j", flow.scope.placement("gpu", "0:0"))
+    with pytest.raises(ValueError, match=r"placed on machine 2 .* the session has 2 processes"):
+        _devices._gpu_ordinals("j", flow.scope.placement("gpu", ["0:0", "2:0"]))
+    assert _devices._gpu_placement("j", flow.scope.placement("gpu", ["0:0", "1:1"])) == ([1], 2)
+    flow.config.cpu_device_num(2)
+    with pytest.raises(NotImplementedError, match=r"needs flow.config.cpu_device_num\(1\) \(it is 2\)"):
+        _devices._gpu_ordinals("j", flow.scope.placement("gpu", ["0:0", "1:0"]))
 
 
 def test_several_gpus_take_the_consistent_view_only():
@@ -714,28 +720,74 @@ def test_session_gpu_plumbing_behind_a_fake_driver(tmp_path):
 # computes every rank's result in host memory, and they meet again. It counts
 # the collectives so the test can see the job's gradients go through NCCL.
 FAKE_NCCL = r"""
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 typedef struct { char internal[128]; } ncclUniqueId;
 typedef struct {
   int n, arrived; unsigned long gen; pthread_mutex_t mu; pthread_cond_t cv;
   const void* send[16]; void* recv[16];
 } World;
-typedef struct { World* w; int rank; } Comm;
+/* ncclCommInitRank's ranks (several processes, one rank each: like NCCL it
+   waits until every rank has joined): a shared memory segment named by the
+   id, a process-shared barrier and one slot per rank. */
+#define SLOT (1 << 20)
+typedef struct { pthread_barrier_t bar; int ready; char data[]; } Shared;
+typedef struct { World* w; int rank, n; Shared* sh; char name[130]; } Comm;
+static int next_id;
 static int all_reduces, all_gathers, reduce_scatters;
 int fake_all_reduces(void) { return all_reduces; }
 int fake_all_gathers(void) { return all_gathers; }
 int fake_reduce_scatters(void) { return reduce_scatters; }
 int ncclGetVersion(int* v) { *v = 22809; return 0; }
-int ncclGetUniqueId(ncclUniqueId* id) { memset(id, 0, sizeof *id); return 0; }
-int ncclCommInitRank(Comm** c, int n, ncclUniqueId id, int rank) { return 5; }
+int ncclGetUniqueId(ncclUniqueId* id) {
+  memset(id, 0, sizeof *id);
+  snprintf(id->internal, sizeof id->internal, "/flowjit-fake-nccl-%d-%d", (int)getpid(), next_id++);
+  return 0;
+}
+int ncclCommInitRank(Comm** c, int n, ncclUniqueId id, int rank) {
+  Comm* comm = calloc(1, sizeof(Comm));
+  memcpy(comm->name, id.internal, 128);
+  size_t bytes = sizeof(Shared) + (size_t)n * SLOT;
+  int fd = shm_open(comm->name, O_RDWR | O_CREAT | O_EXCL, 0600), creator = fd >= 0;
+  if (!creator) fd = shm_open(comm->name, O_RDWR, 0600);
+  if (fd < 0) return 2;
+  if (creator) {
+    if (ftruncate(fd, (off_t)bytes) != 0) return 2;
+  } else {
+    struct stat st;
+    do { fstat(fd, &st); if ((size_t)st.st_size < bytes) usleep(1000); } while ((size_t)st.st_size < bytes);
+  }
+  Shared* sh = mmap(0, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (sh == MAP_FAILED) return 2;
+  if (creator) {
+    pthread_barrierattr_t a;
+    pthread_barrierattr_init(&a);
+    pthread_barrierattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_barrier_init(&sh->bar, &a, n);
+    __atomic_store_n(&sh->ready, 1, __ATOMIC_SEQ_CST);
+  }
+  while (!__atomic_load_n(&sh->ready, __ATOMIC_SEQ_CST)) usleep(1000);
+  pthread_barrier_wait(&sh->bar);  /* every rank has it mapped: the name can go */
+  if (creator) shm_unlink(comm->name);
+  comm->sh = sh;
+  comm->rank = rank;
+  comm->n = n;
+  *c = comm;
+  return 0;
+}
 int ncclCommInitAll(Comm** comms, int n, const int* devs) {
   World* w = calloc(1, sizeof(World));
   w->n = n;
   pthread_mutex_init(&w->mu, 0);
   pthread_cond_init(&w->cv, 0);
-  for (int i = 0; i < n; ++i) { comms[i] = malloc(sizeof(Comm)); comms[i]->w = w; comms[i]->rank = i; }
+  for (int i = 0; i < n; ++i) { comms[i] = calloc(1, sizeof(Comm)); comms[i]->w = w; comms[i]->rank = i; }
   return 0;
 }
 int ncclCommDestroy(Comm* c) { free(c); return 0; }
@@ -759,7 +811,33 @@ static void add(void* dst, const void* src, size_t n, int t, int op) {
     case 4: ADD(long long) case 5: ADD(unsigned long long) case 7: ADD(float) case 8: ADD(double)
   }
 }
+/* kind 0: all_reduce, 1: all_gather, 2: reduce_scatter; each rank computes its own result. */
+static int shm_collective(Comm* c, int kind, const void* send, void* recv, size_t count, int t, int op,
+                          int nranks) {
+  Shared* sh = c->sh;
+  size_t b = count * size_of(t), sent = kind == 2 ? b * nranks : b;
+  if (sent > SLOT) return 3;
+  memcpy(sh->data + (size_t)c->rank * SLOT, send, sent);
+  pthread_barrier_wait(&sh->bar);
+  char* out = malloc(b * nranks + 1);
+  if (kind == 0) {
+    memcpy(out, sh->data, b);
+    for (int q = 1; q < nranks; ++q) add(out, sh->data + (size_t)q * SLOT, count, t, op);
+    memcpy(recv, out, b);
+  } else if (kind == 1) {
+    for (int q = 0; q < nranks; ++q) memcpy(out + q * b, sh->data + (size_t)q * SLOT, b);
+    memcpy(recv, out, b * nranks);
+  } else {
+    memcpy(out, sh->data + (size_t)c->rank * b, b);
+    for (int q = 1; q < nranks; ++q) add(out, sh->data + (size_t)q * SLOT + (size_t)c->rank * b, count, t, op);
+    memcpy(recv, out, b);
+  }
+  free(out);
+  pthread_barrier_wait(&sh->bar);
+  return 0;
+}
 int ncclAllReduce(const void* send, void* recv, size_t count, int t, int op, Comm* c, void* st) {
+  if (c->sh) { ++all_reduces; return shm_collective(c, 0, send, recv, count, t, op, c->n); }
   World* w = c->w;
   w->send[c->rank] = send; w->recv[c->rank] = recv;
   meet(w);
@@ -776,6 +854,7 @@ int ncclAllReduce(const void* send, void* recv, size_t count, int t, int op, Com
   return 0;
 }
 int ncclAllGather(const void* send, void* recv, size_t count, int t, Comm* c, void* st) {
+  if (c->sh) { ++all_gathers; return shm_collective(c, 1, send, recv, count, t, 0, c->n); }
   World* w = c->w;
   w->send[c->rank] = send; w->recv[c->rank] = recv;
   meet(w);
@@ -791,6 +870,7 @@ int ncclAllGather(const void* send, void* recv, size_t count, int t, Comm* c, vo
   return 0;
 }
 int ncclReduceScatter(const void* send, void* recv, size_t count, int t, int op, Comm* c, void* st) {
+  if (c->sh) { ++reduce_scatters; return shm_collective(c, 2, send, recv, count, t, op, c->n); }
   World* w = c->w;
   w->send[c->rank] = send; w->recv[c->rank] = recv;
   meet(w);
@@ -908,3 +988,70 @@ def test_a_job_on_two_gpus_behind_the_fakes(tmp_path):
                        timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "fake two-GPU session: ok" in r.stdout
+
+
+FAKE_GPU_PROCESS = r"""
+import ctypes, os
+import numpy as np
+import flowjit as flow
+import flowjit.typing as tp
+
+nccl = ctypes.CDLL(os.environ["FLOWJIT_NCCL_LIBRARY"])
+rank = flow.env.get_rank()
+flow.config.gpu_device_num(2)
+flow.config.cpu_device_num(1)
+cfg = flow.function_config()
+cfg.default_placement_scope(flow.scope.placement("gpu", ["0:0", "1:1"]))  # process p: GPU p
+
+@flow.global_function(type="train", function_config=cfg)
+def train(x: tp.Numpy.Placeholder((16, 8), dtype=flow.float),
+          y: tp.Numpy.Placeholder((16,), dtype=flow.int32)) -> tp.Numpy:
+    logits = flow.layers.dense(x, 4, name="fc")
+    loss = flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+    flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.5])).minimize(loss)
+    return loss
+
+x = np.random.default_rng(0).random((16, 8), dtype=np.float32)
+y = np.zeros(16, np.int32)
+assert train(x, y).shape == (16,), "every process gets the whole batch's result"
+job = train.compiled_jobs()[0]
+assert job.device == f"gpu:{rank}", job.device
+assert nccl.fake_all_reduces() > 0 and nccl.fake_all_gathers() > 0
+w0 = flow.get_all_variables()["fc-weight"].copy()
+new_w = np.full_like(w0, 0.25)
+flow.load_variables({"fc-weight": new_w})
+train(x, y)
+np.testing.assert_array_equal(flow.get_all_variables()["fc-weight"], new_w)
+print(f"fake GPU process {rank}: ok")
+"""
+
+
+def test_gpu_jobs_over_two_processes_behind_the_fakes(tmp_path):
+    """A session over 2 processes (flow.env, Gloo between them) with a job
+    placed on GPU p of process p: the NCCL id goes from process 0 to the
+    other over the session's communicator, each process runs its GPU as one
+    rank of the NCCL communicator (the fake's ranks meet in shared memory),
+    results are whole in every process. The results themselves: C++
+    NvptxMultiGpu.ProcessesWithAGpuEachMatchOneDevice."""
+    import socket
+    import subprocess
+    import sys
+    lib = _build_fake_driver(tmp_path, devices=2)
+    nccl = _build_fake_nccl(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(flow.__file__)))
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, FLOWJIT_LIBCUDA=str(lib), FLOWJIT_NCCL_LIBRARY=str(nccl),
+                   FLOWJIT_CACHE_DIR=str(tmp_path / f"cache{rank}"), FLOWJIT_WORLD_SIZE="2",
+                   FLOWJIT_RANK=str(rank), FLOWJIT_MASTER_ADDR="127.0.0.1", FLOWJIT_MASTER_PORT=str(port),
+                   FLOWJIT_TIMEOUT="60", FLOWJIT_STORE_TOKEN="test-gpu-processes-0123456789abcdef")
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        procs.append(subprocess.Popen([sys.executable, "-c", FAKE_GPU_PROCESS], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    for rank, p in enumerate(procs):
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out
+        assert f"fake GPU process {rank}: ok" in out, out
