@@ -422,8 +422,8 @@ void ExprEmitter::store(const Store& s, Value* v) {
       // Streaming store: the line is written without being read first, so a
       // large output costs its bytes once instead of twice (read for
       // ownership + write-back).
-      auto* st = b_.CreateAlignedStore(
-          v, p, llvm::Align(static_cast<uint64_t>(width) * align.value()));
+      auto* st =
+          b_.CreateAlignedStore(v, p, llvm::Align(static_cast<uint64_t>(width) * align.value()));
       st->setMetadata(llvm::LLVMContext::MD_nontemporal,
                       llvm::MDNode::get(c, llvm::ConstantAsMetadata::get(b_.getInt32(1))));
     } else {
