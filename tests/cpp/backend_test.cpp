@@ -187,6 +187,46 @@ TEST(Backend, LargeElementwiseOutputStreamsAtAnyAlignment) {
   bool streams = false;
   compile_run(static_cast<int64_t>(floats) + 37, &streams);
   EXPECT_TRUE(streams) << "a large elementwise output is written with streaming stores";
+  {
+    // Rows of an odd length (a broadcast keeps the domain 2-D): every row
+    // starts at another alignment and is peeled on its own.
+    const int64_t m = 1031, rows = static_cast<int64_t>(floats) / m + 1;
+    NodeRef x = param("x", 0, {rows, m});
+    NodeRef b = make_node(OpKind::Parameter, {},
+                          Attrs{{"name", std::string("b")},
+                                {"index", int64_t{1}},
+                                {"shape", Shape{m}},
+                                {"dtype", DType::Float32}});
+    Graph g;
+    g.name = "t2";
+    g.params = {x, b};
+    g.outputs = {binary(OpKind::Add, x, b)};
+    jit::FusedProgram fp = jit::fuse(g, "t2");
+    jit::JobDescription job;
+    job.name = "t2";
+    std::unique_ptr<jit::Backend> be = jit::make_backend(job, jit::Target{});
+    jit::PassLog log;
+    jit::CompileRequest req;
+    req.module_name = "t2";
+    req.want_llvm_ir = true;
+    jit::CodeObject code = be->compile(fp.kernels, fp.plan, req, log);
+    EXPECT_NE(code.llvm_ir.find("!nontemporal"), std::string::npos);
+    std::shared_ptr<runtime::Program> p = be->load(code, log);
+    runtime::VariableStore store;
+    be->bind(*p, store);
+    std::vector<float> vx(static_cast<size_t>(rows * m)), vb(static_cast<size_t>(m));
+    for (size_t i = 0; i < vx.size(); ++i) vx[i] = static_cast<float>(i % 977);
+    for (int64_t j = 0; j < m; ++j) vb[j] = 0.5f * static_cast<float>(j);
+    std::vector<float> out(vx.size() + 3, -7.f);
+    const void* ins[] = {vx.data(), vb.data()};
+    void* outs[] = {out.data() + 3};
+    p->run(ins, outs);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < rows * m; ++i)
+      if (out[static_cast<size_t>(i + 3)] != vx[i] + vb[i % m]) ++bad;
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(out[2], -7.f);
+  }
   compile_run(1000, &streams);
   EXPECT_FALSE(streams) << "a small output stays in the caches for its reader";
 }
