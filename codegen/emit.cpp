@@ -418,6 +418,14 @@ void ExprEmitter::store(const Store& s, Value* v) {
     Value* p = b_.CreateGEP(mt, base, off);
     if (mask) {
       b_.CreateMaskedStore(v, p, align, mask);
+    } else if (s.where.arg == nontemporal_arg) {
+      // Streaming store: the line is written without being read first, so a
+      // large output costs its bytes once instead of twice (read for
+      // ownership + write-back).
+      auto* st =
+          b_.CreateAlignedStore(v, p, llvm::Align(static_cast<uint64_t>(width) * align.value()));
+      st->setMetadata(llvm::LLVMContext::MD_nontemporal,
+                      llvm::MDNode::get(c, llvm::ConstantAsMetadata::get(b_.getInt32(1))));
     } else {
       b_.CreateAlignedStore(v, p, align);
     }

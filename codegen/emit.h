@@ -54,6 +54,10 @@ class ExprEmitter {
   int vec_dim = -1;
   int width = 1;
   llvm::Value* mask = nullptr;  // <width x i1> lanes in bounds, or nullptr (all)
+  // Vector stores to this argument (contiguous, unmasked) are non-temporal
+  // and aligned to the whole vector: the loop structure guarantees that
+  // alignment (it peels to it) before setting this; -1 means none.
+  int nontemporal_arg = -1;
 
   // ---- memoization scopes
   void push_scope();

@@ -107,7 +107,7 @@ struct Ops {
 //    2e-9 on [-0.34675, 0.34675]): 6 fmas.
 // 4. The scale 2^(k-1) is the bits of t shifted left by 23 (the low 9 bits of t
 //    hold k + 126; the factor 2 is in the polynomial so k = 128 stays finite and
-//    the product rounds to inf by itself above ln(FLT_MAX)). For x < -64, which
+//    the product rounds to inf by itself above ln(FLT_MAX)). For x < -64.1, which
 //    covers every result below 2^-126, the scale gets an exponent 32 higher and
 //    the product one more multiply by 2^-32 (exact for normal results), so
 //    subnormal results are rounded once and underflow reaches 0.
@@ -121,8 +121,13 @@ Value* exp_f32(const Ops& o, Value* x) {
   r = o.fma(k, o.c(0x1.05c610p-29), r);
   Value* p2 = o.horner(r, {0x1.6ae6e0p-9, 0x1.1267d8p-6, 0x1.555824p-4, 0x1.555418p-2,
                            0x1.fffffcp-1, 0x1.0p+1, 2.0});
-  Value* tiny = o.b.CreateFCmpOLT(x, o.c(-64.0));
   Value* sbits = o.b.CreateShl(o.to_bits(t), 23);
+  // "x < -64" as k + 126 < 34 (x < -64.1), read from the scale's bits: the
+  // low 9 bits of t hold k + 126, which is negative below k = -126 and then
+  // wraps to a negative sbits, so tiny is sbits < 34 << 23 as a signed
+  // integer. An integer compare, which x86 runs on more ports than a float
+  // one. A NaN lane takes either path and stays NaN (p2 is NaN).
+  Value* tiny = o.b.CreateICmpSLT(sbits, o.i(34u << 23));
   sbits = o.b.CreateSelect(tiny, o.b.CreateAdd(sbits, o.i(32u << 23)), sbits);
   Value* res = o.b.CreateFMul(p2, o.from_bits(sbits));
   return o.b.CreateSelect(tiny, o.b.CreateFMul(res, o.c(0x1p-32)), res);
@@ -296,6 +301,8 @@ Value* sincos_impl(const Ops& o, Value* x, int quarter_turns) {
 // 3. E = 2^k (1 - 2g): m = fma(-s2, g, 2^k - 1) and d = fma(s2, g, -1 - 2^k),
 //    each rounded once from g (2^k - 1 is exact for k >= -24; d is not
 //    derived from the rounded m, which would double m's error near tanh = 1).
+//    2^k is s2 with its exponent field one lower, so 2^k - 1 and -1 - 2^k
+//    are subtractions (x86 runs them on other ports than the fmas).
 // About 20 vector instructions plus the division. Error: 1.93 ulp over every
 // input (the three roundings of m, d and the quotient, worst near |x| = 0.5).
 Value* tanh_f32(const Ops& o, Value* x) {
@@ -308,10 +315,15 @@ Value* tanh_f32(const Ops& o, Value* x) {
   Value* p =
       o.horner(h, {-0x1.6bebfep-5, 0x1.1227b0p-3, -0x1.555674p-2, 0x1.5554b0p-1, -0x1.fffffep-1});
   Value* g = o.fma(p, o.b.CreateFMul(h, h), h);
-  Value* s2 = o.from_bits(o.b.CreateShl(o.to_bits(t), 23));
+  Value* sbits = o.b.CreateShl(o.to_bits(t), 23);
+  Value* s2 = o.from_bits(sbits);
+  // 2^k = s2 / 2 by the exponent field (an integer subtract, which x86 runs on
+  // more ports than a multiply), so that 2^k - 1 and -1 - 2^k are plain
+  // subtractions, each rounded once as an fma of s2 would round them.
+  Value* pk = o.from_bits(o.b.CreateSub(sbits, o.i(1u << 23)));
   Value* ns2 = o.b.CreateFNeg(s2);
-  Value* m = o.fma(ns2, g, o.fma(s2, o.c(0.5), o.c(-1.0)));
-  Value* d = o.fma(s2, g, o.fma(s2, o.c(-0.5), o.c(-1.0)));
+  Value* m = o.fma(ns2, g, o.b.CreateFSub(pk, o.c(1.0)));
+  Value* d = o.fma(s2, g, o.b.CreateFSub(o.c(-1.0), pk));
   return o.call(llvm::Intrinsic::copysign, o.b.CreateFDiv(m, d), x);
 }
 

@@ -318,15 +318,34 @@ class CompiledJobPy {
     return true;
   }
 
+  // Result arrays. Large ones (runtime::BufferPool::kMinBytes and up) live
+  // in a pooled buffer that goes back to the pool when numpy frees the
+  // array: a job called in a loop then writes into warm pages instead of
+  // faulting in a fresh result every call. Small ones are numpy's own.
   std::vector<py::array> allocate_outputs() {
     std::vector<py::array> outs;
     for (size_t i = 0; i < out_types_.size(); ++i) {
       const ir::Shape& s = out_types_[i].shape;
       std::vector<py::ssize_t> shape(s.begin(), s.end());
-      outs.emplace_back(out_dtypes_[i], shape);
+      size_t bytes = static_cast<size_t>(out_types_[i].bytes());
+      if (bytes < runtime::BufferPool::kMinBytes) {
+        outs.emplace_back(out_dtypes_[i], shape);
+        continue;
+      }
+      auto* block = new PooledBlock{runtime::BufferPool::instance().acquire(bytes), bytes};
+      py::capsule owner(block, [](void* b) {
+        auto* pb = static_cast<PooledBlock*>(b);
+        runtime::BufferPool::instance().release(pb->p, pb->bytes);
+        delete pb;
+      });
+      outs.emplace_back(out_dtypes_[i], shape, block->p, owner);
     }
     return outs;
   }
+  struct PooledBlock {
+    void* p;
+    size_t bytes;
+  };
 
   jit::CompiledJob job_;
   std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables_;
