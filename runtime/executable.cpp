@@ -198,7 +198,7 @@ Plan Plan::deserialize(const std::string& text) {
         c.dtype = *d;
         if (c.parts < 1 || c.outer < 0 || c.inner < 0) bad_plan("bad sizes in '" + line + "'");
         if (c.complete_before >= 0 &&
-            (c.op != CollectiveStep::Op::AllReduce ||
+            ((c.op != CollectiveStep::Op::AllReduce && c.op != CollectiveStep::Op::AllGather) ||
              c.complete_before <= static_cast<int64_t>(p.launches.size()) - 1))
           bad_plan("bad completion point in '" + line + "'");
         p.launches.back().collective = c;
@@ -241,6 +241,10 @@ std::string Plan::describe() const {
     auto& l = launches[i];
     os << "  [" << i << "] " << l.symbol << " range=" << l.range << " grain=" << l.grain;
     if (l.scratch_bytes) os << " scratch=" << l.scratch_bytes;
+    // Where an asynchronous collective must be complete (tools read the
+    // overlap structure from this: tools/scale_model.py).
+    if (l.collective && l.collective->complete_before >= 0)
+      os << " complete_before=" << l.collective->complete_before;
     os << " : " << l.summary << "\n";
   }
   return os.str();
@@ -613,7 +617,9 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
     if (!collective_index_.empty() && collective_index_[li] >= 0) {
       if (bucketed_[li]) continue;  // ran with its bucket
       int64_t before = -1;
-      if (overlap && !bucket_[li].empty()) {
+      if (overlap && bucket_[li].empty()) {
+        before = collectives_[collective_index_[li]].complete_before;  // an output's all_gather
+      } else if (overlap) {
         before = static_cast<int64_t>(plan_.launches.size());
         for (size_t m : bucket_[li]) {
           int64_t b = collectives_[collective_index_[m]].complete_before;

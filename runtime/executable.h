@@ -41,7 +41,7 @@ struct BufferRef {
 // parts, and the [outer][inner] element counts of one device's piece (see
 // runtime/collective.h).
 //
-// complete_before >= 0 (all_reduce only): the collective may run on the
+// complete_before >= 0 (all_reduce and all_gather): the collective may run on the
 // device's communication thread while the launches after it run; it must
 // be complete before launch `complete_before` (the first that touches its
 // operand or result; the plan's size: the end of the run). The compiler
