@@ -470,7 +470,10 @@ Value* ExprEmitter::eval_here(int node) {
       if (!n.operands.empty())
         counter = b_.CreateAdd(counter, eval(n.operands[0]));  // random_uniform_at
       llvm::Type* ty = with_width(reg_type(b_.getContext(), n.dtype), width);
-      return math_.random(b_, n.op, counter, static_cast<uint64_t>(n.seed), ty);
+      Value* seed = static_cast<size_t>(node) < seeds.size() && seeds[node] != nullptr
+                        ? seeds[node]
+                        : b_.getInt64(static_cast<uint64_t>(n.seed));
+      return math_.random(b_, n.op, counter, seed, ty);
     }
     case KOp::Compute: {
       std::vector<Value*> ops;

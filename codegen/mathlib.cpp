@@ -517,8 +517,11 @@ Value* erfc_impl(const Ops& o, Value* x) {
 // ---------------------------------------------------------------- Philox
 // Philox-4x32-10: ten rounds of (c0, c1, c2, c3) <- (hi(M1 c2) ^ c1 ^ k0,
 // lo(M1 c2), hi(M0 c0) ^ c3 ^ k1, lo(M0 c0)), bumping the key by the Weyl
-// constants between rounds. The key is a compile-time constant.
-std::array<Value*, 4> philox4x32_10(llvm::IRBuilderBase& b, Value* counter, uint64_t seed) {
+// constants between rounds. The key is the i64 `seed`: a constant (then every
+// round's key is a constant of the code) or a value the code reads at run
+// time (one kernel's code shared by initializers that differ only in their
+// seed). Integer arithmetic either way, so both give the same bits.
+std::array<Value*, 4> philox4x32_10(llvm::IRBuilderBase& b, Value* counter, Value* seed) {
   Type* t64 = counter->getType();
   Type* t32 = with_lanes(t64, b.getInt32Ty());
   auto k32 = [&](uint32_t v) { return llvm::ConstantInt::get(t32, v); };
@@ -528,15 +531,36 @@ std::array<Value*, 4> philox4x32_10(llvm::IRBuilderBase& b, Value* counter, uint
   };
   std::array<Value*, 4> c = {b.CreateTrunc(counter, t32),
                              b.CreateTrunc(b.CreateLShr(counter, 32), t32), k32(0), k32(0)};
-  uint32_t k0 = static_cast<uint32_t>(seed);
-  uint32_t k1 = static_cast<uint32_t>(seed >> 32);
+  FJ_CHECK(seed->getType()->isIntegerTy(64), "philox: the seed must be an i64 scalar, got ",
+           type_name(seed->getType()));
+  if (auto* known = llvm::dyn_cast<llvm::ConstantInt>(seed)) {
+    uint64_t s = known->getZExtValue();
+    uint32_t k0 = static_cast<uint32_t>(s);
+    uint32_t k1 = static_cast<uint32_t>(s >> 32);
+    for (int round = 0; round < 10; ++round) {
+      auto [hi0, lo0] = mulhilo(0xD2511F53u, c[0]);
+      auto [hi1, lo1] = mulhilo(0xCD9E8D57u, c[2]);
+      c = {b.CreateXor(b.CreateXor(hi1, c[1]), k32(k0)), lo1,
+           b.CreateXor(b.CreateXor(hi0, c[3]), k32(k1)), lo0};
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    return c;
+  }
+  // The scalar key schedule, then each round's key broadcast to the lanes.
+  Value* k0 = b.CreateTrunc(seed, b.getInt32Ty());
+  Value* k1 = b.CreateTrunc(b.CreateLShr(seed, 32), b.getInt32Ty());
+  auto lanes = [&](Value* k) -> Value* {
+    auto* vt = llvm::dyn_cast<llvm::FixedVectorType>(t32);
+    return vt ? b.CreateVectorSplat(vt->getNumElements(), k) : k;
+  };
   for (int round = 0; round < 10; ++round) {
     auto [hi0, lo0] = mulhilo(0xD2511F53u, c[0]);
     auto [hi1, lo1] = mulhilo(0xCD9E8D57u, c[2]);
-    c = {b.CreateXor(b.CreateXor(hi1, c[1]), k32(k0)), lo1,
-         b.CreateXor(b.CreateXor(hi0, c[3]), k32(k1)), lo0};
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
+    c = {b.CreateXor(b.CreateXor(hi1, c[1]), lanes(k0)), lo1,
+         b.CreateXor(b.CreateXor(hi0, c[3]), lanes(k1)), lo0};
+    k0 = b.CreateAdd(k0, b.getInt32(0x9E3779B9u));
+    k1 = b.CreateAdd(k1, b.getInt32(0xBB67AE85u));
   }
   return c;
 }
@@ -544,7 +568,7 @@ std::array<Value*, 4> philox4x32_10(llvm::IRBuilderBase& b, Value* counter, uint
 // The random bits a result element is made of: w0 >> 8 (24 bits) for float,
 // ((w0 << 32) | w1) >> 11 (53 bits) for double, as an integer of the result's
 // lane width, plus the Ops of the result type.
-std::pair<Value*, Ops> random_bits(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
+std::pair<Value*, Ops> random_bits(llvm::IRBuilderBase& b, Value* counter, Value* seed,
                                    Type* result_type, const char* fn) {
   check_fp_type(result_type, fn);
   Type* ct = counter->getType();
@@ -652,14 +676,14 @@ Value* emit_pow(llvm::IRBuilderBase& b, Value* x, Value* y) {
   return b.CreateSelect(one, o.c(1.0), r);
 }
 
-Value* emit_random_uniform(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
-                           Type* result_type) {
+Value* emit_random_uniform_seed_value(llvm::IRBuilderBase& b, Value* counter, Value* seed,
+                                      Type* result_type) {
   auto [m, o] = random_bits(b, counter, seed, result_type, "emit_random_uniform");
   return b.CreateFMul(b.CreateSIToFP(m, o.ft), o.c(o.f64 ? 0x1p-53 : 0x1p-24));
 }
 
-Value* emit_random_normal(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
-                          Type* result_type) {
+Value* emit_random_normal_seed_value(llvm::IRBuilderBase& b, Value* counter, Value* seed,
+                                     Type* result_type) {
   auto [m, o] = random_bits(b, counter, seed, result_type, "emit_random_normal");
   Value* v = symmetric_open_unit(o, m);
   return b.CreateFMul(erfinv_impl(o, v), o.c(0x1.6a09e667f3bcdp+0));
@@ -668,11 +692,26 @@ Value* emit_random_normal(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
 // 2u' - 1 = (2 Phi(-2) - 1) + 2u (Phi(2) - Phi(-2)) = erf(sqrt 2) (2u - 1), so the
 // truncation is one multiply of the normal's erfinv argument. The clamp absorbs
 // the rounding of erf(sqrt 2) at the edges.
-Value* emit_truncated_normal(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
-                             Type* result_type) {
+Value* emit_truncated_normal_seed_value(llvm::IRBuilderBase& b, Value* counter, Value* seed,
+                                        Type* result_type) {
   auto [m, o] = random_bits(b, counter, seed, result_type, "emit_truncated_normal");
   Value* v = b.CreateFMul(symmetric_open_unit(o, m), o.c(0x1.e8b4307d3627ap-1));
   return o.clamp(b.CreateFMul(erfinv_impl(o, v), o.c(0x1.6a09e667f3bcdp+0)), -2.0, 2.0);
+}
+
+Value* emit_random_uniform(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
+                           Type* result_type) {
+  return emit_random_uniform_seed_value(b, counter, b.getInt64(seed), result_type);
+}
+
+Value* emit_random_normal(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
+                          Type* result_type) {
+  return emit_random_normal_seed_value(b, counter, b.getInt64(seed), result_type);
+}
+
+Value* emit_truncated_normal(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
+                             Type* result_type) {
+  return emit_truncated_normal_seed_value(b, counter, b.getInt64(seed), result_type);
 }
 
 }  // namespace flowjit::codegen

@@ -48,13 +48,25 @@ class LoopKernelEmitter {
   LoopKernelEmitter(llvm::Module& m, const Kernel& k, const CpuTarget& t, MathProvider& math)
       : m_(m), k_(k), t_(t), math_(math), b_(m.getContext()) {}
 
-  llvm::Function* emit(LaunchShape& shape) {
-    f_ = declare_kernel(m_, k_.name, t_);
+  llvm::Function* emit(LaunchShape& shape, bool runtime_seeds) {
+    std::vector<int> randoms = runtime_seeds ? random_nodes(k_) : std::vector<int>{};
+    f_ = declare_kernel(m_, k_.name, t_, !randoms.empty());
     auto* entry = llvm::BasicBlock::Create(m_.getContext(), "entry", f_);
     b_.SetInsertPoint(entry);
     entry_ = entry;
     ptrs_ = load_kernel_args(b_, f_, k_.args.size());
     e_ = std::make_unique<ExprEmitter>(k_, b_, math_, ptrs_);
+    if (!randoms.empty()) {  // each seed once, before any loop
+      e_->seeds.assign(k_.nodes.size(), nullptr);
+      for (size_t i = 0; i < randoms.size(); ++i) {
+        Value* slot = b_.CreateConstGEP1_64(b_.getInt64Ty(), f_->getArg(4), i);
+        auto* seed =
+            b_.CreateAlignedLoad(b_.getInt64Ty(), slot, llvm::Align(8), "seed" + std::to_string(i));
+        seed->setMetadata(llvm::LLVMContext::MD_invariant_load,
+                          llvm::MDNode::get(m_.getContext(), {}));
+        e_->seeds[randoms[i]] = seed;
+      }
+    }
 
     int widest = 4;
     for (const KNode& n : k_.nodes) widest = std::max(widest, ir::dtype_bytes(n.dtype));
@@ -402,10 +414,10 @@ class LoopKernelEmitter {
 }  // namespace
 
 llvm::Function* emit_loop_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
-                                 MathProvider& math, LaunchShape& shape) {
+                                 MathProvider& math, LaunchShape& shape, bool runtime_seeds) {
   Kernel flat = k;
   coalesce_domain(flat);
-  return LoopKernelEmitter(m, flat, t, math).emit(shape);
+  return LoopKernelEmitter(m, flat, t, math).emit(shape, runtime_seeds);
 }
 
 }  // namespace flowjit::codegen::cpu
