@@ -2,15 +2,27 @@
 // GEMM with the epilogue applied to the register tile.
 //
 // The algorithm (Goto/BLIS): the output is split into tasks (batch, a range
-// of rows, a block of NC columns) that run in parallel. Within a task:
-//   for each KC block of k:             pack B[k-block, n-block] into Bp
-//     for each MC block of rows:        pack A[m-block, k-block] into Ap
+// of rows, a range of columns) that run in parallel; columns are split only
+// for threads. Within a task:
+//   for each KC block of k:             pack B[k-block, task cols] into Bp
+//     for each MC block of rows:        pack A[m-block, k-block] into Ap once,
+//                                       reused by every column panel
 //       for each NR panel, MR panel:    micro-kernel: MR x NR accumulators in
-//                                       vector registers, one FMA per lane
-// Packing zero-fills beyond the edges so the micro-kernel always computes a
-// whole tile; stores are masked. With several KC blocks, partial sums live in
-// a per-task buffer in scratch and the epilogue runs after the last block.
-// Every extent is a compile-time constant of the kernel.
+//                                       vector registers, one FMA per lane,
+//                                       two k steps per loop iteration
+// The register tile comes from the target (12x32 with 32 vector registers,
+// 6x16 with AVX2, 5x8 without FMA; fewer rows when they divide m better), KC
+// from L1d (the B micro-panel in at most twice L1d, KC <= 512) and MC from L2
+// (the A block in half of it). Packing zero-fills beyond the edges so the
+// micro-kernel always computes a whole tile; stores are masked. An operand is
+// read in place instead where packing would not pay (a single row tile or
+// column panel per task, or B rows whose stride spreads them over the cache
+// sets). With several KC blocks the C tile is loaded before and stored after
+// the micro-kernel of each block but the first and last, in the output
+// itself when one store can hold the raw sums (else in a per-task scratch
+// buffer); the epilogue runs after the last block. The next tile's C rows
+// are prefetched a K loop ahead. Every extent is a compile-time constant of
+// the kernel.
 #include <llvm/IR/Intrinsics.h>
 
 #include <algorithm>
