@@ -53,6 +53,8 @@ enum class Path { Gemm, Dot };
 constexpr int64_t kSkinny = 10;
 // k steps per iteration of the GEMM micro-kernel's loop.
 constexpr int64_t kKUnroll = 2;
+// How many k steps ahead the micro-kernel prefetches a B row read in place.
+constexpr int64_t kBAhead = 8;
 
 struct Blocking {
   Path path = Path::Gemm;
@@ -855,6 +857,16 @@ class MatMulEmitter {
         for (int v = 0; v < nv; ++v) bmask[v] = lane_mask(b_.CreateSub(cols, i64(v * bl_.vl)));
       auto step = [&](Value* k) {
         std::vector<Value*> bv(nv);
+        if (!bl_.pack_b && kc * bl_.nr * eb_ > t_.l1d_bytes / 2) {
+          // B in place, its micro-panel streamed from L2 (larger than half
+          // L1d): its rows are a page apart or so, which the hardware
+          // prefetchers follow poorly; fetch the row kBAhead steps ahead.
+          Value* row = b_ptr(b_.CreateAdd(k0, b_.CreateAdd(k, i64(kBAhead))), jr);
+          for (int64_t o = 0; o < int64_t{bl_.nr} * eb_; o += 64)
+            b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {row->getType()},
+                               {b_.CreateGEP(b_.getInt8Ty(), row, i64(o)), b_.getInt32(0),
+                                b_.getInt32(3), b_.getInt32(1)});
+        }
         for (int v = 0; v < nv; ++v) {
           if (bl_.pack_b) {
             bv[v] = b_.CreateAlignedLoad(
