@@ -430,21 +430,11 @@ class MatMulEmitter {
       auto* next = llvm::BasicBlock::Create(c, "drow.next", f_);
       b_.CreateCondBr(b_.CreateICmpSLT(b_.CreateAdd(m0, i64(i)), m_hi_), in, next);
       b_.SetInsertPoint(in);
-      Value* v = llvm::Constant::getNullValue(vt_);
+      std::vector<Value*> row_acc(cols);
+      for (int j = 0; j < cols; ++j) row_acc[j] = b_.CreateLoad(vt_, acc[i * cols + j]);
+      Value* v = horizontal_sums(row_acc);
       std::vector<Value*> sc(cols);
-      for (int j = 0; j < cols; ++j) {
-        Value* x = b_.CreateLoad(vt_, acc[i * cols + j]);
-        Value* sum;
-        if (is_float_) {
-          auto* r = b_.CreateFAddReduce(llvm::ConstantFP::getNegativeZero(et_), x);
-          r->setHasAllowReassoc(true);
-          sum = r;
-        } else {
-          sum = b_.CreateAddReduce(x);
-        }
-        v = b_.CreateInsertElement(v, sum, i64(j));
-        sc[j] = sum;
-      }
+      for (int j = 0; j < cols; ++j) sc[j] = b_.CreateExtractElement(v, i64(j));
       if (native_masks() || cols == vl) {
         b_.CreateStore(v, sums);
         epilogue(i, 0, m0, i64(n0), sums, mask);
@@ -455,6 +445,46 @@ class MatMulEmitter {
       b_.CreateBr(next);
       b_.SetInsertPoint(next);
     }
+  }
+
+  // Lane j of the result: the sum of the lanes of x[j] (x.size() <= VL).
+  // A tree of pairwise merges instead of one reduction per vector: each merge
+  // halves the lanes every sum is spread over and packs two vectors' partial
+  // sums into one (two shuffles and an add), so cols vectors cost about
+  // 2 * cols merges where cols separate reductions cost log2(VL) each.
+  Value* horizontal_sums(const std::vector<Value*>& x) {
+    const int vl = bl_.vl;
+    Value* zero = llvm::Constant::getNullValue(vt_);
+    std::vector<Value*> vecs = x;
+    std::vector<std::vector<int>> ids;  // per vector: the output of each lane block
+    for (size_t j = 0; j < x.size(); ++j) ids.push_back({static_cast<int>(j)});
+    for (int w = vl; w > 1; w /= 2) {  // w: lanes per output in every vector
+      if (vecs.size() % 2) vecs.push_back(zero), ids.push_back(std::vector<int>(ids[0].size(), -1));
+      std::vector<Value*> next;
+      std::vector<std::vector<int>> next_ids;
+      for (size_t p = 0; p < vecs.size(); p += 2) {
+        // Blocks of w/2 lanes: a's block q, then b's block q, for each q.
+        std::vector<int> lo(vl), hi(vl), merged;
+        for (int pos = 0; pos < vl; ++pos) {
+          int blk = pos / (w / 2), l = pos % (w / 2), src = (blk % 2) * vl + (blk / 2) * w + l;
+          lo[pos] = src;
+          hi[pos] = src + w / 2;
+        }
+        for (size_t q = 0; q < ids[p].size(); ++q)
+          merged.push_back(ids[p][q]), merged.push_back(ids[p + 1][q]);
+        Value* a = b_.CreateShuffleVector(vecs[p], vecs[p + 1], lo);
+        Value* c = b_.CreateShuffleVector(vecs[p], vecs[p + 1], hi);
+        next.push_back(is_float_ ? b_.CreateFAdd(a, c) : b_.CreateAdd(a, c));
+        next_ids.push_back(merged);
+      }
+      vecs = std::move(next);
+      ids = std::move(next_ids);
+    }
+    FJ_CHECK(vecs.size() == 1, "kernel ", k_.name, ": horizontal sums left ", vecs.size());
+    std::vector<int> perm(vl, 0);
+    for (int pos = 0; pos < vl; ++pos)
+      if (ids[0][pos] >= 0) perm[ids[0][pos]] = pos;
+    return b_.CreateShuffleVector(vecs[0], vecs[0], perm);
   }
 
   void emit_k_block(Value* k0, int64_t kc, Value* first, bool last) {
