@@ -2,15 +2,27 @@
 // GEMM with the epilogue applied to the register tile.
 //
 // The algorithm (Goto/BLIS): the output is split into tasks (batch, a range
-// of rows, a block of NC columns) that run in parallel. Within a task:
-//   for each KC block of k:             pack B[k-block, n-block] into Bp
-//     for each MC block of rows:        pack A[m-block, k-block] into Ap
+// of rows, a range of columns) that run in parallel; columns are split only
+// for threads. Within a task:
+//   for each KC block of k:             pack B[k-block, task cols] into Bp
+//     for each MC block of rows:        pack A[m-block, k-block] into Ap once,
+//                                       reused by every column panel
 //       for each NR panel, MR panel:    micro-kernel: MR x NR accumulators in
-//                                       vector registers, one FMA per lane
-// Packing zero-fills beyond the edges so the micro-kernel always computes a
-// whole tile; stores are masked. With several KC blocks, partial sums live in
-// a per-task buffer in scratch and the epilogue runs after the last block.
-// Every extent is a compile-time constant of the kernel.
+//                                       vector registers, one FMA per lane,
+//                                       two k steps per loop iteration
+// The register tile comes from the target (12x32 with 32 vector registers,
+// 6x16 with AVX2, 5x8 without FMA; fewer rows when they divide m better), KC
+// from L1d (the B micro-panel in at most twice L1d, KC <= 512) and MC from L2
+// (the A block in half of it). Packing zero-fills beyond the edges so the
+// micro-kernel always computes a whole tile; stores are masked. An operand is
+// read in place instead where packing would not pay (a single row tile or
+// column panel per task, or B rows whose stride spreads them over the cache
+// sets). With several KC blocks the C tile is loaded before and stored after
+// the micro-kernel of each block but the first and last, in the output
+// itself when one store can hold the raw sums (else in a per-task scratch
+// buffer); the epilogue runs after the last block. The next tile's C rows
+// are prefetched a K loop ahead. Every extent is a compile-time constant of
+// the kernel.
 #include <llvm/IR/Intrinsics.h>
 
 #include <algorithm>
@@ -39,6 +51,10 @@ int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 // per output at the end, no packing and no lanes wasted on a short n.
 enum class Path { Gemm, Dot };
 constexpr int64_t kSkinny = 10;
+// k steps per iteration of the GEMM micro-kernel's loop.
+constexpr int64_t kKUnroll = 2;
+// How many k steps ahead the micro-kernel prefetches a B row read in place.
+constexpr int64_t kBAhead = 8;
 
 struct Blocking {
   Path path = Path::Gemm;
@@ -55,7 +71,45 @@ struct Blocking {
   // the micro-kernel reads it where it lies (a single row tile per task
   // reads each B element once, a single column panel each A element once).
   bool pack_a = true, pack_b = true;
+  // K blocks accumulate in the output (the C tile is loaded before and
+  // stored after the micro-kernel of every block but the first and last)
+  // when one store can hold the raw sums (c_store); else in a scratch buffer.
+  bool acc_out = false;
 };
+
+// The store whose element (m, n) the micro-kernel's C tile maps to, for
+// prefetching C and, when `hold_sums`, for keeping the partial sums of the K
+// blocks: a plain strided access, contiguous along n, of the accumulator's
+// type, to a buffer the kernel reads nowhere else (an in-place update such as
+// W -= lr * dW reads the old W in its epilogue, so its partial sums cannot go
+// there). -1 when there is none.
+int c_store_index(const Kernel& k, DType acc_type, bool* hold_sums) {
+  const MatMulSpec& mm = k.mm;
+  const int r = k.rank();
+  *hold_sums = false;
+  for (size_t i = 0; i < k.stores.size(); ++i) {
+    const Access& w = k.stores[i].where;
+    if (!w.coords.empty() || !w.indirect.empty() || static_cast<int>(w.strides.size()) != r ||
+        w.strides[r - 1] != 1)
+      continue;
+    // Distinct outputs per (batch, m, n): each dim's stride at least the span
+    // of the dims inside it.
+    bool dense = true;
+    int64_t span = mm.n;
+    for (int d = r - 2; d >= 0; --d) {
+      if (k.domain[d] > 1 && w.strides[d] < span) dense = false;
+      span = std::max(span, w.strides[d] * k.domain[d]);
+    }
+    if (!dense) continue;
+    bool shared = w.arg == mm.a.arg || w.arg == mm.b.arg;
+    for (const Access& l : k.loads) shared |= l.arg == w.arg;
+    int same_arg = 0;
+    for (const Store& o : k.stores) same_arg += o.where.arg == w.arg;
+    *hold_sums = !shared && same_arg == 1 && k.args.at(w.arg).dtype == acc_type;
+    return static_cast<int>(i);
+  }
+  return -1;
+}
 
 // Vector registers: 32 with AVX-512 (zmm0-31), 16 otherwise (ymm/xmm0-15).
 int vector_registers(const CpuTarget& t) { return t.vector_bits >= 512 ? 32 : 16; }
@@ -116,31 +170,44 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
     bl.mr = std::min<int>(regs - 4, 14);
   } else {
     bl.nr = 2 * bl.vl;
-    // 32 registers: 12 x 2 (24 accumulators, BLIS's SKX shape); 16: 6 x 2
-    // (12 accumulators, 2 B vectors, 1 broadcast: Haswell/Zen's 6x16), 5 x 2
-    // without FMA, whose multiply needs a temporary.
-    bl.mr = regs >= 32 ? 12 : t.has_fma ? 6 : 5;
+    // 32 registers: up to 12 x 2 (24 accumulators, BLIS's SKX shape); 16: up
+    // to 6 x 2 (12 accumulators, 2 B vectors, 1 broadcast: Haswell/Zen's
+    // 6x16), 5 x 2 without FMA, whose multiply needs a temporary. Fewer rows
+    // when they tile m better (m = 100: 10 x 2 computes no padding rows where
+    // 12 x 2 computes 8); the score's mr / (mr + 1) charges a small tile its
+    // loads per FMA.
+    int mr_max = regs >= 32 ? 12 : t.has_fma ? 6 : 5;
+    int mr_min = regs >= 32 ? 8 : 4;
+    double best = -1;
+    for (int r = mr_min; r <= mr_max; ++r) {
+      double eff = static_cast<double>(mm.m) / std::max<int64_t>(1, round_up(mm.m, r));
+      double score = eff * r / (r + 1.0);
+      if (score > best + 1e-9) best = score, bl.mr = r;
+    }
   }
   bl.mr = static_cast<int>(std::min<int64_t>(bl.mr, std::max<int64_t>(1, mm.m)));
-  // KC: the B micro-panel (KC x NR) and an A micro-panel share L1.
-  int64_t kc_max = std::max<int64_t>(64, t.l1d_bytes / (elem_bytes * (bl.nr + bl.mr)) / 8 * 8);
-  kc_max = std::max<int64_t>(kc_max, 256);
+  // KC: as long as the B micro-panel (KC x NR) fits twice L1d, at most 512.
+  // Each K block costs a pass over the C tiles (loaded and stored around the
+  // micro-kernel), so fewer, longer blocks win as long as the packed panels
+  // stream from L2; the KC x NR panel is reused across the MC / MR row tiles.
+  int64_t kc_max = std::clamp<int64_t>(2 * t.l1d_bytes / (elem_bytes * bl.nr), 128, 512);
   bl.num_kb = std::max<int64_t>(1, ceil_div(mm.k, kc_max));
   bl.kc = std::max<int64_t>(1, ceil_div(mm.k, bl.num_kb));
-  // MC: an A block of MC x KC in half of L2; NC: a B block in the other half.
+  // MC: the packed A block (MC x KC), reused across every column panel of the
+  // task, in half of L2.
   int64_t mc_max =
-      std::max<int64_t>(bl.mr, (t.l2_bytes / 4) / (bl.kc * elem_bytes) / bl.mr * bl.mr);
-  int64_t nc_max =
-      std::max<int64_t>(bl.nr, (t.l2_bytes / 2) / (bl.kc * elem_bytes) / bl.nr * bl.nr);
-  // Tasks: as few column blocks as the cache allows, then enough tasks for
-  // every thread, splitting whichever dimension is larger per task.
+      std::max<int64_t>(bl.mr, (t.l2_bytes / 2) / (bl.kc * elem_bytes) / bl.mr * bl.mr);
+  // Tasks: enough for every thread, splitting whichever dimension is larger
+  // per task. A task packs its A block once per K block and reuses it across
+  // all its columns (their B panels stream), so columns are split only for
+  // threads, never for the cache.
   if (mm.m == 0 || mm.n == 0 || mm.batch == 0) {  // an empty result: nothing to do
     bl.tasks = 0;
     bl.task_rows = bl.mr;
     bl.task_cols = bl.nr;
     return bl;
   }
-  int64_t col_blocks = std::max<int64_t>(1, ceil_div(mm.n, nc_max)), row_groups = 1;
+  int64_t col_blocks = 1, row_groups = 1;
   int64_t max_row_groups = ceil_div(mm.m, bl.mr), max_col_blocks = ceil_div(mm.n, bl.nr);
   int64_t want = wanted_tasks(mm, t);
   while (mm.batch * row_groups * col_blocks < want) {
@@ -165,7 +232,13 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   // Packing pays when a panel is reused: B's across the row tiles of a task,
   // A's across its column panels. B is read in place only along contiguous
   // rows (vector loads); A's broadcasts take any plain strides.
-  bl.pack_b = !(mm.plain(1) && mm.b.strides[2] == 1 && bl.task_rows <= bl.mr);
+  // B's rows are also read in place when their stride spreads them over the
+  // cache sets (not a multiple of 128 bytes: 784 floats, not 1024): the
+  // micro-panel then stays cached across the row tiles as a packed one would,
+  // and the copy (a fifth of the time of the seed's dX = dH @ W1) is saved.
+  bool b_rows = mm.plain(1) && mm.b.strides[2] == 1;
+  bool b_spread = (mm.b.strides[1] * elem_bytes) % 128 != 0;
+  bl.pack_b = !(b_rows && (bl.task_rows <= bl.mr || b_spread));
   bl.pack_a = !(mm.plain(0) && bl.task_cols <= bl.nr);
   return bl;
 }
@@ -189,6 +262,8 @@ std::string describe_blocking(const Kernel& k, const Blocking& bl, const CpuTarg
          " lanes), kc " + std::to_string(bl.kc) + " x " + std::to_string(bl.num_kb) + ", mc " +
          std::to_string(bl.mc) + ", nc " + std::to_string(bl.nc) + ", A " +
          (bl.pack_a ? "packed" : "in place") + ", B " + (bl.pack_b ? "packed" : "in place");
+    if (bl.num_kb > 1)
+      s += bl.acc_out ? ", K blocks sum in the output" : ", K blocks sum in scratch";
   }
   s += ", " + std::to_string(bl.tasks) + " task(s)";
   return s;
@@ -210,6 +285,9 @@ class MatMulEmitter {
     eb_ = ir::dtype_bytes(dt_);
     is_float_ = ir::is_float(dt_);
     bl_ = choose_blocking(mm_, eb_, t);
+    bool hold = false;
+    c_store_ = c_store_index(k_, dt_, &hold);
+    bl_.acc_out = bl_.path == Path::Gemm && hold;
     if (debug_enabled()) ir::diag(1, describe_blocking(k_, bl_, t_));
   }
 
@@ -227,11 +305,14 @@ class MatMulEmitter {
     Value* scratch = f_->getArg(3);
     int64_t ap_elems = bl_.pack_a ? round_up(bl_.mc, bl_.mr) * bl_.kc : 0;
     int64_t bp_elems = bl_.pack_b ? round_up(bl_.nc, bl_.nr) * bl_.kc : 0;
-    int64_t cp_elems = bl_.num_kb > 1 ? bl_.task_rows * bl_.task_cols : 0;
+    int64_t cp_elems = bl_.num_kb > 1 && !bl_.acc_out ? bl_.task_rows * bl_.task_cols : 0;
+    // Each packed buffer is followed by a vector of slack (store_packed).
+    int64_t ap_room = round_up(ap_elems + (ap_elems ? bl_.vl : 0), 16);
+    int64_t bp_room = round_up(bp_elems + (bp_elems ? bl_.vl : 0), 16);
     ap_ = scratch;
-    bp_ = b_.CreateGEP(et_, scratch, b_.getInt64(round_up(ap_elems, 16)));
-    cp_ = b_.CreateGEP(et_, bp_, b_.getInt64(round_up(bp_elems, 16)));
-    shape.scratch_bytes = (round_up(ap_elems, 16) + round_up(bp_elems, 16) + cp_elems) * eb_ + 64;
+    bp_ = b_.CreateGEP(et_, scratch, b_.getInt64(ap_room));
+    cp_ = b_.CreateGEP(et_, bp_, b_.getInt64(bp_room));
+    shape.scratch_bytes = (ap_room + bp_room + cp_elems) * eb_ + 64;
 
     emit_for(
         b_, f_->getArg(1), f_->getArg(2), 1,
@@ -349,21 +430,11 @@ class MatMulEmitter {
       auto* next = llvm::BasicBlock::Create(c, "drow.next", f_);
       b_.CreateCondBr(b_.CreateICmpSLT(b_.CreateAdd(m0, i64(i)), m_hi_), in, next);
       b_.SetInsertPoint(in);
-      Value* v = llvm::Constant::getNullValue(vt_);
+      std::vector<Value*> row_acc(cols);
+      for (int j = 0; j < cols; ++j) row_acc[j] = b_.CreateLoad(vt_, acc[i * cols + j]);
+      Value* v = horizontal_sums(row_acc);
       std::vector<Value*> sc(cols);
-      for (int j = 0; j < cols; ++j) {
-        Value* x = b_.CreateLoad(vt_, acc[i * cols + j]);
-        Value* sum;
-        if (is_float_) {
-          auto* r = b_.CreateFAddReduce(llvm::ConstantFP::getNegativeZero(et_), x);
-          r->setHasAllowReassoc(true);
-          sum = r;
-        } else {
-          sum = b_.CreateAddReduce(x);
-        }
-        v = b_.CreateInsertElement(v, sum, i64(j));
-        sc[j] = sum;
-      }
+      for (int j = 0; j < cols; ++j) sc[j] = b_.CreateExtractElement(v, i64(j));
       if (native_masks() || cols == vl) {
         b_.CreateStore(v, sums);
         epilogue(i, 0, m0, i64(n0), sums, mask);
@@ -374,6 +445,46 @@ class MatMulEmitter {
       b_.CreateBr(next);
       b_.SetInsertPoint(next);
     }
+  }
+
+  // Lane j of the result: the sum of the lanes of x[j] (x.size() <= VL).
+  // A tree of pairwise merges instead of one reduction per vector: each merge
+  // halves the lanes every sum is spread over and packs two vectors' partial
+  // sums into one (two shuffles and an add), so cols vectors cost about
+  // 2 * cols merges where cols separate reductions cost log2(VL) each.
+  Value* horizontal_sums(const std::vector<Value*>& x) {
+    const int vl = bl_.vl;
+    Value* zero = llvm::Constant::getNullValue(vt_);
+    std::vector<Value*> vecs = x;
+    std::vector<std::vector<int>> ids;  // per vector: the output of each lane block
+    for (size_t j = 0; j < x.size(); ++j) ids.push_back({static_cast<int>(j)});
+    for (int w = vl; w > 1; w /= 2) {  // w: lanes per output in every vector
+      if (vecs.size() % 2) vecs.push_back(zero), ids.push_back(std::vector<int>(ids[0].size(), -1));
+      std::vector<Value*> next;
+      std::vector<std::vector<int>> next_ids;
+      for (size_t p = 0; p < vecs.size(); p += 2) {
+        // Blocks of w/2 lanes: a's block q, then b's block q, for each q.
+        std::vector<int> lo(vl), hi(vl), merged;
+        for (int pos = 0; pos < vl; ++pos) {
+          int blk = pos / (w / 2), l = pos % (w / 2), src = (blk % 2) * vl + (blk / 2) * w + l;
+          lo[pos] = src;
+          hi[pos] = src + w / 2;
+        }
+        for (size_t q = 0; q < ids[p].size(); ++q)
+          merged.push_back(ids[p][q]), merged.push_back(ids[p + 1][q]);
+        Value* a = b_.CreateShuffleVector(vecs[p], vecs[p + 1], lo);
+        Value* c = b_.CreateShuffleVector(vecs[p], vecs[p + 1], hi);
+        next.push_back(is_float_ ? b_.CreateFAdd(a, c) : b_.CreateAdd(a, c));
+        next_ids.push_back(merged);
+      }
+      vecs = std::move(next);
+      ids = std::move(next_ids);
+    }
+    FJ_CHECK(vecs.size() == 1, "kernel ", k_.name, ": horizontal sums left ", vecs.size());
+    std::vector<int> perm(vl, 0);
+    for (int pos = 0; pos < vl; ++pos)
+      if (ids[0][pos] >= 0) perm[ids[0][pos]] = pos;
+    return b_.CreateShuffleVector(vecs[0], vecs[0], perm);
   }
 
   void emit_k_block(Value* k0, int64_t kc, Value* first, bool last) {
@@ -473,23 +584,61 @@ class MatMulEmitter {
   // Lines adjacent in memory: for each k, vector loads across the lines.
   void emit_pack_lines_contiguous(const std::function<Value*(Value*, Value*)>& src, Value* valid,
                                   int lines, Value* dst, int64_t kc) {
-    emit_for(
-        b_, i64(0), i64(kc), 1,
-        [&](Value* k) {
-          for (int g = 0; g < lines; g += bl_.vl) {
-            int n = std::min(bl_.vl, lines - g);
-            Value* mask = b_.CreateAnd(lane_mask(b_.CreateSub(valid, i64(g))), lane_mask(i64(n)));
-            Value* x = b_.CreateMaskedLoad(vt_, src(i64(g), k), ealign(), mask,
-                                           llvm::Constant::getNullValue(vt_));
-            Value* d = b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(k, i64(lines)), i64(g)));
-            if (n == bl_.vl) {
-              b_.CreateAlignedStore(x, d, ealign());
-            } else {
-              b_.CreateMaskedStore(x, d, ealign(), lane_mask(i64(n)));
+    auto body = [&](bool whole) {
+      emit_for(
+          b_, i64(0), i64(kc), 1,
+          [&](Value* k) {
+            for (int g = 0; g < lines; g += bl_.vl) {
+              int n = std::min(bl_.vl, lines - g);
+              Value* x;
+              if (whole && n == bl_.vl) {
+                x = b_.CreateAlignedLoad(vt_, src(i64(g), k), ealign());
+              } else {
+                Value* mask =
+                    b_.CreateAnd(lane_mask(b_.CreateSub(valid, i64(g))), lane_mask(i64(n)));
+                x = b_.CreateMaskedLoad(vt_, src(i64(g), k), ealign(), mask,
+                                        llvm::Constant::getNullValue(vt_));
+              }
+              Value* d = b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(k, i64(lines)), i64(g)));
+              store_packed(x, d, n, lines);
             }
-          }
-        },
-        "pk");
+          },
+          "pk");
+    };
+    whole_or_part(valid, lines, body);
+  }
+
+  // body(true) when all `lines` lines are valid, else body(false).
+  void whole_or_part(Value* valid, int lines, const std::function<void(bool)>& body) {
+    llvm::LLVMContext& c = m_.getContext();
+    auto* whole = llvm::BasicBlock::Create(c, "pack.whole", f_);
+    auto* part = llvm::BasicBlock::Create(c, "pack.part", f_);
+    auto* done = llvm::BasicBlock::Create(c, "pack.done", f_);
+    b_.CreateCondBr(b_.CreateICmpSGE(valid, i64(lines)), whole, part);
+    b_.SetInsertPoint(whole);
+    body(true);
+    b_.CreateBr(done);
+    b_.SetInsertPoint(part);
+    body(false);
+    b_.CreateBr(done);
+    b_.SetInsertPoint(done);
+  }
+
+  // Stores the first n lanes of x at d, the packed line group of a panel of
+  // `lines` lines. A panel narrower than a vector (MR rows of A: 6 of 8 AVX2
+  // lanes) is stored with whole vectors where there are no mask registers
+  // (vmaskmovps stores are slow): the k rows are stored in increasing order,
+  // so each store's extra lanes land in the next row and are overwritten by
+  // its own store; the last one's land in the next panel (written later) or
+  // in the vector of slack after each packed buffer (emit).
+  void store_packed(Value* x, Value* d, int n, int lines) {
+    if (n == bl_.vl) {
+      b_.CreateAlignedStore(x, d, ealign());
+    } else if (!native_masks() && n == lines) {
+      b_.CreateAlignedStore(x, d, ealign());
+    } else {
+      b_.CreateMaskedStore(x, d, ealign(), lane_mask(i64(n)));
+    }
   }
 
   // Each line contiguous along k: blocks of VL lines x VL k are loaded as VL
@@ -499,7 +648,7 @@ class MatMulEmitter {
                             int lines, Value* dst, int64_t kc) {
     const int vl = bl_.vl;
     int64_t full = kc / vl * vl;
-    auto chunk = [&](Value* kk, int klanes) {
+    auto chunk = [&](Value* kk, int klanes, bool whole) {
       Value* kmask = lane_mask(i64(klanes));
       for (int g = 0; g < lines; g += vl) {
         int n = std::min(vl, lines - g);
@@ -509,9 +658,13 @@ class MatMulEmitter {
             v[j] = llvm::Constant::getNullValue(vt_);
             continue;
           }
-          Value* ok = b_.CreateICmpSLT(i64(g + j), valid);
+          if (whole && klanes == vl) {
+            v[j] = b_.CreateAlignedLoad(vt_, src(i64(g + j), kk), ealign());
+            continue;
+          }
+          Value* ok = whole ? b_.getTrue() : b_.CreateICmpSLT(i64(g + j), valid);
           Value* m = b_.CreateAnd(kmask, b_.CreateVectorSplat(vl, ok));
-          Value* line = b_.CreateSelect(ok, i64(g + j), i64(0));
+          Value* line = whole ? i64(g + j) : b_.CreateSelect(ok, i64(g + j), i64(0));
           v[j] = b_.CreateMaskedLoad(vt_, src(line, kk), ealign(), m,
                                      llvm::Constant::getNullValue(vt_));
         }
@@ -519,16 +672,15 @@ class MatMulEmitter {
         for (int t = 0; t < klanes; ++t) {
           Value* d = b_.CreateGEP(
               et_, dst, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kk, i64(t)), i64(lines)), i64(g)));
-          if (n == vl) {
-            b_.CreateAlignedStore(v[t], d, ealign());
-          } else {
-            b_.CreateMaskedStore(v[t], d, ealign(), lane_mask(i64(n)));
-          }
+          store_packed(v[t], d, n, lines);
         }
       }
     };
-    if (full > 0) emit_for(b_, i64(0), i64(full), vl, [&](Value* kk) { chunk(kk, vl); }, "pt");
-    if (kc > full) chunk(i64(full), static_cast<int>(kc - full));
+    whole_or_part(valid, lines, [&](bool whole) {
+      if (full > 0)
+        emit_for(b_, i64(0), i64(full), vl, [&](Value* kk) { chunk(kk, vl, whole); }, "pt");
+      if (kc > full) chunk(i64(full), static_cast<int>(kc - full), whole);
+    });
   }
 
   // v[r] holds row r of a VL x VL block; afterwards v[r] holds column r.
@@ -697,16 +849,33 @@ class MatMulEmitter {
     }
     Value* rows = b_.CreateSub(min64(mc_hi, m_hi_), ir);
     Value* cols = b_.CreateSub(n_hi_, jr);
-    for (int i = 0; i < mr; ++i)
-      for (int v = 0; v < nv; ++v) {
-        Value* init = llvm::Constant::getNullValue(vt_);
-        if (bl_.num_kb > 1) {
-          // The partial buffer is scratch: reading it before the first block
-          // is harmless, and the select discards what was read.
-          init = b_.CreateSelect(first, init, load_partial(i, v, ir, jr, rows, cols));
-        }
-        b_.CreateStore(init, acc[i * nv + v]);
+    prefetch_next_c(ic, jr, ir, mc_hi);
+    auto zero = [&] {
+      for (auto* a : acc) b_.CreateStore(llvm::Constant::getNullValue(vt_), a);
+    };
+    if (bl_.num_kb == 1) {
+      zero();
+    } else {
+      // The first K block starts from zero, the others from the sums so far.
+      llvm::LLVMContext& c = m_.getContext();
+      auto* from_zero = llvm::BasicBlock::Create(c, "c.zero", f_);
+      auto* from_sums = llvm::BasicBlock::Create(c, "c.load", f_);
+      auto* ready = llvm::BasicBlock::Create(c, "c.ready", f_);
+      b_.CreateCondBr(first, from_zero, from_sums);
+      b_.SetInsertPoint(from_zero);
+      zero();
+      b_.CreateBr(ready);
+      b_.SetInsertPoint(from_sums);
+      if (bl_.acc_out) {
+        load_c_tile(acc, ir, jr, rows, cols);
+      } else {
+        for (int i = 0; i < mr; ++i)
+          for (int v = 0; v < nv; ++v)
+            b_.CreateStore(load_partial(i, v, ir, jr, rows, cols), acc[i * nv + v]);
       }
+      b_.CreateBr(ready);
+      b_.SetInsertPoint(ready);
+    }
     // A in place: rows past the end read the last row (their sums are never
     // stored). B in place: an edge panel loads with a lane mask.
     std::vector<Value*> arow(mr);
@@ -716,39 +885,56 @@ class MatMulEmitter {
       std::vector<Value*> bmask(nv);
       if (masked)
         for (int v = 0; v < nv; ++v) bmask[v] = lane_mask(b_.CreateSub(cols, i64(v * bl_.vl)));
-      emit_for(
-          b_, i64(0), i64(kc), 1,
-          [&](Value* k) {
-            std::vector<Value*> bv(nv);
-            for (int v = 0; v < nv; ++v) {
-              if (bl_.pack_b) {
-                bv[v] = b_.CreateAlignedLoad(
-                    vt_,
-                    b_.CreateGEP(et_, bp,
-                                 b_.CreateAdd(b_.CreateMul(k, i64(bl_.nr)), i64(v * bl_.vl))),
-                    ealign());
-              } else {
-                Value* src = b_ptr(b_.CreateAdd(k0, k), b_.CreateAdd(jr, i64(v * bl_.vl)));
-                if (masked) {
-                  bv[v] = b_.CreateMaskedLoad(vt_, src, ealign(), bmask[v],
-                                              llvm::Constant::getNullValue(vt_));
-                } else {
-                  bv[v] = b_.CreateAlignedLoad(vt_, src, ealign());
-                }
-              }
+      auto step = [&](Value* k) {
+        std::vector<Value*> bv(nv);
+        if (!bl_.pack_b && kc * bl_.nr * eb_ > t_.l1d_bytes / 2) {
+          // B in place, its micro-panel streamed from L2 (larger than half
+          // L1d): its rows are a page apart or so, which the hardware
+          // prefetchers follow poorly; fetch the row kBAhead steps ahead.
+          Value* row = b_ptr(b_.CreateAdd(k0, b_.CreateAdd(k, i64(kBAhead))), jr);
+          for (int64_t o = 0; o < int64_t{bl_.nr} * eb_; o += 64)
+            b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {row->getType()},
+                               {b_.CreateGEP(b_.getInt8Ty(), row, i64(o)), b_.getInt32(0),
+                                b_.getInt32(3), b_.getInt32(1)});
+        }
+        for (int v = 0; v < nv; ++v) {
+          if (bl_.pack_b) {
+            bv[v] = b_.CreateAlignedLoad(
+                vt_,
+                b_.CreateGEP(et_, bp, b_.CreateAdd(b_.CreateMul(k, i64(bl_.nr)), i64(v * bl_.vl))),
+                ealign());
+          } else {
+            Value* src = b_ptr(b_.CreateAdd(k0, k), b_.CreateAdd(jr, i64(v * bl_.vl)));
+            if (masked) {
+              bv[v] = b_.CreateMaskedLoad(vt_, src, ealign(), bmask[v],
+                                          llvm::Constant::getNullValue(vt_));
+            } else {
+              bv[v] = b_.CreateAlignedLoad(vt_, src, ealign());
             }
-            for (int i = 0; i < mr; ++i) {
-              Value* src =
-                  bl_.pack_a ? b_.CreateGEP(et_, ap, b_.CreateAdd(b_.CreateMul(k, i64(mr)), i64(i)))
-                             : a_ptr(arow[i], b_.CreateAdd(k0, k));
-              Value* as = b_.CreateVectorSplat(bl_.vl, b_.CreateAlignedLoad(et_, src, ealign()));
-              for (int v = 0; v < nv; ++v) {
-                Value* c = b_.CreateLoad(vt_, acc[i * nv + v]);
-                b_.CreateStore(fma(as, bv[v], c), acc[i * nv + v]);
-              }
-            }
-          },
-          "kk");
+          }
+        }
+        for (int i = 0; i < mr; ++i) {
+          Value* src = bl_.pack_a
+                           ? b_.CreateGEP(et_, ap, b_.CreateAdd(b_.CreateMul(k, i64(mr)), i64(i)))
+                           : a_ptr(arow[i], b_.CreateAdd(k0, k));
+          Value* as = b_.CreateVectorSplat(bl_.vl, b_.CreateAlignedLoad(et_, src, ealign()));
+          for (int v = 0; v < nv; ++v) {
+            Value* c = b_.CreateLoad(vt_, acc[i * nv + v]);
+            b_.CreateStore(fma(as, bv[v], c), acc[i * nv + v]);
+          }
+        }
+      };
+      // Two k steps per iteration (the loop's own increments and branch
+      // are a sixth of the instructions of an AVX2 6x16 step), then the odd one.
+      const int64_t unroll = kKUnroll, whole = kc / unroll * unroll;
+      if (whole > 0)
+        emit_for(
+            b_, i64(0), i64(whole), unroll,
+            [&](Value* k) {
+              for (int64_t u = 0; u < unroll; ++u) step(b_.CreateAdd(k, i64(u)));
+            },
+            "kk");
+      for (int64_t k = whole; k < kc; ++k) step(i64(k));
     };
     if (bl_.pack_b) {
       kloop(false);
@@ -767,6 +953,10 @@ class MatMulEmitter {
       b_.SetInsertPoint(join);
     }
     if (!last) {
+      if (bl_.acc_out) {
+        store_c_tile(acc, ir, jr, rows, cols);
+        return;
+      }
       for (int i = 0; i < mr; ++i)
         for (int v = 0; v < nv; ++v)
           store_partial(i, v, ir, jr, rows, cols, b_.CreateLoad(vt_, acc[i * nv + v]));
@@ -805,6 +995,143 @@ class MatMulEmitter {
         b_.SetInsertPoint(part);
         partial_vector_epilogue(b_.CreateAdd(ir, i64(i)), b_.CreateAdd(jr, i64(v * bl_.vl)),
                                 acc[i * nv + v], valid);
+        b_.CreateBr(after);
+        b_.SetInsertPoint(after);
+      }
+      b_.CreateBr(next);
+      b_.SetInsertPoint(next);
+    }
+    b_.CreateBr(done);
+    b_.SetInsertPoint(done);
+  }
+
+  // ------------------------------------------------- C in the output
+
+  // Address of C element (m, n) of this task's batch in the c_store.
+  Value* c_ptr(Value* m, Value* n) {
+    const Access& w = k_.stores.at(c_store_).where;
+    const int r = k_.rank();
+    Value* off = b_.CreateAdd(i64(w.offset), b_.CreateMul(m, i64(w.strides[r - 2])));
+    off = b_.CreateAdd(off, n);
+    // The batch dims of the domain, row-major in bi_ (as the epilogue reads them).
+    Value* rest = bi_;
+    for (int d = r - 3; d >= 0; --d) {
+      Value* digit = d == 0 ? rest : b_.CreateURem(rest, i64(k_.domain[d]));
+      if (d > 0) rest = b_.CreateUDiv(rest, i64(k_.domain[d]));
+      off = b_.CreateAdd(off, b_.CreateMul(digit, i64(w.strides[d])));
+    }
+    return b_.CreateGEP(et_, ptrs_.at(w.arg), off);
+  }
+
+  // Software prefetch of the C tile the next micro-kernel call reads or
+  // writes (the next row tile of this block, else the first of the next
+  // column panel), issued a whole K loop ahead: the tile's rows are MR
+  // separate lines that the hardware prefetchers do not see coming.
+  void prefetch_next_c(Value* ic, Value* jr, Value* ir, Value* mc_hi) {
+    if (c_store_ < 0) return;
+    const int mr = bl_.mr;
+    Value* nir = b_.CreateAdd(ir, i64(mr));
+    Value* same = b_.CreateICmpSLT(nir, mc_hi);
+    Value* pm = b_.CreateSelect(same, nir, ic);
+    Value* pn = b_.CreateSelect(same, jr, b_.CreateAdd(jr, i64(bl_.nr)));
+    const int64_t bytes = int64_t{bl_.nr} * eb_;
+    std::vector<int64_t> at;
+    for (int64_t o = 0; o < bytes; o += 64) at.push_back(o);
+    at.push_back(bytes - 1);  // the row's last byte: its line when the row is not line-aligned
+    for (int i = 0; i < mr; ++i) {
+      Value* row = c_ptr(min64(b_.CreateAdd(pm, i64(i)), i64(mm_.m - 1)), pn);
+      for (int64_t o : at)
+        b_.CreateIntrinsic(llvm::Intrinsic::prefetch, {row->getType()},
+                           {b_.CreateGEP(b_.getInt8Ty(), row, i64(o)), b_.getInt32(1),
+                            b_.getInt32(3), b_.getInt32(1)});
+    }
+  }
+
+  // acc[i][v] = C[ir + i, jr + v*VL ...], the sums of the K blocks so far.
+  // Edge tiles read the rows that exist (the others repeat the last one; their
+  // sums are never stored) and the columns under a lane mask.
+  void load_c_tile(const std::vector<llvm::AllocaInst*>& acc, Value* ir, Value* jr, Value* rows,
+                   Value* cols) {
+    const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
+    llvm::LLVMContext& c = m_.getContext();
+    Value* full =
+        b_.CreateAnd(b_.CreateICmpSGE(rows, i64(mr)), b_.CreateICmpSGE(cols, i64(bl_.nr)));
+    auto* fast = llvm::BasicBlock::Create(c, "cl.full", f_);
+    auto* edge = llvm::BasicBlock::Create(c, "cl.edge", f_);
+    auto* done = llvm::BasicBlock::Create(c, "cl.done", f_);
+    b_.CreateCondBr(full, fast, edge);
+    b_.SetInsertPoint(fast);
+    for (int i = 0; i < mr; ++i)
+      for (int v = 0; v < nv; ++v)
+        b_.CreateStore(
+            b_.CreateAlignedLoad(
+                vt_, c_ptr(b_.CreateAdd(ir, i64(i)), b_.CreateAdd(jr, i64(v * bl_.vl))), ealign()),
+            acc[i * nv + v]);
+    b_.CreateBr(done);
+    b_.SetInsertPoint(edge);
+    for (int i = 0; i < mr; ++i) {
+      Value* row = min64(b_.CreateAdd(ir, i64(i)), b_.CreateSub(m_hi_, i64(1)));
+      for (int v = 0; v < nv; ++v) {
+        Value* mask = lane_mask(b_.CreateSub(cols, i64(v * bl_.vl)));
+        b_.CreateStore(b_.CreateMaskedLoad(vt_, c_ptr(row, b_.CreateAdd(jr, i64(v * bl_.vl))),
+                                           ealign(), mask, llvm::Constant::getNullValue(vt_)),
+                       acc[i * nv + v]);
+      }
+    }
+    b_.CreateBr(done);
+    b_.SetInsertPoint(done);
+  }
+
+  // C[ir + i, jr + v*VL ...] = acc[i][v], the outputs that exist.
+  void store_c_tile(const std::vector<llvm::AllocaInst*>& acc, Value* ir, Value* jr, Value* rows,
+                    Value* cols) {
+    const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
+    llvm::LLVMContext& c = m_.getContext();
+    Value* full =
+        b_.CreateAnd(b_.CreateICmpSGE(rows, i64(mr)), b_.CreateICmpSGE(cols, i64(bl_.nr)));
+    auto* fast = llvm::BasicBlock::Create(c, "cs.full", f_);
+    auto* edge = llvm::BasicBlock::Create(c, "cs.edge", f_);
+    auto* done = llvm::BasicBlock::Create(c, "cs.done", f_);
+    b_.CreateCondBr(full, fast, edge);
+    b_.SetInsertPoint(fast);
+    for (int i = 0; i < mr; ++i)
+      for (int v = 0; v < nv; ++v)
+        b_.CreateAlignedStore(b_.CreateLoad(vt_, acc[i * nv + v]),
+                              c_ptr(b_.CreateAdd(ir, i64(i)), b_.CreateAdd(jr, i64(v * bl_.vl))),
+                              ealign());
+    b_.CreateBr(done);
+    b_.SetInsertPoint(edge);
+    for (int i = 0; i < mr; ++i) {
+      auto* row = llvm::BasicBlock::Create(c, "cs.row", f_);
+      auto* next = llvm::BasicBlock::Create(c, "cs.row.next", f_);
+      b_.CreateCondBr(b_.CreateICmpSLT(i64(i), rows), row, next);
+      b_.SetInsertPoint(row);
+      Value* m = b_.CreateAdd(ir, i64(i));
+      for (int v = 0; v < nv; ++v) {
+        Value* n = b_.CreateAdd(jr, i64(v * bl_.vl));
+        Value* valid = b_.CreateSub(cols, i64(v * bl_.vl));
+        Value* x = b_.CreateLoad(vt_, acc[i * nv + v]);
+        if (native_masks()) {
+          b_.CreateMaskedStore(x, c_ptr(m, n), ealign(), lane_mask(valid));
+          continue;
+        }
+        // Without mask registers (vmaskmovps stores are slow): whole vectors
+        // plainly, a partial one lane by lane.
+        auto* whole = llvm::BasicBlock::Create(c, "cs.whole", f_);
+        auto* part = llvm::BasicBlock::Create(c, "cs.part", f_);
+        auto* after = llvm::BasicBlock::Create(c, "cs.next", f_);
+        b_.CreateCondBr(b_.CreateICmpSGE(valid, i64(bl_.vl)), whole, part);
+        b_.SetInsertPoint(whole);
+        b_.CreateAlignedStore(x, c_ptr(m, n), ealign());
+        b_.CreateBr(after);
+        b_.SetInsertPoint(part);
+        emit_for(
+            b_, i64(0), valid, 1,
+            [&](Value* l) {
+              b_.CreateAlignedStore(b_.CreateExtractElement(x, l), c_ptr(m, b_.CreateAdd(n, l)),
+                                    ealign());
+            },
+            "cs.lane");
         b_.CreateBr(after);
         b_.SetInsertPoint(after);
       }
@@ -887,6 +1214,7 @@ class MatMulEmitter {
   int eb_ = 4;
   bool is_float_ = true;
   Blocking bl_;
+  int c_store_ = -1;  // c_store_index
   llvm::Function* f_ = nullptr;
   llvm::BasicBlock* entry_ = nullptr;
   std::vector<Value*> ptrs_;

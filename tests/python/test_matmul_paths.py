@@ -41,6 +41,16 @@ CASES = [
     ("row edges, whole columns", 13, 64, 64, False, False, 0),
     ("k blocked", 20, 1500, 40, False, False, 0),
     ("batched odd", 7, 19, 23, False, True, 4),
+    # K blocks summing in the output: K not a multiple of the block, edge
+    # tiles in both m and n (masked C loads and stores between the blocks).
+    ("k blocked, odd edges", 37, 1029, 53, False, False, 0),
+    ("k blocked a^T b^T", 29, 1100, 45, True, True, 0),
+    ("k blocked b^T, m of tile rows", 100, 1200, 70, False, True, 0),
+    ("k blocked batched", 5, 600, 33, False, True, 2),
+    # B read in place with many row tiles (a row stride that is not a multiple
+    # of 128 bytes), n not a multiple of the register tile.
+    ("b in place, row tiles", 40, 64, 100, False, False, 0),
+    ("b in place, k blocked", 45, 700, 100, True, False, 0),
 ]
 
 
@@ -102,6 +112,20 @@ def run_cases():
         job = _job(name, [a, b, bias], lambda x, y, c: flow.nn.relu(flow.nn.bias_add(
             flow.matmul(x, y, transpose_a=ta, transpose_b=tb), c)))
         out[name] = _max_rel_err(job(a, b, bias), _reference(a, b, ta, tb, bias, relu=True))
+    # K blocks with an epilogue: the output holds the raw sums until the last
+    # block applies bias + relu; a float64 result (not the accumulator's type)
+    # keeps them in scratch instead.
+    a, b = _operands(rng, 19, 1100, 41, False, False, 0)
+    bias = rng.standard_normal(41).astype(np.float32)
+    job = _job("k blocked epilogue", [a, b, bias],
+               lambda x, y, c: flow.nn.relu(flow.nn.bias_add(flow.matmul(x, y), c)))
+    out["k blocked epilogue"] = _max_rel_err(job(a, b, bias), _reference(a, b, False, False, bias,
+                                                                         relu=True))
+    job = _job("k blocked f64 result", [a, b],
+               lambda x, y: flow.cast(flow.matmul(x, y), flow.float64))
+    got = job(a, b)
+    assert got.dtype == np.float64
+    out["k blocked f64 result"] = _max_rel_err(got, _reference(a, b, False, False))
     # Other dtypes on the dot path (integer sums are exact).
     for dt in (np.float64, np.int32):
         a, b = _operands(rng, 21, 96, 10, False, True, 0, dtype=dt)
@@ -167,6 +191,27 @@ def test_the_choice_is_printed_and_skinny_outputs_take_the_dot_path(tmp_path):
     assert "1x64x96x80" in lines[1] and "gemm, tile " in lines[1], lines[1]
     for ln in lines:  # the facts the choice came from
         assert re.search(r"\d+-bit vectors, \d+ registers, (no )?fma, L1d \d+K, L2 \d+K", ln), ln
+
+
+def test_k_blocks_sum_in_the_output_unless_it_cannot_hold_them(tmp_path):
+    code = ("import numpy as np, flowjit as flow, flowjit.typing as tp\n"
+            "def plain(a: tp.Numpy.Placeholder((30, 3000)), b: tp.Numpy.Placeholder((3000, 40))"
+            ") -> tp.Numpy:\n"
+            "    return flow.matmul(a, b)\n"
+            "def wide(a: tp.Numpy.Placeholder((30, 3000)), b: tp.Numpy.Placeholder((3000, 40))"
+            ") -> tp.Numpy:\n"
+            "    return flow.cast(flow.matmul(a, b), flow.float64)\n"
+            "a, b = np.ones((30, 3000), np.float32), np.ones((3000, 40), np.float32)\n"
+            "assert (flow.global_function(type='predict')(plain)(a, b) == 3000).all()\n"
+            "assert (flow.global_function(type='predict')(wide)(a, b) == 3000).all()\n")
+    env = dict(os.environ, FLOWJIT_DEBUG="1", FLOWJIT_CACHE_DIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [ln for ln in p.stderr.splitlines() if ": matmul " in ln]
+    assert len(lines) == 2, lines
+    assert "K blocks sum in the output" in lines[0], lines[0]
+    assert "K blocks sum in scratch" in lines[1], lines[1]
 
 
 def test_the_target_id_carries_what_the_blocking_depends_on():
