@@ -335,8 +335,11 @@ double compile_weight(const Kernel& k) {
 
 void clear_kernel_cache() { UnitCache::process().clear(); }
 
-CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions& opts) {
+CompiledObject compile(const std::vector<Kernel>& kernels, std::vector<abi::Launch>& launches,
+                       const CompileOptions& opts) {
   auto t_start = std::chrono::steady_clock::now();
+  FJ_CHECK(launches.size() == kernels.size(), "compile: ", kernels.size(), " kernels but ",
+           launches.size(), " launch records");
   const CpuTarget& t = host_target();
   const Level level = level_for(opts.run_once);
   CompiledObject out;
@@ -349,6 +352,7 @@ CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions&
   {
     std::unordered_map<std::string, size_t> seen;
     for (size_t i = 0; i < kernels.size(); ++i) {
+      if (kernels[i].kind == Kernel::Kind::Collective) continue;  // no code: the runtime runs it
       std::string key = structural_key(kernels[i]) + '\0' + t.id() + '\0' + level.id;
       auto [it, inserted] = seen.emplace(std::move(key), unit_keys.size());
       if (inserted) {
@@ -432,9 +436,12 @@ CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions&
           units[u]->assembly.empty() ? assembly_from_ir(units[u]->llvm_ir) : units[u]->assembly;
   }
   for (size_t i = 0; i < kernels.size(); ++i) {
+    if (kernels[i].kind == Kernel::Kind::Collective) continue;
+    FJ_CHECK(launches[i].symbol == kernels[i].name, "launch record ", i, " is ",
+             launches[i].symbol, " but the kernel is ", kernels[i].name);
     const CompiledUnit& u = *units[unit_of[i]];
     aliases.emplace_back(kernels[i].name, u.symbol);
-    out.launches.push_back({kernels[i].name, u.shape.range, u.shape.grain, u.shape.scratch_bytes});
+    launches[i].geometry = u.shape;
   }
   out.object = pack_objects(objects, aliases);
   out.seconds_wall = seconds_since(t_start);

@@ -8,6 +8,7 @@
 #include <functional>
 #include <string>
 
+#include "abi/launch.h"
 #include "codegen/emit.h"
 #include "codegen/kernel.h"
 #include "codegen/target.h"
@@ -33,13 +34,6 @@ struct CpuTarget {
 
 const CpuTarget& host_target();
 
-// How the runtime launches one kernel.
-struct LaunchShape {
-  int64_t range = 1;
-  int64_t grain = 1;
-  int64_t scratch_bytes = 0;
-};
-
 // The kernel ABI: void name(ptr args, i64 begin, i64 end, ptr scratch).
 llvm::Function* declare_kernel(llvm::Module& m, const std::string& name, const CpuTarget& t);
 // Loads the argument base pointers at the start of `f`.
@@ -53,10 +47,12 @@ void emit_for(llvm::IRBuilderBase& b, llvm::Value* lo, llvm::Value* hi, int64_t 
 void emit_vector_for(llvm::IRBuilderBase& b, llvm::Value* lo, llvm::Value* hi, int lanes,
                      const std::function<void(llvm::Value*, int)>& body, const char* name = "v");
 
+// The kernel emitters. Each decides how the runtime launches its kernel
+// (the launch record's CPU range) and writes it into `shape`.
 llvm::Function* emit_loop_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
-                                 MathProvider& math, LaunchShape& shape);
+                                 MathProvider& math, abi::CpuRange& shape);
 llvm::Function* emit_matmul_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
-                                   MathProvider& math, LaunchShape& shape);
+                                   MathProvider& math, abi::CpuRange& shape);
 
 // Smallest amount of work (element operations) worth a separate task.
 constexpr double kMinTaskCost = 32768;

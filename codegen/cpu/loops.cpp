@@ -47,7 +47,7 @@ class LoopKernelEmitter {
   LoopKernelEmitter(llvm::Module& m, const Kernel& k, const CpuTarget& t, MathProvider& math)
       : m_(m), k_(k), t_(t), math_(math), b_(m.getContext()) {}
 
-  llvm::Function* emit(LaunchShape& shape) {
+  llvm::Function* emit(abi::CpuRange& shape) {
     f_ = declare_kernel(m_, k_.name, t_);
     auto* entry = llvm::BasicBlock::Create(m_.getContext(), "entry", f_);
     b_.SetInsertPoint(entry);
@@ -344,7 +344,7 @@ class LoopKernelEmitter {
 }  // namespace
 
 llvm::Function* emit_loop_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
-                                 MathProvider& math, LaunchShape& shape) {
+                                 MathProvider& math, abi::CpuRange& shape) {
   Kernel flat = k;
   coalesce_domain(flat);
   return LoopKernelEmitter(m, flat, t, math).emit(shape);

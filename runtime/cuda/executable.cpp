@@ -15,39 +15,6 @@ namespace {
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
-// ---------------------------------------------------------------- launches text
-
-std::string serialize_launches(const std::vector<GpuLaunch>& launches) {
-  std::ostringstream os;
-  for (const GpuLaunch& l : launches)
-    os << "gpulaunch " << l.symbol << " " << l.grid[0] << " " << l.grid[1] << " " << l.grid[2]
-       << " " << l.block[0] << " " << l.block[1] << " " << l.block[2] << " " << l.shared_bytes
-       << "\n";
-  return os.str();
-}
-
-std::vector<GpuLaunch> deserialize_launches(const std::string& text) {
-  std::vector<GpuLaunch> out;
-  std::istringstream is(text);
-  std::string line;
-  while (std::getline(is, line)) {
-    if (line.empty()) continue;
-    std::istringstream ls(line);
-    std::string key;
-    GpuLaunch l;
-    ls >> key >> l.symbol >> l.grid[0] >> l.grid[1] >> l.grid[2] >> l.block[0] >> l.block[1] >>
-        l.block[2] >> l.shared_bytes;
-    std::string rest;
-    if (key != "gpulaunch" || ls.fail() || (ls >> rest) || l.symbol.empty())
-      throw_user(ErrorKind::Value, "corrupt GPU launch list: bad line '", line, "'");
-    for (uint32_t v : {l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2]})
-      if (v == 0)
-        throw_user(ErrorKind::Value, "corrupt GPU launch list: zero extent in '", line, "'");
-    out.push_back(l);
-  }
-  return out;
-}
-
 // ---------------------------------------------------------------- variables
 
 struct DeviceVariables::Slot {
@@ -252,14 +219,11 @@ bool DeviceVariables::holds_newest(const VariableStorage& v) const {
 
 // ---------------------------------------------------------------- executable
 
-CudaExecutable::CudaExecutable(std::shared_ptr<Device> d, Plan plan,
-                               std::vector<GpuLaunch> launches, const GpuImage& image)
-    : d_(std::move(d)), plan_(std::move(plan)), launches_(std::move(launches)) {
-  FJ_CHECK(launches_.size() == plan_.launches.size(), "one GPU launch per plan launch (",
-           launches_.size(), " vs ", plan_.launches.size(), ")");
-  for (size_t i = 0; i < launches_.size(); ++i)
-    FJ_CHECK(launches_[i].symbol == plan_.launches[i].symbol, "GPU launch ", i, " is ",
-             launches_[i].symbol, " but the plan launches ", plan_.launches[i].symbol);
+CudaExecutable::CudaExecutable(std::shared_ptr<Device> d, Plan plan, const GpuImage& image)
+    : d_(std::move(d)), plan_(std::move(plan)) {
+  for (const Launch& l : plan_.launches)
+    FJ_CHECK(l.gpu() != nullptr && !l.collective, "job '", plan_.job_name, "': launch ", l.symbol,
+             " has no GPU grid");
   try {
     load_and_allocate(image);
   } catch (...) {
@@ -307,16 +271,17 @@ void CudaExecutable::load_and_allocate(const GpuImage& image) {
   loaded_from_ = use_cubin ? "cubin sm_" + std::to_string(image.cubin_sm)
                            : "ptx (driver JIT for sm_" + std::to_string(d_->info().sm) + ")";
   if (!cubin_rejected.empty()) loaded_from_ += " after the cubin was rejected: " + cubin_rejected;
-  for (const GpuLaunch& l : launches_) {
+  for (const Launch& launch : plan_.launches) {
+    const GpuGrid& l = *launch.gpu();
     CUfunction f = nullptr;
-    check(api, api.cuModuleGetFunction(&f, module_, l.symbol.c_str()), "cuModuleGetFunction",
-          "kernel '" + l.symbol + "' of job '" + plan_.job_name + "'");
+    check(api, api.cuModuleGetFunction(&f, module_, launch.symbol.c_str()), "cuModuleGetFunction",
+          "kernel '" + launch.symbol + "' of job '" + plan_.job_name + "'");
     if (l.shared_bytes > 48 * 1024)
       check(api,
             api.cuFuncSetAttribute(f, kFuncAttrMaxDynamicSharedSizeBytes,
                                    static_cast<int>(l.shared_bytes)),
             "cuFuncSetAttribute",
-            "kernel '" + l.symbol + "' asks for " + std::to_string(l.shared_bytes) +
+            "kernel '" + launch.symbol + "' asks for " + std::to_string(l.shared_bytes) +
                 " bytes of shared memory");
     fns_.push_back(f);
   }
@@ -454,14 +419,14 @@ void CudaExecutable::submit(const void* const* inputs) {
                                 staging_.data() + stage_status_, kStatusBytes, s),
           "cuMemcpyHtoDAsync", "the status buffer of job '" + plan_.job_name + "'");
   }
-  for (size_t li = 0; li < launches_.size(); ++li) {
-    const GpuLaunch& l = launches_[li];
+  for (size_t li = 0; li < plan_.launches.size(); ++li) {
+    const GpuGrid& l = *plan_.launches[li].gpu();
     void** params = plan_.launches[li].args.empty() ? nullptr : &arg_ptrs_[arg_start_[li]];
     CUresult r = api.cuLaunchKernel(fns_[li], l.grid[0], l.grid[1], l.grid[2], l.block[0],
                                     l.block[1], l.block[2], l.shared_bytes, s, params, nullptr);
     if (r != kCudaSuccess)
       check(api, r, "cuLaunchKernel",
-            "kernel '" + l.symbol + "' of job '" + plan_.job_name + "', grid " +
+            "kernel '" + plan_.launches[li].symbol + "' of job '" + plan_.job_name + "', grid " +
                 std::to_string(l.grid[0]) + "x" + std::to_string(l.grid[1]) + "x" +
                 std::to_string(l.grid[2]) + ", block " + std::to_string(l.block[0]) + "x" +
                 std::to_string(l.block[1]) + "x" + std::to_string(l.block[2]));

@@ -1,8 +1,8 @@
 // CudaExecutable: a compiled job's GPU kernels and the plan that launches
 // them, the GPU counterpart of runtime::Executable.
 //
-// The plan is the same runtime::Plan (buffers and launch order); the GPU
-// adds per launch its grid, block and dynamic shared memory, and the module
+// The plan is the same runtime::Plan (buffers and launch order), whose
+// launch records carry their GPU grids (abi::GpuGrid), and the module
 // image (PTX, and a cubin when ptxas made one for this device's SM). Every
 // buffer lives on the device for the executable's life: the arena, one
 // buffer per input and output, and the variables' device copies
@@ -32,22 +32,6 @@
 #include "runtime/variables.h"
 
 namespace flowjit::runtime::cuda {
-
-struct GpuLaunch {
-  std::string symbol;
-  uint32_t grid[3] = {1, 1, 1};
-  uint32_t block[3] = {1, 1, 1};
-  uint32_t shared_bytes = 0;  // dynamic shared memory
-  bool operator==(const GpuLaunch& o) const {
-    return symbol == o.symbol && std::equal(grid, grid + 3, o.grid) &&
-           std::equal(block, block + 3, o.block) && shared_bytes == o.shared_bytes;
-  }
-};
-
-// Text form for the disk cache: one "gpulaunch sym gx gy gz bx by bz shared"
-// line per launch. deserialize throws UserError(Value) on damaged text.
-std::string serialize_launches(const std::vector<GpuLaunch>& launches);
-std::vector<GpuLaunch> deserialize_launches(const std::string& text);
 
 struct GpuImage {
   std::string ptx;          // always usable: the driver compiles it for the device
@@ -108,14 +92,13 @@ class CudaExecutable : public Program {
   // Loads the module and resolves every kernel; allocates the device
   // buffers and the pinned staging. UserError(Runtime) when the driver
   // rejects the image (with the driver's JIT log) or lacks a kernel.
-  CudaExecutable(std::shared_ptr<Device> d, Plan plan, std::vector<GpuLaunch> launches,
-                 const GpuImage& image);
+  // Every launch of `plan` carries its GPU grid (codegen/nvptx wrote it).
+  CudaExecutable(std::shared_ptr<Device> d, Plan plan, const GpuImage& image);
   ~CudaExecutable();
   CudaExecutable(const CudaExecutable&) = delete;
   CudaExecutable& operator=(const CudaExecutable&) = delete;
 
   const Plan& plan() const override { return plan_; }
-  const std::vector<GpuLaunch>& launches() const { return launches_; }
   // "cubin sm_90" or "ptx (driver JIT for sm_90)".
   std::string loaded_from() const override { return loaded_from_; }
   std::string device() const override { return "gpu:" + std::to_string(d_->info().ordinal); }
@@ -156,7 +139,6 @@ class CudaExecutable : public Program {
 
   std::shared_ptr<Device> d_;
   Plan plan_;
-  std::vector<GpuLaunch> launches_;
   std::string loaded_from_;
   CUmodule module_ = nullptr;
   std::vector<CUfunction> fns_;
