@@ -437,8 +437,8 @@ CompiledObject compile(const std::vector<Kernel>& kernels, std::vector<abi::Laun
   }
   for (size_t i = 0; i < kernels.size(); ++i) {
     if (kernels[i].kind == Kernel::Kind::Collective) continue;
-    FJ_CHECK(launches[i].symbol == kernels[i].name, "launch record ", i, " is ",
-             launches[i].symbol, " but the kernel is ", kernels[i].name);
+    FJ_CHECK(launches[i].symbol == kernels[i].name, "launch record ", i, " is ", launches[i].symbol,
+             " but the kernel is ", kernels[i].name);
     const CompiledUnit& u = *units[unit_of[i]];
     aliases.emplace_back(kernels[i].name, u.symbol);
     launches[i].geometry = u.shape;

@@ -51,22 +51,22 @@ struct KernelNotes {
 
 struct CompiledModule {
   std::string ptx;
-  std::vector<char> cubin;             // empty when ptxas was not run or not found
-  std::string ptxas_log;               // ptxas' messages (warnings), when it ran
-  std::string ptxas_path;              // the ptxas that produced `cubin`
-  std::vector<KernelNotes> notes;      // one per kernel, in order
-  std::string llvm_ir;                 // optimized (if asked)
-  std::string target_id;     // part of the disk-cache key: triple, SM, PTX version, options
-  std::string math_library;  // "libdevice" or "builtin"
-  int ptx_version = 0;       // e.g. 70 for ".version 7.0"
+  std::vector<char> cubin;         // empty when ptxas was not run or not found
+  std::string ptxas_log;           // ptxas' messages (warnings), when it ran
+  std::string ptxas_path;          // the ptxas that produced `cubin`
+  std::vector<KernelNotes> notes;  // one per kernel, in order
+  std::string llvm_ir;             // optimized (if asked)
+  std::string target_id;           // part of the disk-cache key: triple, SM, PTX version, options
+  std::string math_library;        // "libdevice" or "builtin"
+  int ptx_version = 0;             // e.g. 70 for ".version 7.0"
   double seconds_emit = 0, seconds_optimize = 0, seconds_codegen = 0, seconds_ptxas = 0;
 };
 
 // Lowers `kernels` into one module, optimizes it at O3 for the SM and emits
 // PTX, then a cubin when ptxas is found. `launches` are the plan's launch
-// records, one per kernel (fusion's): compile writes each one's GPU grid. Throws InternalError when LLVM or
-// ptxas rejects the generated code (a flowjit bug) and UserError for a bad
-// option (unsupported SM, libdevice required but missing).
+// records, one per kernel (fusion's): compile writes each one's GPU grid. Throws InternalError when
+// LLVM or ptxas rejects the generated code (a flowjit bug) and UserError for a bad option
+// (unsupported SM, libdevice required but missing).
 CompiledModule compile(const std::vector<Kernel>& kernels, std::vector<abi::Launch>& launches,
                        const CompileOptions& opts);
 

@@ -107,8 +107,8 @@ class MatMulEmitter {
     launch.block[0] = static_cast<uint32_t>(cfg_.threads());
     bool implicit = !mm_.plain(0) || !mm_.plain(1);
     notes.mapping = std::string(implicit ? "implicit-gemm " : "matmul ") +
-                     (cfg_.tensor_cores ? "tf32 mma " : "fma ") + std::to_string(cfg_.bm) + "x" +
-                     std::to_string(cfg_.bn) + "x" + std::to_string(cfg_.bk);
+                    (cfg_.tensor_cores ? "tf32 mma " : "fma ") + std::to_string(cfg_.bm) + "x" +
+                    std::to_string(cfg_.bn) + "x" + std::to_string(cfg_.bk);
 
     lda_ = cfg_.tensor_cores ? cfg_.bk + cfg_.pad_a : cfg_.bm + cfg_.pad_a;
     ldb_ = cfg_.bn + cfg_.pad_b;

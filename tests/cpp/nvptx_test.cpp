@@ -1812,10 +1812,9 @@ TEST(NvptxRuntime, FakeDriverFailuresNameTheCall) {
     EXPECT_THROW(rc::CudaExecutable(dev, fp.plan, rc::GpuImage{}), InternalError)
         << "launches without GPU grids";
     for (auto& l : fp.plan.launches) l.geometry = runtime::GpuGrid{};
-    expect_error(
-        [&] { rc::CudaExecutable(dev, fp.plan, rc::GpuImage{".version 7.0\n", {}, 0}); },
-        {"cuModuleGetFunction failed: CUDA_ERROR_NOT_FOUND: named symbol not found",
-         "kernel '" + fp.plan.launches[0].symbol + "' of job 't'"});
+    expect_error([&] { rc::CudaExecutable(dev, fp.plan, rc::GpuImage{".version 7.0\n", {}, 0}); },
+                 {"cuModuleGetFunction failed: CUDA_ERROR_NOT_FOUND: named symbol not found",
+                  "kernel '" + fp.plan.launches[0].symbol + "' of job 't'"});
   }
   // A device that does not exist.
   try {
