@@ -123,10 +123,16 @@ Geometry read_geometry(std::istream& ls) {
       if (g.grid[i] == 0 || g.block[i] == 0) bad_plan("zero extent in '" + a + " " + b + "'");
     return g;
   }
+  auto number = [&](const std::string& w) {
+    size_t end = 0;
+    int64_t v = std::stoll(w, &end);
+    if (end != w.size()) bad_plan("bad CPU range '" + a + " " + b + " " + c + "'");
+    return v;
+  };
   CpuRange r;
-  r.range = std::stoll(a);
-  r.grain = std::stoll(b);
-  r.scratch_bytes = std::stoll(c);
+  r.range = number(a);
+  r.grain = number(b);
+  r.scratch_bytes = number(c);
   return r;
 }
 

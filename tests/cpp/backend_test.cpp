@@ -85,6 +85,14 @@ TEST(Backend, SameProgramIgnoresOnlyWhatCodegenDecides) {
   EXPECT_EQ(runtime::Plan::deserialize(b.serialize()).launches[0].geometry, b.launches[0].geometry);
   EXPECT_EQ(runtime::Plan::deserialize(g.serialize()).launches[0].geometry, g.launches[0].geometry);
   EXPECT_EQ(runtime::Plan::deserialize(g.serialize()).serialize(), g.serialize());
+  // The CPU words are the text CPU entries always had; damaged ones are refused.
+  std::string text = b.serialize();
+  ASSERT_NE(text.find("launch k0 7 3 64 I0+0 O0+0\n"), std::string::npos) << text;
+  for (std::string bad : {"7x 3 64", "7 3", "grid=7 3 64"}) {
+    std::string damaged = text;
+    damaged.replace(damaged.find("7 3 64"), 6, bad);
+    EXPECT_THROW(runtime::Plan::deserialize(damaged), UserError) << bad;
+  }
 }
 
 TEST(Backend, CpuCompileLoadBindRunThroughTheInterface) {
