@@ -85,22 +85,13 @@ Compiled compile_gpu(const Graph& g, int sm, bool tf32) {
   nv::CompileOptions o;
   o.sm = sm;
   o.allow_tf32 = tf32;
-  c.mod = nv::compile(c.fp.kernels, o);
+  c.mod = nv::compile(c.fp.kernels, c.fp.plan.launches, o);  // writes the plan's grids
   return c;
 }
 
 std::unique_ptr<rc::CudaExecutable> load(const Compiled& c, const std::shared_ptr<rc::Device>& dev,
                                          int sm) {
-  std::vector<rc::GpuLaunch> ls;
-  for (auto& l : c.mod.launches) {
-    rc::GpuLaunch r;
-    r.symbol = l.symbol;
-    std::copy(l.grid, l.grid + 3, r.grid);
-    std::copy(l.block, l.block + 3, r.block);
-    r.shared_bytes = l.shared_bytes;
-    ls.push_back(r);
-  }
-  return std::make_unique<rc::CudaExecutable>(dev, c.fp.plan, ls,
+  return std::make_unique<rc::CudaExecutable>(dev, c.fp.plan,
                                               rc::GpuImage{c.mod.ptx, c.mod.cubin, sm});
 }
 
@@ -268,9 +259,11 @@ int main(int argc, char** argv) {
                 mm_exact.mod.cubin.empty() ? "not found, the driver JIT-compiles the PTX"
                                            : mm_exact.mod.ptxas_path.c_str());
     for (const Compiled* c : {&mm_exact, &mm_tf32, &ew_c, &train_c})
-      for (auto& l : c->mod.launches)
-        std::printf("  %-40s %s grid=%u block=%u\n", l.symbol.c_str(), l.mapping.c_str(), l.grid[0],
-                    l.block[0]);
+      for (size_t i = 0; i < c->fp.plan.launches.size(); ++i) {
+        const auto& l = c->fp.plan.launches[i];
+        std::printf("  %-40s %s grid=%u block=%u\n", l.symbol.c_str(),
+                    c->mod.notes[i].mapping.c_str(), l.gpu()->grid[0], l.gpu()->block[0]);
+      }
     if (compile_only) return 0;
 
     // ---- matmul

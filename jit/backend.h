@@ -36,8 +36,9 @@ struct CodeObject {
   // The target as the entry records it: the key's, with what compiling
   // learned (the PTX version, whether a cubin came) and the placement.
   codegen::TargetId target;
-  // The plan the code runs with: fusion's, with what codegen decided per
-  // launch (CPU: range, grain, scratch bytes). Stored as plan.txt.
+  // The plan the code runs with: fusion's launch records, into which
+  // codegen wrote each launch's geometry (a CPU range or a GPU grid).
+  // Stored as plan.txt.
   runtime::Plan plan;
   std::vector<char> object;  // object.o: a relocatable ELF object, a cubin (may be empty)
   // The backend's own entry files, named by its cache_files(), in order.

@@ -7,15 +7,16 @@
 //       meta.json              job, signature, source, target, build, times,
 //                              hits, sizes, and {bytes, sha256} of each file
 //       object.o               the ELF relocatable object
-//       plan.txt               runtime::Plan::serialize()
+//       plan.txt               runtime::Plan::serialize(): the launch records,
+//                              CPU ranges or GPU grids included
 //       ir_traced.txt          IR before optimization
 //       ir_optimized.txt       IR after the pass pipeline
 //       fusion.txt             the fusion plan (which values in which kernel)
 //       kernels.txt            loop-level kernel descriptions
 //       llvm.ll                the optimized LLVM IR (for `flowjit-cache show`)
 //       ...                    files of a target's own (CacheEntry::extra_files);
-//                              GPU entries: kernels.ptx, launches.txt, and the
-//                              cubin (empty without ptxas) as object.o
+//                              GPU entries: kernels.ptx, and the cubin (empty
+//                              without ptxas) as object.o
 //   <dir>/tmp/                 private staging directories and entries being
 //                              deleted
 //   <dir>/lock                 taken (flock) while evicting

@@ -33,7 +33,9 @@ namespace flowjit::jit {
 
 struct FusedProgram {
   std::vector<codegen::Kernel> kernels;  // in launch order
-  runtime::Plan plan;  // launches carry symbols and arguments; range/grain come from codegen
+  // The launch records (abi/launch.h): symbols, buffers, summaries and
+  // collective steps; the backend's codegen writes their geometry.
+  runtime::Plan plan;
   // One line per kernel: its name, the printed IR values it computes, and
   // the values it stores. Names refer to print_graph of `graph`.
   std::string description;

@@ -84,6 +84,58 @@ ir::TensorType parse_type(const std::string& s) {
   return {*dt, shape};
 }
 
+// A launch's geometry in plan text, three words after the symbol: a CPU
+// range "range grain scratch_bytes", or a GPU grid
+// "grid=x,y,z block=x,y,z shared=bytes".
+void write_geometry(std::ostream& os, const Geometry& geometry) {
+  if (const auto* c = std::get_if<CpuRange>(&geometry)) {
+    os << c->range << " " << c->grain << " " << c->scratch_bytes;
+  } else {
+    const GpuGrid& g = std::get<GpuGrid>(geometry);
+    os << "grid=" << g.grid[0] << "," << g.grid[1] << "," << g.grid[2] << " block=" << g.block[0]
+       << "," << g.block[1] << "," << g.block[2] << " shared=" << g.shared_bytes;
+  }
+}
+
+// "name=a,b,c" (n numbers) into out; false when the word is not that.
+bool read_dims(const std::string& word, const char* name, uint32_t* out, int n) {
+  std::string prefix = std::string(name) + "=";
+  if (word.compare(0, prefix.size(), prefix) != 0) return false;
+  std::stringstream ss(word.substr(prefix.size()));
+  for (int i = 0; i < n; ++i) {
+    int64_t v = -1;
+    if (!(ss >> v) || v < 0 || v > std::numeric_limits<uint32_t>::max()) return false;
+    out[i] = static_cast<uint32_t>(v);
+    if (i + 1 < n && ss.get() != ',') return false;
+  }
+  return ss.peek() == std::char_traits<char>::eof();
+}
+
+Geometry read_geometry(std::istream& ls) {
+  std::string a, b, c;
+  if (!(ls >> a >> b >> c)) bad_plan("bad launch line");
+  if (a.rfind("grid=", 0) == 0) {
+    GpuGrid g;
+    if (!read_dims(a, "grid", g.grid, 3) || !read_dims(b, "block", g.block, 3) ||
+        !read_dims(c, "shared", &g.shared_bytes, 1))
+      bad_plan("bad GPU grid '" + a + " " + b + " " + c + "'");
+    for (int i = 0; i < 3; ++i)
+      if (g.grid[i] == 0 || g.block[i] == 0) bad_plan("zero extent in '" + a + " " + b + "'");
+    return g;
+  }
+  auto number = [&](const std::string& w) {
+    size_t end = 0;
+    int64_t v = std::stoll(w, &end);
+    if (end != w.size()) bad_plan("bad CPU range '" + a + " " + b + " " + c + "'");
+    return v;
+  };
+  CpuRange r;
+  r.range = number(a);
+  r.grain = number(b);
+  r.scratch_bytes = number(c);
+  return r;
+}
+
 }  // namespace
 
 bool Plan::same_program(const Plan& o) const {
@@ -109,7 +161,8 @@ std::string Plan::serialize() const {
   for (auto& t : outputs) os << "output " << type_text(t) << "\n";
   for (auto& [n, t] : variables) os << "variable " << type_text(t) << " " << n << "\n";
   for (auto& l : launches) {
-    os << "launch " << l.symbol << " " << l.range << " " << l.grain << " " << l.scratch_bytes;
+    os << "launch " << l.symbol << " ";
+    write_geometry(os, l.geometry);
     for (auto& a : l.args) os << " " << kind_tag(a.kind) << a.index << "+" << a.offset_bytes;
     os << "\n";
     if (const auto& c = l.collective) {
@@ -150,7 +203,8 @@ Plan Plan::deserialize(const std::string& text) {
         p.variables.emplace_back(n, parse_type(t));
       } else if (key == "launch") {
         Launch l;
-        ls >> l.symbol >> l.range >> l.grain >> l.scratch_bytes;
+        ls >> l.symbol;
+        l.geometry = read_geometry(ls);
         std::string a;
         while (ls >> a) {
           BufferRef r;
@@ -239,8 +293,16 @@ std::string Plan::describe() const {
   std::ostringstream os;
   for (size_t i = 0; i < launches.size(); ++i) {
     auto& l = launches[i];
-    os << "  [" << i << "] " << l.symbol << " range=" << l.range << " grain=" << l.grain;
-    if (l.scratch_bytes) os << " scratch=" << l.scratch_bytes;
+    os << "  [" << i << "] " << l.symbol;
+    if (const CpuRange* c = l.cpu()) {
+      os << " range=" << c->range << " grain=" << c->grain;
+      if (c->scratch_bytes) os << " scratch=" << c->scratch_bytes;
+    } else {
+      const GpuGrid& g = *l.gpu();
+      os << " grid=" << g.grid[0] << "," << g.grid[1] << "," << g.grid[2] << " block=" << g.block[0]
+         << "," << g.block[1] << "," << g.block[2];
+      if (g.shared_bytes) os << " shared=" << g.shared_bytes;
+    }
     // Where an asynchronous collective must be complete (tools read the
     // overlap structure from this: tools/scale_model.py).
     if (l.collective && l.collective->complete_before >= 0)
@@ -410,6 +472,8 @@ Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<voi
     : plan_(std::move(plan)), fns_(std::move(fns)), code_owner_(std::move(code_owner)) {
   FJ_CHECK(fns_.size() == plan_.launches.size(), "one function per launch");
   for (auto& l : plan_.launches) {
+    FJ_CHECK(l.cpu() != nullptr, "job '", plan_.job_name, "': launch ", l.symbol,
+             " has a GPU grid, not a CPU range");
     bool checks = false;
     for (const BufferRef& r : l.args)
       checks |= plan_.status_offset >= 0 && r.kind == BufferKind::Arena &&
@@ -564,7 +628,7 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
   }
   // Scratch: one block per thread, sized for the largest launch.
   int64_t need = 0;
-  for (auto& l : plan_.launches) need = std::max(need, l.scratch_bytes);
+  for (auto& l : plan_.launches) need = std::max(need, l.cpu()->scratch_bytes);
   int threads = tbb::this_task_arena::max_concurrency();
   if (need > 0 && (static_cast<int>(scratch_.size()) < threads || scratch_size_.empty() ||
                    scratch_size_[0] < need)) {
@@ -642,7 +706,8 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
       if (prof) record_bucket(li, t0);
       continue;
     }
-    if (l.range <= 0) continue;
+    const CpuRange& g = *l.cpu();  // checked by the constructor
+    if (g.range <= 0) continue;
     auto t0 = prof ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     struct Record {
       Executable* self;
@@ -652,20 +717,20 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
         if (self) self->record(li, t0);
       }
     } recorder{prof ? this : nullptr, li, t0};
-    if (l.range <= l.grain || threads <= 1) {
-      fn(args, 0, l.range, scratch_for(0, l.scratch_bytes));
+    if (g.range <= g.grain || threads <= 1) {
+      fn(args, 0, g.range, scratch_for(0, g.scratch_bytes));
       continue;
     }
-    int64_t chunks = std::min<int64_t>((l.range + l.grain - 1) / l.grain, threads);
-    int64_t step = (l.range + chunks - 1) / chunks;
+    int64_t chunks = std::min<int64_t>((g.range + g.grain - 1) / g.grain, threads);
+    int64_t step = (g.range + chunks - 1) / chunks;
     tbb::parallel_for(
         tbb::blocked_range<int64_t>(0, chunks, 1),
         [&](const tbb::blocked_range<int64_t>& r) {
           int t = tbb::this_task_arena::current_thread_index();
           if (t < 0 || t >= threads) t = 0;
-          char* scratch = scratch_for(t, l.scratch_bytes);
+          char* scratch = scratch_for(t, g.scratch_bytes);
           for (int64_t c = r.begin(); c < r.end(); ++c) {
-            int64_t b = c * step, e = std::min(l.range, b + step);
+            int64_t b = c * step, e = std::min(g.range, b + step);
             if (b < e) fn(args, b, e, scratch);
           }
         },

@@ -1,10 +1,11 @@
 // Executable: a compiled job's kernels and the plan that launches them.
 //
 // The plan is data (serializable into the disk cache): the job's signature,
-// the arena size, and an ordered list of launches, each naming a kernel
-// symbol, the buffers it takes and its parallel range. The runtime resolves
-// buffers per call and runs launches in order; a launch whose range exceeds
-// its grain is split over the TBB thread pool.
+// the arena size, and an ordered list of launch records (abi/launch.h), each
+// naming a kernel symbol, the buffers it takes and its geometry (a CPU range
+// or a GPU grid). The runtime resolves buffers per call and runs launches in
+// order; a CPU launch whose range exceeds its grain is split over the TBB
+// thread pool.
 #pragma once
 
 #include <chrono>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "abi/launch.h"
 #include "ir/types.h"
 #include "runtime/collective.h"
 #include "runtime/memory.h"
@@ -26,47 +28,16 @@ namespace flowjit::runtime {
 // Kernel ABI shared with codegen: args[i] is the base address of argument i.
 using KernelFn = void (*)(char* const* args, int64_t begin, int64_t end, char* scratch);
 
-enum class BufferKind : uint8_t { Input, Output, Variable, Arena };
-
-struct BufferRef {
-  BufferKind kind = BufferKind::Arena;
-  int32_t index = 0;         // input/output/variable index (unused for Arena)
-  int64_t offset_bytes = 0;  // arena offset, or offset into the named buffer
-  bool operator==(const BufferRef& o) const {
-    return kind == o.kind && index == o.index && offset_bytes == o.offset_bytes;
-  }
-};
-
-// A collective run between kernels (args {operand, result}): op, dtype,
-// parts, and the [outer][inner] element counts of one device's piece (see
-// runtime/collective.h).
-//
-// complete_before >= 0 (all_reduce and all_gather): the collective may run on the
-// device's communication thread while the launches after it run; it must
-// be complete before launch `complete_before` (the first that touches its
-// operand or result; the plan's size: the end of the run). The compiler
-// keeps both buffers alive until then. -1: it runs in place, synchronously.
-struct CollectiveStep {
-  enum class Op : uint8_t { AllReduce, AllGather, ReduceScatter, LocalSlice } op = Op::AllReduce;
-  ir::DType dtype = ir::DType::Float32;
-  int64_t parts = 1, outer = 1, inner = 1;
-  int64_t complete_before = -1;
-  bool operator==(const CollectiveStep& o) const {
-    return op == o.op && dtype == o.dtype && parts == o.parts && outer == o.outer &&
-           inner == o.inner && complete_before == o.complete_before;
-  }
-};
+// The launch record (abi/launch.h): fusion makes it, codegen writes its
+// geometry, the runtime runs it.
+using abi::BufferKind;
+using abi::BufferRef;
+using abi::CollectiveStep;
+using abi::CpuRange;
+using abi::Geometry;
+using abi::GpuGrid;
+using abi::Launch;
 const char* collective_op_name(CollectiveStep::Op op);
-
-struct Launch {
-  std::string symbol;  // the kernel's symbol; for a collective, a name for dumps only
-  std::vector<BufferRef> args;
-  int64_t range = 1;  // iterations of the parallel loop
-  int64_t grain = 1;  // smallest chunk worth a task
-  int64_t scratch_bytes = 0;
-  std::string summary;                       // what the kernel computes, for dumps
-  std::optional<CollectiveStep> collective;  // set: no code, the runtime runs this collective
-};
 
 // [harden] A check of the run (index ranges, numerics): kernels report the
 // first one that fails to the run's status buffer, int64 {check + 1, value,
@@ -99,10 +70,11 @@ struct Plan {
   std::vector<RunCheck> checks;
 
   // Whether `o` launches the same kernels on the same buffers: equal but
-  // for what codegen decides per launch (range, grain, scratch bytes). The
-  // disk cache's hit path checks a stored plan against fusion's with this.
+  // for what codegen decides per launch (the geometry). The disk cache's
+  // hit path checks a stored plan against fusion's with this.
   bool same_program(const Plan& o) const;
 
+  // The one text form of a plan and its launches (plan.txt), CPU and GPU.
   std::string serialize() const;
   // Throws UserError(Value) on malformed text.
   static Plan deserialize(const std::string& text);

@@ -2,8 +2,9 @@
 """Fails when a C++ layer includes a layer above it (docs/DESIGN.md, Folders).
 
     ir/       includes only ir/
-    codegen/  ir/ and codegen/ (never jit/ or runtime/)
-    runtime/  ir/ and runtime/ (never jit/ or codegen/)
+    abi/      ir/ and abi/: the launch record, the contract between codegen/ and runtime/
+    codegen/  ir/, abi/ and codegen/ (never jit/ or runtime/)
+    runtime/  ir/, abi/ and runtime/ (never jit/ or codegen/)
     jit/      anything but python/
 Run by tools/dev.sh test; prints each offending #include with its file and line.
 """
@@ -13,9 +14,10 @@ import sys
 
 ALLOWED = {
     "ir": {"ir"},
-    "codegen": {"ir", "codegen"},
-    "runtime": {"ir", "runtime"},
-    "jit": {"ir", "codegen", "runtime", "jit"},
+    "abi": {"ir", "abi"},
+    "codegen": {"ir", "abi", "codegen"},
+    "runtime": {"ir", "abi", "runtime"},
+    "jit": {"ir", "abi", "codegen", "runtime", "jit"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"/]+)/')
 
@@ -33,7 +35,7 @@ def main(root):
                                f"{line.strip()}")
     for b in bad:
         print(b)
-    print(f"layering: {len(bad)} violation(s)" if bad else "layering: ok (ir < codegen, runtime < jit)")
+    print(f"layering: {len(bad)} violation(s)" if bad else "layering: ok (ir < abi < codegen, runtime < jit)")
     return 1 if bad else 0
 
 

@@ -454,8 +454,11 @@ double compile_weight(const Kernel& k) {
 
 void clear_kernel_cache() { UnitCache::process().clear(); }
 
-CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions& opts) {
+CompiledObject compile(const std::vector<Kernel>& kernels, std::vector<abi::Launch>& launches,
+                       const CompileOptions& opts) {
   auto t_start = std::chrono::steady_clock::now();
+  FJ_CHECK(launches.size() == kernels.size(), "compile: ", kernels.size(), " kernels but ",
+           launches.size(), " launch records");
   const CpuTarget& t = host_target();
   const Level level = level_for(opts.run_once);
   CompiledObject out;
@@ -468,6 +471,7 @@ CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions&
   {
     std::unordered_map<std::string, size_t> seen;
     for (size_t i = 0; i < kernels.size(); ++i) {
+      if (kernels[i].kind == Kernel::Kind::Collective) continue;  // no code: the runtime runs it
       const bool seeded = seeded_body(kernels[i]);
       std::string key =
           structural_key(kernels[i], /*with_seeds=*/!seeded) + '\0' + t.id() + '\0' + level.id;
@@ -615,6 +619,7 @@ CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions&
   {
     std::set<std::string> made;
     for (size_t i = 0; i < kernels.size(); ++i) {
+      if (kernels[i].kind == Kernel::Kind::Collective) continue;
       const CompiledUnit& u = *units[unit_of[i]];
       entry[i] = u.symbol;
       if (!seeded_body(kernels[i])) continue;
@@ -681,9 +686,12 @@ CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions&
                                                    : thunk_unit->assembly;
   }
   for (size_t i = 0; i < kernels.size(); ++i) {
+    if (kernels[i].kind == Kernel::Kind::Collective) continue;
+    FJ_CHECK(launches[i].symbol == kernels[i].name, "launch record ", i, " is ", launches[i].symbol,
+             " but the kernel is ", kernels[i].name);
     const CompiledUnit& u = *units[unit_of[i]];
     aliases.emplace_back(kernels[i].name, entry[i]);
-    out.launches.push_back({kernels[i].name, u.shape.range, u.shape.grain, u.shape.scratch_bytes});
+    launches[i].geometry = u.shape;
   }
   out.object = pack_objects(objects, aliases);
   out.seconds_wall = seconds_since(t_start);

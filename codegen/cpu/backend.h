@@ -8,17 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "abi/launch.h"
 #include "codegen/kernel.h"
 #include "codegen/target.h"
 
 namespace flowjit::codegen::cpu {
-
-struct KernelLaunch {
-  std::string symbol;
-  int64_t range = 1;
-  int64_t grain = 1;
-  int64_t scratch_bytes = 0;
-};
 
 struct CompileOptions {
   std::string module_name = "flowjit";
@@ -34,11 +28,10 @@ struct CompileOptions {
 };
 
 struct CompiledObject {
-  std::vector<char> object;            // ELF relocatable object
-  std::vector<KernelLaunch> launches;  // one per kernel, in order
-  std::string llvm_ir;                 // optimized (if asked)
-  std::string unoptimized_ir;          // (if asked)
-  std::string assembly;                // (if asked)
+  std::vector<char> object;    // ELF relocatable object
+  std::string llvm_ir;         // optimized (if asked)
+  std::string unoptimized_ir;  // (if asked)
+  std::string assembly;        // (if asked)
   // Summed over the kernels compiled (on several threads, so more than the wall time).
   double seconds_emit = 0, seconds_optimize = 0, seconds_codegen = 0;
   double seconds_wall = 0;   // of the whole compile() call
@@ -57,10 +50,16 @@ struct CompiledObject {
 // per kernel), so initializers of other seeds and sizes compile once. The result is one container
 // of the objects whose table maps every kernel's name to its code's symbol (load() resolves through
 // it). Throws InternalError when LLVM rejects a module.
-CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions& opts);
+//
+// `launches` are the plan's launch records, one per kernel (fusion made
+// them, with the kernels' names as symbols): compile writes each coded
+// kernel's CPU range into its record. Collective kernels have no code;
+// their records keep what fusion gave them.
+CompiledObject compile(const std::vector<Kernel>& kernels, std::vector<abi::Launch>& launches,
+                       const CompileOptions& opts);
 
 // Optimizes and compiles LLVM IR text (a module whose functions follow the
-// kernel ABI) for the host; launches are left empty.
+// kernel ABI) for the host.
 CompiledObject compile_ir_text(const std::string& llvm_ir);
 
 // Machine code loaded into this process. Destroying it frees the code.

@@ -8,6 +8,7 @@
 #include <functional>
 #include <string>
 
+#include "abi/launch.h"
 #include "codegen/emit.h"
 #include "codegen/kernel.h"
 #include "codegen/target.h"
@@ -33,13 +34,6 @@ struct CpuTarget {
 
 const CpuTarget& host_target();
 
-// How the runtime launches one kernel.
-struct LaunchShape {
-  int64_t range = 1;
-  int64_t grain = 1;
-  int64_t scratch_bytes = 0;
-};
-
 // The kernel ABI: void name(ptr args, i64 begin, i64 end, ptr scratch).
 // A seeded body (`seeded`) takes a fifth argument, ptr seeds: the i64 seeds
 // of its Random nodes in node order, which a per-kernel thunk of the plain
@@ -57,11 +51,13 @@ void emit_for(llvm::IRBuilderBase& b, llvm::Value* lo, llvm::Value* hi, int64_t 
 void emit_vector_for(llvm::IRBuilderBase& b, llvm::Value* lo, llvm::Value* hi, int lanes,
                      const std::function<void(llvm::Value*, int)>& body, const char* name = "v");
 
+// The kernel emitters. Each decides how the runtime launches its kernel
+// (the launch record's CPU range) and writes it into `shape`.
 // `runtime_seeds`: the body is seeded (declare_kernel) and reads its Random
 // nodes' seeds at run time, so kernels that differ only in their seeds share
 // its code (kernels without Random nodes ignore it).
 llvm::Function* emit_loop_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
-                                 MathProvider& math, LaunchShape& shape,
+                                 MathProvider& math, abi::CpuRange& shape,
                                  bool runtime_seeds = false);
 // Random nodes of `k` in node order (the seeds a seeded body reads).
 std::vector<int> random_nodes(const Kernel& k);
@@ -73,7 +69,7 @@ struct SeedThunk {
 };
 void emit_seed_thunks(llvm::Module& m, const std::vector<SeedThunk>& thunks, const CpuTarget& t);
 llvm::Function* emit_matmul_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
-                                   MathProvider& math, LaunchShape& shape);
+                                   MathProvider& math, abi::CpuRange& shape);
 
 // Smallest amount of work (element operations) worth a separate task.
 constexpr double kMinTaskCost = 32768;

@@ -32,7 +32,7 @@ std::string unit_symbol(const std::string& unit_key);
 struct CompiledUnit {
   std::string symbol;
   std::vector<char> object;
-  LaunchShape shape;
+  abi::CpuRange shape;
   std::string llvm_ir;   // optimized module text; empty when it was not asked for
   std::string assembly;  // only in a unit compiled for a call that asked for it
   double seconds_emit = 0, seconds_optimize = 0, seconds_codegen = 0;

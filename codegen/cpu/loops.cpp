@@ -48,7 +48,7 @@ class LoopKernelEmitter {
   LoopKernelEmitter(llvm::Module& m, const Kernel& k, const CpuTarget& t, MathProvider& math)
       : m_(m), k_(k), t_(t), math_(math), b_(m.getContext()) {}
 
-  llvm::Function* emit(LaunchShape& shape, bool runtime_seeds) {
+  llvm::Function* emit(abi::CpuRange& shape, bool runtime_seeds) {
     std::vector<int> randoms = runtime_seeds ? random_nodes(k_) : std::vector<int>{};
     f_ = declare_kernel(m_, k_.name, t_, !randoms.empty());
     auto* entry = llvm::BasicBlock::Create(m_.getContext(), "entry", f_);
@@ -414,7 +414,7 @@ class LoopKernelEmitter {
 }  // namespace
 
 llvm::Function* emit_loop_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
-                                 MathProvider& math, LaunchShape& shape, bool runtime_seeds) {
+                                 MathProvider& math, abi::CpuRange& shape, bool runtime_seeds) {
   Kernel flat = k;
   coalesce_domain(flat);
   return LoopKernelEmitter(m, flat, t, math).emit(shape, runtime_seeds);

@@ -291,7 +291,7 @@ class MatMulEmitter {
     if (debug_enabled()) ir::diag(1, describe_blocking(k_, bl_, t_));
   }
 
-  llvm::Function* emit(LaunchShape& shape) {
+  llvm::Function* emit(abi::CpuRange& shape) {
     f_ = declare_kernel(m_, k_.name, t_);
     llvm::LLVMContext& c = m_.getContext();
     entry_ = llvm::BasicBlock::Create(c, "entry", f_);
@@ -1228,7 +1228,7 @@ class MatMulEmitter {
 }  // namespace
 
 llvm::Function* emit_matmul_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
-                                   MathProvider& math, LaunchShape& shape) {
+                                   MathProvider& math, abi::CpuRange& shape) {
   return MatMulEmitter(m, k, t, math).emit(shape);
 }
 

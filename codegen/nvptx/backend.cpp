@@ -102,7 +102,8 @@ TargetId module_target(int sm, bool allow_tf32, const std::string& math, const s
   return t;
 }
 
-CompiledModule compile(const std::vector<Kernel>& kernels, const CompileOptions& opts) {
+CompiledModule compile(const std::vector<Kernel>& kernels, std::vector<abi::Launch>& launches,
+                       const CompileOptions& opts) {
   FJ_USER_CHECK(is_supported_sm(opts.sm), ErrorKind::Value, "GPU code generation: sm_", opts.sm,
                 " is not supported (supported: ", supported_sms_text(), ")");
   CompiledModule out;
@@ -127,15 +128,22 @@ CompiledModule compile(const std::vector<Kernel>& kernels, const CompileOptions&
   GpuTarget target;
   target.sm = opts.sm;
   target.allow_tf32 = opts.allow_tf32;
-  for (const Kernel& k : kernels) {
-    KernelLaunch launch;
+  FJ_CHECK(launches.size() == kernels.size(), "compile: ", kernels.size(), " kernels but ",
+           launches.size(), " launch records");
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const Kernel& k = kernels[i];
+    if (k.kind == Kernel::Kind::Collective) continue;  // no code: the runtime runs it
+    FJ_CHECK(launches[i].symbol == k.name, "launch record ", i, " is ", launches[i].symbol,
+             " but the kernel is ", k.name);
+    abi::GpuGrid grid;
+    KernelNotes notes;
     if (k.kind == Kernel::Kind::MatMul) {
-      emit_matmul_kernel(m, k, target, *math, launch);
+      emit_matmul_kernel(m, k, target, *math, grid, notes);
     } else {
-      emit_loop_kernel(m, k, target, *math, launch);
+      emit_loop_kernel(m, k, target, *math, grid, notes);
     }
-    launch.symbol = k.name;
-    out.launches.push_back(launch);
+    launches[i].geometry = grid;
+    out.notes.push_back(std::move(notes));
   }
   std::string verify_err;
   llvm::raw_string_ostream vos(verify_err);

@@ -7,8 +7,9 @@
 //    are the kernel's argument base addresses (global memory, u64), in order;
 //  * every argument base is 16-byte aligned (cuMemAlloc gives 256; arena
 //    offsets are multiples of 64), which the 128-bit vector accesses rely on;
-//  * the launch uses exactly KernelLaunch's grid, block and shared bytes. The
-//    kernels loop (grid-stride) over their work, so the grid may be capped.
+//  * the launch uses exactly the grid, block and shared bytes that compile()
+//    wrote into the kernel's launch record (abi::GpuGrid). The kernels loop
+//    (grid-stride) over their work, so the grid may be capped.
 //  Every extent and stride is a compile-time constant of the kernel.
 #pragma once
 
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "abi/launch.h"
 #include "codegen/kernel.h"
 #include "codegen/target.h"
 
@@ -40,34 +42,33 @@ struct CompileOptions {
   std::string ptxas_path;      // "" searches (see find_ptxas)
 };
 
-// How to launch one kernel (cuLaunchKernel's arguments besides the function).
-struct KernelLaunch {
-  std::string symbol;
-  uint32_t grid[3] = {1, 1, 1};
-  uint32_t block[3] = {1, 1, 1};
-  uint32_t shared_bytes = 0;         // dynamic shared memory (0: all static)
-  uint32_t static_shared_bytes = 0;  // declared by the kernel, for reports
+// What the emitter chose for one kernel, for reports and tests (how it is
+// launched is in its launch record).
+struct KernelNotes {
   std::string mapping;               // thread mapping, e.g. "elementwise x4", "reduce warp"
+  uint32_t static_shared_bytes = 0;  // declared by the kernel
 };
 
 struct CompiledModule {
   std::string ptx;
-  std::vector<char> cubin;             // empty when ptxas was not run or not found
-  std::string ptxas_log;               // ptxas' messages (warnings), when it ran
-  std::string ptxas_path;              // the ptxas that produced `cubin`
-  std::vector<KernelLaunch> launches;  // one per kernel, in order
-  std::string llvm_ir;                 // optimized (if asked)
-  std::string target_id;     // part of the disk-cache key: triple, SM, PTX version, options
-  std::string math_library;  // "libdevice" or "builtin"
-  int ptx_version = 0;       // e.g. 70 for ".version 7.0"
+  std::vector<char> cubin;         // empty when ptxas was not run or not found
+  std::string ptxas_log;           // ptxas' messages (warnings), when it ran
+  std::string ptxas_path;          // the ptxas that produced `cubin`
+  std::vector<KernelNotes> notes;  // one per kernel, in order
+  std::string llvm_ir;             // optimized (if asked)
+  std::string target_id;           // part of the disk-cache key: triple, SM, PTX version, options
+  std::string math_library;        // "libdevice" or "builtin"
+  int ptx_version = 0;             // e.g. 70 for ".version 7.0"
   double seconds_emit = 0, seconds_optimize = 0, seconds_codegen = 0, seconds_ptxas = 0;
 };
 
 // Lowers `kernels` into one module, optimizes it at O3 for the SM and emits
-// PTX, then a cubin when ptxas is found. Throws InternalError when LLVM or
-// ptxas rejects the generated code (a flowjit bug) and UserError for a bad
-// option (unsupported SM, libdevice required but missing).
-CompiledModule compile(const std::vector<Kernel>& kernels, const CompileOptions& opts);
+// PTX, then a cubin when ptxas is found. `launches` are the plan's launch
+// records, one per kernel (fusion's): compile writes each one's GPU grid. Throws InternalError when
+// LLVM or ptxas rejects the generated code (a flowjit bug) and UserError for a bad option
+// (unsupported SM, libdevice required but missing).
+CompiledModule compile(const std::vector<Kernel>& kernels, std::vector<abi::Launch>& launches,
+                       const CompileOptions& opts);
 
 // "" when not found. Search order: $FLOWJIT_PTXAS (when set, and nothing else:
 // set it empty to run without ptxas), $CUDA_HOME/bin, $CUDA_PATH/bin,

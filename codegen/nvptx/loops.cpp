@@ -45,7 +45,7 @@ class LoopEmitter {
   LoopEmitter(llvm::Module& m, const Kernel& k, const GpuTarget& t, MathProvider& math)
       : m_(m), k_(k), t_(t), math_(math), b_(m.getContext()) {}
 
-  llvm::Function* emit(KernelLaunch& launch) {
+  llvm::Function* emit(abi::GpuGrid& launch, KernelNotes& notes) {
     f_ = declare_kernel(m_, k_, kBlock);
     b_.SetInsertPoint(llvm::BasicBlock::Create(m_.getContext(), "entry", f_));
     std::vector<Value*> ptrs;
@@ -54,9 +54,9 @@ class LoopEmitter {
     for (int d = 0; d < k_.rank(); ++d) (k_.reduced[d] ? red_ : kept_).push_back(d);
     launch.block[0] = kBlock;
     if (k_.has_reduction()) {
-      emit_reduction(launch);
+      emit_reduction(launch, notes);
     } else {
-      emit_elementwise(launch);
+      emit_elementwise(launch, notes);
     }
     b_.CreateRetVoid();
     return f_;
@@ -93,12 +93,12 @@ class LoopEmitter {
     return w;
   }
 
-  void emit_elementwise(KernelLaunch& launch) {
+  void emit_elementwise(abi::GpuGrid& launch, KernelNotes& notes) {
     int w = vector_width();
     int64_t points = ir::num_elements(k_.domain);
     int64_t units = points / w;
     launch.grid[0] = blocks_for(units, kBlock);
-    launch.mapping = w > 1 ? "elementwise x" + std::to_string(w) : "elementwise";
+    notes.mapping = w > 1 ? "elementwise x" + std::to_string(w) : "elementwise";
     Value* gid = b_.CreateAdd(
         b_.CreateMul(b_.CreateZExt(block_idx(b_), b_.getInt64Ty()), i64(kBlock)), tid64());
     Value* stride = b_.CreateMul(b_.CreateZExt(grid_dim(b_), b_.getInt64Ty()), i64(kBlock));
@@ -163,13 +163,13 @@ class LoopEmitter {
 
   static bool is_arg(OpKind op) { return op == OpKind::ArgMax || op == OpKind::ArgMin; }
 
-  void emit_reduction(KernelLaunch& launch) {
+  void emit_reduction(abi::GpuGrid& launch, KernelNotes& notes) {
     int64_t kept_points = ir::num_elements(extents(kept_));
     int64_t red_points = ir::num_elements(extents(red_));
     g_ = choose_group(kept_points, red_points);
     int per_block = kBlock / g_;
     launch.grid[0] = blocks_for(kept_points, per_block);
-    launch.mapping = g_ == 1 ? "reduce thread" : g_ == kWarp ? "reduce warp" : "reduce block";
+    notes.mapping = g_ == 1 ? "reduce thread" : g_ == kWarp ? "reduce warp" : "reduce block";
     max_phase_ = 0;
     for (int r : k_.reduce_order) max_phase_ = std::max(max_phase_, k_.nodes[r].phase);
     if (g_ == kBlock) {
@@ -183,7 +183,7 @@ class LoopEmitter {
       }
       smem_ = shared_array(m_, k_.name + ".partials", b_.getInt64Ty(),
                            int64_t{slots} * (kBlock / kWarp));
-      launch.static_shared_bytes = static_cast<uint32_t>(slots * (kBlock / kWarp) * 8);
+      notes.static_shared_bytes = static_cast<uint32_t>(slots * (kBlock / kWarp) * 8);
     }
     tid_ = tid64();
     lane_ = g_ == 1 ? i64(0) : g_ == kBlock ? tid_ : b_.CreateURem(tid_, i64(g_));
@@ -404,11 +404,10 @@ class LoopEmitter {
 }  // namespace
 
 llvm::Function* emit_loop_kernel(llvm::Module& m, const Kernel& k, const GpuTarget& t,
-                                 MathProvider& math, KernelLaunch& launch) {
+                                 MathProvider& math, abi::GpuGrid& launch, KernelNotes& notes) {
   Kernel flat = k;
   coalesce_domain(flat);
-  launch.symbol = k.name;
-  return LoopEmitter(m, flat, t, math).emit(launch);
+  return LoopEmitter(m, flat, t, math).emit(launch, notes);
 }
 
 }  // namespace flowjit::codegen::nvptx

@@ -89,7 +89,7 @@ class MatMulEmitter {
     cfg_ = choose_tiles(mm_, dt_, t);
   }
 
-  llvm::Function* emit(KernelLaunch& launch) {
+  llvm::Function* emit(abi::GpuGrid& launch, KernelNotes& notes) {
     llvm::LLVMContext& c = m_.getContext();
     f_ = declare_kernel(m_, k_, cfg_.threads());
     b_.SetInsertPoint(llvm::BasicBlock::Create(c, "entry", f_));
@@ -103,13 +103,12 @@ class MatMulEmitter {
     int64_t blocks = mm_.batch * tiles_m_ * tiles_n_;
     FJ_USER_CHECK(blocks < (int64_t{1} << 31), ErrorKind::NotImplemented, "matmul ", k_.name,
                   ": too many output tiles for one GPU launch (", blocks, ")");
-    launch.symbol = k_.name;
     launch.grid[0] = static_cast<uint32_t>(std::max<int64_t>(blocks, 1));
     launch.block[0] = static_cast<uint32_t>(cfg_.threads());
     bool implicit = !mm_.plain(0) || !mm_.plain(1);
-    launch.mapping = std::string(implicit ? "implicit-gemm " : "matmul ") +
-                     (cfg_.tensor_cores ? "tf32 mma " : "fma ") + std::to_string(cfg_.bm) + "x" +
-                     std::to_string(cfg_.bn) + "x" + std::to_string(cfg_.bk);
+    notes.mapping = std::string(implicit ? "implicit-gemm " : "matmul ") +
+                    (cfg_.tensor_cores ? "tf32 mma " : "fma ") + std::to_string(cfg_.bm) + "x" +
+                    std::to_string(cfg_.bn) + "x" + std::to_string(cfg_.bk);
 
     lda_ = cfg_.tensor_cores ? cfg_.bk + cfg_.pad_a : cfg_.bm + cfg_.pad_a;
     ldb_ = cfg_.bn + cfg_.pad_b;
@@ -117,7 +116,7 @@ class MatMulEmitter {
     int64_t b_cells = int64_t{cfg_.bk} * ldb_;
     as_ = shared_array(m_, k_.name + ".a", st_, a_cells);
     bs_ = shared_array(m_, k_.name + ".b", st_, b_cells);
-    launch.static_shared_bytes =
+    notes.static_shared_bytes =
         static_cast<uint32_t>((a_cells + b_cells) * (st_->getPrimitiveSizeInBits() / 8));
 
     if (blocks == 0) {  // an empty output: nothing to compute or store
@@ -620,8 +619,8 @@ class MatMulEmitter {
 }  // namespace
 
 llvm::Function* emit_matmul_kernel(llvm::Module& m, const Kernel& k, const GpuTarget& t,
-                                   MathProvider& math, KernelLaunch& launch) {
-  return MatMulEmitter(m, k, t, math).emit(launch);
+                                   MathProvider& math, abi::GpuGrid& launch, KernelNotes& notes) {
+  return MatMulEmitter(m, k, t, math).emit(launch, notes);
 }
 
 }  // namespace flowjit::codegen::nvptx

@@ -66,10 +66,11 @@ std::unique_ptr<MathProvider> make_math(llvm::Module& m, bool libdevice);
 // every function but the kernels. Throws when the file cannot be read.
 void link_libdevice(llvm::Module& m, const std::string& path);
 
-// The kernel emitters. They fill `launch` (grid, block, mapping).
+// The kernel emitters. They write the kernel's grid and block into its
+// launch record's geometry (`launch`) and what they chose into `notes`.
 llvm::Function* emit_loop_kernel(llvm::Module& m, const Kernel& k, const GpuTarget& t,
-                                 MathProvider& math, KernelLaunch& launch);
+                                 MathProvider& math, abi::GpuGrid& launch, KernelNotes& notes);
 llvm::Function* emit_matmul_kernel(llvm::Module& m, const Kernel& k, const GpuTarget& t,
-                                   MathProvider& math, KernelLaunch& launch);
+                                   MathProvider& math, abi::GpuGrid& launch, KernelNotes& notes);
 
 }  // namespace flowjit::codegen::nvptx

@@ -1,7 +1,8 @@
 // The CPU backend: codegen/cpu's object code, loaded with ORC into a
 // runtime::Executable. Collective launches have no code (the runtime runs
-// them); codegen decides each coded launch's range, grain and scratch bytes,
-// which go into the plan the code runs with (and the entry's plan.txt).
+// them); codegen writes each coded launch's CPU range (range, grain, scratch
+// bytes) into the plan's launch record, which the code runs with (and the
+// entry's plan.txt keeps).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -45,16 +46,17 @@ class CpuBackend : public Backend {
 
   CodeObject compile(const std::vector<codegen::Kernel>& kernels, const runtime::Plan& plan,
                      const CompileRequest& req, PassLog& log) const override {
-    std::vector<codegen::Kernel> coded;
-    for (const codegen::Kernel& k : kernels)
-      if (k.kind != codegen::Kernel::Kind::Collective) coded.push_back(k);
+    CodeObject code;
+    code.target = target_;
+    code.target.placement = placement_;
+    code.plan = plan;
     cg::CompileOptions co;
     co.module_name = req.module_name;
     co.want_llvm_ir = req.want_llvm_ir;
     co.want_assembly = req.debug >= 4;
     co.run_once = run_once_;
     co.interrupted = req.interrupted;
-    cg::CompiledObject obj = cg::compile(coded, co);
+    cg::CompiledObject obj = cg::compile(kernels, code.plan.launches, co);
     log.stage("llvm emit", obj.seconds_emit);
     log.stage("llvm optimize", obj.seconds_optimize);
     log.stage("llvm codegen", obj.seconds_codegen, std::to_string(obj.object.size()) + " bytes");
@@ -68,26 +70,17 @@ class CpuBackend : public Backend {
       }
     }
 
-    CodeObject code;
-    code.target = target_;
-    code.target.placement = placement_;
-    code.plan = plan;
-    size_t j = 0;
-    for (size_t i = 0; i < kernels.size(); ++i) {
-      if (kernels[i].kind == codegen::Kernel::Kind::Collective) continue;
-      runtime::Launch& l = code.plan.launches[i];
-      FJ_CHECK(obj.launches[j].symbol == l.symbol, "codegen launch ", j, " is ",
-               obj.launches[j].symbol, " but the plan launches ", l.symbol);
-      l.range = obj.launches[j].range;
-      l.grain = obj.launches[j].grain;
-      l.scratch_bytes = obj.launches[j].scratch_bytes;
-      ++j;
-    }
     code.object = std::move(obj.object);
     code.llvm_ir = std::move(obj.llvm_ir);
     code.assembly = std::move(obj.assembly);
     code.codegen_seconds = obj.seconds_emit + obj.seconds_optimize + obj.seconds_codegen;
     return code;
+  }
+
+  // Every launch of a cached plan must be a CPU range.
+  void check_cached(const CodeObject& code) const override {
+    for (const runtime::Launch& l : code.plan.launches)
+      if (!l.cpu()) throw_user(ErrorKind::Value, "its launch ", l.symbol, " has a GPU grid");
   }
 
   std::string assembly(const CodeObject& code, const CompileRequest& req) const override {

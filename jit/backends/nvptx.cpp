@@ -1,14 +1,14 @@
 // The NVPTX backend: codegen/nvptx's PTX (and a cubin when ptxas is found),
 // loaded through the CUDA driver into a runtime::cuda::CudaExecutable.
 //
-// The plan is fusion's unchanged; the launch list codegen chose (grid,
-// block, shared memory) comes with the code. A job spread over several GPUs
-// compiles its per-device graph like one GPU's: its collective launches have
-// no code, and a one-thread placeholder in the launch list keeps it aligned
-// with the plan (the CudaExecutable runs them through NCCL). The disk cache keeps all
-// three: the cubin as object.o (empty without ptxas), kernels.ptx and
-// launches.txt, under a target naming the SM, TF32, the math library (with
-// libdevice's hash: another toolkit's libdevice is other code) and ptxas.
+// Codegen writes each launch's GPU grid (grid, block, shared memory) into
+// the plan's launch record. A job spread over several GPUs compiles its
+// per-device graph like one GPU's: its collective launches have no code
+// (the CudaExecutable runs them through NCCL) and keep fusion's record. The
+// disk cache keeps the plan (plan.txt, grids included), the cubin as
+// object.o (empty without ptxas) and kernels.ptx, under a target naming the
+// SM, TF32, the math library (with libdevice's hash: another toolkit's
+// libdevice is other code), ptxas and the placement.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -32,7 +32,6 @@ namespace nv = codegen::nvptx;
 namespace rc = runtime::cuda;
 
 constexpr const char* kPtxFile = "kernels.ptx";
-constexpr const char* kLaunchesFile = "launches.txt";
 
 double since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -51,19 +50,6 @@ std::string libdevice_hash(const std::string& path) {
   std::string h = sha256_hex(ss.str()).substr(0, 16);
   hashes[path] = h;
   return h;
-}
-
-std::vector<rc::GpuLaunch> to_gpu_launches(const std::vector<nv::KernelLaunch>& ls) {
-  std::vector<rc::GpuLaunch> out;
-  for (const nv::KernelLaunch& l : ls) {
-    rc::GpuLaunch g;
-    g.symbol = l.symbol;
-    std::copy(l.grid, l.grid + 3, g.grid);
-    std::copy(l.block, l.block + 3, g.block);
-    g.shared_bytes = l.shared_bytes;
-    out.push_back(g);
-  }
-  return out;
 }
 
 class NvptxBackend : public Backend {
@@ -94,13 +80,10 @@ class NvptxBackend : public Backend {
 
   const char* name() const override { return "nvptx"; }
   const codegen::TargetId& target() const override { return target_; }
-  std::vector<std::string> cache_files() const override { return {kPtxFile, kLaunchesFile}; }
+  std::vector<std::string> cache_files() const override { return {kPtxFile}; }
 
   CodeObject compile(const std::vector<codegen::Kernel>& kernels, const runtime::Plan& plan,
                      const CompileRequest& req, PassLog& log) const override {
-    std::vector<codegen::Kernel> coded;
-    for (const codegen::Kernel& k : kernels)
-      if (k.kind != codegen::Kernel::Kind::Collective) coded.push_back(k);
     nv::CompileOptions co;
     co.module_name = req.module_name;
     co.sm = sm_;
@@ -110,50 +93,31 @@ class NvptxBackend : public Backend {
     co.run_ptxas = !ptxas_.empty();
     co.ptxas_path = ptxas_;
     co.want_llvm_ir = req.want_llvm_ir;
-    nv::CompiledModule mod = nv::compile(coded, co);
+    CodeObject code;
+    code.plan = plan;
+    nv::CompiledModule mod = nv::compile(kernels, code.plan.launches, co);
     log.stage("llvm emit", mod.seconds_emit);
     log.stage("llvm optimize", mod.seconds_optimize);
     log.stage("llvm codegen", mod.seconds_codegen, std::to_string(mod.ptx.size()) + " PTX bytes");
     if (!mod.cubin.empty())
       log.stage("ptxas", mod.seconds_ptxas, std::to_string(mod.cubin.size()) + " cubin bytes");
-    CodeObject code;
     code.target = nv::module_target(sm_, t_.allow_tf32, math_text(), ptxas_text(), mod.ptx_version,
                                     mod.cubin.empty() ? "none" : "yes");
     code.target.placement = placement_;
-    // The launch list: codegen's, with a placeholder where the plan has a collective.
-    std::vector<rc::GpuLaunch> coded_launches = to_gpu_launches(mod.launches), launches;
-    FJ_CHECK(coded_launches.size() == coded.size(), "one GPU launch per coded kernel");
-    size_t j = 0;
-    for (const runtime::Launch& l : plan.launches) {
-      if (l.collective) {
-        rc::GpuLaunch placeholder;
-        placeholder.symbol = l.symbol;
-        launches.push_back(placeholder);
-      } else {
-        launches.push_back(coded_launches.at(j++));
-      }
-    }
-    code.plan = plan;
     code.object = std::move(mod.cubin);
-    code.files = {{kPtxFile, std::move(mod.ptx)},
-                  {kLaunchesFile, rc::serialize_launches(launches)}};
+    code.files = {{kPtxFile, std::move(mod.ptx)}};
     code.llvm_ir = std::move(mod.llvm_ir);
     code.codegen_seconds =
         mod.seconds_emit + mod.seconds_optimize + mod.seconds_codegen + mod.seconds_ptxas;
     return code;
   }
 
-  // The entry's launch list must name the plan's kernels.
+  // Every launch of the entry's plan must carry its GPU grid (an entry
+  // written before plans held grids has none: a miss, recompiled).
   void check_cached(const CodeObject& code) const override {
-    const runtime::Plan& plan = code.plan;
-    std::vector<rc::GpuLaunch> launches = rc::deserialize_launches(file(code, kLaunchesFile));
-    if (launches.size() != plan.launches.size())
-      throw_user(ErrorKind::Value, "its launch list has ", launches.size(), " kernels, the plan ",
-                 plan.launches.size());
-    for (size_t i = 0; i < launches.size(); ++i)
-      if (launches[i].symbol != plan.launches[i].symbol)
-        throw_user(ErrorKind::Value, "its launch list names kernel '", launches[i].symbol,
-                   "' where the plan has '", plan.launches[i].symbol, "'");
+    for (const runtime::Launch& l : code.plan.launches)
+      if (!l.collective && !l.gpu())
+        throw_user(ErrorKind::Value, "its launch ", l.symbol, " has no GPU grid");
     if (file(code, kPtxFile).empty()) throw_user(ErrorKind::Value, "its PTX is empty");
     const std::vector<char>& cubin = code.object;
     if (!cubin.empty() && std::string(cubin.data(), std::min<size_t>(4, cubin.size())) !=
@@ -176,8 +140,7 @@ class NvptxBackend : public Backend {
     image.ptx = file(code, kPtxFile);
     image.cubin = code.object;
     image.cubin_sm = image.cubin.empty() ? 0 : sm_;
-    auto exe = std::make_shared<rc::CudaExecutable>(
-        t_.gpu, code.plan, rc::deserialize_launches(file(code, kLaunchesFile)), image);
+    auto exe = std::make_shared<rc::CudaExecutable>(t_.gpu, code.plan, image);
     log.stage("load", since(t0), exe->loaded_from() + " on " + t_.gpu->info().str());
     return exe;
   }

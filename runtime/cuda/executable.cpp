@@ -16,39 +16,6 @@ namespace {
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
-// ---------------------------------------------------------------- launches text
-
-std::string serialize_launches(const std::vector<GpuLaunch>& launches) {
-  std::ostringstream os;
-  for (const GpuLaunch& l : launches)
-    os << "gpulaunch " << l.symbol << " " << l.grid[0] << " " << l.grid[1] << " " << l.grid[2]
-       << " " << l.block[0] << " " << l.block[1] << " " << l.block[2] << " " << l.shared_bytes
-       << "\n";
-  return os.str();
-}
-
-std::vector<GpuLaunch> deserialize_launches(const std::string& text) {
-  std::vector<GpuLaunch> out;
-  std::istringstream is(text);
-  std::string line;
-  while (std::getline(is, line)) {
-    if (line.empty()) continue;
-    std::istringstream ls(line);
-    std::string key;
-    GpuLaunch l;
-    ls >> key >> l.symbol >> l.grid[0] >> l.grid[1] >> l.grid[2] >> l.block[0] >> l.block[1] >>
-        l.block[2] >> l.shared_bytes;
-    std::string rest;
-    if (key != "gpulaunch" || ls.fail() || (ls >> rest) || l.symbol.empty())
-      throw_user(ErrorKind::Value, "corrupt GPU launch list: bad line '", line, "'");
-    for (uint32_t v : {l.grid[0], l.grid[1], l.grid[2], l.block[0], l.block[1], l.block[2]})
-      if (v == 0)
-        throw_user(ErrorKind::Value, "corrupt GPU launch list: zero extent in '", line, "'");
-    out.push_back(l);
-  }
-  return out;
-}
-
 // ---------------------------------------------------------------- variables
 
 struct DeviceVariables::Slot {
@@ -253,14 +220,11 @@ bool DeviceVariables::holds_newest(const VariableStorage& v) const {
 
 // ---------------------------------------------------------------- executable
 
-CudaExecutable::CudaExecutable(std::shared_ptr<Device> d, Plan plan,
-                               std::vector<GpuLaunch> launches, const GpuImage& image)
-    : d_(std::move(d)), plan_(std::move(plan)), launches_(std::move(launches)), image_(image) {
-  FJ_CHECK(launches_.size() == plan_.launches.size(), "one GPU launch per plan launch (",
-           launches_.size(), " vs ", plan_.launches.size(), ")");
-  for (size_t i = 0; i < launches_.size(); ++i)
-    FJ_CHECK(launches_[i].symbol == plan_.launches[i].symbol, "GPU launch ", i, " is ",
-             launches_[i].symbol, " but the plan launches ", plan_.launches[i].symbol);
+CudaExecutable::CudaExecutable(std::shared_ptr<Device> d, Plan plan, const GpuImage& image)
+    : d_(std::move(d)), plan_(std::move(plan)), image_(image) {
+  for (const Launch& l : plan_.launches)
+    FJ_CHECK(l.collective || l.gpu() != nullptr, "job '", plan_.job_name, "': launch ", l.symbol,
+             " has no GPU grid");
   buckets_ = all_reduce_buckets(plan_);
   bucketed_.assign(buckets_.size(), false);
   for (const std::vector<size_t>& b : buckets_)
@@ -312,23 +276,23 @@ void CudaExecutable::load_and_allocate(const GpuImage& image) {
   loaded_from_ = use_cubin ? "cubin sm_" + std::to_string(image.cubin_sm)
                            : "ptx (driver JIT for sm_" + std::to_string(d_->info().sm) + ")";
   if (!cubin_rejected.empty()) loaded_from_ += " after the cubin was rejected: " + cubin_rejected;
-  for (size_t li = 0; li < launches_.size(); ++li) {
-    const GpuLaunch& l = launches_[li];
-    if (plan_.launches[li].collective) {  // no kernel: the communicator runs it
-      FJ_USER_CHECK(plan_.launches[li].args.size() == 2, ErrorKind::Value,
-                    "corrupt compiled plan: collective ", l.symbol, " needs 2 buffers");
+  for (const Launch& launch : plan_.launches) {
+    if (launch.collective) {  // no kernel: the communicator runs it
+      FJ_USER_CHECK(launch.args.size() == 2, ErrorKind::Value, "corrupt compiled plan: collective ",
+                    launch.symbol, " needs 2 buffers");
       fns_.push_back(nullptr);
       continue;
     }
+    const GpuGrid& l = *launch.gpu();
     CUfunction f = nullptr;
-    check(api, api.cuModuleGetFunction(&f, module_, l.symbol.c_str()), "cuModuleGetFunction",
-          "kernel '" + l.symbol + "' of job '" + plan_.job_name + "'");
+    check(api, api.cuModuleGetFunction(&f, module_, launch.symbol.c_str()), "cuModuleGetFunction",
+          "kernel '" + launch.symbol + "' of job '" + plan_.job_name + "'");
     if (l.shared_bytes > 48 * 1024)
       check(api,
             api.cuFuncSetAttribute(f, kFuncAttrMaxDynamicSharedSizeBytes,
                                    static_cast<int>(l.shared_bytes)),
             "cuFuncSetAttribute",
-            "kernel '" + l.symbol + "' asks for " + std::to_string(l.shared_bytes) +
+            "kernel '" + launch.symbol + "' asks for " + std::to_string(l.shared_bytes) +
                 " bytes of shared memory");
     fns_.push_back(f);
   }
@@ -466,18 +430,18 @@ void CudaExecutable::submit(const void* const* inputs) {
                                 staging_.data() + stage_status_, kStatusBytes, s),
           "cuMemcpyHtoDAsync", "the status buffer of job '" + plan_.job_name + "'");
   }
-  for (size_t li = 0; li < launches_.size(); ++li) {
-    const GpuLaunch& l = launches_[li];
+  for (size_t li = 0; li < plan_.launches.size(); ++li) {
     if (plan_.launches[li].collective) {
       run_collective(li);
       continue;
     }
+    const GpuGrid& l = *plan_.launches[li].gpu();
     void** params = plan_.launches[li].args.empty() ? nullptr : &arg_ptrs_[arg_start_[li]];
     CUresult r = api.cuLaunchKernel(fns_[li], l.grid[0], l.grid[1], l.grid[2], l.block[0],
                                     l.block[1], l.block[2], l.shared_bytes, s, params, nullptr);
     if (r != kCudaSuccess)
       check(api, r, "cuLaunchKernel",
-            "kernel '" + l.symbol + "' of job '" + plan_.job_name + "', grid " +
+            "kernel '" + plan_.launches[li].symbol + "' of job '" + plan_.job_name + "', grid " +
                 std::to_string(l.grid[0]) + "x" + std::to_string(l.grid[1]) + "x" +
                 std::to_string(l.grid[2]) + ", block " + std::to_string(l.block[0]) + "x" +
                 std::to_string(l.block[1]) + "x" + std::to_string(l.block[2]));
@@ -541,7 +505,7 @@ void CudaExecutable::finish(void* const* outputs) {
 // ---------------------------------------------------------------- collectives
 
 std::shared_ptr<CudaExecutable> CudaExecutable::instance(std::shared_ptr<Device> d) const {
-  return std::make_shared<CudaExecutable>(std::move(d), plan_, launches_, image_);
+  return std::make_shared<CudaExecutable>(std::move(d), plan_, image_);
 }
 
 void CudaExecutable::set_device(std::shared_ptr<Communicator> comm, int rank) {

@@ -1,8 +1,8 @@
 // CudaExecutable: a compiled job's GPU kernels and the plan that launches
 // them, the GPU counterpart of runtime::Executable.
 //
-// The plan is the same runtime::Plan (buffers and launch order); the GPU
-// adds per launch its grid, block and dynamic shared memory, and the module
+// The plan is the same runtime::Plan (buffers and launch order), whose
+// launch records carry their GPU grids (abi::GpuGrid), and the module
 // image (PTX, and a cubin when ptxas made one for this device's SM). Every
 // buffer lives on the device for the executable's life: the arena, one
 // buffer per input and output, and the variables' device copies
@@ -42,22 +42,6 @@
 #include "runtime/variables.h"
 
 namespace flowjit::runtime::cuda {
-
-struct GpuLaunch {
-  std::string symbol;
-  uint32_t grid[3] = {1, 1, 1};
-  uint32_t block[3] = {1, 1, 1};
-  uint32_t shared_bytes = 0;  // dynamic shared memory
-  bool operator==(const GpuLaunch& o) const {
-    return symbol == o.symbol && std::equal(grid, grid + 3, o.grid) &&
-           std::equal(block, block + 3, o.block) && shared_bytes == o.shared_bytes;
-  }
-};
-
-// Text form for the disk cache: one "gpulaunch sym gx gy gz bx by bz shared"
-// line per launch. deserialize throws UserError(Value) on damaged text.
-std::string serialize_launches(const std::vector<GpuLaunch>& launches);
-std::vector<GpuLaunch> deserialize_launches(const std::string& text);
 
 struct GpuImage {
   std::string ptx;          // always usable: the driver compiles it for the device
@@ -118,14 +102,13 @@ class CudaExecutable : public Program {
   // Loads the module and resolves every kernel; allocates the device
   // buffers and the pinned staging. UserError(Runtime) when the driver
   // rejects the image (with the driver's JIT log) or lacks a kernel.
-  CudaExecutable(std::shared_ptr<Device> d, Plan plan, std::vector<GpuLaunch> launches,
-                 const GpuImage& image);
+  // Every launch of `plan` carries its GPU grid (codegen/nvptx wrote it).
+  CudaExecutable(std::shared_ptr<Device> d, Plan plan, const GpuImage& image);
   ~CudaExecutable();
   CudaExecutable(const CudaExecutable&) = delete;
   CudaExecutable& operator=(const CudaExecutable&) = delete;
 
   const Plan& plan() const override { return plan_; }
-  const std::vector<GpuLaunch>& launches() const { return launches_; }
   // The same code and plan loaded on device `d`, bound to nothing (one per
   // GPU of a distributed job).
   std::shared_ptr<CudaExecutable> instance(std::shared_ptr<Device> d) const;
@@ -174,7 +157,6 @@ class CudaExecutable : public Program {
 
   std::shared_ptr<Device> d_;
   Plan plan_;
-  std::vector<GpuLaunch> launches_;
   GpuImage image_;  // for instance()
   std::string loaded_from_;
   std::shared_ptr<Communicator> comm_;

@@ -15,6 +15,7 @@
 #include "jit/fusion.h"
 #include "runtime/executable.h"
 #include "runtime/memory.h"
+#include "tests/cpp/test_util.h"
 
 using namespace flowjit;
 using namespace flowjit::ir;
@@ -66,10 +67,14 @@ TEST(Backend, SameProgramIgnoresOnlyWhatCodegenDecides) {
   l.summary = "add";
   a.launches = {l};
   runtime::Plan b = a;
-  b.launches[0].range = 7;
-  b.launches[0].grain = 3;
-  b.launches[0].scratch_bytes = 64;
+  b.launches[0].geometry = runtime::CpuRange{7, 3, 64};
   EXPECT_TRUE(a.same_program(b)) << "codegen's range, grain and scratch bytes";
+  runtime::Plan g = a;
+  runtime::GpuGrid grid;
+  grid.grid[0] = 5;
+  grid.block[0] = 128;
+  g.launches[0].geometry = grid;
+  EXPECT_TRUE(a.same_program(g)) << "codegen's GPU grid";
   runtime::Plan c = a;
   c.launches[0].args[1].offset_bytes = 64;
   EXPECT_FALSE(a.same_program(c));
@@ -81,6 +86,18 @@ TEST(Backend, SameProgramIgnoresOnlyWhatCodegenDecides) {
   EXPECT_FALSE(a.same_program(e));
   // The text round trip a cache hit goes through keeps it the same program.
   EXPECT_TRUE(a.same_program(runtime::Plan::deserialize(b.serialize())));
+  // ... and keeps the geometry, CPU range or GPU grid, exactly.
+  EXPECT_EQ(runtime::Plan::deserialize(b.serialize()).launches[0].geometry, b.launches[0].geometry);
+  EXPECT_EQ(runtime::Plan::deserialize(g.serialize()).launches[0].geometry, g.launches[0].geometry);
+  EXPECT_EQ(runtime::Plan::deserialize(g.serialize()).serialize(), g.serialize());
+  // The CPU words are the text CPU entries always had; damaged ones are refused.
+  std::string text = b.serialize();
+  ASSERT_NE(text.find("launch k0 7 3 64 I0+0 O0+0\n"), std::string::npos) << text;
+  for (std::string bad : {"7x 3 64", "7 3", "grid=7 3 64"}) {
+    std::string damaged = text;
+    damaged.replace(damaged.find("7 3 64"), 6, bad);
+    EXPECT_THROW(runtime::Plan::deserialize(damaged), UserError) << bad;
+  }
 }
 
 TEST(Backend, CpuCompileLoadBindRunThroughTheInterface) {
@@ -104,10 +121,13 @@ TEST(Backend, CpuCompileLoadBindRunThroughTheInterface) {
   EXPECT_FALSE(code.object.empty());
   EXPECT_NE(code.llvm_ir.find("define"), std::string::npos);
   ASSERT_EQ(code.plan.launches.size(), 1u);
-  codegen::cpu::CompiledObject direct = codegen::cpu::compile(fp.kernels, {});
-  EXPECT_EQ(code.plan.launches[0].range, direct.launches[0].range)
+  std::vector<runtime::Launch> direct = flowjit::testing::launch_records(fp.kernels);
+  codegen::cpu::compile(fp.kernels, direct, {});
+  ASSERT_NE(code.plan.launches[0].cpu(), nullptr);
+  EXPECT_EQ(code.plan.launches[0].geometry, direct[0].geometry)
       << "codegen's range is in the plan the code runs with";
-  EXPECT_EQ(code.plan.launches[0].grain, direct.launches[0].grain);
+  EXPECT_FALSE(fp.plan.launches[0].geometry == direct[0].geometry)
+      << "fusion leaves the geometry to codegen";
   EXPECT_TRUE(code.plan.same_program(fp.plan));
   std::shared_ptr<runtime::Program> p = b->load(code, log);
   runtime::VariableStore store;

@@ -12,6 +12,7 @@
 #include "ir/error.h"
 #include "jit/compile.h"
 #include "jit/fusion.h"
+#include "tests/cpp/test_util.h"
 
 using namespace flowjit;
 using namespace flowjit::ir;
@@ -58,16 +59,17 @@ TEST(CompileUnits, IdenticalKernelsAreCompiledOncePerCallAndPerProcess) {
   std::vector<codegen::Kernel> ks = kernels_of(twins());
   ASSERT_EQ(ks.size(), 3u);
   EXPECT_NE(ks[0].name, ks[1].name);
-  cpu::CompiledObject a = cpu::compile(ks, {});
+  std::vector<runtime::Launch> ls = flowjit::testing::launch_records(ks);
+  cpu::CompiledObject a = cpu::compile(ks, ls, {});
   EXPECT_EQ(a.kernels_compiled, 2);  // the twins share one compile
   EXPECT_EQ(a.kernels_shared, 1);
   EXPECT_EQ(a.kernels_reused, 0);
-  ASSERT_EQ(a.launches.size(), 3u);
-  EXPECT_EQ(a.launches[0].symbol, ks[0].name);
-  EXPECT_EQ(a.launches[1].symbol, ks[1].name);
+  ASSERT_EQ(ls.size(), 3u);
+  ASSERT_NE(ls[0].cpu(), nullptr);
+  EXPECT_EQ(ls[0].geometry, ls[1].geometry);  // the twins' code launches alike
 
   // Another call (another job of the process): nothing is compiled again.
-  cpu::CompiledObject b = cpu::compile(ks, {});
+  cpu::CompiledObject b = cpu::compile(ks, ls, {});
   EXPECT_EQ(b.kernels_compiled, 0);
   EXPECT_EQ(b.kernels_reused, 3);
   EXPECT_EQ(b.object, a.object);
@@ -75,7 +77,7 @@ TEST(CompileUnits, IdenticalKernelsAreCompiledOncePerCallAndPerProcess) {
   // Asking for the IR text of units compiled without it compiles them again.
   cpu::CompileOptions with_ir;
   with_ir.want_llvm_ir = true;
-  cpu::CompiledObject c = cpu::compile(ks, with_ir);
+  cpu::CompiledObject c = cpu::compile(ks, ls, with_ir);
   EXPECT_EQ(c.kernels_compiled, 2);
   EXPECT_NE(c.llvm_ir.find("; flowjit kernels " + ks[0].name + ", " + ks[1].name + ": fjk_"),
             std::string::npos)
@@ -86,11 +88,11 @@ TEST(CompileUnits, IdenticalKernelsAreCompiledOncePerCallAndPerProcess) {
   // bits); an O3 compile never takes O1 code.
   cpu::CompileOptions once;
   once.run_once = true;
-  EXPECT_EQ(cpu::compile(ks, once).kernels_compiled, 0);
+  EXPECT_EQ(cpu::compile(ks, ls, once).kernels_compiled, 0);
   cpu::clear_kernel_cache();
-  EXPECT_EQ(cpu::compile(ks, once).kernels_compiled, 2);
-  EXPECT_EQ(cpu::compile(ks, once).kernels_compiled, 0);
-  EXPECT_EQ(cpu::compile(ks, {}).kernels_compiled, 2);
+  EXPECT_EQ(cpu::compile(ks, ls, once).kernels_compiled, 2);
+  EXPECT_EQ(cpu::compile(ks, ls, once).kernels_compiled, 0);
+  EXPECT_EQ(cpu::compile(ks, ls, {}).kernels_compiled, 2);
 
   // Both names resolve to the one copy of the code.
   auto code = cpu::load(a.object, {ks[0].name, ks[1].name, ks[2].name});
@@ -119,8 +121,10 @@ TEST(CompileUnits, SharedKernelsComputeEachTwinsOwnResult) {
 }
 
 TEST(CompileUnits, DamagedContainersAreUserErrors) {
-  cpu::CompiledObject a = cpu::compile(kernels_of(twins()), {});
-  std::vector<std::string> names = {a.launches[0].symbol};
+  std::vector<codegen::Kernel> ks = kernels_of(twins());
+  std::vector<runtime::Launch> ls = flowjit::testing::launch_records(ks);
+  cpu::CompiledObject a = cpu::compile(ks, ls, {});
+  std::vector<std::string> names = {ls[0].symbol};
   std::vector<char> cut(a.object.begin(), a.object.begin() + a.object.size() / 2);
   try {
     cpu::load(cut, names);
@@ -222,19 +226,21 @@ TEST(CompileUnits, RandomKernelsOfOtherSeedsAndSizesShareOneBody) {
     cpu::clear_kernel_cache();
     cpu::CompileOptions opts;
     opts.run_once = run_once;
-    cpu::CompiledObject c = cpu::compile(ks, opts);
+    std::vector<runtime::Launch> launches = flowjit::testing::launch_records(ks);
+    cpu::CompiledObject c = cpu::compile(ks, launches, opts);
     EXPECT_EQ(c.kernels_compiled, 1) << c.kernel_times;
     EXPECT_EQ(c.kernels_shared, static_cast<int>(ks.size()) - 1);
     // Each launch keeps its own extent.
     std::vector<int64_t> ranges;
-    for (const auto& l : c.launches) ranges.push_back(l.range);
+    for (const auto& l : launches) ranges.push_back(l.cpu()->range);
     EXPECT_NE(std::find(ranges.begin(), ranges.end(), 37), ranges.end());
     // Another job of the process with another seed compiles nothing new.
     codegen::Kernel other = ks[0];
     for (auto& n : other.nodes)
       if (n.kind == codegen::KOp::Random) n.seed = 99;
     other.name = "other";
-    EXPECT_EQ(cpu::compile({other}, opts).kernels_compiled, 0);
+    std::vector<runtime::Launch> other_launch = flowjit::testing::launch_records({other});
+    EXPECT_EQ(cpu::compile({other}, other_launch, opts).kernels_compiled, 0);
   }
 
   cpu::clear_kernel_cache();

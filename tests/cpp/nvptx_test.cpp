@@ -454,13 +454,26 @@ jit::FusedProgram fuse_graph(const Graph& g, const std::string& name) {
 
 jit::FusedProgram fuse_text(const std::string& text) { return fuse_graph(parse_graph(text), "t"); }
 
-nv::CompiledModule compile(const std::vector<codegen::Kernel>& ks, int sm, bool tf32 = false,
-                           bool run_ptxas = false) {
+// A module and the launch records codegen wrote its grids into.
+struct Compiled : nv::CompiledModule {
+  std::vector<runtime::Launch> launches;
+  const runtime::GpuGrid& grid(size_t i) const { return *launches.at(i).gpu(); }
+};
+
+Compiled compile_with(const std::vector<codegen::Kernel>& ks, const nv::CompileOptions& o) {
+  Compiled c;
+  c.launches = flowjit::testing::launch_records(ks);
+  static_cast<nv::CompiledModule&>(c) = nv::compile(ks, c.launches, o);
+  return c;
+}
+
+Compiled compile(const std::vector<codegen::Kernel>& ks, int sm, bool tf32 = false,
+                 bool run_ptxas = false) {
   nv::CompileOptions o;
   o.sm = sm;
   o.allow_tf32 = tf32;
   o.run_ptxas = run_ptxas;
-  return nv::compile(ks, o);
+  return compile_with(ks, o);
 }
 
 bool has_matmul(const std::vector<codegen::Kernel>& ks) {
@@ -512,7 +525,7 @@ struct Module {
   int sm;
   bool tf32;
   std::vector<std::string> kernels;
-  nv::CompiledModule compiled;
+  Compiled compiled;
 };
 
 const std::vector<Module>& suite_modules() {
@@ -566,14 +579,15 @@ TEST(NvptxCodegen, GeneratesPtxForEveryKernelOfTheSuite) {
     EXPECT_EQ(ptx.find(".extern"), std::string::npos) << "unresolved external in the PTX";
     EXPECT_EQ(ptx.find("__nv_"), std::string::npos) << "a libdevice call was not inlined";
     ASSERT_EQ(m.compiled.launches.size(), m.kernels.size());
+    ASSERT_EQ(m.compiled.notes.size(), m.kernels.size());
     for (size_t i = 0; i < m.kernels.size(); ++i) {
       EXPECT_NE(ptx.find(".visible .entry " + m.kernels[i] + "("), std::string::npos)
           << m.kernels[i];
-      const nv::KernelLaunch& l = m.compiled.launches[i];
-      EXPECT_EQ(l.symbol, m.kernels[i]);
+      EXPECT_EQ(m.compiled.launches[i].symbol, m.kernels[i]);
+      const runtime::GpuGrid& l = m.compiled.grid(i);
       EXPECT_GE(l.grid[0], 1u);
       EXPECT_TRUE(l.block[0] == 128 || l.block[0] == 256) << l.block[0];
-      ++mappings[l.mapping];
+      ++mappings[m.compiled.notes[i].mapping];
     }
     kernels += m.kernels.size();
   }
@@ -641,8 +655,8 @@ TEST(NvptxGolden, MatmulEpilogueIsFusedIntoTheMatmulKernel) {
   auto m = compile(fp.kernels, 80);
   std::string k = entry_text(m.ptx, name);
   ASSERT_FALSE(k.empty()) << m.ptx;
-  EXPECT_EQ(m.launches[0].mapping, "matmul fma 128x128x8");
-  EXPECT_EQ(m.launches[0].grid[0], 2u * 4u);  // 256/128 x 512/128 tiles
+  EXPECT_EQ(m.notes[0].mapping, "matmul fma 128x128x8");
+  EXPECT_EQ(m.grid(0).grid[0], 2u * 4u);  // 256/128 x 512/128 tiles
   EXPECT_GE(count(k, "fma.rn.f32"), 64u * 8u) << "the exact path: 8x8 FMAs per thread per k";
   EXPECT_GE(count(k, "bar.sync"), 2u);
   EXPECT_NE(k.find(".shared"), std::string::npos);
@@ -658,7 +672,7 @@ TEST(NvptxGolden, TensorCorePathUsesMmaSyncWhenAllowed) {
   for (int sm : {80, 90}) {
     auto m = compile(fp.kernels, sm, /*tf32=*/true);
     std::string k = entry_text(m.ptx, fp.kernels[0].name);
-    EXPECT_EQ(m.launches[0].mapping, "matmul tf32 mma 128x128x16");
+    EXPECT_EQ(m.notes[0].mapping, "matmul tf32 mma 128x128x16");
     // 8 warps of 64 x 32: 4 x 4 mma tiles per warp and two k-steps per tile.
     EXPECT_EQ(count(k, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"), 32u) << "sm_" << sm;
     EXPECT_NE(k.find("cvt.rna.tf32.f32"), std::string::npos);
@@ -671,7 +685,7 @@ TEST(NvptxGolden, TensorCorePathUsesMmaSyncWhenAllowed) {
     const auto& k = mv.kernels[i];
     if (k.kind != codegen::Kernel::Kind::MatMul) continue;
     bool f32 = k.args[k.mm.a.arg].dtype == DType::Float32;
-    EXPECT_EQ(m.launches[i].mapping.find("tf32") != std::string::npos, f32) << k.name;
+    EXPECT_EQ(m.notes[i].mapping.find("tf32") != std::string::npos, f32) << k.name;
   }
 }
 
@@ -705,7 +719,7 @@ TEST(NvptxGolden, ConvolutionsAreImplicitGemms) {
           ASSERT_FALSE(k.empty()) << kname;
           bool big = fp.kernels[i].mm.m >= 128 && fp.kernels[i].mm.n >= 128;
           std::string tiles = big ? (tf32 ? "128x128x16" : "128x128x8") : "64x64x16";
-          EXPECT_EQ(m.launches[i].mapping,
+          EXPECT_EQ(m.notes[i].mapping,
                     (tf32 ? "implicit-gemm tf32 mma " : "implicit-gemm fma ") + tiles)
               << kname;
           EXPECT_EQ(k.find("mma.sync") != std::string::npos, tf32) << kname;
@@ -748,8 +762,8 @@ TEST(NvptxGolden, ReductionsUseWarpShufflesAndSharedMemory) {
   auto sm = fuse_text(kSoftmax);
   ASSERT_EQ(sm.kernels.size(), 1u) << sm.description;
   auto m = compile(sm.kernels, 80);
-  EXPECT_EQ(m.launches[0].mapping, "reduce warp");
-  EXPECT_EQ(m.launches[0].grid[0], 13u);  // 100 rows, 8 warps per block
+  EXPECT_EQ(m.notes[0].mapping, "reduce warp");
+  EXPECT_EQ(m.grid(0).grid[0], 13u);  // 100 rows, 8 warps per block
   std::string k = entry_text(m.ptx, sm.kernels[0].name);
   EXPECT_GE(count(k, "shfl.sync.bfly.b32"), 10u) << "max and sum, 5 steps each";
   EXPECT_NE(k.find("max.NaN.f32"), std::string::npos);  // NaN-propagating max
@@ -759,13 +773,13 @@ TEST(NvptxGolden, ReductionsUseWarpShufflesAndSharedMemory) {
   auto mb = compile(big.kernels, 80);
   bool block_seen = false;
   for (size_t i = 0; i < big.kernels.size(); ++i) {
-    if (mb.launches[i].mapping != "reduce block") continue;
+    if (mb.notes[i].mapping != "reduce block") continue;
     block_seen = true;
     std::string kb = entry_text(mb.ptx, big.kernels[i].name);
     EXPECT_NE(kb.find("shfl.sync.bfly.b32"), std::string::npos);
     EXPECT_NE(kb.find("st.shared"), std::string::npos);
     EXPECT_NE(kb.find("bar.sync"), std::string::npos);
-    EXPECT_GT(mb.launches[i].static_shared_bytes, 0u);
+    EXPECT_GT(mb.notes[i].static_shared_bytes, 0u);
   }
   EXPECT_TRUE(block_seen);
 }
@@ -803,7 +817,7 @@ TEST(NvptxGolden, BuiltinMathNeedsNoLibdevice) {
   nv::CompileOptions o;
   o.math = nv::MathLibrary::Builtin;
   o.run_ptxas = false;
-  auto m = nv::compile(fp.kernels, o);
+  auto m = compile_with(fp.kernels, o);
   EXPECT_EQ(m.math_library, "builtin");
   EXPECT_EQ(m.ptx.find("ex2.approx"), std::string::npos) << "flowjit's own polynomials";
   EXPECT_EQ(m.ptx.find(".extern"), std::string::npos);
@@ -817,18 +831,18 @@ TEST(NvptxGolden, BuiltinMathNeedsNoLibdevice) {
 TEST(NvptxGolden, ContiguousElementwiseKernelsUse128BitAccesses) {
   auto fp = fuse_text(kElementwiseChain);
   auto m = compile(fp.kernels, 80);
-  EXPECT_EQ(m.launches[0].mapping, "elementwise x4");
-  EXPECT_EQ(m.launches[0].grid[0], 1u);  // 250 vectors of 4 in one block
+  EXPECT_EQ(m.notes[0].mapping, "elementwise x4");
+  EXPECT_EQ(m.grid(0).grid[0], 1u);  // 250 vectors of 4 in one block
   EXPECT_NE(m.ptx.find("ld.global.v4.f32"), std::string::npos);
   EXPECT_NE(m.ptx.find("st.global.v4.f32"), std::string::npos);
   // Broadcast operands are loaded once per vector and splat.
   auto bc = fuse_text(kBroadcast);
   auto mb = compile(bc.kernels, 80);
-  EXPECT_EQ(mb.launches[0].mapping, "elementwise x4");
+  EXPECT_EQ(mb.notes[0].mapping, "elementwise x4");
   // A transposed read cannot be vectorized.
   auto tr = fuse_graph(suite()[2].graph, "tr");
   auto mt = compile(tr.kernels, 80);
-  EXPECT_EQ(mt.launches[0].mapping, "elementwise");
+  EXPECT_EQ(mt.notes[0].mapping, "elementwise");
   EXPECT_EQ(mt.ptx.find(".v4."), std::string::npos);
 }
 
@@ -837,7 +851,7 @@ TEST(NvptxCodegen, OptionErrorsAreUserErrors) {
   nv::CompileOptions o;
   o.sm = 61;
   try {
-    nv::compile(fp.kernels, o);
+    compile_with(fp.kernels, o);
     FAIL() << "sm_61 accepted";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("sm_61 is not supported"), std::string::npos) << e.what();
@@ -846,7 +860,7 @@ TEST(NvptxCodegen, OptionErrorsAreUserErrors) {
   o.math = nv::MathLibrary::Libdevice;
   o.libdevice_path = "/nonexistent/libdevice.10.bc";
   try {
-    nv::compile(fp.kernels, o);
+    compile_with(fp.kernels, o);
     FAIL() << "a missing libdevice accepted";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("cannot read libdevice at /nonexistent/libdevice.10.bc"),
@@ -1705,22 +1719,17 @@ GpuJob gpu_job(const Graph& g, const std::shared_ptr<rc::Device>& dev, bool tf32
     o.run_ptxas = false;
     o.math = nv::MathLibrary::Builtin;
     o.want_llvm_ir = true;
-    j.mod = nv::compile(j.fp.kernels, o);
+    j.mod = nv::compile(j.fp.kernels, j.fp.plan.launches, o);
     emu_register(j.mod, j.fp.kernels);
   } else {
-    j.mod = compile(j.fp.kernels, sm, tf32, run_ptxas);
-  }
-  std::vector<rc::GpuLaunch> ls;
-  for (auto& l : j.mod.launches) {
-    rc::GpuLaunch r;
-    r.symbol = l.symbol;
-    std::copy(l.grid, l.grid + 3, r.grid);
-    std::copy(l.block, l.block + 3, r.block);
-    r.shared_bytes = l.shared_bytes;
-    ls.push_back(r);
+    nv::CompileOptions o;
+    o.sm = sm;
+    o.allow_tf32 = tf32;
+    o.run_ptxas = run_ptxas;
+    j.mod = nv::compile(j.fp.kernels, j.fp.plan.launches, o);  // writes the plan's grids
   }
   rc::GpuImage image{j.mod.ptx, j.mod.cubin, sm};
-  j.exec = std::make_unique<rc::CudaExecutable>(dev, j.fp.plan, ls, image);
+  j.exec = std::make_unique<rc::CudaExecutable>(dev, j.fp.plan, image);
   return j;
 }
 
@@ -1743,14 +1752,15 @@ TEST(NvptxRuntime, FakeDriverRunsATrainStepLikeTheCpu) {
   jit::CompiledJob cj = jit::compile_job(job, jit::CompileSettings{}, cpu_store);
   {
     // The fake GPU runs the CPU code of the same kernels.
-    codegen::cpu::CompiledObject obj = codegen::cpu::compile(fp_probe.kernels, {});
+    std::vector<runtime::Launch> ls = flowjit::testing::launch_records(fp_probe.kernels);
+    codegen::cpu::CompiledObject obj = codegen::cpu::compile(fp_probe.kernels, ls, {});
     std::vector<std::string> syms;
-    for (auto& l : obj.launches) syms.push_back(l.symbol);
+    for (auto& l : ls) syms.push_back(l.symbol);
     static std::shared_ptr<codegen::cpu::LoadedCode> code;
     code = codegen::cpu::load(obj.object, syms);
     for (size_t i = 0; i < syms.size(); ++i)
       fake::gpu().cpu[syms[i]] = {reinterpret_cast<runtime::KernelFn>(code->address(i)),
-                                  obj.launches[i].range, fp_probe.kernels[i].args.size()};
+                                  ls[i].cpu()->range, fp_probe.kernels[i].args.size()};
   }
   {
     auto dev = rc::Device::open(0, &fake::api());
@@ -1781,8 +1791,8 @@ TEST(NvptxRuntime, FakeDriverRunsATrainStepLikeTheCpu) {
     for (size_t i = 0; i < per_run; ++i) {
       const fake::Launch& l = fake::gpu().launches[2 * per_run + i];
       EXPECT_EQ(l.symbol, gj.fp.plan.launches[i].symbol);
-      EXPECT_EQ(l.grid[0], gj.mod.launches[i].grid[0]);
-      EXPECT_EQ(l.block[0], gj.mod.launches[i].block[0]);
+      EXPECT_EQ(l.grid[0], gj.fp.plan.launches[i].gpu()->grid[0]);
+      EXPECT_EQ(l.block[0], gj.fp.plan.launches[i].gpu()->block[0]);
       EXPECT_EQ(l.args, gj.exec->kernel_args(i));
     }
     // The device holds the trained variables; the host copy is stale until downloaded.
@@ -1832,14 +1842,12 @@ TEST(NvptxRuntime, FakeDriverFailuresNameTheCall) {
   // A kernel the image lacks.
   {
     auto fp = fuse_graph(g, "t");
-    std::vector<rc::GpuLaunch> ls(1);
-    ls[0].symbol = fp.plan.launches[0].symbol;
-    expect_error(
-        [&] { rc::CudaExecutable(dev, fp.plan, ls, rc::GpuImage{".version 7.0\n", {}, 0}); },
-        {"cuModuleGetFunction failed: CUDA_ERROR_NOT_FOUND: named symbol not found",
-         "kernel '" + ls[0].symbol + "' of job 't'"});
-    EXPECT_THROW(rc::CudaExecutable(dev, fp.plan, {}, rc::GpuImage{}), InternalError)
-        << "launch count";
+    EXPECT_THROW(rc::CudaExecutable(dev, fp.plan, rc::GpuImage{}), InternalError)
+        << "launches without GPU grids";
+    for (auto& l : fp.plan.launches) l.geometry = runtime::GpuGrid{};
+    expect_error([&] { rc::CudaExecutable(dev, fp.plan, rc::GpuImage{".version 7.0\n", {}, 0}); },
+                 {"cuModuleGetFunction failed: CUDA_ERROR_NOT_FOUND: named symbol not found",
+                  "kernel '" + fp.plan.launches[0].symbol + "' of job 't'"});
   }
   // A device that does not exist.
   try {
@@ -1878,24 +1886,40 @@ TEST(NvptxRuntime, FakeDriverFailuresNameTheCall) {
   EXPECT_THROW(tj.exec->submit(ins), InternalError) << "run before bind_variables";
 }
 
-TEST(NvptxRuntime, LaunchListRoundTripsAndRejectsDamage) {
-  std::vector<rc::GpuLaunch> ls(2);
-  ls[0].symbol = "k0_exp";
-  ls[0].grid[0] = 13;
-  ls[0].block[0] = 256;
-  ls[1].symbol = "k1_matmul";
-  ls[1].grid[0] = 8;
-  ls[1].grid[2] = 2;
-  ls[1].block[0] = 128;
-  ls[1].shared_bytes = 65536;
-  std::string text = rc::serialize_launches(ls);
-  auto back = rc::deserialize_launches(text);
-  ASSERT_EQ(back.size(), 2u);
-  EXPECT_EQ(rc::serialize_launches(back), text);
-  EXPECT_EQ(back[1].shared_bytes, 65536u);
-  for (std::string bad : {"gpulaunch k0 1 1\n", "launch k0 1 1 1 256 1 1 0\n",
-                          "gpulaunch k0 0 1 1 256 1 1 0\n", "gpulaunch k0 1 1 1 256 1 1 0 extra\n"})
-    EXPECT_THROW(rc::deserialize_launches(bad), UserError) << bad;
+TEST(NvptxRuntime, PlanGridsRoundTripAndDamageIsRejected) {
+  runtime::Plan p;
+  p.job_name = "t";
+  p.outputs = {TensorType{DType::Float32, {4}}};
+  p.launches.resize(2);
+  p.launches[0].symbol = "k0_exp";
+  p.launches[1].symbol = "k1_matmul";
+  runtime::GpuGrid a, b;
+  a.grid[0] = 13;
+  a.block[0] = 256;
+  b.grid[0] = 8;
+  b.grid[2] = 2;
+  b.block[0] = 128;
+  b.shared_bytes = 65536;
+  p.launches[0].geometry = a;
+  p.launches[1].geometry = b;
+  p.launches[1].args = {{runtime::BufferKind::Output, 0, 0}};
+  std::string text = p.serialize();
+  EXPECT_NE(text.find("launch k1_matmul grid=8,1,2 block=128,1,1 shared=65536 O0+0\n"),
+            std::string::npos)
+      << text;
+  runtime::Plan back = runtime::Plan::deserialize(text);
+  ASSERT_EQ(back.launches.size(), 2u);
+  EXPECT_EQ(back.serialize(), text);
+  EXPECT_EQ(back.launches[1].gpu()->shared_bytes, 65536u);
+  EXPECT_EQ(back.launches[0].geometry, p.launches[0].geometry);
+  for (std::string bad : {"grid=13,1 block=256,1,1 shared=0", "grid=0,1,1 block=256,1,1 shared=0",
+                          "grid=13,1,1 block=256,1,1", "grid=13,1,1 block=256,1,1x shared=0",
+                          "grid=13,1,1 block=256,1,1 shared=-1"}) {
+    std::string damaged = text;
+    std::string good = "grid=13,1,1 block=256,1,1 shared=0";
+    damaged.replace(damaged.find(good), good.size(), bad);
+    EXPECT_THROW(runtime::Plan::deserialize(damaged), UserError) << bad;
+  }
 }
 
 // ---------------------------------------------------------------- compile_job on a GPU
@@ -1908,14 +1932,15 @@ namespace {
 // Makes the fake GPU run the CPU code of `fp`'s kernels, by symbol.
 void fake_runs_cpu_code_of(const jit::FusedProgram& fp) {
   static std::vector<std::shared_ptr<codegen::cpu::LoadedCode>> keep;
-  codegen::cpu::CompiledObject obj = codegen::cpu::compile(fp.kernels, {});
+  std::vector<runtime::Launch> ls = flowjit::testing::launch_records(fp.kernels);
+  codegen::cpu::CompiledObject obj = codegen::cpu::compile(fp.kernels, ls, {});
   std::vector<std::string> syms;
-  for (auto& l : obj.launches) syms.push_back(l.symbol);
+  for (auto& l : ls) syms.push_back(l.symbol);
   keep.push_back(codegen::cpu::load(obj.object, syms));
   std::lock_guard<std::recursive_mutex> lock(fake::g_mu);
   for (size_t i = 0; i < syms.size(); ++i)
     fake::gpu().cpu[syms[i]] = {reinterpret_cast<runtime::KernelFn>(keep.back()->address(i)),
-                                obj.launches[i].range, fp.kernels[i].args.size()};
+                                ls[i].cpu()->range, fp.kernels[i].args.size()};
 }
 
 void fill_store(runtime::VariableStore& store, const jit::FusedProgram& fp) {
@@ -2091,18 +2116,24 @@ TEST(NvptxCompile, GpuCodeRoundTripsTheDiskCache) {
   ASSERT_EQ(first.cache_key.size(), 64u);
   EXPECT_TRUE(first.warnings.empty()) << first.warnings[0];
 
-  // The entry: the cubin as object.o, the PTX and the launch list, checksummed.
+  // The entry: the cubin as object.o, the PTX and the plan with its grids, checksummed.
   jit::DiskCache cache(tmp.path, 0);
   jit::CacheHit hit;
   std::string why;
-  ASSERT_EQ(cache.lookup(first.cache_key, true, hit, why, {"kernels.ptx", "launches.txt"}),
+  ASSERT_EQ(cache.lookup(first.cache_key, true, hit, why, {"kernels.ptx"}),
             jit::DiskCache::Found::Hit)
       << why;
-  ASSERT_EQ(hit.extra.size(), 2u);
+  ASSERT_EQ(hit.extra.size(), 1u);
   EXPECT_NE(hit.extra[0].find(".entry " + fp.plan.launches[0].symbol + "("), std::string::npos);
-  auto launches = rc::deserialize_launches(hit.extra[1]);
-  ASSERT_EQ(launches.size(), fp.plan.launches.size());
-  EXPECT_EQ(launches, gpu_of(first).launches());
+  auto geometry = [](const runtime::Plan& p) {
+    std::vector<runtime::Geometry> out;
+    for (const runtime::Launch& l : p.launches) out.push_back(l.geometry);
+    return out;
+  };
+  runtime::Plan stored = runtime::Plan::deserialize(hit.plan);
+  ASSERT_EQ(stored.launches.size(), fp.plan.launches.size());
+  for (const runtime::Launch& l : stored.launches) EXPECT_NE(l.gpu(), nullptr) << l.symbol;
+  EXPECT_EQ(geometry(stored), geometry(gpu_of(first).plan()));
   EXPECT_EQ(hit.object.empty(), !cubin);
   if (cubin) {
     EXPECT_EQ(std::string(hit.object.data(), 4),
@@ -2121,7 +2152,7 @@ TEST(NvptxCompile, GpuCodeRoundTripsTheDiskCache) {
   EXPECT_TRUE(second.from_disk_cache);
   EXPECT_EQ(second.cache_key, first.cache_key);
   EXPECT_EQ(second.gpu_loaded_from, first.gpu_loaded_from);
-  EXPECT_EQ(gpu_of(second).launches(), gpu_of(first).launches());
+  EXPECT_EQ(geometry(gpu_of(second).plan()), geometry(gpu_of(first).plan()));
   auto run1 = [&](const void* const* i, void* const* o) { gpu_of(first).run(i, o); };
   auto run2 = [&](const void* const* i, void* const* o) { gpu_of(second).run(i, o); };
   for (int step = 0; step < 2; ++step) EXPECT_EQ(step_loss(run2, step), step_loss(run1, step));
@@ -2151,10 +2182,18 @@ TEST(NvptxCompile, GpuCodeRoundTripsTheDiskCache) {
   EXPECT_EQ(jit::make_backend(job, t80)->target().str().rfind(
                 "nvptx64-nvidia-cuda;sm_80;tf32=0;math=", 0),
             0u);
-
-  // A damaged launch list is found, dropped and recompiled, with a warning.
+  // An entry written before plans held GPU grids (CPU defaults in its plan)
+  // is refused by the backend: a miss, recompiled, never a crash.
   {
-    std::string path = cache.entry_dir(first.cache_key) + "/launches.txt";
+    jit::CodeObject old;
+    old.plan = fp.plan;
+    old.files = {{"kernels.ptx", ".version 7.0\n"}};
+    EXPECT_THROW(jit::make_backend(job, s1.target)->check_cached(old), UserError);
+  }
+
+  // A damaged plan is found, dropped and recompiled, with a warning.
+  {
+    std::string path = cache.entry_dir(first.cache_key) + "/plan.txt";
     std::string text = file_text(path);
     text[text.find(' ') + 1] ^= 1;
     std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
@@ -2164,7 +2203,7 @@ TEST(NvptxCompile, GpuCodeRoundTripsTheDiskCache) {
   jit::CompiledJob again = jit::compile_job(job, gpu_settings(dev, tmp.path), store4);
   EXPECT_FALSE(again.from_disk_cache);
   ASSERT_EQ(again.warnings.size(), 1u);
-  EXPECT_NE(again.warnings[0].find("was damaged (launches.txt fails its SHA-256 checksum)"),
+  EXPECT_NE(again.warnings[0].find("was damaged (plan.txt fails its SHA-256 checksum)"),
             std::string::npos)
       << again.warnings[0];
   jit::CompiledJob healed = jit::compile_job(job, gpu_settings(dev, tmp.path), store4);
@@ -2246,7 +2285,7 @@ TEST(NvptxCompile, AJobOverSeveralGpusCompilesItsPerDeviceProgram) {
   for (size_t i = 0; i < exe.plan().launches.size(); ++i) {
     if (!exe.plan().launches[i].collective) continue;
     ++collectives;
-    EXPECT_EQ(exe.launches()[i].symbol, exe.plan().launches[i].symbol) << "a placeholder launch";
+    EXPECT_EQ(exe.plan().launches[i].args.size(), 2u) << "a collective: operand and result";
   }
   EXPECT_EQ(collectives, 4u) << "one all_reduce per gradient";
   // Its collectives need NCCL between GPUs: another communicator is refused.
@@ -2607,7 +2646,7 @@ TEST(NvptxEmulated, CompileJobOnTheGpuMatchesTheCpu) {
   o.run_ptxas = false;
   o.math = nv::MathLibrary::Builtin;
   o.want_llvm_ir = true;
-  nv::CompiledModule mod = nv::compile(fp.kernels, o);
+  nv::CompiledModule mod = compile_with(fp.kernels, o);
   emu_register(mod, fp.kernels);
   runtime::VariableStore cpu_store, gpu_store;
   fill_store(cpu_store, fp);
@@ -2707,7 +2746,7 @@ void emulate_per_device_program(const jit::JobDescription& job) {
   Graph opt = jit::optimize(g, log);
   if (job.distribution.parts > 1) opt = jit::distribute(opt, job.distribution).local;
   jit::FusedProgram fp = jit::fuse(opt, job.name);
-  std::vector<codegen::Kernel> coded;
+  std::vector<codegen::Kernel> coded;  // the emulator's entry points: kernels with code
   for (auto& k : fp.kernels)
     if (k.kind != codegen::Kernel::Kind::Collective) coded.push_back(k);
   nv::CompileOptions o;
@@ -2716,7 +2755,7 @@ void emulate_per_device_program(const jit::JobDescription& job) {
   o.run_ptxas = false;
   o.math = nv::MathLibrary::Builtin;
   o.want_llvm_ir = true;
-  emu_register(nv::compile(coded, o), coded);
+  emu_register(nv::compile(fp.kernels, fp.plan.launches, o), coded);
 }
 
 // One process's GPUs of a distributed job: devices, the variables' GPU

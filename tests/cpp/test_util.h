@@ -5,6 +5,10 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
+
+#include "abi/launch.h"
+#include "codegen/kernel.h"
 
 namespace flowjit::testing {
 
@@ -24,5 +28,13 @@ struct TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 };
+
+// Launch records for kernels compiled without a plan (what fusion would
+// make: the kernels' names, geometry left for codegen to write).
+inline std::vector<abi::Launch> launch_records(const std::vector<codegen::Kernel>& kernels) {
+  std::vector<abi::Launch> out(kernels.size());
+  for (size_t i = 0; i < kernels.size(); ++i) out[i].symbol = kernels[i].name;
+  return out;
+}
 
 }  // namespace flowjit::testing

@@ -691,7 +691,8 @@ def test_session_gpu_plumbing_behind_a_fake_driver(tmp_path):
     assert sorted({e.job for e in gpu_entries}) == ["on_gpu", "train"]
     for e in gpu_entries:
         assert e.target_short == "nvptx64/sm_80" and not e.problems(), e.problems()
-        assert {"kernels.ptx", "launches.txt", "object.o"} <= set(e.meta["files"])
+        assert {"kernels.ptx", "object.o", "plan.txt"} <= set(e.meta["files"])
+        assert "launches.txt" not in e.meta["files"]  # the grids are in the plan's launch records
 
     def run_cli(*argv):
         import contextlib
@@ -706,7 +707,7 @@ def test_session_gpu_plumbing_behind_a_fake_driver(tmp_path):
     key = next(e.key for e in gpu_entries if e.job == "train")
     rc, out = run_cli("show", key[:10], "--ptx", "--launches")
     assert rc == 0, out
-    assert "nvptx64-nvidia-cuda, sm_80, PTX " in out and ".entry " in out and "gpulaunch " in out, out
+    assert "nvptx64-nvidia-cuda, sm_80, PTX " in out and ".entry " in out and " grid=" in out, out
     rc, out = run_cli("show", key[:10], "--asm", "--no-header")
     assert rc == 0 and out.count(".entry ") >= 1, out
     rc, out = run_cli("verify")

@@ -35,9 +35,23 @@ _SECTIONS = (
     ("plan", "plan.txt", "launch plan"),
     ("llvm", "llvm.ll", "LLVM IR (optimized)"),
     ("ptx", "kernels.ptx", "PTX (GPU entries)"),
-    ("launches", "launches.txt", "GPU launches (symbol, grid x y z, block x y z, dynamic shared bytes)"),
+    ("launches", "plan.txt", "launches (symbol, CPU range grain scratch or GPU grid block shared, buffers)"),
 )
-_GPU_ONLY = ("ptx", "launches")
+_GPU_ONLY = ("ptx",)
+
+
+def _launch_lines(plan_text):
+    """The launch records of a plan.txt: one line each, with its CPU range or GPU grid."""
+    return "".join(ln[len("launch "):] + "\n" for ln in plan_text.splitlines() if ln.startswith("launch "))
+
+
+# Sections that show part of their file.
+_FILTERS = {"launches": _launch_lines}
+
+
+def _section_text(e, flag, name):
+    text = e.text(name)
+    return _FILTERS[flag](text) if flag in _FILTERS else text
 _DEFAULT_SECTIONS = ("ir_before", "ir", "fusion", "kernels")
 
 
@@ -216,7 +230,7 @@ def cmd_show(cache, args, style):
         if flag not in chosen:
             continue
         try:
-            parts.append(_section(title, e.text(name), style))
+            parts.append(_section(title, _section_text(e, flag, name), style))
         except (OSError, ValueError) as exc:
             parts.append(_section(title, style(f"(unavailable: {exc})", "red"), style))
             status = 1
@@ -245,7 +259,7 @@ def cmd_show(cache, args, style):
         for flag, name, title in _SECTIONS:
             if flag in chosen:
                 try:
-                    d["sections"][name] = e.text(name)
+                    d["sections"][flag if flag in _FILTERS else name] = _section_text(e, flag, name)
                 except (OSError, ValueError) as exc:
                     d["sections"][name] = None
                     d.setdefault("errors", {})[name] = str(exc)
@@ -559,7 +573,8 @@ def _parser():
     s.add_argument("--plan", action="store_true", help="the launch plan")
     s.add_argument("--llvm", action="store_true", help="the optimized LLVM IR")
     s.add_argument("--ptx", action="store_true", help="the PTX (GPU entries)")
-    s.add_argument("--launches", action="store_true", help="the GPU launch list (GPU entries)")
+    s.add_argument("--launches", action="store_true",
+                   help="the launch records (from plan.txt): CPU ranges or GPU grids")
     s.add_argument("--asm", action="store_true",
                    help="assembly for this host from the LLVM IR (GPU entries: the PTX)")
     s.add_argument("--all", action="store_true", help="every section")

@@ -26,7 +26,7 @@ FILES = ("object.o", "plan.txt", "ir_traced.txt", "ir_optimized.txt", "fusion.tx
          "llvm.ll")
 # GPU entries (target nvptx64-...) also hold the PTX and the launch list; their
 # object.o is the cubin, empty when ptxas was not found.
-GPU_FILES = ("kernels.ptx", "launches.txt")
+GPU_FILES = ("kernels.ptx",)
 
 
 def is_gpu_target(target):
@@ -222,9 +222,9 @@ class Entry:
         if self.is_gpu:
             if obj and obj[:4] != b"\x7fELF":
                 out.append("object.o (the cubin) is not an ELF image")
-            why = launches_problem(self.text("launches.txt", verify=False), self.meta.get("num_kernels"))
+            why = gpu_plan_problem(self.text("plan.txt", verify=False))
             if why:
-                out.append(f"launches.txt: {why}")
+                out.append(f"plan.txt: {why}")
             if ".entry " not in self.text("kernels.ptx", verify=False):
                 out.append("kernels.ptx has no kernel (.entry)")
         else:
@@ -295,15 +295,15 @@ def cpu_object_problem(obj):
     return f"its object {bad[0]} is not ELF" if bad else None
 
 
-def launches_problem(text, num_kernels=None):
-    """A light check of a GPU launch list (runtime/cuda serialize_launches); None when it looks whole."""
-    lines = [ln for ln in text.splitlines() if ln]
-    for ln in lines:
+def gpu_plan_problem(text):
+    """Whether every launch of a GPU entry's plan carries its grid (runtime::Plan's
+    "launch SYMBOL grid=x,y,z block=x,y,z shared=N ..."); None when they do."""
+    for ln in text.splitlines():
         words = ln.split(" ")
-        if len(words) != 9 or words[0] != "gpulaunch" or not all(w.isdigit() for w in words[2:]):
-            return f"bad line {ln!r}"
-    if num_kernels is not None and len(lines) != num_kernels:
-        return f"{len(lines)} launches, meta.json says {num_kernels} kernels"
+        if words[0] == "launch" and not (len(words) >= 5 and words[2].startswith("grid=")
+                                         and words[3].startswith("block=")
+                                         and words[4].startswith("shared=")):
+            return f"launch without a GPU grid {ln!r} (an entry of an older flowjit)"
     return None
 
 
