@@ -57,15 +57,22 @@ class Placement:
         return hash(self.key())
 
     def __enter__(self):
-        _stack.append(self)
-        from . import _trace
+        from . import _C, _trace
         b = _trace.current()
-        if b is not None:  # a placement inside a job body places the job
-            b.placements.append(self)
+        saved = None
+        if b is not None:  # a placement inside a job body places the ops traced in it
+            if self not in b.placements:
+                b.placements.append(self)
+            saved = _C.current_placement()
+            _C.set_current_placement(b.placements.index(self))
+        _stack.append((self, saved))
         return self
 
     def __exit__(self, *exc):
-        _stack.pop()
+        _, saved = _stack.pop()
+        if saved is not None:
+            from . import _C
+            _C.set_current_placement(saved)
         return False
 
 
@@ -73,7 +80,7 @@ _stack = []
 
 
 def current_placement():
-    return _stack[-1] if _stack else None
+    return _stack[-1][0] if _stack else None
 
 
 def parse_device_ids(s):
