@@ -496,11 +496,13 @@ std::shared_ptr<runtime::Program> make_staged(
       std::vector<runtime::VariableStore*> stores;
       for (int id : ids) {
         FJ_USER_CHECK(id >= 0 && id < static_cast<int>(device_stores.size()), ErrorKind::Value,
-                      "job '", sj.job_name, "' is placed on CPU device ", id, ", but the session has ",
-                      device_stores.size(), " device(s) (flow.config.cpu_device_num)");
+                      "job '", sj.job_name, "' is placed on CPU device ", id,
+                      ", but the session has ", device_stores.size(),
+                      " device(s) (flow.config.cpu_device_num)");
         stores.push_back(device_stores[id]);
       }
-      if (!comms[s.stage]) comms[s.stage] = runtime::make_thread_communicator(static_cast<int>(ids.size()));
+      if (!comms[s.stage])
+        comms[s.stage] = runtime::make_thread_communicator(static_cast<int>(ids.size()));
       r.program = make_distributed(s.job, host, stores, comms[s.stage], 0, false);
     } else {
       r.program = s.job.program;

@@ -28,7 +28,8 @@ class Partitioner {
     order_ = g_.topo_order();
     for (const NodeRef& n : order_)
       for (const NodeRef& in : n->inputs()) users_[in.get()].push_back(n.get());
-    for (size_t i = 0; i < g_.params.size(); ++i) param_index_[g_.params[i].get()] = static_cast<int>(i);
+    for (size_t i = 0; i < g_.params.size(); ++i)
+      param_index_[g_.params[i].get()] = static_cast<int>(i);
     place();
     levels();
     build();
@@ -102,7 +103,8 @@ class Partitioner {
       const Node* n = it->get();
       if (is_source(n->op()) || users_[n].empty()) continue;
       int l = 1 << 30;
-      for (const Node* u : users_[n]) l = std::min(l, stage_[u] == stage_[n] ? level_[u] : level_[u] - 1);
+      for (const Node* u : users_[n])
+        l = std::min(l, stage_[u] == stage_[n] ? level_[u] : level_[u] - 1);
       if (l > level_[n] && occupied.count({l, stage_[n]})) level_[n] = l;
     }
     for (const NodeRef& n : order_) {
@@ -191,8 +193,8 @@ class Partitioner {
     if (remade(in)) {
       v = make_node(in->op(), {}, in->attrs(), in->loc());
     } else {
-      StageWire w = in->op() == OpKind::Parameter ? StageWire{-1, param_index_.at(in.get())}
-                                                  : exported(in);
+      StageWire w =
+          in->op() == OpKind::Parameter ? StageWire{-1, param_index_.at(in.get())} : exported(in);
       StageSegmentGraph& seg = out_.segments[s];
       int index = static_cast<int>(seg.graph.params.size());
       std::string name = w.segment < 0 ? in->attrs().get_str("name")

@@ -33,7 +33,8 @@ StagedProgram::StagedProgram(std::string job_name, std::vector<Segment> segments
     std::vector<AlignedBuffer> outs;
     for (const ProgramSlot& slot : seg.program->output_slots()) {
       FJ_CHECK(slot.arrays == 1, "a segment with per-device results");
-      outs.push_back(allocate_aligned(static_cast<size_t>(std::max<int64_t>(slot.type.bytes(), 1))));
+      outs.push_back(
+          allocate_aligned(static_cast<size_t>(std::max<int64_t>(slot.type.bytes(), 1))));
     }
     buffers_.push_back(std::move(outs));
     std::vector<int> wait = seg.after;
