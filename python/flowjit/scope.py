@@ -106,7 +106,14 @@ def placement(device_tag: str, machine_device_ids: Union[str, List[str]], hierar
     """Where the ops traced inside ``with flow.scope.placement(...)`` run:
     `device_tag` "cpu" or "gpu", `machine_device_ids` such as "0:0" or "0:0-3"
     (machine 0, devices 0 to 3), or a list of those. `hierarchy` is accepted
-    for OneFlow compatibility and ignored."""
+    for OneFlow compatibility and ignored.
+
+    Around a job call (or as function_config's default) it places the whole
+    job. Inside a job body, scopes on different CPU device sets place each
+    layer on its own (model parallel / pipeline placement): gradients and
+    updates run where their layer runs, values pass between the device sets,
+    and a set of several devices runs its layers data parallel. Each run is
+    one batch (no micro-batches yet)."""
     return Placement(device_tag, machine_device_ids)
 
 
