@@ -154,13 +154,19 @@ void attach_replicas(VariableStorage& host, int split_axis, int parts, int first
                      std::vector<VariableStorage*> local) {
   if (host.replicas) {
     Replicas& r = *host.replicas;
-    FJ_USER_CHECK(
-        r.split_axis == split_axis && r.parts == parts, ErrorKind::Value, "variable '", host.name,
-        "' is used by jobs that lay it out differently over the devices (",
-        r.split_axis < 0 ? std::string("broadcast") : "split(" + std::to_string(r.split_axis) + ")",
-        " before, ",
-        split_axis < 0 ? std::string("broadcast") : "split(" + std::to_string(split_axis) + ")",
-        " now); declare the same distribute= wherever it is used");
+    // A job placed on a subset of the devices (flow.scope.placement in a job
+    // body, jit/stages.h) keeps its copies in that subset's stores.
+    auto layout = [](int axis, int n) {
+      return (axis < 0 ? std::string("broadcast") : "split(" + std::to_string(axis) + ")") +
+             " over " + std::to_string(n) + " device(s)";
+    };
+    FJ_USER_CHECK(r.split_axis == split_axis && r.parts == parts && r.local == local,
+                  ErrorKind::Value, "variable '", host.name,
+                  "' is used by jobs that lay it out differently over the devices (",
+                  layout(r.split_axis, r.parts), " before, ", layout(split_axis, parts),
+                  r.local == local || r.parts != parts ? "" : " of another device set",
+                  " now); declare the same "
+                  "distribute= and placement wherever it is used");
     return;
   }
   auto r = std::make_unique<Replicas>();

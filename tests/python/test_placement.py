@@ -265,3 +265,16 @@ def test_small_predict_jobs_on_two_stages_give_the_exact_values():
     np.testing.assert_array_equal(job(np.arange(4, dtype=np.float32)),
                                   ((np.arange(4) * 2 + 1) * 2 + 1) * 2 + 1)
     assert [s["placement"] for s in segments(job)] == [0, 1, 0]
+
+
+def test_a_variable_kept_on_a_stage_of_two_devices_is_not_laid_out_again_elsewhere():
+    session(3)
+    job = make_train(["0:0-1", "0:2"])
+    job(*data(1)[0])
+    over_all = make_predict([None, None])  # data parallel over the 3 devices
+    with pytest.raises(ValueError, match=r"variable 'layer0-\w+' is used by jobs that lay it out differently "
+                       r"over the devices \(broadcast over 2 device\(s\) before, broadcast over 3 device\(s\) now\)"):
+        over_all(data(1)[0][0])
+    other_pair = make_predict(["0:1-2", "0:0"])
+    with pytest.raises(ValueError, match=r"broadcast over 2 device\(s\) of another device set now"):
+        other_pair(data(1)[0][0])
