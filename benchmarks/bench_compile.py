@@ -17,8 +17,10 @@ call also traces the job and compiles and runs its initializer job.
 
 flowjit's split comes from FLOWJIT_DEBUG=1's stage lines, summed over the
 init job and the train job: passes (autodiff, the pass pipeline), fusion,
-llvm emit, llvm optimize, llvm codegen, load, disk cache (lookup and store);
-"python" is the rest of the first call (tracing, the step itself).
+llvm emit, llvm optimize, llvm codegen (CPU time summed over the compile
+threads), load, disk cache (lookup and store); "trace" is the tracing of the
+job function, "jobs total" both jobs' compile_job wall time and "other" the
+rest of the first call (running the init job and the step, Python glue).
 """
 import argparse
 import json
@@ -107,8 +109,9 @@ def child_flowjit(extra):
     first = time.perf_counter() - t1
     cpu = _cpu() - c1
     compiled = job.compiled_jobs()[0]
+    trace = sum(st.dur_ns for st in compiled.stages if st.name == "trace") / 1e9
     return {"import": t_import, "first": first, "cpu": cpu, "from_disk": compiled.from_disk_cache,
-            "kernels": compiled.num_kernels}
+            "kernels": compiled.num_kernels, "trace": trace}
 
 
 def child_jax(extra):
@@ -225,6 +228,8 @@ def run_child(impl, extra, cache_dir):
     r = json.loads(p.stdout.strip().splitlines()[-1])
     if impl == "flowjit":
         r["split"] = _split(p.stderr)
+        r["split"]["trace"] = r["trace"]
+        r["split"]["other"] = max(0.0, r["first"] - r["trace"] - r["split"]["jobs total"])
     return r
 
 
@@ -293,8 +298,9 @@ def run(repeat=3, extras=(0, 4, 8), torch_too=True, growth=None):
 
 
 def print_split(splits, extras):
-    cols = list(STAGES) + ["jobs total"]
-    print("\n== flowjit first-call split (median ms over repeats; init job + train job)")
+    cols = ["trace"] + list(STAGES) + ["jobs total", "other"]
+    print("\n== flowjit first-call split (median ms over repeats; init job + train job; llvm "
+          "stages are CPU ms summed over the compile threads, the rest wall ms)")
     print(f"{'case':22}" + "".join(f"{c:>14}" for c in cols))
     for extra in extras:
         for phase in ("cold", "warm"):

@@ -1,7 +1,9 @@
 """A fused chain of 8 elementwise ops on 16M float32 elements: flowjit (one
 fused kernel) vs numpy (the same expression), as effective GB/s (4 bytes read
 + 4 bytes written per element per call) and % of the machine's copy bandwidth
-(a large np.copyto of 16M floats, measured in the same run).
+(a large np.copyto of 16M floats, one thread, measured in the same run).
+flowjit runs on its default thread count (all cores; FLOWJIT_BENCH_THREADS
+overrides it) and, for context, on one thread.
 
     y = tanh(x * 1.5 + 0.5) * x - exp(-x) / 2
         mul, add, tanh, mul, neg, exp, div, sub  (8 ops)
@@ -52,9 +54,22 @@ def run():
     err = float(np.abs(y - chain_numpy(x)).max())
     add1(x)
 
+    from flowjit import _C
+    nthreads = _C.num_threads()
+
+    def on_one_thread(fn):
+        def run1():
+            _C.set_num_threads(1)
+            try:
+                return fn()
+            finally:
+                _C.set_num_threads(nthreads)
+        return run1
+
     cases = {  # name: (case, impl, fn)
         "copy": ("copy bandwidth", "np.copyto", lambda: np.copyto(dst, src)),
         "fj chain": ("chain of 8 ops, 16M", "flowjit", lambda: chain(x)),
+        "fj chain 1t": ("chain of 8 ops, 16M", "flowjit 1 thread", on_one_thread(lambda: chain(x))),
         "np chain": ("chain of 8 ops, 16M", "numpy", lambda: chain_numpy(x)),
         "fj add1": ("x + 1 (1 op), 16M", "flowjit", lambda: add1(x)),
         "np add1": ("x + 1 (1 op), 16M", "numpy", lambda: x + 1.0),
@@ -64,7 +79,8 @@ def run():
     bw = BYTES / times["copy"][0] / 1e9
     notes = {
         "copy": "16M floats, 1 thread, preallocated destination",
-        "fj chain": f"{jk.num_kernels} kernel(s), max err {err:.1e}",
+        "fj chain": f"{jk.num_kernels} kernel(s), {nthreads} thread(s), max err {err:.1e}",
+        "fj chain 1t": "context: the same kernel on one thread",
         "np chain": "",
         "fj add1": "context: one memory-bound op",
         "np add1": "",
@@ -78,7 +94,7 @@ def run():
         if notes[k]:
             note += ", " + notes[k]
         extra = {"copy_bw": True} if k == "copy" else {"pct_copy": 100 * g / bw}
-        if k == "fj chain":
+        if k.startswith("fj chain"):
             extra["kernels"] = jk.num_kernels
         rows.append(C.row("elementwise", case, impl, g, BYTES / med / 1e9, "GB/s",
                           notes[k] if k == "copy" else note, **extra))

@@ -106,7 +106,9 @@ def main():
     m = C.header()
     if args.wait > 0:
         C.wait_for_quiet(0.25, args.wait)
-    print(f"# host kind: {C.host_kind()}", flush=True)
+    # Model, ISA, vector width and cores in one line: the host kind every
+    # figure below belongs to (FLOWJIT_CPU replaces the ISA flowjit targets).
+    print(f"# host kind: {m['model']}; {C.host_kind()}", flush=True)
     la0 = C.print_load("(start)")
     import bench_compile
     import bench_conv

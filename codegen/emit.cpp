@@ -418,6 +418,14 @@ void ExprEmitter::store(const Store& s, Value* v) {
     Value* p = b_.CreateGEP(mt, base, off);
     if (mask) {
       b_.CreateMaskedStore(v, p, align, mask);
+    } else if (s.where.arg == nontemporal_arg) {
+      // Streaming store: the line is written without being read first, so a
+      // large output costs its bytes once instead of twice (read for
+      // ownership + write-back).
+      auto* st =
+          b_.CreateAlignedStore(v, p, llvm::Align(static_cast<uint64_t>(width) * align.value()));
+      st->setMetadata(llvm::LLVMContext::MD_nontemporal,
+                      llvm::MDNode::get(c, llvm::ConstantAsMetadata::get(b_.getInt32(1))));
     } else {
       b_.CreateAlignedStore(v, p, align);
     }
@@ -462,7 +470,10 @@ Value* ExprEmitter::eval_here(int node) {
       if (!n.operands.empty())
         counter = b_.CreateAdd(counter, eval(n.operands[0]));  // random_uniform_at
       llvm::Type* ty = with_width(reg_type(b_.getContext(), n.dtype), width);
-      return math_.random(b_, n.op, counter, static_cast<uint64_t>(n.seed), ty);
+      Value* seed = static_cast<size_t>(node) < seeds.size() && seeds[node] != nullptr
+                        ? seeds[node]
+                        : b_.getInt64(static_cast<uint64_t>(n.seed));
+      return math_.random(b_, n.op, counter, seed, ty);
     }
     case KOp::Compute: {
       std::vector<Value*> ops;

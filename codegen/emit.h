@@ -24,9 +24,10 @@ class MathProvider {
   virtual llvm::Value* unary(llvm::IRBuilderBase& b, OpKind op, llvm::Value* x) = 0;
   virtual llvm::Value* pow(llvm::IRBuilderBase& b, llvm::Value* x, llvm::Value* y) = 0;
   // op is one of RandomUniform, RandomNormal, TruncatedNormal; counter is i64
-  // (or a vector of i64) and `type` the float result type.
+  // (or a vector of i64), seed an i64 scalar (a constant, or a value read at
+  // run time) and `type` the float result type.
   virtual llvm::Value* random(llvm::IRBuilderBase& b, OpKind op, llvm::Value* counter,
-                              uint64_t seed, llvm::Type* type) = 0;
+                              llvm::Value* seed, llvm::Type* type) = 0;
 };
 
 // for (iv = lo; iv < hi; iv += step) body(iv), iv of lo's type; leaves the
@@ -54,6 +55,14 @@ class ExprEmitter {
   int vec_dim = -1;
   int width = 1;
   llvm::Value* mask = nullptr;  // <width x i1> lanes in bounds, or nullptr (all)
+  // Vector stores to this argument (contiguous, unmasked) are non-temporal
+  // and aligned to the whole vector: the loop structure guarantees that
+  // alignment (it peels to it) before setting this; -1 means none.
+  int nontemporal_arg = -1;
+  // The seed of Random node i when the code reads it at run time (an i64
+  // computed once at the function's entry); empty, or nullptr for a node:
+  // the node's seed is a constant of the code.
+  std::vector<llvm::Value*> seeds;
 
   // ---- memoization scopes
   void push_scope();

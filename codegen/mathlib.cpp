@@ -107,7 +107,7 @@ struct Ops {
 //    2e-9 on [-0.34675, 0.34675]): 6 fmas.
 // 4. The scale 2^(k-1) is the bits of t shifted left by 23 (the low 9 bits of t
 //    hold k + 126; the factor 2 is in the polynomial so k = 128 stays finite and
-//    the product rounds to inf by itself above ln(FLT_MAX)). For x < -64, which
+//    the product rounds to inf by itself above ln(FLT_MAX)). For x < -64.1, which
 //    covers every result below 2^-126, the scale gets an exponent 32 higher and
 //    the product one more multiply by 2^-32 (exact for normal results), so
 //    subnormal results are rounded once and underflow reaches 0.
@@ -121,8 +121,13 @@ Value* exp_f32(const Ops& o, Value* x) {
   r = o.fma(k, o.c(0x1.05c610p-29), r);
   Value* p2 = o.horner(r, {0x1.6ae6e0p-9, 0x1.1267d8p-6, 0x1.555824p-4, 0x1.555418p-2,
                            0x1.fffffcp-1, 0x1.0p+1, 2.0});
-  Value* tiny = o.b.CreateFCmpOLT(x, o.c(-64.0));
   Value* sbits = o.b.CreateShl(o.to_bits(t), 23);
+  // "x < -64" as k + 126 < 34 (x < -64.1), read from the scale's bits: the
+  // low 9 bits of t hold k + 126, which is negative below k = -126 and then
+  // wraps to a negative sbits, so tiny is sbits < 34 << 23 as a signed
+  // integer. An integer compare, which x86 runs on more ports than a float
+  // one. A NaN lane takes either path and stays NaN (p2 is NaN).
+  Value* tiny = o.b.CreateICmpSLT(sbits, o.i(34u << 23));
   sbits = o.b.CreateSelect(tiny, o.b.CreateAdd(sbits, o.i(32u << 23)), sbits);
   Value* res = o.b.CreateFMul(p2, o.from_bits(sbits));
   return o.b.CreateSelect(tiny, o.b.CreateFMul(res, o.c(0x1p-32)), res);
@@ -296,6 +301,8 @@ Value* sincos_impl(const Ops& o, Value* x, int quarter_turns) {
 // 3. E = 2^k (1 - 2g): m = fma(-s2, g, 2^k - 1) and d = fma(s2, g, -1 - 2^k),
 //    each rounded once from g (2^k - 1 is exact for k >= -24; d is not
 //    derived from the rounded m, which would double m's error near tanh = 1).
+//    2^k is s2 with its exponent field one lower, so 2^k - 1 and -1 - 2^k
+//    are subtractions (x86 runs them on other ports than the fmas).
 // About 20 vector instructions plus the division. Error: 1.93 ulp over every
 // input (the three roundings of m, d and the quotient, worst near |x| = 0.5).
 Value* tanh_f32(const Ops& o, Value* x) {
@@ -308,10 +315,15 @@ Value* tanh_f32(const Ops& o, Value* x) {
   Value* p =
       o.horner(h, {-0x1.6bebfep-5, 0x1.1227b0p-3, -0x1.555674p-2, 0x1.5554b0p-1, -0x1.fffffep-1});
   Value* g = o.fma(p, o.b.CreateFMul(h, h), h);
-  Value* s2 = o.from_bits(o.b.CreateShl(o.to_bits(t), 23));
+  Value* sbits = o.b.CreateShl(o.to_bits(t), 23);
+  Value* s2 = o.from_bits(sbits);
+  // 2^k = s2 / 2 by the exponent field (an integer subtract, which x86 runs on
+  // more ports than a multiply), so that 2^k - 1 and -1 - 2^k are plain
+  // subtractions, each rounded once as an fma of s2 would round them.
+  Value* pk = o.from_bits(o.b.CreateSub(sbits, o.i(1u << 23)));
   Value* ns2 = o.b.CreateFNeg(s2);
-  Value* m = o.fma(ns2, g, o.fma(s2, o.c(0.5), o.c(-1.0)));
-  Value* d = o.fma(s2, g, o.fma(s2, o.c(-0.5), o.c(-1.0)));
+  Value* m = o.fma(ns2, g, o.b.CreateFSub(pk, o.c(1.0)));
+  Value* d = o.fma(s2, g, o.b.CreateFSub(o.c(-1.0), pk));
   return o.call(llvm::Intrinsic::copysign, o.b.CreateFDiv(m, d), x);
 }
 
@@ -505,8 +517,11 @@ Value* erfc_impl(const Ops& o, Value* x) {
 // ---------------------------------------------------------------- Philox
 // Philox-4x32-10: ten rounds of (c0, c1, c2, c3) <- (hi(M1 c2) ^ c1 ^ k0,
 // lo(M1 c2), hi(M0 c0) ^ c3 ^ k1, lo(M0 c0)), bumping the key by the Weyl
-// constants between rounds. The key is a compile-time constant.
-std::array<Value*, 4> philox4x32_10(llvm::IRBuilderBase& b, Value* counter, uint64_t seed) {
+// constants between rounds. The key is the i64 `seed`: a constant (then every
+// round's key is a constant of the code) or a value the code reads at run
+// time (one kernel's code shared by initializers that differ only in their
+// seed). Integer arithmetic either way, so both give the same bits.
+std::array<Value*, 4> philox4x32_10(llvm::IRBuilderBase& b, Value* counter, Value* seed) {
   Type* t64 = counter->getType();
   Type* t32 = with_lanes(t64, b.getInt32Ty());
   auto k32 = [&](uint32_t v) { return llvm::ConstantInt::get(t32, v); };
@@ -516,15 +531,36 @@ std::array<Value*, 4> philox4x32_10(llvm::IRBuilderBase& b, Value* counter, uint
   };
   std::array<Value*, 4> c = {b.CreateTrunc(counter, t32),
                              b.CreateTrunc(b.CreateLShr(counter, 32), t32), k32(0), k32(0)};
-  uint32_t k0 = static_cast<uint32_t>(seed);
-  uint32_t k1 = static_cast<uint32_t>(seed >> 32);
+  FJ_CHECK(seed->getType()->isIntegerTy(64), "philox: the seed must be an i64 scalar, got ",
+           type_name(seed->getType()));
+  if (auto* known = llvm::dyn_cast<llvm::ConstantInt>(seed)) {
+    uint64_t s = known->getZExtValue();
+    uint32_t k0 = static_cast<uint32_t>(s);
+    uint32_t k1 = static_cast<uint32_t>(s >> 32);
+    for (int round = 0; round < 10; ++round) {
+      auto [hi0, lo0] = mulhilo(0xD2511F53u, c[0]);
+      auto [hi1, lo1] = mulhilo(0xCD9E8D57u, c[2]);
+      c = {b.CreateXor(b.CreateXor(hi1, c[1]), k32(k0)), lo1,
+           b.CreateXor(b.CreateXor(hi0, c[3]), k32(k1)), lo0};
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    return c;
+  }
+  // The scalar key schedule, then each round's key broadcast to the lanes.
+  Value* k0 = b.CreateTrunc(seed, b.getInt32Ty());
+  Value* k1 = b.CreateTrunc(b.CreateLShr(seed, 32), b.getInt32Ty());
+  auto lanes = [&](Value* k) -> Value* {
+    auto* vt = llvm::dyn_cast<llvm::FixedVectorType>(t32);
+    return vt ? b.CreateVectorSplat(vt->getNumElements(), k) : k;
+  };
   for (int round = 0; round < 10; ++round) {
     auto [hi0, lo0] = mulhilo(0xD2511F53u, c[0]);
     auto [hi1, lo1] = mulhilo(0xCD9E8D57u, c[2]);
-    c = {b.CreateXor(b.CreateXor(hi1, c[1]), k32(k0)), lo1,
-         b.CreateXor(b.CreateXor(hi0, c[3]), k32(k1)), lo0};
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
+    c = {b.CreateXor(b.CreateXor(hi1, c[1]), lanes(k0)), lo1,
+         b.CreateXor(b.CreateXor(hi0, c[3]), lanes(k1)), lo0};
+    k0 = b.CreateAdd(k0, b.getInt32(0x9E3779B9u));
+    k1 = b.CreateAdd(k1, b.getInt32(0xBB67AE85u));
   }
   return c;
 }
@@ -532,7 +568,7 @@ std::array<Value*, 4> philox4x32_10(llvm::IRBuilderBase& b, Value* counter, uint
 // The random bits a result element is made of: w0 >> 8 (24 bits) for float,
 // ((w0 << 32) | w1) >> 11 (53 bits) for double, as an integer of the result's
 // lane width, plus the Ops of the result type.
-std::pair<Value*, Ops> random_bits(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
+std::pair<Value*, Ops> random_bits(llvm::IRBuilderBase& b, Value* counter, Value* seed,
                                    Type* result_type, const char* fn) {
   check_fp_type(result_type, fn);
   Type* ct = counter->getType();
@@ -640,14 +676,14 @@ Value* emit_pow(llvm::IRBuilderBase& b, Value* x, Value* y) {
   return b.CreateSelect(one, o.c(1.0), r);
 }
 
-Value* emit_random_uniform(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
-                           Type* result_type) {
+Value* emit_random_uniform_seed_value(llvm::IRBuilderBase& b, Value* counter, Value* seed,
+                                      Type* result_type) {
   auto [m, o] = random_bits(b, counter, seed, result_type, "emit_random_uniform");
   return b.CreateFMul(b.CreateSIToFP(m, o.ft), o.c(o.f64 ? 0x1p-53 : 0x1p-24));
 }
 
-Value* emit_random_normal(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
-                          Type* result_type) {
+Value* emit_random_normal_seed_value(llvm::IRBuilderBase& b, Value* counter, Value* seed,
+                                     Type* result_type) {
   auto [m, o] = random_bits(b, counter, seed, result_type, "emit_random_normal");
   Value* v = symmetric_open_unit(o, m);
   return b.CreateFMul(erfinv_impl(o, v), o.c(0x1.6a09e667f3bcdp+0));
@@ -656,11 +692,26 @@ Value* emit_random_normal(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
 // 2u' - 1 = (2 Phi(-2) - 1) + 2u (Phi(2) - Phi(-2)) = erf(sqrt 2) (2u - 1), so the
 // truncation is one multiply of the normal's erfinv argument. The clamp absorbs
 // the rounding of erf(sqrt 2) at the edges.
-Value* emit_truncated_normal(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
-                             Type* result_type) {
+Value* emit_truncated_normal_seed_value(llvm::IRBuilderBase& b, Value* counter, Value* seed,
+                                        Type* result_type) {
   auto [m, o] = random_bits(b, counter, seed, result_type, "emit_truncated_normal");
   Value* v = b.CreateFMul(symmetric_open_unit(o, m), o.c(0x1.e8b4307d3627ap-1));
   return o.clamp(b.CreateFMul(erfinv_impl(o, v), o.c(0x1.6a09e667f3bcdp+0)), -2.0, 2.0);
+}
+
+Value* emit_random_uniform(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
+                           Type* result_type) {
+  return emit_random_uniform_seed_value(b, counter, b.getInt64(seed), result_type);
+}
+
+Value* emit_random_normal(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
+                          Type* result_type) {
+  return emit_random_normal_seed_value(b, counter, b.getInt64(seed), result_type);
+}
+
+Value* emit_truncated_normal(llvm::IRBuilderBase& b, Value* counter, uint64_t seed,
+                             Type* result_type) {
+  return emit_truncated_normal_seed_value(b, counter, b.getInt64(seed), result_type);
 }
 
 }  // namespace flowjit::codegen

@@ -21,7 +21,9 @@
 // a pure function of (counter, seed), so a loop over elements stays parallel.
 // The generator is Philox-4x32-10 (Salmon et al., SC'11) with key = (seed low 32
 // bits, seed high 32 bits) and counter block = (counter low 32, counter high 32,
-// 0, 0); w0, w1 are its first two output words.
+// 0, 0); w0, w1 are its first two output words. The seed is a uint64_t
+// constant of the code or an i64 scalar Value (a constant, or one the code
+// reads at run time); both give the same numbers.
 #pragma once
 
 #include <cstdint>
@@ -84,17 +86,23 @@ llvm::Value* emit_pow(llvm::IRBuilderBase& b, llvm::Value* x, llvm::Value* y);
 // (((w0 << 32) | w1) >> 11) * 2^-53.
 llvm::Value* emit_random_uniform(llvm::IRBuilderBase& b, llvm::Value* counter, uint64_t seed,
                                  llvm::Type* result_type);
+llvm::Value* emit_random_uniform_seed_value(llvm::IRBuilderBase& b, llvm::Value* counter,
+                                            llvm::Value* seed, llvm::Type* result_type);
 
 // Standard normal by the inverse CDF: sqrt(2) * erfinv(2u - 1) with u on the
 // open interval (0, 1): u = ((w0 >> 8) + 0.5) * 2^-24 for float and
 // ((((w0 << 32) | w1) >> 11) + 0.5) * 2^-53 for double. 2u - 1 is formed exactly.
 llvm::Value* emit_random_normal(llvm::IRBuilderBase& b, llvm::Value* counter, uint64_t seed,
                                 llvm::Type* result_type);
+llvm::Value* emit_random_normal_seed_value(llvm::IRBuilderBase& b, llvm::Value* counter,
+                                           llvm::Value* seed, llvm::Type* result_type);
 
 // The standard normal truncated to [-2, 2] (TensorFlow's truncated_normal
 // distribution) without rejection: u' = Phi(-2) + u * (Phi(2) - Phi(-2)) with u
 // as in emit_random_normal, x = sqrt(2) * erfinv(2u' - 1). Every |x| <= 2.
 llvm::Value* emit_truncated_normal(llvm::IRBuilderBase& b, llvm::Value* counter, uint64_t seed,
                                    llvm::Type* result_type);
+llvm::Value* emit_truncated_normal_seed_value(llvm::IRBuilderBase& b, llvm::Value* counter,
+                                              llvm::Value* seed, llvm::Type* result_type);
 
 }  // namespace flowjit::codegen

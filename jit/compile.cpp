@@ -22,6 +22,7 @@
 #include "jit/cache.h"
 #include "jit/fusion.h"
 #include "jit/pipeline.h"
+#include "runtime/cuda/executable.h"
 #include "runtime/staged.h"
 
 namespace flowjit::jit {
@@ -427,13 +428,17 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
 std::shared_ptr<runtime::DistributedExecutable> make_distributed(
     const CompiledJob& job, runtime::VariableStore& host,
     const std::vector<runtime::VariableStore*>& device_stores,
-    std::shared_ptr<runtime::Communicator> comm, int first_rank, bool several_processes) {
+    std::shared_ptr<runtime::Communicator> comm, int first_rank, bool several_processes,
+    const std::vector<std::shared_ptr<runtime::cuda::DeviceVariables>>& gpu_variables) {
   FJ_CHECK(job.distributed.has_value(), "make_distributed on a single-device job");
   const DistributedGraph& dg = *job.distributed;
   auto* base = dynamic_cast<const runtime::Executable*>(job.program.get());
-  FJ_CHECK(base != nullptr, "a distributed job without CPU code");
-  const runtime::Plan& plan = base->plan();
+  auto* gpu_base = dynamic_cast<const runtime::cuda::CudaExecutable*>(job.program.get());
+  FJ_CHECK(base != nullptr || gpu_base != nullptr, "a distributed job without code");
+  const runtime::Plan& plan = job.program->plan();
   const int n = static_cast<int>(device_stores.size());
+  FJ_CHECK(!gpu_base || static_cast<int>(gpu_variables.size()) == n,
+           "a job over several GPUs needs the variable copies of each GPU");
   auto slot = [](const Sbp& s, const TensorType& logical, const TensorType& local) {
     runtime::DeviceSlot d;
     d.kind = s.kind == Sbp::Local ? runtime::DeviceSlot::PerDevice
@@ -466,15 +471,23 @@ std::shared_ptr<runtime::DistributedExecutable> make_distributed(
     runtime::attach_replicas(*h, axis, comm->size(), first_rank, locals);
     host_vars.push_back(h);
   }
-  std::vector<std::shared_ptr<runtime::Executable>> devices;
+  std::vector<std::shared_ptr<runtime::Program>> devices;
   for (int d = 0; d < n; ++d) {
-    auto e = base->instance();
-    e->bind_variables(*device_stores[d]);
-    devices.push_back(std::move(e));
+    if (gpu_base) {
+      auto e = gpu_base->instance(gpu_variables[d]->device());
+      e->bind_variables(*device_stores[d], *gpu_variables[d]);
+      devices.push_back(std::move(e));
+    } else {
+      auto e = base->instance();
+      e->bind_variables(*device_stores[d]);
+      devices.push_back(std::move(e));
+    }
   }
   auto dist = std::make_shared<runtime::DistributedExecutable>(
       std::move(devices), std::move(comm), first_rank, std::move(ins), std::move(outs),
       std::move(host_vars), several_processes);
+  if (gpu_base)
+    for (auto& v : gpu_variables) dist->keep_alive(v);
   dist->set_writes_variables(job.writes_variables);
   return dist;
 }

@@ -147,11 +147,15 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
 
 // The devices of this process for a distributed job: device d runs as
 // global rank first_rank + d with its variables in device_stores[d], copies
-// or pieces of the session's (`host`).
+// or pieces of the session's (`host`). A job compiled for a GPU target runs
+// one CudaExecutable per GPU: device d on gpu_variables[d]->device(), its
+// variables' GPU copies there; `comm` must then be an NcclCommunicator over
+// those Devices (ranks first_rank ..). The executable keeps gpu_variables.
 std::shared_ptr<runtime::DistributedExecutable> make_distributed(
     const CompiledJob& job, runtime::VariableStore& host,
     const std::vector<runtime::VariableStore*>& device_stores,
-    std::shared_ptr<runtime::Communicator> comm, int first_rank, bool several_processes);
+    std::shared_ptr<runtime::Communicator> comm, int first_rank, bool several_processes,
+    const std::vector<std::shared_ptr<runtime::cuda::DeviceVariables>>& gpu_variables = {});
 
 // The segments of a staged job as one program: a placement on one device
 // runs bound to the session's variables (`host`), one on several devices

@@ -90,16 +90,21 @@ void Fuser::build_and_schedule(FusedProgram& out) {
     l.first = 0;
     l.last = static_cast<int>(launches.size());
   }
-  // Asynchronous all_reduces (runtime/executable.h, CollectiveStep::
-  // complete_before): complete before the first later launch that touches
-  // the operand or the result; both stay alive until then, so that no
-  // other value is placed in them while the communication thread works.
+  // Asynchronous all_reduces and all_gathers (runtime/executable.h,
+  // CollectiveStep::complete_before): complete before the first later
+  // launch that touches the operand or the result; both stay alive until
+  // then, so that no other value is placed in them while the communication
+  // thread works. An all_gather whose result the next launch reads stays
+  // synchronous (nothing could run beside it); one that only feeds a job
+  // output (a data-parallel loss) no longer holds the backward pass up.
   auto same = [](const Storage& a, const Storage& b) {
     return a.kind == b.kind && a.index == b.index;
   };
   for (size_t li = 0; li < launches.size(); ++li) {
     Built& b = *launches[li];
-    if (!b.collective || b.collective->op != runtime::CollectiveStep::Op::AllReduce) continue;
+    if (!b.collective || (b.collective->op != runtime::CollectiveStep::Op::AllReduce &&
+                          b.collective->op != runtime::CollectiveStep::Op::AllGather))
+      continue;
     size_t until = launches.size();
     for (size_t lj = li + 1; lj < launches.size() && until == launches.size(); ++lj)
       for (const Storage& s : launches[lj]->arg_storage)
@@ -107,6 +112,7 @@ void Fuser::build_and_schedule(FusedProgram& out) {
           until = lj;
           break;
         }
+    if (b.collective->op == runtime::CollectiveStep::Op::AllGather && until <= li + 1) continue;
     b.collective->complete_before = static_cast<int64_t>(until);
     for (const Storage& s : b.arg_storage)
       if (s.kind == BufferKind::Arena) {

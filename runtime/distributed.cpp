@@ -119,7 +119,17 @@ void split_geometry(const ir::TensorType& t, int axis, int parts, int64_t& outer
 }
 
 void copy_piece(const VariableStorage& host, const Replicas& r, int d, bool to_host) {
-  char* local = r.local[d]->ptr();
+  VariableStorage& replica = *r.local[d];
+  // A GPU device's replica: its GPU copy may be newer (gathering), or must
+  // take the new value (scattering).
+  struct Written {
+    VariableStorage* v;
+    ~Written() {
+      if (v) mark_host_written(*v);
+    }
+  } written{!to_host && replica.device_copies ? &replica : nullptr};
+  if (to_host) sync_host(replica);
+  char* local = replica.ptr();
   if (r.split_axis < 0) {
     size_t bytes = static_cast<size_t>(host.type.bytes());
     if (to_host)
@@ -154,19 +164,20 @@ void attach_replicas(VariableStorage& host, int split_axis, int parts, int first
                      std::vector<VariableStorage*> local) {
   if (host.replicas) {
     Replicas& r = *host.replicas;
-    // A job placed on a subset of the devices (flow.scope.placement in a job
-    // body, jit/stages.h) keeps its copies in that subset's stores.
     auto layout = [](int axis, int n) {
       return (axis < 0 ? std::string("broadcast") : "split(" + std::to_string(axis) + ")") +
              " over " + std::to_string(n) + " device(s)";
     };
-    FJ_USER_CHECK(r.split_axis == split_axis && r.parts == parts && r.local == local,
-                  ErrorKind::Value, "variable '", host.name,
-                  "' is used by jobs that lay it out differently over the devices (",
+    FJ_USER_CHECK(r.split_axis == split_axis && r.parts == parts, ErrorKind::Value, "variable '",
+                  host.name, "' is used by jobs that lay it out differently over the devices (",
                   layout(r.split_axis, r.parts), " before, ", layout(split_axis, parts),
-                  r.local == local || r.parts != parts ? "" : " of another device set",
-                  " now); declare the same "
-                  "distribute= and placement wherever it is used");
+                  " now); declare the same distribute= and placement wherever it is used");
+    // A job placed on a subset of the devices (flow.scope.placement in a job
+    // body, jit/stages.h) keeps its copies in that subset's stores.
+    FJ_USER_CHECK(r.local == local, ErrorKind::NotImplemented, "variable '", host.name,
+                  "' is used by jobs spread over different devices (say the CPU devices and "
+                  "several GPUs, or stages placed on other devices); a variable is distributed "
+                  "over one set of devices per session");
     return;
   }
   auto r = std::make_unique<Replicas>();
@@ -203,7 +214,7 @@ void mark_host_written(VariableStorage& host) {
 
 // ---------------------------------------------------------------- runs
 
-DistributedExecutable::DistributedExecutable(std::vector<std::shared_ptr<Executable>> devices,
+DistributedExecutable::DistributedExecutable(std::vector<std::shared_ptr<Program>> devices,
                                              std::shared_ptr<Communicator> comm, int first_rank,
                                              std::vector<DeviceSlot> inputs,
                                              std::vector<DeviceSlot> outputs,
@@ -241,7 +252,16 @@ std::vector<ProgramSlot> DistributedExecutable::slots(const std::vector<DeviceSl
 
 std::vector<const Executable*> DistributedExecutable::host_devices() const {
   std::vector<const Executable*> out;
-  for (auto& d : devices_) out.push_back(d.get());
+  for (auto& d : devices_)
+    if (auto* e = dynamic_cast<const Executable*>(d.get())) out.push_back(e);
+  return out;
+}
+
+std::string DistributedExecutable::device() const {
+  std::string first = devices_[0]->device();
+  if (first.rfind("gpu:", 0) != 0) return first;
+  std::string out = first;
+  for (size_t d = 1; d < devices_.size(); ++d) out += "," + devices_[d]->device().substr(4);
   return out;
 }
 
@@ -309,7 +329,7 @@ void DistributedExecutable::run(const void* const* inputs, void* const* outputs)
             scratch.resize(static_cast<size_t>(h->type.bytes()));
             dst = scratch.data();
           }
-          comm_->all_gather(first_rank_ + d, r.local[d]->ptr(), dst, outer, piece);
+          devices_[d]->gather_variable_pieces(i, dst, outer, piece);
         }
       },
       *comm_);

@@ -1,7 +1,9 @@
-// A job spread over several devices: one Executable per device of this
+// A job spread over several devices: one program per device of this
 // process, all compiled from the same per-device graph (jit/distribute),
 // run concurrently (device 0 on the caller's thread, the others on their
-// own worker threads) and joined by a Communicator.
+// own worker threads) and joined by a Communicator. A device is a CPU
+// Executable (collectives through the thread or Gloo communicator) or a
+// GPU's CudaExecutable (through an NcclCommunicator over the same Devices).
 //
 // Inputs and outputs are the job's logical values: a Whole slot is the same
 // buffer on every device (results: device 0 writes it), a Rows slot is split
@@ -15,6 +17,9 @@
 // it (sync_host) — except split variables over several processes, whose
 // pieces are gathered after every run that may change them (the pieces of
 // other processes cannot be fetched later without all processes taking part).
+// On GPUs a replica is itself a host storage with a GPU copy
+// (VariableStorage::device_copies): scattering marks that copy stale (the
+// GPU uploads it before its run), gathering downloads it first.
 #pragma once
 
 #include <memory>
@@ -40,7 +45,7 @@ class DistributedExecutable : public Program {
   // `devices[d]` runs as global rank first_rank + d; its variables are
   // bound to per-device storages that carry `replicas` of host storages in
   // `host_vars` (same order as the plan's variables).
-  DistributedExecutable(std::vector<std::shared_ptr<Executable>> devices,
+  DistributedExecutable(std::vector<std::shared_ptr<Program>> devices,
                         std::shared_ptr<Communicator> comm, int first_rank,
                         std::vector<DeviceSlot> inputs, std::vector<DeviceSlot> outputs,
                         std::vector<VariableStorage*> host_vars, bool several_processes);
@@ -52,7 +57,7 @@ class DistributedExecutable : public Program {
   // Pointers per slot: one for Whole and Rows, num_devices() for PerDevice.
   size_t num_input_pointers() const;
   size_t num_output_pointers() const;
-  const Executable& device(int d) const { return *devices_[d]; }
+  const Program& device(int d) const { return *devices_[d]; }
   const Communicator& communicator() const { return *comm_; }
   std::string job_name() const { return devices_[0]->plan().job_name; }
 
@@ -60,7 +65,9 @@ class DistributedExecutable : public Program {
   const Plan& plan() const override { return devices_[0]->plan(); }
   std::vector<ProgramSlot> input_slots() const override { return slots(inputs_); }
   std::vector<ProgramSlot> output_slots() const override { return slots(outputs_); }
-  std::string device() const override { return "cpu"; }
+  // "cpu", or the GPUs of this process: "gpu:0,1".
+  std::string device() const override;
+  std::string loaded_from() const override { return devices_[0]->loaded_from(); }
   std::vector<const Executable*> host_devices() const override;
 
   // As Executable::set_writes_variables: a writing run makes the variables'
@@ -70,10 +77,14 @@ class DistributedExecutable : public Program {
   // Not reentrant (callers serialize runs, like Executable::run).
   void run(const void* const* inputs, void* const* outputs) override;
 
+  // Keeps `o` alive as long as the devices (a GPU's variable copies).
+  void keep_alive(std::shared_ptr<void> o) { owned_.push_back(std::move(o)); }
+
  private:
   std::vector<ProgramSlot> slots(const std::vector<DeviceSlot>& s) const;
 
-  std::vector<std::shared_ptr<Executable>> devices_;
+  std::vector<std::shared_ptr<void>> owned_;  // destroyed after devices_
+  std::vector<std::shared_ptr<Program>> devices_;
   std::shared_ptr<Communicator> comm_;
   int first_rank_;
   std::vector<DeviceSlot> inputs_, outputs_;

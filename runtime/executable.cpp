@@ -198,7 +198,7 @@ Plan Plan::deserialize(const std::string& text) {
         c.dtype = *d;
         if (c.parts < 1 || c.outer < 0 || c.inner < 0) bad_plan("bad sizes in '" + line + "'");
         if (c.complete_before >= 0 &&
-            (c.op != CollectiveStep::Op::AllReduce ||
+            ((c.op != CollectiveStep::Op::AllReduce && c.op != CollectiveStep::Op::AllGather) ||
              c.complete_before <= static_cast<int64_t>(p.launches.size()) - 1))
           bad_plan("bad completion point in '" + line + "'");
         p.launches.back().collective = c;
@@ -241,6 +241,10 @@ std::string Plan::describe() const {
     auto& l = launches[i];
     os << "  [" << i << "] " << l.symbol << " range=" << l.range << " grain=" << l.grain;
     if (l.scratch_bytes) os << " scratch=" << l.scratch_bytes;
+    // Where an asynchronous collective must be complete (tools read the
+    // overlap structure from this: tools/scale_model.py).
+    if (l.collective && l.collective->complete_before >= 0)
+      os << " complete_before=" << l.collective->complete_before;
     os << " : " << l.summary << "\n";
   }
   return os.str();
@@ -354,6 +358,54 @@ void Executable::raise_failed_check() const {
              describe_failed_check(plan_.job_name, c, st[1], st[2]));
 }
 
+std::vector<std::vector<size_t>> all_reduce_buckets(const Plan& plan) {
+  // Runs of all_reduce launches of one dtype whose buffers do not overlap
+  // (a later member's result may reuse an earlier member's operand memory;
+  // a bucket reads and writes them all at once).
+  const size_t nl = plan.launches.size();
+  std::vector<std::vector<size_t>> bucket(nl);
+  auto all_reduce_at = [&](size_t li) -> const CollectiveStep* {
+    const auto& c = plan.launches[li].collective;
+    return c && c->op == CollectiveStep::Op::AllReduce ? &*c : nullptr;
+  };
+  struct Range {
+    int64_t lo, hi;
+  };
+  for (size_t li = 0; li < nl; ++li) {
+    const CollectiveStep* c = all_reduce_at(li);
+    if (!c) continue;
+    std::vector<Range> ranges;
+    auto add = [&](size_t l) {
+      const CollectiveStep& s = *plan.launches[l].collective;
+      int64_t bytes = s.inner * ir::dtype_bytes(s.dtype);
+      for (const BufferRef& r : plan.launches[l].args)
+        if (r.kind == BufferKind::Arena) ranges.push_back({r.offset_bytes, r.offset_bytes + bytes});
+    };
+    auto overlaps = [&](size_t l) {
+      const CollectiveStep& s = *plan.launches[l].collective;
+      int64_t bytes = s.inner * ir::dtype_bytes(s.dtype);
+      for (const BufferRef& r : plan.launches[l].args) {
+        if (r.kind != BufferKind::Arena) continue;
+        for (const Range& x : ranges)
+          if (r.offset_bytes < x.hi && x.lo < r.offset_bytes + bytes) return true;
+      }
+      return false;
+    };
+    bucket[li].push_back(li);
+    add(li);
+    size_t next = li + 1;
+    while (next < nl) {
+      const CollectiveStep* d = all_reduce_at(next);
+      if (!d || d->dtype != c->dtype || overlaps(next)) break;
+      bucket[li].push_back(next);
+      add(next);
+      ++next;
+    }
+    li = next - 1;
+  }
+  return bucket;
+}
+
 Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<void> code_owner)
     : plan_(std::move(plan)), fns_(std::move(fns)), code_owner_(std::move(code_owner)) {
   FJ_CHECK(fns_.size() == plan_.launches.size(), "one function per launch");
@@ -374,53 +426,10 @@ Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<voi
   }
   if (std::all_of(collective_index_.begin(), collective_index_.end(), [](int i) { return i < 0; }))
     collective_index_.clear();
-  // Buckets: runs of all_reduce launches of one dtype whose buffers do not
-  // overlap (a later member's result may reuse an earlier member's operand
-  // memory; a bucket reads and writes them all at once).
-  size_t nl = plan_.launches.size();
-  bucket_.assign(collective_index_.empty() ? 0 : nl, {});
+  if (!collective_index_.empty()) bucket_ = all_reduce_buckets(plan_);
   bucketed_.assign(bucket_.size(), false);
-  auto all_reduce_at = [&](size_t li) -> const CollectiveStep* {
-    if (collective_index_.empty() || collective_index_[li] < 0) return nullptr;
-    const CollectiveStep& c = collectives_[collective_index_[li]];
-    return c.op == CollectiveStep::Op::AllReduce ? &c : nullptr;
-  };
-  struct Range {
-    int64_t lo, hi;
-  };
-  for (size_t li = 0; li < bucket_.size(); ++li) {
-    const CollectiveStep* c = all_reduce_at(li);
-    if (!c) continue;
-    std::vector<Range> ranges;
-    auto add = [&](size_t l) {
-      const CollectiveStep& s = collectives_[collective_index_[l]];
-      int64_t bytes = s.inner * ir::dtype_bytes(s.dtype);
-      for (const BufferRef& r : plan_.launches[l].args)
-        if (r.kind == BufferKind::Arena) ranges.push_back({r.offset_bytes, r.offset_bytes + bytes});
-    };
-    auto overlaps = [&](size_t l) {
-      const CollectiveStep& s = collectives_[collective_index_[l]];
-      int64_t bytes = s.inner * ir::dtype_bytes(s.dtype);
-      for (const BufferRef& r : plan_.launches[l].args) {
-        if (r.kind != BufferKind::Arena) continue;
-        for (const Range& x : ranges)
-          if (r.offset_bytes < x.hi && x.lo < r.offset_bytes + bytes) return true;
-      }
-      return false;
-    };
-    bucket_[li].push_back(li);
-    add(li);
-    size_t next = li + 1;
-    while (next < nl) {
-      const CollectiveStep* d = all_reduce_at(next);
-      if (!d || d->dtype != c->dtype || overlaps(next)) break;
-      bucket_[li].push_back(next);
-      bucketed_[next] = true;
-      add(next);
-      ++next;
-    }
-    li = next - 1;
-  }
+  for (const std::vector<size_t>& b : bucket_)
+    for (size_t k = 1; k < b.size(); ++k) bucketed_[b[k]] = true;
   arena_ = allocate_aligned(static_cast<size_t>(plan_.arena_bytes));
   size_t total = 0;
   for (auto& l : plan_.launches) {
@@ -434,6 +443,13 @@ Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<voi
 void Executable::set_device(std::shared_ptr<Communicator> comm, int rank) {
   comm_ = std::move(comm);
   rank_ = rank;
+}
+
+void Executable::gather_variable_pieces(size_t index, void* dst, int64_t outer,
+                                        int64_t piece_bytes) {
+  FJ_CHECK(comm_ != nullptr && index < variable_ptrs_.size(), "gathering variable ", index,
+           " of job '", plan_.job_name, "' outside a distributed job");
+  comm_->all_gather(rank_, variable_ptrs_[index], dst, outer, piece_bytes);
 }
 
 namespace {
@@ -601,7 +617,9 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
     if (!collective_index_.empty() && collective_index_[li] >= 0) {
       if (bucketed_[li]) continue;  // ran with its bucket
       int64_t before = -1;
-      if (overlap && !bucket_[li].empty()) {
+      if (overlap && bucket_[li].empty()) {
+        before = collectives_[collective_index_[li]].complete_before;  // an output's all_gather
+      } else if (overlap) {
         before = static_cast<int64_t>(plan_.launches.size());
         for (size_t m : bucket_[li]) {
           int64_t b = collectives_[collective_index_[m]].complete_before;

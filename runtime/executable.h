@@ -41,7 +41,7 @@ struct BufferRef {
 // parts, and the [outer][inner] element counts of one device's piece (see
 // runtime/collective.h).
 //
-// complete_before >= 0 (all_reduce only): the collective may run on the
+// complete_before >= 0 (all_reduce and all_gather): the collective may run on the
 // device's communication thread while the launches after it run; it must
 // be complete before launch `complete_before` (the first that touches its
 // operand or result; the plan's size: the end of the run). The compiler
@@ -109,6 +109,11 @@ struct Plan {
   std::string describe() const;  // launches, one per line
 };
 
+// Adjacent all_reduces of one dtype whose buffers do not overlap run as one
+// bucket (Communicator::all_reduce_many): per launch, the launches of the
+// bucket that starts there (empty for non-all_reduces and later members).
+std::vector<std::vector<size_t>> all_reduce_buckets(const Plan& plan);
+
 class Executable : public Program {
  public:
   // `fns[i]` is the code of plan.launches[i] (null for collectives);
@@ -135,7 +140,8 @@ class Executable : public Program {
 
   // The device this executable is in a distributed job: collectives go
   // through `comm` as `rank`. Required when the plan has collectives.
-  void set_device(std::shared_ptr<Communicator> comm, int rank);
+  void set_device(std::shared_ptr<Communicator> comm, int rank) override;
+  void gather_variable_pieces(size_t index, void* dst, int64_t outer, int64_t piece_bytes) override;
   bool has_collectives() const { return !collective_index_.empty(); }
   // Whether runs may write variables (the job has assigns): a run that
   // writes makes every other copy of its variables (device replicas, GPU

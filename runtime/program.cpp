@@ -1,6 +1,7 @@
 // Program: the defaults every kind of program shares.
 #include "runtime/program.h"
 
+#include "ir/error.h"
 #include "runtime/executable.h"
 
 namespace flowjit::runtime {
@@ -28,6 +29,16 @@ std::vector<ProgramSlot> Program::output_slots() const {
 std::shared_ptr<PendingRun> Program::start(const void* const* inputs, std::vector<void*> outputs) {
   run(inputs, outputs.data());
   return std::make_shared<FinishedRun>();
+}
+
+void Program::set_device(std::shared_ptr<Communicator>, int) {
+  throw_user(ErrorKind::NotImplemented, "job '", plan().job_name, "' runs on ", device(),
+             ", which cannot be one device of a job spread over several");
+}
+
+void Program::gather_variable_pieces(size_t, void*, int64_t, int64_t) {
+  throw_user(ErrorKind::NotImplemented, "job '", plan().job_name, "' runs on ", device(),
+             ", which cannot gather split variables between processes");
 }
 
 size_t Program::count_arrays(const std::vector<ProgramSlot>& slots) {

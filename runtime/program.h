@@ -28,6 +28,7 @@ namespace flowjit::runtime {
 
 struct Plan;
 class Executable;
+class Communicator;
 
 struct ProgramSlot {
   ir::TensorType type;
@@ -69,6 +70,16 @@ class Program {
   // The CPU executables whose launches FLOWJIT_PROFILE=1 timed, per device
   // (none for a GPU program: the device times its launches).
   virtual std::vector<const Executable*> host_devices() const { return {}; }
+
+  // One device of a distributed job (runtime/distributed.h): its
+  // collectives go through `comm` as global rank `rank`. A program that
+  // cannot be one throws UserError(NotImplemented).
+  virtual void set_device(std::shared_ptr<Communicator> comm, int rank);
+  // Collective, after a run: every rank's piece of the split variable bound
+  // as plan variable `index` (`outer` blocks of `piece_bytes`) gathered
+  // into host memory `dst`, [outer][ranks][piece]. What a distributed job
+  // over several processes does to keep split variables whole on every host.
+  virtual void gather_variable_pieces(size_t index, void* dst, int64_t outer, int64_t piece_bytes);
 
   // Total pointers passed for the slots.
   static size_t count_arrays(const std::vector<ProgramSlot>& slots);

@@ -18,6 +18,11 @@
 #      (NcclGpu.*: the NCCL communicator's collectives on device buffers, one
 #      rank, two where there are two GPUs; a missing NCCL library is a visible
 #      skip, a failure with FLOWJIT_REQUIRE_NCCL=1)
+#   6. several GPUs, where nvidia-smi lists two or more: a data-parallel
+#      train step on GPUs 0 and 1 against the same steps on GPU 0
+#      (test_gpu.py::test_two_gpus_train_like_one_gpu with
+#      FLOWJIT_REQUIRE_GPUS=2: the one-process path, NCCL between the GPUs;
+#      skips become failures); needs the Python step (not --no-python)
 # Exits 2 at once when there is no GPU, 1 when a step fails.
 #
 #   tools/gpu_check.sh [--quick] [--no-bench] [--no-python]
@@ -139,6 +144,25 @@ grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) +\]|^\[nccl\]|Failure|^(no GPU|a GPU bu
 if grep -q '^\[  FAILED  \]' "$BUILD/nccl_tests.log" || ! grep -q '^\[  PASSED  \]' "$BUILD/nccl_tests.log"; then
   STATUS=1
   log "NCCL FAILED (full log: $BUILD/nccl_tests.log)"
+fi
+
+# ---- 6. two GPUs: data parallel against one GPU
+GPUS=$(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU ' || true)
+if [ "${GPUS:-0}" -ge 2 ] && [ "$PYTESTS" = 1 ]; then
+  log "two GPUs: a data-parallel train step on GPUs 0 and 1 against GPU 0 (FLOWJIT_REQUIRE_GPUS=2)"
+  if ! (cd "$ROOT" && FLOWJIT_REQUIRE_GPU=1 FLOWJIT_REQUIRE_GPUS=2 FLOWJIT_REQUIRE_NCCL=1 \
+        PYTHONPATH="$PYPKG:$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" \
+        "$PY" -m pytest -q -rs -p no:cacheprovider tests/python/test_gpu.py -k two_gpus 2>&1 \
+        | tee "$BUILD/two_gpu_tests.log"); then
+    :
+  fi
+  if ! grep -qE '^[0-9]+ passed' "$BUILD/two_gpu_tests.log" \
+     || grep -qE '[0-9]+ (failed|error|skipped)' "$BUILD/two_gpu_tests.log"; then
+    STATUS=1
+    log "two-GPU check FAILED (full log: $BUILD/two_gpu_tests.log)"
+  fi
+else
+  log "two GPUs: skipped (${GPUS:-0} GPU(s) listed by nvidia-smi, or --no-python)"
 fi
 
 log "done in $(( $(date +%s) - START ))s"

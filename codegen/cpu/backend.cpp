@@ -11,6 +11,7 @@
 #include <llvm/MC/TargetRegistry.h>
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/SHA256.h>
 #include <llvm/Support/SourceMgr.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
@@ -25,6 +26,7 @@
 #include <ctime>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -152,15 +154,15 @@ class CpuMath : public MathProvider {
   llvm::Value* pow(llvm::IRBuilderBase& b, llvm::Value* x, llvm::Value* y) override {
     return emit_pow(b, x, y);
   }
-  llvm::Value* random(llvm::IRBuilderBase& b, OpKind op, llvm::Value* counter, uint64_t seed,
+  llvm::Value* random(llvm::IRBuilderBase& b, OpKind op, llvm::Value* counter, llvm::Value* seed,
                       llvm::Type* type) override {
     switch (op) {
       case OpKind::RandomUniform:
-        return emit_random_uniform(b, counter, seed, type);
+        return emit_random_uniform_seed_value(b, counter, seed, type);
       case OpKind::RandomNormal:
-        return emit_random_normal(b, counter, seed, type);
+        return emit_random_normal_seed_value(b, counter, seed, type);
       case OpKind::TruncatedNormal:
-        return emit_truncated_normal(b, counter, seed, type);
+        return emit_truncated_normal_seed_value(b, counter, seed, type);
       default:
         FJ_CHECK(false, "no CPU random for ", ir::op_name(op));
     }
@@ -229,11 +231,14 @@ std::string CpuTarget::id() const { return target_id().str(); }
 TargetId host_target_id() { return host_target().target_id(); }
 int host_vector_bits() { return host_target().vector_bits; }
 
-llvm::Function* declare_kernel(llvm::Module& m, const std::string& name, const CpuTarget& t) {
+llvm::Function* declare_kernel(llvm::Module& m, const std::string& name, const CpuTarget& t,
+                               bool seeded) {
   llvm::LLVMContext& c = m.getContext();
   auto* ptr = llvm::PointerType::getUnqual(c);
   auto* i64 = llvm::Type::getInt64Ty(c);
-  auto* fty = llvm::FunctionType::get(llvm::Type::getVoidTy(c), {ptr, i64, i64, ptr}, false);
+  std::vector<llvm::Type*> params = {ptr, i64, i64, ptr};
+  if (seeded) params.push_back(ptr);
+  auto* fty = llvm::FunctionType::get(llvm::Type::getVoidTy(c), params, false);
   auto* f = llvm::Function::Create(fty, llvm::Function::ExternalLinkage, name, m);
   f->addFnAttr(llvm::Attribute::NoUnwind);
   f->addFnAttr("target-cpu", t.cpu);
@@ -247,7 +252,46 @@ llvm::Function* declare_kernel(llvm::Module& m, const std::string& name, const C
   f->getArg(3)->setName("scratch");
   f->getArg(0)->addAttr(llvm::Attribute::NoAlias);
   f->getArg(3)->addAttr(llvm::Attribute::NoAlias);
+  if (seeded) {
+    f->getArg(4)->setName("seeds");
+    f->getArg(4)->addAttr(llvm::Attribute::NoAlias);
+    f->getArg(4)->addAttr(llvm::Attribute::ReadOnly);
+  }
   return f;
+}
+
+std::vector<int> random_nodes(const Kernel& k) {
+  std::vector<int> out;
+  for (size_t i = 0; i < k.nodes.size(); ++i)
+    if (k.nodes[i].kind == KOp::Random) out.push_back(static_cast<int>(i));
+  return out;
+}
+
+void emit_seed_thunks(llvm::Module& m, const std::vector<SeedThunk>& thunks, const CpuTarget& t) {
+  llvm::LLVMContext& c = m.getContext();
+  auto* i64 = llvm::Type::getInt64Ty(c);
+  for (const SeedThunk& th : thunks) {
+    llvm::Function* body = m.getFunction(th.body);
+    if (body == nullptr) {
+      body = declare_kernel(m, th.body, t, /*seeded=*/true);
+      body->setLinkage(llvm::Function::ExternalLinkage);
+    }
+    std::vector<llvm::Constant*> vals;
+    for (int64_t s : th.seeds)
+      vals.push_back(llvm::ConstantInt::get(i64, static_cast<uint64_t>(s)));
+    auto* aty = llvm::ArrayType::get(i64, vals.size());
+    auto* table =
+        new llvm::GlobalVariable(m, aty, /*isConstant=*/true, llvm::GlobalValue::PrivateLinkage,
+                                 llvm::ConstantArray::get(aty, vals), th.name + ".seeds");
+    table->setUnnamedAddr(llvm::GlobalValue::UnnamedAddr::Global);
+    table->setAlignment(llvm::Align(8));
+    llvm::Function* f = declare_kernel(m, th.name, t);
+    llvm::IRBuilder<> b(llvm::BasicBlock::Create(c, "entry", f));
+    auto* call =
+        b.CreateCall(body, {f->getArg(0), f->getArg(1), f->getArg(2), f->getArg(3), table});
+    call->setTailCall(true);
+    b.CreateRetVoid();
+  }
 }
 
 std::vector<llvm::Value*> load_kernel_args(llvm::IRBuilderBase& b, llvm::Function* f, size_t n) {
@@ -278,27 +322,94 @@ Level level_for(bool run_once) {
   return {llvm::OptimizationLevel::O3, llvm::CodeGenOptLevel::Aggressive, "O3"};
 }
 
-// Compiles one kernel alone, under `symbol`, in a context of its own (so
-// several run at once on different threads).
-std::shared_ptr<CompiledUnit> compile_unit(const Kernel& kernel, const std::string& symbol,
-                                           const Level& level, const CompileOptions& opts,
-                                           std::string* unoptimized_ir) {
+// A Loop kernel with Random nodes compiles to a seeded body (its seeds read
+// at run time, see declare_kernel) and a thunk per seed list: initializers
+// of equal shape share one body whatever their seeds. (A MatMul kernel's
+// epilogue keeps its seeds as constants.)
+bool seeded_body(const Kernel& k) {
+  if (k.kind != Kernel::Kind::Loop) return false;
+  for (const KNode& n : k.nodes)
+    if (n.kind == KOp::Random) return true;
+  return false;
+}
+
+// The thunks of one compile() call, compiled together: a few instructions
+// each, so no IR optimization and fast instruction selection.
+std::shared_ptr<CompiledUnit> compile_thunks(const std::vector<SeedThunk>& thunks,
+                                             const CompileOptions& opts) {
   const CpuTarget& t = host_target();
   auto u = std::make_shared<CompiledUnit>();
-  u->symbol = symbol;
   double t0 = thread_seconds();
   llvm::LLVMContext ctx;
-  llvm::Module m(symbol, ctx);
+  llvm::Module m("fjk_seed_thunks", ctx);
   m.setTargetTriple(t.triple);
-  auto tm = make_target_machine(t, level.cg);
+  auto tm = make_target_machine(t, llvm::CodeGenOptLevel::None);
   m.setDataLayout(tm->createDataLayout());
+  emit_seed_thunks(m, thunks, t);
+  std::string verify_err;
+  llvm::raw_string_ostream vos(verify_err);
+  if (llvm::verifyModule(m, &vos))
+    throw InternalError(
+        "flowjit internal error (a bug in flowjit, please report it): the seed thunks of "
+        "module '" +
+        opts.module_name + "' are invalid: " + verify_err);
+  u->seconds_emit = thread_seconds() - t0;
+  if (opts.want_llvm_ir || opts.want_assembly) u->llvm_ir = module_text(m);
+  double t2 = thread_seconds();
+  if (opts.want_assembly) u->assembly = emit_file(m, *tm, llvm::CodeGenFileType::AssemblyFile);
+  std::string obj = emit_file(m, *tm, llvm::CodeGenFileType::ObjectFile);
+  u->object.assign(obj.begin(), obj.end());
+  u->seconds_codegen = thread_seconds() - t2;
+  return u;
+}
+
+std::string hex_digest(const std::string& bytes, int n) {
+  std::array<uint8_t, 32> h = llvm::SHA256::hash(
+      llvm::ArrayRef<uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+  static const char* hex = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    s.push_back(hex[h[i] >> 4]);
+    s.push_back(hex[h[i] & 15]);
+  }
+  return s;
+}
+
+// Compiles one kernel alone, under `symbol`, in a context of its own (so
+// several run at once on different threads).
+// A kernel's module, emitted and verified, before optimization.
+struct EmittedUnit {
+  std::unique_ptr<llvm::LLVMContext> ctx;
+  std::unique_ptr<llvm::Module> m;
+  std::unique_ptr<llvm::TargetMachine> tm;
+  std::shared_ptr<CompiledUnit> u;  // symbol, shape, seconds_emit so far
+  void clear() {                    // the module before its context
+    m.reset();
+    tm.reset();
+    ctx.reset();
+  }
+};
+
+EmittedUnit emit_unit(const Kernel& kernel, const std::string& symbol, const Level& level,
+                      const CompileOptions& opts, std::string* unoptimized_ir) {
+  const CpuTarget& t = host_target();
+  EmittedUnit e;
+  e.u = std::make_shared<CompiledUnit>();
+  e.u->symbol = symbol;
+  double t0 = thread_seconds();
+  e.ctx = std::make_unique<llvm::LLVMContext>();
+  e.m = std::make_unique<llvm::Module>(symbol, *e.ctx);
+  llvm::Module& m = *e.m;
+  m.setTargetTriple(t.triple);
+  e.tm = make_target_machine(t, level.cg);
+  m.setDataLayout(e.tm->createDataLayout());
   CpuMath math;
   Kernel k = kernel;
   k.name = symbol;
   if (k.kind == Kernel::Kind::MatMul) {
-    emit_matmul_kernel(m, k, t, math, u->shape);
+    emit_matmul_kernel(m, k, t, math, e.u->shape);
   } else {
-    emit_loop_kernel(m, k, t, math, u->shape);
+    emit_loop_kernel(m, k, t, math, e.u->shape, seeded_body(k));
   }
   if (opts.interrupted && opts.interrupted()) throw Interrupted();
   std::string verify_err;
@@ -310,20 +421,28 @@ std::shared_ptr<CompiledUnit> compile_unit(const Kernel& kernel, const std::stri
         kernel.name + "' of module '" + opts.module_name + "' is invalid: " + verify_err);
   }
   if (unoptimized_ir != nullptr) *unoptimized_ir = module_text(m);
-  u->seconds_emit = thread_seconds() - t0;
+  e.u->seconds_emit = thread_seconds() - t0;
+  return e;
+}
 
+// Optimizes and compiles an emitted unit; frees its module.
+std::shared_ptr<CompiledUnit> finish_unit(EmittedUnit& e, const Level& level,
+                                          const CompileOptions& opts) {
+  llvm::Module& m = *e.m;
+  CompiledUnit& u = *e.u;
   double t1 = thread_seconds();
-  optimize_module(m, *tm, /*slp=*/true, opts.interrupted, level.ir);
+  optimize_module(m, *e.tm, /*slp=*/true, opts.interrupted, level.ir);
   if (opts.interrupted && opts.interrupted()) throw Interrupted();
-  u->seconds_optimize = thread_seconds() - t1;
-  if (opts.want_llvm_ir || opts.want_assembly) u->llvm_ir = module_text(m);
+  u.seconds_optimize = thread_seconds() - t1;
+  if (opts.want_llvm_ir || opts.want_assembly) u.llvm_ir = module_text(m);
 
   double t2 = thread_seconds();
-  if (opts.want_assembly) u->assembly = emit_file(m, *tm, llvm::CodeGenFileType::AssemblyFile);
-  std::string obj = emit_file(m, *tm, llvm::CodeGenFileType::ObjectFile);
-  u->object.assign(obj.begin(), obj.end());
-  u->seconds_codegen = thread_seconds() - t2;
-  return u;
+  if (opts.want_assembly) u.assembly = emit_file(m, *e.tm, llvm::CodeGenFileType::AssemblyFile);
+  std::string obj = emit_file(m, *e.tm, llvm::CodeGenFileType::ObjectFile);
+  u.object.assign(obj.begin(), obj.end());
+  u.seconds_codegen = thread_seconds() - t2;
+  e.clear();
+  return e.u;
 }
 
 // A rough size of a kernel's code, to start the biggest compiles first.
@@ -349,7 +468,9 @@ CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions&
   {
     std::unordered_map<std::string, size_t> seen;
     for (size_t i = 0; i < kernels.size(); ++i) {
-      std::string key = structural_key(kernels[i]) + '\0' + t.id() + '\0' + level.id;
+      const bool seeded = seeded_body(kernels[i]);
+      std::string key =
+          structural_key(kernels[i], /*with_seeds=*/!seeded) + '\0' + t.id() + '\0' + level.id;
       auto [it, inserted] = seen.emplace(std::move(key), unit_keys.size());
       if (inserted) {
         unit_keys.push_back(it->first);
@@ -380,60 +501,188 @@ CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions&
       missing.push_back(u);
     }
   }
-  // 3. The others in parallel, the biggest first.
-  std::stable_sort(missing.begin(), missing.end(), [&](size_t a, size_t b) {
-    return compile_weight(kernels[first_kernel[a]]) > compile_weight(kernels[first_kernel[b]]);
-  });
+  // 3. Seeded bodies are emitted first: bodies of equal code text (kernels
+  // that differ only in extents their code never names, such as the flat
+  // loops of initializers of different sizes) are optimized and compiled
+  // once, under the symbol of their text, each keeping its own launch shape.
   std::vector<std::string> unopt(units.size());
-  auto one = [&](size_t u) {
-    units[u] = compile_unit(kernels[first_kernel[u]], unit_symbol(unit_keys[u]), level, opts,
-                            opts.want_unoptimized_ir ? &unopt[u] : nullptr);
+  std::vector<size_t> seeded, compile_now;
+  for (size_t u : missing)
+    (seeded_body(kernels[first_kernel[u]]) ? seeded : compile_now).push_back(u);
+  std::vector<EmittedUnit> emitted(units.size());
+  std::vector<std::string> text_key(units.size());
+  auto emit_seeded = [&](size_t u) {
+    emitted[u] = emit_unit(kernels[first_kernel[u]], "fjk_seeded_body", level, opts, nullptr);
+    double t0 = thread_seconds();
+    std::string text = module_text(*emitted[u].m);
+    if (opts.want_unoptimized_ir) unopt[u] = text;
+    text_key[u] = "seeded body\0" + hex_digest(text, 32) + '\0' + t.id() + '\0' + level.id;
+    emitted[u].u->seconds_emit += thread_seconds() - t0;
   };
-  if (missing.size() > 1) {
-    out.threads =
-        std::min<int>(static_cast<int>(missing.size()), tbb::this_task_arena::max_concurrency());
-    tbb::parallel_for_each(missing.begin(), missing.end(), one);
-  } else if (!missing.empty()) {
-    one(missing[0]);
+  if (seeded.size() > 1) {
+    tbb::parallel_for_each(seeded.begin(), seeded.end(), emit_seeded);
+  } else if (!seeded.empty()) {
+    emit_seeded(seeded[0]);
   }
-  out.kernels_compiled = static_cast<int>(missing.size());
-  for (size_t u : missing) {
-    char line[160];
-    std::snprintf(line, sizeof line, ": %s emit %.1f, optimize %.1f, codegen %.1f ms, %zu bytes\n",
-                  level.id, 1e3 * units[u]->seconds_emit, 1e3 * units[u]->seconds_optimize,
-                  1e3 * units[u]->seconds_codegen, units[u]->object.size());
-    out.kernel_times +=
-        "  " + kernels[first_kernel[u]].name +
-        (names[u].size() > 1 ? " (+" + std::to_string(names[u].size() - 1) + ")" : "") + line;
-    out.seconds_emit += units[u]->seconds_emit;
-    out.seconds_optimize += units[u]->seconds_optimize;
-    out.seconds_codegen += units[u]->seconds_codegen;
-    if (units[u]->assembly.empty()) {
-      UnitCache::process().put(unit_keys[u], units[u]);
-    } else {  // the cache keeps code and IR, not one call's assembly
-      auto kept = std::make_shared<CompiledUnit>(*units[u]);
-      kept->assembly.clear();
-      UnitCache::process().put(unit_keys[u], std::move(kept));
+  std::vector<size_t> same_text_as(units.size(), SIZE_MAX);  // the unit compiled for it
+  {
+    std::unordered_map<std::string, size_t> first_of;
+    for (size_t u : seeded) {
+      auto [it, inserted] = first_of.emplace(text_key[u], u);
+      if (!inserted) {
+        same_text_as[u] = it->second;
+        out.kernels_shared += static_cast<int>(names[u].size());
+        continue;
+      }
+      std::shared_ptr<const CompiledUnit> known =
+          bypass ? nullptr : UnitCache::process().find(text_key[u]);
+      if (known && need_ir && known->llvm_ir.empty()) known = nullptr;
+      if (known) {  // this process compiled the same text before
+        auto mine = std::make_shared<CompiledUnit>(*known);
+        mine->shape = emitted[u].u->shape;
+        mine->seconds_emit = emitted[u].u->seconds_emit;
+        mine->seconds_optimize = mine->seconds_codegen = 0;
+        units[u] = std::move(mine);
+        emitted[u].clear();
+        out.kernels_reused += static_cast<int>(names[u].size());
+        continue;
+      }
+      const std::string sym = unit_symbol(text_key[u]);
+      llvm::Module& m = *emitted[u].m;
+      m.getFunction("fjk_seeded_body")->setName(sym);
+      m.setModuleIdentifier(sym);
+      m.setSourceFileName(sym);
+      emitted[u].u->symbol = sym;
+      compile_now.push_back(u);
     }
   }
-  // 4. One container: every unit's object and every kernel name's symbol.
+  // 4. The units to compile in parallel, the biggest first.
+  std::stable_sort(compile_now.begin(), compile_now.end(), [&](size_t a, size_t b) {
+    return compile_weight(kernels[first_kernel[a]]) > compile_weight(kernels[first_kernel[b]]);
+  });
+  auto one = [&](size_t u) {
+    if (!emitted[u].m)
+      emitted[u] = emit_unit(kernels[first_kernel[u]], unit_symbol(unit_keys[u]), level, opts,
+                             opts.want_unoptimized_ir ? &unopt[u] : nullptr);
+    units[u] = finish_unit(emitted[u], level, opts);
+  };
+  if (compile_now.size() > 1) {
+    out.threads = std::min<int>(static_cast<int>(compile_now.size()),
+                                tbb::this_task_arena::max_concurrency());
+    tbb::parallel_for_each(compile_now.begin(), compile_now.end(), one);
+  } else if (!compile_now.empty()) {
+    one(compile_now[0]);
+  }
+  out.kernels_compiled = static_cast<int>(compile_now.size());
+  for (size_t u : seeded) {
+    if (same_text_as[u] == SIZE_MAX) continue;
+    const CompiledUnit& code = *units[same_text_as[u]];
+    auto mine = std::make_shared<CompiledUnit>(code);
+    mine->shape = emitted[u].u->shape;
+    mine->seconds_emit = emitted[u].u->seconds_emit;
+    mine->seconds_optimize = mine->seconds_codegen = 0;
+    mine->assembly.clear();
+    units[u] = std::move(mine);
+    emitted[u].clear();
+  }
+  for (size_t u : missing) {
+    const bool compiled = std::find(compile_now.begin(), compile_now.end(), u) != compile_now.end();
+    out.seconds_emit += units[u]->seconds_emit;
+    if (compiled) {
+      char line[160];
+      std::snprintf(line, sizeof line,
+                    ": %s emit %.1f, optimize %.1f, codegen %.1f ms, %zu bytes\n", level.id,
+                    1e3 * units[u]->seconds_emit, 1e3 * units[u]->seconds_optimize,
+                    1e3 * units[u]->seconds_codegen, units[u]->object.size());
+      out.kernel_times +=
+          "  " + kernels[first_kernel[u]].name +
+          (names[u].size() > 1 ? " (+" + std::to_string(names[u].size() - 1) + ")" : "") + line;
+      out.seconds_optimize += units[u]->seconds_optimize;
+      out.seconds_codegen += units[u]->seconds_codegen;
+    }
+    std::shared_ptr<const CompiledUnit> keep = units[u];
+    if (!units[u]->assembly.empty()) {  // the cache keeps code and IR, not one call's assembly
+      auto kept = std::make_shared<CompiledUnit>(*units[u]);
+      kept->assembly.clear();
+      keep = std::move(kept);
+    }
+    UnitCache::process().put(unit_keys[u], keep);
+    if (compiled && !text_key[u].empty()) UnitCache::process().put(text_key[u], keep);
+  }
+  // 5. A seeded unit's kernels run through thunks passing their own seeds.
+  std::vector<std::string> entry(kernels.size());
+  std::vector<SeedThunk> thunks;
+  {
+    std::set<std::string> made;
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      const CompiledUnit& u = *units[unit_of[i]];
+      entry[i] = u.symbol;
+      if (!seeded_body(kernels[i])) continue;
+      SeedThunk th;
+      th.body = u.symbol;
+      std::string bytes;
+      for (int r : random_nodes(kernels[i])) {
+        th.seeds.push_back(kernels[i].nodes[r].seed);
+        bytes += std::to_string(kernels[i].nodes[r].seed) + ",";
+      }
+      th.name = u.symbol + "_s" + hex_digest(bytes, 8);
+      entry[i] = th.name;
+      if (made.insert(th.name).second) thunks.push_back(std::move(th));
+    }
+  }
+  std::shared_ptr<const CompiledUnit> thunk_unit;
+  if (!thunks.empty()) {
+    std::string key = "seed thunks";
+    for (const SeedThunk& th : thunks) key += '\0' + th.name;
+    key += '\0' + t.id();
+    thunk_unit = bypass ? nullptr : UnitCache::process().find(key);
+    if (thunk_unit && need_ir && thunk_unit->llvm_ir.empty()) thunk_unit = nullptr;
+    if (!thunk_unit) {
+      auto made = compile_thunks(thunks, opts);
+      out.seconds_emit += made->seconds_emit;
+      out.seconds_codegen += made->seconds_codegen;
+      thunk_unit = made;
+      if (made->assembly.empty()) {
+        UnitCache::process().put(key, made);
+      } else {
+        auto kept = std::make_shared<CompiledUnit>(*made);
+        kept->assembly.clear();
+        UnitCache::process().put(key, std::move(kept));
+      }
+    }
+  }
+  // 6. One container: every unit's object and every kernel name's symbol.
   std::vector<const std::vector<char>*> objects;
   std::vector<std::pair<std::string, std::string>> aliases;
+  // (Units of equal code text share one object: the first of them.)
+  std::map<std::string, std::string> lists;  // symbol -> its kernels' names
+  for (size_t u = 0; u < units.size(); ++u)
+    for (const std::string& n : names[u]) {
+      std::string& list = lists[units[u]->symbol];
+      list += (list.empty() ? "" : ", ") + n;
+    }
+  std::set<std::string> placed;
   for (size_t u = 0; u < units.size(); ++u) {
-    objects.push_back(&units[u]->object);
-    std::string list;
-    for (const std::string& n : names[u]) list += (list.empty() ? "" : ", ") + n;
-    if (need_ir)
-      out.llvm_ir +=
-          "; flowjit kernels " + list + ": " + units[u]->symbol + "\n" + units[u]->llvm_ir;
     if (opts.want_unoptimized_ir && !unopt[u].empty()) out.unoptimized_ir += unopt[u];
+    if (!placed.insert(units[u]->symbol).second) continue;
+    objects.push_back(&units[u]->object);
+    if (need_ir)
+      out.llvm_ir += "; flowjit kernels " + lists[units[u]->symbol] + ": " + units[u]->symbol +
+                     "\n" + units[u]->llvm_ir;
     if (opts.want_assembly)
       out.assembly +=
           units[u]->assembly.empty() ? assembly_from_ir(units[u]->llvm_ir) : units[u]->assembly;
   }
+  if (thunk_unit) {
+    objects.push_back(&thunk_unit->object);
+    if (need_ir) out.llvm_ir += "; flowjit seed thunks\n" + thunk_unit->llvm_ir;
+    if (opts.want_assembly)
+      out.assembly += thunk_unit->assembly.empty() ? assembly_from_ir(thunk_unit->llvm_ir)
+                                                   : thunk_unit->assembly;
+  }
   for (size_t i = 0; i < kernels.size(); ++i) {
     const CompiledUnit& u = *units[unit_of[i]];
-    aliases.emplace_back(kernels[i].name, u.symbol);
+    aliases.emplace_back(kernels[i].name, entry[i]);
     out.launches.push_back({kernels[i].name, u.shape.range, u.shape.grain, u.shape.scratch_bytes});
   }
   out.object = pack_objects(objects, aliases);

@@ -52,9 +52,11 @@ struct CompiledObject {
 // Lowers each distinct kernel (by structural key, the name aside) into an
 // LLVM module of its own, optimizes it (O3 for the host, O1 for run-once
 // kernels) and emits an object, in parallel on the TBB pool; kernels this
-// process compiled before are reused. The result is one container of the
-// objects whose table maps every kernel's name to its code's symbol (load()
-// resolves through it). Throws InternalError when LLVM rejects a module.
+// process compiled before are reused. Loop kernels with Random nodes share a
+// seeded body per code text (their seeds read at run time, passed by a thunk
+// per kernel), so initializers of other seeds and sizes compile once. The result is one container
+// of the objects whose table maps every kernel's name to its code's symbol (load() resolves through
+// it). Throws InternalError when LLVM rejects a module.
 CompiledObject compile(const std::vector<Kernel>& kernels, const CompileOptions& opts);
 
 // Optimizes and compiles LLVM IR text (a module whose functions follow the

@@ -41,7 +41,11 @@ struct LaunchShape {
 };
 
 // The kernel ABI: void name(ptr args, i64 begin, i64 end, ptr scratch).
-llvm::Function* declare_kernel(llvm::Module& m, const std::string& name, const CpuTarget& t);
+// A seeded body (`seeded`) takes a fifth argument, ptr seeds: the i64 seeds
+// of its Random nodes in node order, which a per-kernel thunk of the plain
+// ABI passes (see emit_seed_thunks).
+llvm::Function* declare_kernel(llvm::Module& m, const std::string& name, const CpuTarget& t,
+                               bool seeded = false);
 // Loads the argument base pointers at the start of `f`.
 std::vector<llvm::Value*> load_kernel_args(llvm::IRBuilderBase& b, llvm::Function* f, size_t n);
 
@@ -53,8 +57,21 @@ void emit_for(llvm::IRBuilderBase& b, llvm::Value* lo, llvm::Value* hi, int64_t 
 void emit_vector_for(llvm::IRBuilderBase& b, llvm::Value* lo, llvm::Value* hi, int lanes,
                      const std::function<void(llvm::Value*, int)>& body, const char* name = "v");
 
+// `runtime_seeds`: the body is seeded (declare_kernel) and reads its Random
+// nodes' seeds at run time, so kernels that differ only in their seeds share
+// its code (kernels without Random nodes ignore it).
 llvm::Function* emit_loop_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
-                                 MathProvider& math, LaunchShape& shape);
+                                 MathProvider& math, LaunchShape& shape,
+                                 bool runtime_seeds = false);
+// Random nodes of `k` in node order (the seeds a seeded body reads).
+std::vector<int> random_nodes(const Kernel& k);
+// One thunk per entry {name, body, seeds} of the plain ABI, calling the
+// seeded `body` with a pointer to its constant `seeds`.
+struct SeedThunk {
+  std::string name, body;
+  std::vector<int64_t> seeds;
+};
+void emit_seed_thunks(llvm::Module& m, const std::vector<SeedThunk>& thunks, const CpuTarget& t);
 llvm::Function* emit_matmul_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
                                    MathProvider& math, LaunchShape& shape);
 

@@ -61,9 +61,9 @@ class KeyWriter {
 
 }  // namespace
 
-std::string structural_key(const Kernel& k) {
+std::string structural_key(const Kernel& k, bool with_seeds) {
   KeyWriter w;
-  w.u64(0x666a6b31);  // "fjk1": the layout of this key
+  w.u64(with_seeds ? 0x666a6b31 : 0x666a6b53);  // "fjk1" / "fjkS" (seeded): the layout of this key
   w.i64(static_cast<int>(k.kind));
   w.ints(k.domain);
   w.u64(k.reduced.size());
@@ -86,7 +86,7 @@ std::string structural_key(const Kernel& k) {
     w.f64(n.value);
     w.i64(n.ivalue);
     w.ints(n.index_strides);
-    w.i64(n.seed);
+    w.i64(with_seeds || n.kind != KOp::Random ? n.seed : 0);
     w.u64(n.kept_space ? 1 : 0);
     w.i64(n.phase);
   }

@@ -19,8 +19,10 @@ namespace flowjit::codegen::cpu {
 
 // Everything that decides a kernel's code except its name and summary, as
 // bytes: two kernels with equal keys compile to the same machine code (with
-// the same symbol) for the same target and optimization level.
-std::string structural_key(const Kernel& k);
+// the same symbol) for the same target and optimization level. Without
+// `with_seeds` the Random nodes' seeds are left out: the key of a seeded
+// body, whose code reads them at run time.
+std::string structural_key(const Kernel& k, bool with_seeds = true);
 
 // The symbol a unit's code is compiled under: "fjk_" and 32 hex digits of a
 // SHA-256 of the unit key (structural key, target id, optimization level).

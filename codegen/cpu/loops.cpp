@@ -11,6 +11,7 @@
 // When it is reduced ("reduced-inner"), the innermost r loop is vectorized and
 // the accumulator is reduced across lanes at the end of the phase.
 #include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/IntrinsicsX86.h>
 
 #include <algorithm>
 #include <cmath>
@@ -47,13 +48,25 @@ class LoopKernelEmitter {
   LoopKernelEmitter(llvm::Module& m, const Kernel& k, const CpuTarget& t, MathProvider& math)
       : m_(m), k_(k), t_(t), math_(math), b_(m.getContext()) {}
 
-  llvm::Function* emit(LaunchShape& shape) {
-    f_ = declare_kernel(m_, k_.name, t_);
+  llvm::Function* emit(LaunchShape& shape, bool runtime_seeds) {
+    std::vector<int> randoms = runtime_seeds ? random_nodes(k_) : std::vector<int>{};
+    f_ = declare_kernel(m_, k_.name, t_, !randoms.empty());
     auto* entry = llvm::BasicBlock::Create(m_.getContext(), "entry", f_);
     b_.SetInsertPoint(entry);
     entry_ = entry;
-    std::vector<Value*> ptrs = load_kernel_args(b_, f_, k_.args.size());
-    e_ = std::make_unique<ExprEmitter>(k_, b_, math_, ptrs);
+    ptrs_ = load_kernel_args(b_, f_, k_.args.size());
+    e_ = std::make_unique<ExprEmitter>(k_, b_, math_, ptrs_);
+    if (!randoms.empty()) {  // each seed once, before any loop
+      e_->seeds.assign(k_.nodes.size(), nullptr);
+      for (size_t i = 0; i < randoms.size(); ++i) {
+        Value* slot = b_.CreateConstGEP1_64(b_.getInt64Ty(), f_->getArg(4), i);
+        auto* seed =
+            b_.CreateAlignedLoad(b_.getInt64Ty(), slot, llvm::Align(8), "seed" + std::to_string(i));
+        seed->setMetadata(llvm::LLVMContext::MD_invariant_load,
+                          llvm::MDNode::get(m_.getContext(), {}));
+        e_->seeds[randoms[i]] = seed;
+      }
+    }
 
     int widest = 4;
     for (const KNode& n : k_.nodes) widest = std::max(widest, ir::dtype_bytes(n.dtype));
@@ -67,8 +80,12 @@ class LoopKernelEmitter {
     pdim_ = k_.parallel_dim();
     begin_ = f_->getArg(1);
     end_ = f_->getArg(2);
+    nt_store_ = streaming_store();
 
     emit_kept_loops(0);
+    // Streaming stores are weakly ordered: fence them before the kernel
+    // returns, so that whoever joins this task sees the data.
+    if (nt_store_) b_.CreateIntrinsic(llvm::Intrinsic::x86_sse_sfence, {}, {});
     b_.CreateRetVoid();
 
     shape.range = pdim_ < 0 ? 1 : k_.domain[pdim_];
@@ -80,6 +97,55 @@ class LoopKernelEmitter {
   }
 
  private:
+  // The store that goes non-temporal, or nullptr: an elementwise kernel (no
+  // reduced dims) with one output, contiguous along the vector dim, of at
+  // least 4-byte elements and larger than kStreamingStoreL2s times the L2
+  // of all threads together: such an output does not stay in the caches for
+  // its next reader anyway, and writing it around them halves the memory
+  // traffic of the store (no read for ownership), which is what a one-pass
+  // chain over a large array is bound by.
+  const Store* streaming_store() const {
+    if (!red_.empty() || k_.stores.size() != 1 || vdim_ < 0 || lanes_ <= 1) return nullptr;
+    const Store& s = k_.stores[0];
+    int elem = ir::dtype_bytes(k_.args.at(s.where.arg).dtype);
+    if (elem < 4 || s.where.strides.at(vdim_) != 1 || !s.where.coords.empty() ||
+        !s.where.indirect.empty())
+      return nullptr;
+    double bytes = elem;
+    for (int64_t e : k_.domain) bytes *= static_cast<double>(e);
+    double caches = static_cast<double>(t_.l2_bytes) * std::max(1, t_.threads);
+    return bytes >= kStreamingStoreL2s * caches ? &s : nullptr;
+  }
+  static constexpr double kStreamingStoreL2s = 4;
+
+  // The vectorized kept loop over [lo, hi) when the output streams: scalar
+  // iterations until the store address is aligned to a whole vector
+  // (non-temporal vector stores must be), then the vector loop with
+  // streaming stores, then the scalar tail. An address that is not even
+  // element-aligned runs every iteration scalar.
+  void emit_streaming_for(int d, Value* lo, Value* hi,
+                          const std::function<void(Value*, int)>& body) {
+    const Store& s = *nt_store_;
+    DType t = k_.args.at(s.where.arg).dtype;
+    int64_t elem = ir::dtype_bytes(t);
+    int64_t vbytes = elem * lanes_;
+    e_->idx[d] = lo;
+    Value* first = b_.CreateGEP(mem_type(m_.getContext(), t), ptrs_.at(s.where.arg),
+                                e_->element_offset(s.where.strides, s.where.offset));
+    e_->idx[d] = nullptr;
+    Value* addr = b_.CreatePtrToInt(first, b_.getInt64Ty());
+    Value* n = b_.CreateSub(hi, lo);
+    Value* to_edge = b_.CreateAnd(b_.CreateNeg(addr), b_.getInt64(vbytes - 1));
+    Value* peel = b_.CreateLShr(to_edge, b_.getInt64(static_cast<int64_t>(std::log2(elem))));
+    Value* odd = b_.CreateICmpNE(b_.CreateAnd(addr, b_.getInt64(elem - 1)), b_.getInt64(0));
+    peel = b_.CreateSelect(odd, n, b_.CreateBinaryIntrinsic(llvm::Intrinsic::smin, peel, n));
+    Value* mid = b_.CreateAdd(lo, peel);
+    emit_for(b_, lo, mid, 1, [&](Value* iv) { body(iv, 1); }, "peel");
+    e_->nontemporal_arg = s.where.arg;
+    emit_vector_for(b_, mid, hi, lanes_, body, "k");
+    e_->nontemporal_arg = -1;
+  }
+
   Value* lo_of(int d) { return d == pdim_ ? begin_ : b_.getInt64(0); }
   Value* hi_of(int d) { return d == pdim_ ? end_ : b_.getInt64(k_.domain[d]); }
 
@@ -94,17 +160,19 @@ class LoopKernelEmitter {
     }
     int d = kept_[level];
     if (d == vdim_ && !inner_reduced_) {
-      emit_vector_for(
-          b_, lo_of(d), hi_of(d), lanes_,
-          [&](Value* iv, int w) {
-            e_->push_scope();
-            e_->idx[d] = iv;
-            e_->vec_dim = d;
-            e_->width = w;
-            emit_kept_point(w);
-            e_->pop_scope();
-          },
-          "k");
+      auto body = [&](Value* iv, int w) {
+        e_->push_scope();
+        e_->idx[d] = iv;
+        e_->vec_dim = d;
+        e_->width = w;
+        emit_kept_point(w);
+        e_->pop_scope();
+      };
+      if (nt_store_) {
+        emit_streaming_for(d, lo_of(d), hi_of(d), body);
+      } else {
+        emit_vector_for(b_, lo_of(d), hi_of(d), lanes_, body, "k");
+      }
       return;
     }
     emit_for(
@@ -334,6 +402,8 @@ class LoopKernelEmitter {
   llvm::Function* f_ = nullptr;
   llvm::BasicBlock* entry_ = nullptr;
   std::unique_ptr<ExprEmitter> e_;
+  std::vector<Value*> ptrs_;
+  const Store* nt_store_ = nullptr;
   std::vector<int> kept_, red_;
   int vdim_ = -1, pdim_ = -1, lanes_ = 1;
   bool inner_reduced_ = false;
@@ -344,10 +414,10 @@ class LoopKernelEmitter {
 }  // namespace
 
 llvm::Function* emit_loop_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
-                                 MathProvider& math, LaunchShape& shape) {
+                                 MathProvider& math, LaunchShape& shape, bool runtime_seeds) {
   Kernel flat = k;
   coalesce_domain(flat);
-  return LoopKernelEmitter(m, flat, t, math).emit(shape);
+  return LoopKernelEmitter(m, flat, t, math).emit(shape, runtime_seeds);
 }
 
 }  // namespace flowjit::codegen::cpu

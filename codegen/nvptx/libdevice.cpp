@@ -58,15 +58,15 @@ Value* sigmoid_from_exp(llvm::IRBuilderBase& b, Value* x,
 
 class RandomFromMathlib : public MathProvider {
  public:
-  Value* random(llvm::IRBuilderBase& b, OpKind op, Value* counter, uint64_t seed,
+  Value* random(llvm::IRBuilderBase& b, OpKind op, Value* counter, Value* seed,
                 llvm::Type* type) override {
     switch (op) {
       case OpKind::RandomUniform:
-        return codegen::emit_random_uniform(b, counter, seed, type);
+        return codegen::emit_random_uniform_seed_value(b, counter, seed, type);
       case OpKind::RandomNormal:
-        return codegen::emit_random_normal(b, counter, seed, type);
+        return codegen::emit_random_normal_seed_value(b, counter, seed, type);
       case OpKind::TruncatedNormal:
-        return codegen::emit_truncated_normal(b, counter, seed, type);
+        return codegen::emit_truncated_normal_seed_value(b, counter, seed, type);
       default:
         FJ_CHECK(false, "no GPU random for ", ir::op_name(op));
     }

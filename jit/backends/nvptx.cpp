@@ -2,7 +2,10 @@
 // loaded through the CUDA driver into a runtime::cuda::CudaExecutable.
 //
 // The plan is fusion's unchanged; the launch list codegen chose (grid,
-// block, shared memory) comes with the code. The disk cache keeps all
+// block, shared memory) comes with the code. A job spread over several GPUs
+// compiles its per-device graph like one GPU's: its collective launches have
+// no code, and a one-thread placeholder in the launch list keeps it aligned
+// with the plan (the CudaExecutable runs them through NCCL). The disk cache keeps all
 // three: the cubin as object.o (empty without ptxas), kernels.ptx and
 // launches.txt, under a target naming the SM, TF32, the math library (with
 // libdevice's hash: another toolkit's libdevice is other code) and ptxas.
@@ -67,10 +70,6 @@ class NvptxBackend : public Backend {
  public:
   // What codegen will use is decided here, once, so the key and the code agree.
   NvptxBackend(const JobDescription& job, const Target& t) : t_(t) {
-    FJ_USER_CHECK(job.distribution.parts <= 1, ErrorKind::NotImplemented, "job '", job.name,
-                  "' is placed on a GPU and spread over ", job.distribution.parts,
-                  " devices, but several GPUs per job need NCCL collectives, which flowjit does "
-                  "not have yet; place the job on one GPU (\"0:0\")");
     FJ_CHECK(t.gpu && t.gpu_variables, "a GPU target without its device or variables");
     const rc::DeviceInfo& info = t.gpu->info();
     sm_ = t.sm > 0 ? t.sm : nv::codegen_sm(info.sm);
@@ -86,7 +85,11 @@ class NvptxBackend : public Backend {
                     "found (set FLOWJIT_LIBDEVICE or CUDA_HOME)");
     }
     if (t.run_ptxas) ptxas_ = nv::find_ptxas();
+    if (job.distribution.parts > 1)  // the per-device program of a job over several GPUs
+      placement_ = "x" + std::to_string(job.distribution.parts) +
+                   (job.distribution.mirrored ? " mirrored" : " devices");
     target_ = nv::module_target(sm_, t.allow_tf32, math_text(), ptxas_text());
+    target_.placement = placement_;
   }
 
   const char* name() const override { return "nvptx"; }
@@ -95,8 +98,9 @@ class NvptxBackend : public Backend {
 
   CodeObject compile(const std::vector<codegen::Kernel>& kernels, const runtime::Plan& plan,
                      const CompileRequest& req, PassLog& log) const override {
+    std::vector<codegen::Kernel> coded;
     for (const codegen::Kernel& k : kernels)
-      FJ_CHECK(k.kind != codegen::Kernel::Kind::Collective, "a collective in a single-GPU job");
+      if (k.kind != codegen::Kernel::Kind::Collective) coded.push_back(k);
     nv::CompileOptions co;
     co.module_name = req.module_name;
     co.sm = sm_;
@@ -106,7 +110,7 @@ class NvptxBackend : public Backend {
     co.run_ptxas = !ptxas_.empty();
     co.ptxas_path = ptxas_;
     co.want_llvm_ir = req.want_llvm_ir;
-    nv::CompiledModule mod = nv::compile(kernels, co);
+    nv::CompiledModule mod = nv::compile(coded, co);
     log.stage("llvm emit", mod.seconds_emit);
     log.stage("llvm optimize", mod.seconds_optimize);
     log.stage("llvm codegen", mod.seconds_codegen, std::to_string(mod.ptx.size()) + " PTX bytes");
@@ -115,10 +119,24 @@ class NvptxBackend : public Backend {
     CodeObject code;
     code.target = nv::module_target(sm_, t_.allow_tf32, math_text(), ptxas_text(), mod.ptx_version,
                                     mod.cubin.empty() ? "none" : "yes");
+    code.target.placement = placement_;
+    // The launch list: codegen's, with a placeholder where the plan has a collective.
+    std::vector<rc::GpuLaunch> coded_launches = to_gpu_launches(mod.launches), launches;
+    FJ_CHECK(coded_launches.size() == coded.size(), "one GPU launch per coded kernel");
+    size_t j = 0;
+    for (const runtime::Launch& l : plan.launches) {
+      if (l.collective) {
+        rc::GpuLaunch placeholder;
+        placeholder.symbol = l.symbol;
+        launches.push_back(placeholder);
+      } else {
+        launches.push_back(coded_launches.at(j++));
+      }
+    }
     code.plan = plan;
     code.object = std::move(mod.cubin);
     code.files = {{kPtxFile, std::move(mod.ptx)},
-                  {kLaunchesFile, rc::serialize_launches(to_gpu_launches(mod.launches))}};
+                  {kLaunchesFile, rc::serialize_launches(launches)}};
     code.llvm_ir = std::move(mod.llvm_ir);
     code.codegen_seconds =
         mod.seconds_emit + mod.seconds_optimize + mod.seconds_codegen + mod.seconds_ptxas;
@@ -187,6 +205,7 @@ class NvptxBackend : public Backend {
   nv::MathLibrary math_ = nv::MathLibrary::Builtin;
   std::string libdevice_;  // when math_ is Libdevice
   std::string ptxas_;      // "" without a cubin
+  std::string placement_;  // "x2 devices" for the per-device program of several GPUs
   codegen::TargetId target_;
 };
 

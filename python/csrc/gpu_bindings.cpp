@@ -14,6 +14,7 @@
 #include "python/csrc/session.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/driver_api.h"
+#include "runtime/cuda/nccl.h"
 #include "runtime/distributed.h"
 
 namespace flowjit::python {
@@ -88,6 +89,63 @@ void set_gpu_target(jit::CompileSettings& s, int ordinal) {
   s.target.gpu = g.device;
   s.target.gpu_variables = g.variables;
   s.target.allow_tf32 = env_flag("FLOWJIT_ALLOW_TF32");
+}
+
+std::vector<runtime::VariableStore*> GpuGroup::store_ptrs() const {
+  std::vector<runtime::VariableStore*> out;
+  for (auto& st : stores) out.push_back(st.get());
+  return out;
+}
+
+std::shared_ptr<GpuGroup> gpu_group(const std::vector<int>& ordinals, int processes) {
+  static auto* groups =
+      new std::map<std::vector<int>, std::pair<uint64_t, std::shared_ptr<GpuGroup>>>();
+  uint64_t generation = Session::get().generation();
+  {
+    std::lock_guard<std::mutex> lock(g_gpus_mu);
+    auto it = groups->find(ordinals);
+    if (it != groups->end() && it->second.first == generation) return it->second.second;
+  }
+  auto g = std::make_shared<GpuGroup>();
+  std::vector<std::shared_ptr<rc::Device>> devices;
+  for (int o : ordinals) {
+    jit::CompileSettings one;
+    set_gpu_target(one, o);
+    devices.push_back(one.target.gpu);
+    // Copies of the replicas, not of the session's variables (which jobs on
+    // this GPU alone bind): the two meet through the host.
+    g->copies.push_back(std::make_shared<rc::DeviceVariables>(one.target.gpu));
+    g->stores.push_back(std::make_unique<runtime::VariableStore>());
+  }
+  std::string why;
+  const int gpus = static_cast<int>(ordinals.size());
+  if (!rc::nccl_available(&why))
+    throw_user(ErrorKind::Runtime, "a job on ", gpus * processes, " GPUs needs NCCL: ", why);
+  if (processes <= 1) {
+    g->comm = rc::NcclCommunicator::create(devices);
+  } else {
+    // The NCCL id: process 0's, gathered over the session's communicator
+    // (one CPU device per process: its rank is the process's).
+    Session& s = Session::get();
+    std::shared_ptr<runtime::Communicator> session = s.communicator();
+    FJ_USER_CHECK(
+        session && s.several_processes() && s.local_devices() == 1 && session->size() == processes,
+        ErrorKind::NotImplemented, "GPU jobs over ", processes,
+        " processes need flow.config.cpu_device_num(1) in each (the session has ",
+        s.local_devices(), " CPU devices per process)");
+    const int rank = s.first_rank();
+    rc::ncclUniqueId mine{}, id{};
+    if (rank == 0) mine = rc::nccl_unique_id();
+    std::vector<rc::ncclUniqueId> all(static_cast<size_t>(processes));
+    session->all_gather(rank, &mine, all.data(), 1, sizeof(rc::ncclUniqueId));
+    id = all[0];
+    g->first_rank = rank * gpus;
+    g->several_processes = true;
+    g->comm = rc::NcclCommunicator::create(id, gpus * processes, g->first_rank, devices);
+  }
+  std::lock_guard<std::mutex> lock(g_gpus_mu);
+  (*groups)[ordinals] = {generation, g};
+  return g;
 }
 
 // ---------------------------------------------------------------- module

@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 
 #include <memory>
+#include <vector>
 
 #include "jit/compile.h"
 #include "runtime/cuda/executable.h"
@@ -22,5 +23,25 @@ void register_gpu(py::module_& m);
 // UserError(Runtime) saying why when there is no driver (libcuda.so.1) or
 // no such GPU. The caller holds the session's run mutex.
 void set_gpu_target(jit::CompileSettings& s, int ordinal);
+
+// GPUs `ordinals` of this process for one job spread over them: a store per
+// GPU for the variables' replicas, the replicas' copies on each GPU, and an NcclCommunicator over
+// the session's Devices. One group per set of GPUs and session generation. UserError(Runtime)
+// naming what is missing (driver, GPU, NCCL). The caller holds the session's run mutex.
+// In a session over several processes (`processes` > 1, one CPU device
+// each) every process passes its own GPUs, the same number in each: the
+// communicator joins all of them (this process's first GPU is global rank
+// `first_rank` = process rank x GPUs), from an NCCL id process 0 makes and
+// the session's communicator carries to the others, so every process must
+// make the same groups in the same order (as they call the same jobs).
+struct GpuGroup {
+  std::vector<std::shared_ptr<runtime::cuda::DeviceVariables>> copies;
+  std::vector<std::unique_ptr<runtime::VariableStore>> stores;
+  std::shared_ptr<runtime::Communicator> comm;
+  int first_rank = 0;
+  bool several_processes = false;
+  std::vector<runtime::VariableStore*> store_ptrs() const;
+};
+std::shared_ptr<GpuGroup> gpu_group(const std::vector<int>& ordinals, int processes = 1);
 
 }  // namespace flowjit::python

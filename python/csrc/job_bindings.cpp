@@ -83,12 +83,20 @@ class CompiledJobPy {
   // `gpu_variables`: a GPU job's variable copies, kept alive with the job.
   // `generation`: the session generation the job was compiled in (read under
   // the run lock, so a clear that follows the compile is seen as one).
+  // `gpus`: the GPUs of a job spread over several.
   CompiledJobPy(jit::CompiledJob job, uint64_t generation,
-                std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables = nullptr)
+                std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables = nullptr,
+                std::shared_ptr<GpuGroup> gpus = nullptr)
       : job_(std::move(job)), gpu_variables_(std::move(gpu_variables)) {
     Session& s = Session::get();
     program_ = job_.program;
-    if (job_.distributed) {
+    if (job_.distributed && gpus) {
+      std::lock_guard<std::mutex> lock(s.run_mutex());
+      auto dist = jit::make_distributed(job_, s.store(), gpus->store_ptrs(), gpus->comm,
+                                        gpus->first_rank, gpus->several_processes, gpus->copies);
+      dist->keep_alive(gpus);
+      program_ = std::move(dist);
+    } else if (job_.distributed) {
       FJ_CHECK(s.communicator() != nullptr, "distributed job without configured devices");
       std::lock_guard<std::mutex> lock(s.run_mutex());
       program_ = jit::make_distributed(job_, s.store(), s.device_stores(), s.communicator(),
@@ -333,15 +341,34 @@ class CompiledJobPy {
     return true;
   }
 
+  // Result arrays. Large ones (runtime::BufferPool::kMinBytes and up) live
+  // in a pooled buffer that goes back to the pool when numpy frees the
+  // array: a job called in a loop then writes into warm pages instead of
+  // faulting in a fresh result every call. Small ones are numpy's own.
   std::vector<py::array> allocate_outputs() {
     std::vector<py::array> outs;
     for (size_t i = 0; i < out_types_.size(); ++i) {
       const ir::Shape& s = out_types_[i].shape;
       std::vector<py::ssize_t> shape(s.begin(), s.end());
-      outs.emplace_back(out_dtypes_[i], shape);
+      size_t bytes = static_cast<size_t>(out_types_[i].bytes());
+      if (bytes < runtime::BufferPool::kMinBytes) {
+        outs.emplace_back(out_dtypes_[i], shape);
+        continue;
+      }
+      auto* block = new PooledBlock{runtime::BufferPool::instance().acquire(bytes), bytes};
+      py::capsule owner(block, [](void* b) {
+        auto* pb = static_cast<PooledBlock*>(b);
+        runtime::BufferPool::instance().release(pb->p, pb->bytes);
+        delete pb;
+      });
+      outs.emplace_back(out_dtypes_[i], shape, block->p, owner);
     }
     return outs;
   }
+  struct PooledBlock {
+    void* p;
+    size_t bytes;
+  };
 
   jit::CompiledJob job_;
   std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables_;
@@ -493,6 +520,13 @@ void register_jobs(py::module_& m) {
         FJ_USER_CHECK(device == "cpu" || device == "gpu", ErrorKind::Value, "job '", name,
                       "': device must be \"cpu\" or \"gpu\", got \"", device, "\"");
         int gpu_ordinal = settings.contains("gpu") ? settings["gpu"].cast<int>() : 0;
+        // "gpus": every GPU of a job spread over several (its first is "gpu").
+        std::vector<int> gpus;
+        if (settings.contains("gpus")) gpus = settings["gpus"].cast<std::vector<int>>();
+        // "gpu_processes": the processes whose GPUs the job joins (each passes its own).
+        int gpu_processes =
+            settings.contains("gpu_processes") ? settings["gpu_processes"].cast<int>() : 1;
+        std::shared_ptr<GpuGroup> group;
         // [harden] Ctrl-C during a compile on the main thread: Python's
         // signal handlers are run (at most every 20 ms, taking the GIL) from
         // the compile's stage, kernel and LLVM pass boundaries; a
@@ -531,6 +565,8 @@ void register_jobs(py::module_& m) {
           GilRelease release;
           std::lock_guard<std::mutex> lock(sess.run_mutex());
           if (device == "gpu") set_gpu_target(s, gpu_ordinal);
+          if (device == "gpu" && (gpus.size() > 1 || gpu_processes > 1))
+            group = gpu_group(gpus.empty() ? std::vector<int>{gpu_ordinal} : gpus, gpu_processes);
           try {
             cj = jit::compile_job(job, s, sess.store());
           } catch (const Interrupted&) {
@@ -558,7 +594,9 @@ void register_jobs(py::module_& m) {
               for (const std::string& w : seg.job.distributed->warnings)
                 if (PyErr_WarnEx(PyExc_UserWarning, jit::printable_text(w).c_str(), 1) != 0)
                   throw py::error_already_set();
-        return std::make_shared<CompiledJobPy>(std::move(cj), generation, s.target.gpu_variables);
+        if (group) FJ_CHECK(cj.distributed.has_value(), "a job on several GPUs compiled for one");
+        return std::make_shared<CompiledJobPy>(std::move(cj), generation, s.target.gpu_variables,
+                                               group);
       },
       py::arg("name"), py::arg("train"), py::arg("params"), py::arg("outputs"), py::arg("effects"),
       py::arg("losses"), py::arg("lr"), py::arg("step"), py::arg("trainable"), py::arg("optimizer"),

@@ -1,7 +1,8 @@
 """The devices a job runs on: flow.config's device count, flow.env's
 processes, the job's placement and logical view, turned into the
 `distribution` the compiler takes (see jit/distribute.h), and the device
-(CPU, or one GPU) it is compiled for."""
+(CPU, one GPU, or several GPUs joined by NCCL, of this process or of every
+process of the session) it is compiled for."""
 import warnings
 import weakref
 
@@ -53,35 +54,51 @@ def _session_splits(job, builder):
 
 def _placement_devices(job, placement):
     if placement.device_tag == "gpu":
-        _gpu_ordinal(job, placement)  # one GPU per job, or a clear error
-        return 1
+        return _gpu_placement(job, placement)[1]  # or a clear error
     return sum(len(devs) for _, devs in placement.devices)
 
 
-def _gpu_ordinal(job, placement):
-    """The GPU a job placed on "gpu" runs on; errors name what is not supported."""
+def _gpu_ordinals(job, placement):
+    """This process's GPUs of a job placed on "gpu"."""
+    return _gpu_placement(job, placement)[0]
+
+
+def _gpu_placement(job, placement):
+    """(this process's GPUs, the number of the job's GPUs in all processes)
+    for a job placed on "gpu": one GPU, several of this process, or in a
+    session over several processes (flow.env) the GPUs of machine <rank> in
+    each, the same number per process; collectives between GPUs go through
+    NCCL. Errors name what is not supported."""
     from . import config
     devices = [(m, d) for m, devs in placement.devices for d in devs]
-    if len(devices) != 1:
-        raise NotImplementedError(
-            f"job '{job}' is placed on {len(devices)} GPUs ({placement!r}), but several GPUs per job "
-            "need NCCL collectives, which flowjit does not have yet; place it on one GPU, e.g. "
-            "flow.scope.placement(\"gpu\", \"0:0\")")
-    machine, ordinal = devices[0]
     rank, procs = process_info()
-    if procs > 1:
+    for machine, _ in devices:
+        if machine >= procs:
+            if procs == 1:
+                raise ValueError(f"job '{job}' is placed on machine {machine} ({placement!r}), but this "
+                                 "session runs on one machine, 0; use flow.scope.placement(\"gpu\", \"0:<gpu>\")")
+            raise ValueError(f"job '{job}' is placed on machine {machine} ({placement!r}), but the session "
+                             f"has {procs} processes (machines 0 to {procs - 1})")
+    per_machine = [[d for m, d in devices if m == p] for p in range(procs)]
+    if procs > 1 and len({len(g) for g in per_machine}) != 1:
         raise NotImplementedError(
-            f"job '{job}' is placed on a GPU in a session over {procs} processes (flow.env), but GPUs "
-            "across processes need NCCL collectives, which flowjit does not have yet")
-    if machine != 0:
-        raise ValueError(f"job '{job}' is placed on machine {machine} ({placement!r}), but this session "
-                         "runs on one machine, 0; use flow.scope.placement(\"gpu\", \"0:<gpu>\")")
+            f"job '{job}' is placed on GPUs {placement!r} over {procs} processes, but every process "
+            "(machine) must hold the same number of the job's GPUs, e.g. [\"0:0\", \"1:0\"]")
+    if procs > 1 and local_device_count() != 1:
+        raise NotImplementedError(
+            f"job '{job}' is placed on GPUs in a session over {procs} processes, which needs "
+            f"flow.config.cpu_device_num(1) (it is {local_device_count()}): the GPUs' NCCL id travels "
+            "over the session's one CPU device per process")
+    ordinals = per_machine[rank]
+    if len(set(ordinals)) != len(ordinals):
+        raise ValueError(f"job '{job}' is placed on GPUs {ordinals} ({placement!r}): each GPU once")
     configured = config._settings["gpu_device_num"]
-    if configured and ordinal >= configured:
-        raise ValueError(f"job '{job}' is placed on GPU {ordinal} ({placement!r}), but "
-                         f"flow.config.gpu_device_num({configured}) configures GPU"
-                         f"{' 0' if configured == 1 else f's 0 to {configured - 1}'}")
-    return ordinal
+    for ordinal in ordinals:
+        if configured and ordinal >= configured:
+            raise ValueError(f"job '{job}' is placed on GPU {ordinal} ({placement!r}), but "
+                             f"flow.config.gpu_device_num({configured}) configures GPU"
+                             f"{' 0' if configured == 1 else f's 0 to {configured - 1}'}")
+    return ordinals, len(devices)
 
 
 # Per function config, the jobs already warned that they fell back to the CPU.
@@ -98,16 +115,29 @@ def job_target(job, config, builder, params):
     placement = _job_placement(job, config, builder)
     if placement is None or placement.device_tag != "gpu":
         return {}
-    ordinal = _gpu_ordinal(job, placement)
+    ordinals, total = _gpu_placement(job, placement)
+    ordinal = ordinals[0]
+    _, procs = process_info()
     lists = [name for name, ph in params if ph.kind != "Numpy"]
+    if lists and total > 1:
+        raise NotImplementedError(
+            f"job '{job}' is placed on {total} GPUs, but parameter '{lists[0]}' is a list "
+            "placeholder (the mirrored view), which jobs on several GPUs do not take yet; use "
+            "tp.Numpy.Placeholder (the consistent view: the batch is split over the GPUs)")
     if lists and _config.device_count() != 1:
         raise NotImplementedError(
             f"job '{job}' is placed on one GPU, but parameter '{lists[0]}' is a list placeholder, which "
             f"takes one array per device: flow.config.cpu_device_num({_config.device_count()}) asks for "
             f"{_config.device_count()}; use flow.config.cpu_device_num(1) with jobs on a GPU")
-    status = _C.gpu_status(ordinal)
-    if status["available"]:
-        return {"device": "gpu", "gpu": ordinal}
+    unusable = [(o, _C.gpu_status(o)) for o in ordinals]
+    unusable = [(o, st) for o, st in unusable if not st["available"]]
+    if not unusable:
+        target = {"device": "gpu", "gpu": ordinal}
+        if total > 1:
+            target["gpus"] = ordinals
+            target["gpu_processes"] = procs
+        return target
+    ordinal, status = unusable[0]
     reason = status["reason"]
     if not config.get("allow_cpu_fallback", False):
         raise RuntimeError(
@@ -218,6 +248,17 @@ def distribution(job, config, builder, params):
         want = _placement_devices(job, placement)
         if want == 1:
             return None  # the job runs on one device; its variables come back to the host
+        if placement.device_tag == "gpu":  # several GPUs, the consistent view
+            ordinals = _gpu_ordinals(job, placement)
+            usable = all(_C.gpu_status(o)["available"] for o in ordinals)
+            if not usable and config.get("allow_cpu_fallback", False):
+                return None  # job_target warns: the job runs on one CPU device
+            if config.get("default_logical_view") == scope.mirrored_view():
+                raise NotImplementedError(
+                    f"job '{job}' is placed on {want} GPUs in the mirrored view, which jobs on several "
+                    "GPUs do not take yet; use the consistent view (the default)")
+            return {"parts": want, "mirrored": False, "split_vars": _session_splits(job, builder),
+                    "whole_outputs": procs > 1}
         if want != parts:
             raise NotImplementedError(
                 f"job '{job}' is placed on {want} devices ({placement!r}) but the session has {parts} "

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "ir/error.h"
+#include "runtime/cuda/nccl.h"
 #include "runtime/distributed.h"
 
 namespace flowjit::runtime::cuda {
@@ -254,12 +255,16 @@ bool DeviceVariables::holds_newest(const VariableStorage& v) const {
 
 CudaExecutable::CudaExecutable(std::shared_ptr<Device> d, Plan plan,
                                std::vector<GpuLaunch> launches, const GpuImage& image)
-    : d_(std::move(d)), plan_(std::move(plan)), launches_(std::move(launches)) {
+    : d_(std::move(d)), plan_(std::move(plan)), launches_(std::move(launches)), image_(image) {
   FJ_CHECK(launches_.size() == plan_.launches.size(), "one GPU launch per plan launch (",
            launches_.size(), " vs ", plan_.launches.size(), ")");
   for (size_t i = 0; i < launches_.size(); ++i)
     FJ_CHECK(launches_[i].symbol == plan_.launches[i].symbol, "GPU launch ", i, " is ",
              launches_[i].symbol, " but the plan launches ", plan_.launches[i].symbol);
+  buckets_ = all_reduce_buckets(plan_);
+  bucketed_.assign(buckets_.size(), false);
+  for (const std::vector<size_t>& b : buckets_)
+    for (size_t k = 1; k < b.size(); ++k) bucketed_[b[k]] = true;
   try {
     load_and_allocate(image);
   } catch (...) {
@@ -307,7 +312,14 @@ void CudaExecutable::load_and_allocate(const GpuImage& image) {
   loaded_from_ = use_cubin ? "cubin sm_" + std::to_string(image.cubin_sm)
                            : "ptx (driver JIT for sm_" + std::to_string(d_->info().sm) + ")";
   if (!cubin_rejected.empty()) loaded_from_ += " after the cubin was rejected: " + cubin_rejected;
-  for (const GpuLaunch& l : launches_) {
+  for (size_t li = 0; li < launches_.size(); ++li) {
+    const GpuLaunch& l = launches_[li];
+    if (plan_.launches[li].collective) {  // no kernel: the communicator runs it
+      FJ_USER_CHECK(plan_.launches[li].args.size() == 2, ErrorKind::Value,
+                    "corrupt compiled plan: collective ", l.symbol, " needs 2 buffers");
+      fns_.push_back(nullptr);
+      continue;
+    }
     CUfunction f = nullptr;
     check(api, api.cuModuleGetFunction(&f, module_, l.symbol.c_str()), "cuModuleGetFunction",
           "kernel '" + l.symbol + "' of job '" + plan_.job_name + "'");
@@ -456,6 +468,10 @@ void CudaExecutable::submit(const void* const* inputs) {
   }
   for (size_t li = 0; li < launches_.size(); ++li) {
     const GpuLaunch& l = launches_[li];
+    if (plan_.launches[li].collective) {
+      run_collective(li);
+      continue;
+    }
     void** params = plan_.launches[li].args.empty() ? nullptr : &arg_ptrs_[arg_start_[li]];
     CUresult r = api.cuLaunchKernel(fns_[li], l.grid[0], l.grid[1], l.grid[2], l.block[0],
                                     l.block[1], l.block[2], l.shared_bytes, s, params, nullptr);
@@ -520,6 +536,79 @@ void CudaExecutable::finish(void* const* outputs) {
     size_t n = static_cast<size_t>(plan_.outputs[i].bytes());
     if (n > 0) std::memcpy(outputs[i], staging_.data() + stage_out_[i], n);
   }
+}
+
+// ---------------------------------------------------------------- collectives
+
+std::shared_ptr<CudaExecutable> CudaExecutable::instance(std::shared_ptr<Device> d) const {
+  return std::make_shared<CudaExecutable>(std::move(d), plan_, launches_, image_);
+}
+
+void CudaExecutable::set_device(std::shared_ptr<Communicator> comm, int rank) {
+  auto* nccl = dynamic_cast<NcclCommunicator*>(comm.get());
+  FJ_USER_CHECK(nccl != nullptr, ErrorKind::NotImplemented, "job '", plan_.job_name, "' runs on ",
+                d_->info().str(), " as one of several devices, but its collectives ",
+                "need an NCCL communicator between GPUs, not ",
+                comm ? comm->describe() : std::string("none"));
+  FJ_USER_CHECK(rank >= nccl->first_rank() && rank < nccl->first_rank() + nccl->local_ranks() &&
+                    &nccl->device(rank) == d_.get(),
+                ErrorKind::Runtime, "job '", plan_.job_name, "': rank ", rank, " of ",
+                comm->describe(), " is not ", d_->info().str(), " of this executable");
+  comm_ = std::move(comm);
+  rank_ = rank;
+}
+
+void CudaExecutable::run_collective(size_t li) {
+  if (bucketed_[li]) return;  // ran with its bucket
+  const CollectiveStep& c = *plan_.launches[li].collective;
+  FJ_USER_CHECK(comm_ != nullptr, ErrorKind::Runtime, "job '", plan_.job_name,
+                "' has collectives but runs without GPUs to exchange data with");
+  FJ_USER_CHECK(comm_->size() == c.parts, ErrorKind::Runtime, "job '", plan_.job_name,
+                "' was compiled for ", c.parts, " devices but runs on ", comm_->size());
+  auto arg = [&](size_t l, int a) { return arg_values_[arg_start_[l] + static_cast<size_t>(a)]; };
+  auto ptr = [](CUdeviceptr p) { return reinterpret_cast<void*>(p); };
+  if (buckets_[li].size() > 1) {
+    std::vector<Communicator::Buffer> bufs;
+    for (size_t m : buckets_[li])
+      bufs.push_back({ptr(arg(m, 0)), ptr(arg(m, 1)), plan_.launches[m].collective->inner});
+    comm_->all_reduce_many(rank_, bufs, c.dtype);
+    return;
+  }
+  const int64_t es = ir::dtype_bytes(c.dtype);
+  switch (c.op) {
+    case CollectiveStep::Op::AllReduce:
+      comm_->all_reduce(rank_, ptr(arg(li, 0)), ptr(arg(li, 1)), c.inner, c.dtype);
+      break;
+    case CollectiveStep::Op::AllGather:
+      comm_->all_gather(rank_, ptr(arg(li, 0)), ptr(arg(li, 1)), c.outer, c.inner * es);
+      break;
+    case CollectiveStep::Op::ReduceScatter:
+      comm_->reduce_scatter(rank_, ptr(arg(li, 0)), ptr(arg(li, 1)), c.outer, c.inner, c.dtype);
+      break;
+    case CollectiveStep::Op::LocalSlice: {  // this rank's block of each row, on the stream
+      size_t piece = static_cast<size_t>(c.inner * es);
+      strided_copy(*d_, arg(li, 1), piece, arg(li, 0) + static_cast<CUdeviceptr>(rank_) * piece,
+                   piece * static_cast<size_t>(c.parts), piece, static_cast<size_t>(c.outer));
+      break;
+    }
+  }
+}
+
+void CudaExecutable::gather_variable_pieces(size_t index, void* dst, int64_t outer,
+                                            int64_t piece_bytes) {
+  FJ_CHECK(comm_ != nullptr && index < variables_.size(), "gathering variable ", index, " of job '",
+           plan_.job_name, "' outside a distributed job");
+  uint64_t bytes = static_cast<uint64_t>(outer * piece_bytes * comm_->size());
+  if (bytes == 0) return;
+  DeviceBuffer all(d_, bytes);
+  comm_->all_gather(rank_, reinterpret_cast<const void*>(variables_[index]),
+                    reinterpret_cast<void*>(all.ptr()), outer, piece_bytes);
+  const DriverApi& api = d_->api();
+  Device::Scope scope(*d_);
+  check(
+      api, api.cuMemcpyDtoHAsync(dst, all.ptr(), bytes, d_->stream()), "cuMemcpyDtoHAsync",
+      "gathering variable '" + plan_.variables[index].first + "' of job '" + plan_.job_name + "'");
+  d_->synchronize();
 }
 
 // ---------------------------------------------------------------- runs

@@ -13,6 +13,15 @@
 // staging and records an event; completion is observed with the event
 // (done() polls, finish() waits), never by synchronizing the device.
 //
+// One device of a distributed job (runtime/distributed.h, set_device): the
+// plan's collective launches have no kernel; they run through the job's
+// NcclCommunicator, whose rank for this executable is on the same Device,
+// so a collective is enqueued on the device's stream after the kernels that
+// produced its operand and before those that read its result (the
+// communicator waits for it before returning: one stream, in plan order, no
+// events between streams). Adjacent all_reduces go as one bucket
+// (all_reduce_many, one NCCL group) as on the CPU.
+//
 // As a runtime::Program, start() enqueues a run (completing the previous
 // one first: one set of staging buffers) and its PendingRun is completed by
 // whoever needs it first, the caller delivering its results or the next
@@ -26,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/collective.h"
 #include "runtime/cuda/device.h"
 #include "runtime/executable.h"
 #include "runtime/program.h"
@@ -116,6 +126,13 @@ class CudaExecutable : public Program {
 
   const Plan& plan() const override { return plan_; }
   const std::vector<GpuLaunch>& launches() const { return launches_; }
+  // The same code and plan loaded on device `d`, bound to nothing (one per
+  // GPU of a distributed job).
+  std::shared_ptr<CudaExecutable> instance(std::shared_ptr<Device> d) const;
+  // A device of a distributed job: `comm` must be an NcclCommunicator whose
+  // rank `rank` is this executable's Device (UserError otherwise).
+  void set_device(std::shared_ptr<Communicator> comm, int rank) override;
+  void gather_variable_pieces(size_t index, void* dst, int64_t outer, int64_t piece_bytes) override;
   // "cubin sm_90" or "ptx (driver JIT for sm_90)".
   std::string loaded_from() const override { return loaded_from_; }
   std::string device() const override { return "gpu:" + std::to_string(d_->info().ordinal); }
@@ -151,13 +168,19 @@ class CudaExecutable : public Program {
 
  private:
   void load_and_allocate(const GpuImage& image);
+  void run_collective(size_t li);
   void release_driver_objects();
   void resolve_args();
 
   std::shared_ptr<Device> d_;
   Plan plan_;
   std::vector<GpuLaunch> launches_;
+  GpuImage image_;  // for instance()
   std::string loaded_from_;
+  std::shared_ptr<Communicator> comm_;
+  int rank_ = 0;
+  std::vector<std::vector<size_t>> buckets_;  // all_reduce_buckets(plan_)
+  std::vector<bool> bucketed_;                // a later member of a bucket
   CUmodule module_ = nullptr;
   std::vector<CUfunction> fns_;
   DeviceBuffer arena_;

@@ -2,14 +2,19 @@
 // cache hit, and the CPU backend driven through the interface alone.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "codegen/cpu/backend.h"
+#include "codegen/cpu/cpu_codegen.h"
 #include "codegen/nvptx/backend.h"
 #include "ir/error.h"
 #include "jit/backend.h"
 #include "jit/fusion.h"
+#include "runtime/executable.h"
+#include "runtime/memory.h"
 
 using namespace flowjit;
 using namespace flowjit::ir;
@@ -124,6 +129,137 @@ TEST(Backend, CpuCompileLoadBindRunThroughTheInterface) {
   jit::CodeObject bad = code;
   bad.object.resize(bad.object.size() / 2);
   EXPECT_THROW(b->load(bad, log), UserError);
+}
+
+// An elementwise kernel whose output is larger than the caches writes it with
+// streaming stores, peeled to a vector-aligned address first: the result is
+// right whatever the output's alignment and wherever the thread split falls.
+// A small output keeps plain stores.
+TEST(Backend, LargeElementwiseOutputStreamsAtAnyAlignment) {
+  const codegen::cpu::CpuTarget& t = codegen::cpu::host_target();
+  // The kernel's threshold (codegen/cpu/loops.cpp): 4 x L2 x threads bytes.
+  double floats = 4.0 * static_cast<double>(t.l2_bytes) * std::max(1, t.threads) / 4;
+  if (floats > double(1 << 26))
+    GTEST_SKIP() << "this host's caches need a " << floats * 4 / (1 << 20) << " MiB output";
+  auto compile_run = [](int64_t n, bool* streams) {
+    NodeRef x = param("x", 0, {n});
+    NodeRef y = make_node(OpKind::Add, {make_node(OpKind::Mul, {x, x}), x});
+    Graph g;
+    g.name = "t";
+    g.params = {x};
+    g.outputs = {y};
+    jit::FusedProgram fp = jit::fuse(g, "t");
+    jit::JobDescription job;
+    job.name = "t";
+    std::unique_ptr<jit::Backend> b = jit::make_backend(job, jit::Target{});
+    jit::PassLog log;
+    jit::CompileRequest req;
+    req.module_name = "t";
+    req.want_llvm_ir = true;
+    jit::CodeObject code = b->compile(fp.kernels, fp.plan, req, log);
+    *streams = code.llvm_ir.find("!nontemporal") != std::string::npos;
+    std::shared_ptr<runtime::Program> p = b->load(code, log);
+    runtime::VariableStore store;
+    b->bind(*p, store);
+    std::vector<float> in(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) in[i] = 0.001f * static_cast<float>(i % 4001) - 2.f;
+    std::vector<float> buf(static_cast<size_t>(n) + 64);
+    for (int threads : {1, 2}) {
+      runtime::set_num_threads(threads);
+      for (int shift : {0, 1, 3, 13}) {  // the output 0, 4, 12, 52 bytes past 64-byte alignment
+        float* out = buf.data() + shift;
+        std::fill(buf.begin(), buf.end(), -7.f);
+        const void* ins[] = {in.data()};
+        void* outs[] = {out};
+        p->run(ins, outs);
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          float want = in[i] * in[i] + in[i];
+          if (std::fabs(out[i] - want) > 1e-6f * std::max(1.f, std::fabs(want))) ++bad;
+        }
+        EXPECT_EQ(bad, 0) << "n=" << n << " threads=" << threads << " shift=" << shift;
+        EXPECT_EQ(buf[static_cast<size_t>(shift + n)], -7.f) << "wrote past the end";
+        if (shift > 0) EXPECT_EQ(buf[static_cast<size_t>(shift - 1)], -7.f) << "wrote before";
+      }
+    }
+    runtime::set_num_threads(0);
+  };
+  bool streams = false;
+  compile_run(static_cast<int64_t>(floats) + 37, &streams);
+  EXPECT_TRUE(streams) << "a large elementwise output is written with streaming stores";
+  {
+    // Rows of an odd length (a broadcast keeps the domain 2-D): every row
+    // starts at another alignment and is peeled on its own.
+    const int64_t m = 1031, rows = static_cast<int64_t>(floats) / m + 1;
+    NodeRef x = param("x", 0, {rows, m});
+    NodeRef b = make_node(OpKind::Parameter, {},
+                          Attrs{{"name", std::string("b")},
+                                {"index", int64_t{1}},
+                                {"shape", Shape{m}},
+                                {"dtype", DType::Float32}});
+    Graph g;
+    g.name = "t2";
+    g.params = {x, b};
+    g.outputs = {binary(OpKind::Add, x, b)};
+    jit::FusedProgram fp = jit::fuse(g, "t2");
+    jit::JobDescription job;
+    job.name = "t2";
+    std::unique_ptr<jit::Backend> be = jit::make_backend(job, jit::Target{});
+    jit::PassLog log;
+    jit::CompileRequest req;
+    req.module_name = "t2";
+    req.want_llvm_ir = true;
+    jit::CodeObject code = be->compile(fp.kernels, fp.plan, req, log);
+    EXPECT_NE(code.llvm_ir.find("!nontemporal"), std::string::npos);
+    std::shared_ptr<runtime::Program> p = be->load(code, log);
+    runtime::VariableStore store;
+    be->bind(*p, store);
+    std::vector<float> vx(static_cast<size_t>(rows * m)), vb(static_cast<size_t>(m));
+    for (size_t i = 0; i < vx.size(); ++i) vx[i] = static_cast<float>(i % 977);
+    for (int64_t j = 0; j < m; ++j) vb[j] = 0.5f * static_cast<float>(j);
+    std::vector<float> out(vx.size() + 3, -7.f);
+    const void* ins[] = {vx.data(), vb.data()};
+    void* outs[] = {out.data() + 3};
+    p->run(ins, outs);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < rows * m; ++i)
+      if (out[static_cast<size_t>(i + 3)] != vx[i] + vb[i % m]) ++bad;
+    EXPECT_EQ(bad, 0);
+    EXPECT_EQ(out[2], -7.f);
+  }
+  compile_run(1000, &streams);
+  EXPECT_FALSE(streams) << "a small output stays in the caches for its reader";
+}
+
+// Large result buffers are recycled by size; small ones and the excess over
+// the cap go back to the system.
+TEST(Runtime, BufferPoolRecyclesLargeBuffersBySize) {
+  using runtime::BufferPool;
+  BufferPool& pool = BufferPool::instance();
+  pool.clear();
+  const size_t big = (size_t{3} << 20) + 100;
+  void* a = pool.acquire(big);
+  EXPECT_TRUE(runtime::is_aligned(a));
+  std::memset(a, 1, big);
+  pool.release(a, big);
+  EXPECT_GE(pool.cached_bytes(), big);
+  void* c = pool.acquire(big + 4096);  // another size: not the cached block
+  EXPECT_NE(c, a);
+  void* b = pool.acquire(big);
+  EXPECT_EQ(b, a) << "a freed block of the same size is handed out again";
+  EXPECT_EQ(pool.cached_bytes(), 0u);
+  pool.release(b, big);
+  pool.release(c, big + 4096);
+  void* s = pool.acquire(1000);
+  pool.release(s, 1000);
+  EXPECT_LT(pool.cached_bytes(), 2 * big + 8192) << "small blocks are not cached";
+  std::vector<void*> many;
+  for (size_t i = 0; i < BufferPool::kMaxCachedBytes / (size_t{32} << 20) + 3; ++i)
+    many.push_back(pool.acquire(size_t{32} << 20));
+  for (void* p : many) pool.release(p, size_t{32} << 20);
+  EXPECT_LE(pool.cached_bytes(), BufferPool::kMaxCachedBytes);
+  pool.clear();
+  EXPECT_EQ(pool.cached_bytes(), 0u);
 }
 
 }  // namespace

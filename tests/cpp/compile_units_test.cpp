@@ -3,6 +3,8 @@
 // run-once kernels (O1) computing the same bits as O3 ones.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <random>
 
@@ -180,4 +182,80 @@ TEST(CompileUnits, RunOnceKernelsComputeTheSameBits) {
   auto o3 = run(false), o1 = run(true);
   ASSERT_EQ(o3.size(), o1.size());
   for (size_t i = 0; i < o3.size(); ++i) EXPECT_TRUE(o3[i] == o1[i]) << "output " << i;
+}
+
+namespace {
+
+// Reference Philox-4x32-10 with the counter block (counter, 0, 0) and key seed.
+uint32_t philox_w0(int64_t counter, uint64_t seed) {
+  uint64_t u = static_cast<uint64_t>(counter);
+  std::array<uint32_t, 4> c = {static_cast<uint32_t>(u), static_cast<uint32_t>(u >> 32), 0, 0};
+  std::array<uint32_t, 2> k = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
+  for (int round = 0; round < 10; ++round) {
+    uint64_t p0 = uint64_t{0xD2511F53u} * c[0], p1 = uint64_t{0xCD9E8D57u} * c[2];
+    c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<uint32_t>(p1),
+         static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k[1], static_cast<uint32_t>(p0)};
+    k[0] += 0x9E3779B9u;
+    k[1] += 0xBB67AE85u;
+  }
+  return c[0];
+}
+
+}  // namespace
+
+// Initializers that differ only in their seed and size share one compiled
+// body that reads the seed at run time; each still draws its own numbers.
+TEST(CompileUnits, RandomKernelsOfOtherSeedsAndSizesShareOneBody) {
+  const std::vector<std::pair<int64_t, int64_t>> cases = {
+      {1000, 11}, {640, 12}, {37, int64_t{0x123456789abcdef}}, {1000, 11}};
+  Graph g;
+  g.name = "seeds";
+  auto x = param("x", 0, {4});
+  g.params = {x};
+  for (auto [n, seed] : cases)
+    g.outputs.push_back(
+        make_node(OpKind::RandomUniform, {},
+                  Attrs{{"shape", Shape{n}}, {"dtype", DType::Float32}, {"seed", seed}}));
+  std::vector<codegen::Kernel> ks = kernels_of(g);
+  ASSERT_GE(ks.size(), 3u);
+  for (bool run_once : {true, false}) {
+    cpu::clear_kernel_cache();
+    cpu::CompileOptions opts;
+    opts.run_once = run_once;
+    cpu::CompiledObject c = cpu::compile(ks, opts);
+    EXPECT_EQ(c.kernels_compiled, 1) << c.kernel_times;
+    EXPECT_EQ(c.kernels_shared, static_cast<int>(ks.size()) - 1);
+    // Each launch keeps its own extent.
+    std::vector<int64_t> ranges;
+    for (const auto& l : c.launches) ranges.push_back(l.range);
+    EXPECT_NE(std::find(ranges.begin(), ranges.end(), 37), ranges.end());
+    // Another job of the process with another seed compiles nothing new.
+    codegen::Kernel other = ks[0];
+    for (auto& n : other.nodes)
+      if (n.kind == codegen::KOp::Random) n.seed = 99;
+    other.name = "other";
+    EXPECT_EQ(cpu::compile({other}, opts).kernels_compiled, 0);
+  }
+
+  cpu::clear_kernel_cache();
+  runtime::VariableStore store;
+  jit::JobDescription job;
+  job.name = "seeds.init";
+  job.signature = "init:x";
+  job.graph = g;
+  jit::CompiledJob cj = jit::compile_job(job, jit::CompileSettings{}, store);
+  std::vector<std::vector<float>> out;
+  std::vector<void*> outs;
+  for (auto [n, seed] : cases) out.emplace_back(static_cast<size_t>(n));
+  for (auto& o : out) outs.push_back(o.data());
+  std::vector<float> in(4, 0.f);
+  const void* ins[] = {in.data()};
+  cj.program->run(ins, outs.data());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    auto [n, seed] = cases[i];
+    for (int64_t j = 0; j < n; ++j) {
+      float want = static_cast<float>(philox_w0(j, static_cast<uint64_t>(seed)) >> 8) * 0x1p-24f;
+      ASSERT_EQ(out[i][j], want) << "output " << i << " element " << j;
+    }
+  }
 }

@@ -54,6 +54,7 @@
 #include "runtime/cuda/executable.h"
 #include "runtime/cuda/range_allocator.h"
 #include "runtime/distributed.h"
+#include "tests/cpp/fake_nccl.h"
 #include "tests/cpp/test_util.h"
 
 using namespace flowjit;
@@ -1311,7 +1312,16 @@ struct Gpu {
   std::map<std::string, CpuKernel> cpu;
   std::vector<Launch> launches;
   std::set<void*> device_blocks, host_blocks;
+  std::map<uintptr_t, size_t> block_bytes;  // device block -> its size
   int current = 0, retained = 0;
+  // Several GPUs (NvptxMultiGpu): contexts and streams name their device;
+  // events remember theirs. hang: collectives' events never complete on a
+  // device until its NCCL communicator is aborted (tests/cpp/fake_nccl.h).
+  int devices = 1;
+  std::map<uintptr_t, int> events;
+  uintptr_t next_event = 0x100;
+  bool hang = false;
+  std::set<int> aborted_devices;
   std::vector<char> scratch = std::vector<char>(64 << 20);
 };
 Gpu& gpu() {
@@ -1321,6 +1331,19 @@ Gpu& gpu() {
 // The fake is thread-safe: tests run cases concurrently.
 std::recursive_mutex g_mu;
 #define FAKE_LOCK std::lock_guard<std::recursive_mutex> fake_lock_(g_mu)
+thread_local std::vector<int> t_context;  // devices whose context this thread pushed
+int current_device() { return t_context.empty() ? -1 : t_context.back(); }
+rc::CUstream stream_of(int device) {
+  return reinterpret_cast<rc::CUstream>(uintptr_t{0x1000} + static_cast<uintptr_t>(device));
+}
+int device_of(rc::CUstream s) { return static_cast<int>(reinterpret_cast<uintptr_t>(s) - 0x1000); }
+bool is_device_memory(uintptr_t p, size_t n) {
+  FAKE_LOCK;
+  auto it = gpu().block_bytes.upper_bound(p);
+  if (it == gpu().block_bytes.begin()) return false;
+  --it;
+  return p >= it->first && p + n <= it->first + it->second;
+}
 
 using rc::CUresult;
 CUresult ok() { return rc::kCudaSuccess; }
@@ -1368,12 +1391,12 @@ CUresult driver_version(int* v) {
   return ok();
 }
 CUresult device_count(int* n) {
-  *n = 1;
+  *n = gpu().devices;
   return ok();
 }
 CUresult device_get(rc::CUdevice* d, int ordinal) {
   *d = ordinal;
-  return ordinal == 0 ? ok() : rc::kCudaErrorInvalidValue;
+  return ordinal >= 0 && ordinal < gpu().devices ? ok() : rc::kCudaErrorInvalidValue;
 }
 CUresult device_name(char* name, int len, rc::CUdevice) {
   std::snprintf(name, static_cast<size_t>(len), "Fake GPU");
@@ -1402,9 +1425,9 @@ CUresult total_mem(size_t* b, rc::CUdevice) {
   *b = size_t{1} << 30;
   return ok();
 }
-CUresult retain(rc::CUcontext* c, rc::CUdevice) {
+CUresult retain(rc::CUcontext* c, rc::CUdevice d) {
   FAKE_LOCK;
-  *c = reinterpret_cast<rc::CUcontext>(&gpu());
+  *c = reinterpret_cast<rc::CUcontext>(uintptr_t{0x100} + static_cast<uintptr_t>(d));
   ++gpu().retained;
   return ok();
 }
@@ -1413,20 +1436,22 @@ CUresult release(rc::CUdevice) {
   --gpu().retained;
   return ok();
 }
-CUresult push(rc::CUcontext) {
+CUresult push(rc::CUcontext c) {
   FAKE_LOCK;
+  t_context.push_back(static_cast<int>(reinterpret_cast<uintptr_t>(c) - 0x100));
   ++gpu().current;
   return ok();
 }
 CUresult pop(rc::CUcontext* c) {
   FAKE_LOCK;
   --gpu().current;
+  if (!t_context.empty()) t_context.pop_back();
   if (c) *c = nullptr;
   return ok();
 }
 CUresult ctx_sync() { return ok(); }
 CUresult stream_create(rc::CUstream* s, unsigned) {
-  *s = reinterpret_cast<rc::CUstream>(0x5);
+  *s = stream_of(std::max(0, current_device()));
   return ok();
 }
 CUresult stream_destroy(rc::CUstream) { return ok(); }
@@ -1437,6 +1462,7 @@ CUresult mem_alloc(rc::CUdeviceptr* p, size_t bytes) {
   void* m = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   std::memset(m, 0xab, bytes);  // uninitialized device memory is not zero
   gpu().device_blocks.insert(m);
+  gpu().block_bytes[reinterpret_cast<uintptr_t>(m)] = bytes;
   *p = reinterpret_cast<rc::CUdeviceptr>(m);
   return ok();
 }
@@ -1444,6 +1470,7 @@ CUresult mem_free(rc::CUdeviceptr p) {
   FAKE_LOCK;
   void* m = reinterpret_cast<void*>(p);
   if (!gpu().device_blocks.erase(m)) return rc::kCudaErrorInvalidValue;
+  gpu().block_bytes.erase(reinterpret_cast<uintptr_t>(m));
   std::free(m);
   return ok();
 }
@@ -1542,13 +1569,19 @@ CUresult launch(rc::CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigne
   return ok();
 }
 CUresult event_create(rc::CUevent* e, unsigned) {
-  *e = reinterpret_cast<rc::CUevent>(0x9);
+  FAKE_LOCK;
+  uintptr_t id = gpu().next_event++;
+  gpu().events[id] = current_device();
+  *e = reinterpret_cast<rc::CUevent>(id);
   return ok();
 }
 CUresult event_destroy(rc::CUevent) { return ok(); }
 CUresult event_record(rc::CUevent, rc::CUstream) { return ok(); }
-CUresult event_query(rc::CUevent) {
+CUresult event_query(rc::CUevent e) {
   FAKE_LOCK;
+  auto ev = gpu().events.find(reinterpret_cast<uintptr_t>(e));
+  if (gpu().hang && ev != gpu().events.end() && !gpu().aborted_devices.count(ev->second))
+    return rc::kCudaErrorNotReady;
   if (gpu().not_ready > 0) {
     --gpu().not_ready;
     return rc::kCudaErrorNotReady;
@@ -2196,20 +2229,33 @@ TEST(NvptxCompile, ARejectedCubinFallsBackToThePtx) {
     EXPECT_NEAR(y[i], std::tanh(std::exp(x[i]) * x[i]) - x[i], 1e-5) << i;
 }
 
-TEST(NvptxCompile, SeveralDevicesOnAGpuAreNotImplemented) {
+TEST(NvptxCompile, AJobOverSeveralGpusCompilesItsPerDeviceProgram) {
   fake::gpu() = fake::Gpu();
   auto dev = rc::Device::open(0, &fake::api());
   runtime::VariableStore store;
-  jit::JobDescription job;
-  job.name = "t";
-  job.graph = parse_graph(kElementwiseChain);
-  job.distribution.parts = 2;
+  TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, 8, 56, 16, 10);
+  jit::JobDescription train = train_job(t);
+  train.distribution.parts = 2;
+  fill_store(store, fuse_graph(t.g, "t"));
+  jit::CompileSettings s = gpu_settings(dev, "");
+  s.target.run_ptxas = false;  // the fake driver finds the kernels in the PTX
+  jit::CompiledJob cj = jit::compile_job(train, s, store);
+  rc::CudaExecutable& exe = gpu_of(cj);
+  ASSERT_TRUE(cj.distributed.has_value());
+  size_t collectives = 0;
+  for (size_t i = 0; i < exe.plan().launches.size(); ++i) {
+    if (!exe.plan().launches[i].collective) continue;
+    ++collectives;
+    EXPECT_EQ(exe.launches()[i].symbol, exe.plan().launches[i].symbol) << "a placeholder launch";
+  }
+  EXPECT_EQ(collectives, 4u) << "one all_reduce per gradient";
+  // Its collectives need NCCL between GPUs: another communicator is refused.
   try {
-    jit::compile_job(job, gpu_settings(dev, ""), store);
-    ADD_FAILURE() << "compiled for two GPUs";
+    exe.set_device(runtime::make_thread_communicator(2), 0);
+    ADD_FAILURE() << "a GPU job took a thread communicator";
   } catch (const UserError& e) {
     EXPECT_EQ(e.kind(), ErrorKind::NotImplemented);
-    EXPECT_NE(std::string(e.what()).find("several GPUs per job need NCCL collectives"),
+    EXPECT_NE(std::string(e.what()).find("need an NCCL communicator between GPUs, not 2 threads"),
               std::string::npos)
         << e.what();
   }
@@ -2598,4 +2644,444 @@ TEST(NvptxEmulated, CompileJobOnTheGpuMatchesTheCpu) {
     std::string d = compare(gb, wb, v->type, 1e-4, 1e-5);
     EXPECT_TRUE(d.empty()) << v->name << ": " << d;
   }
+}
+
+// ---------------------------------------------------------------- several GPUs
+
+// Jobs spread over several GPUs (jit::make_distributed on a GPU target): one
+// CudaExecutable per fake GPU with its kernels run by the SIMT emulator, the
+// collectives by an NcclCommunicator over the fake NCCL of
+// tests/cpp/fake_nccl.h, with the layouts, boxing and bucketing of the CPU
+// devices; results against the same job on one CPU device.
+namespace {
+
+namespace fnccl = flowjit::testing::fake_nccl;
+
+// Points the fake NCCL at this file's fake driver for one test, fresh.
+class FakeNcclOnThisDriver {
+ public:
+  FakeNcclOnThisDriver() : saved_(fnccl::hooks()) {
+    fnccl::Hooks& h = fnccl::hooks();
+    h.device_of_stream = fake::device_of;
+    h.current_device = fake::current_device;
+    h.is_device_memory = fake::is_device_memory;
+    h.hang = [] {
+      std::lock_guard<std::recursive_mutex> lock(fake::g_mu);
+      return fake::gpu().hang;
+    };
+    h.aborted = [](int device) {
+      std::lock_guard<std::recursive_mutex> lock(fake::g_mu);
+      fake::gpu().aborted_devices.insert(device);
+    };
+    std::lock_guard<std::mutex> lock(fnccl::nccl().mu);
+    fnccl::nccl().calls.clear();
+    fnccl::nccl().fail_rank = -1;
+  }
+  ~FakeNcclOnThisDriver() { fnccl::hooks() = saved_; }
+  FakeNcclOnThisDriver(const FakeNcclOnThisDriver&) = delete;
+  FakeNcclOnThisDriver& operator=(const FakeNcclOnThisDriver&) = delete;
+
+  static rc::NcclOptions options() {
+    rc::NcclOptions o;
+    o.nccl = &fnccl::api();
+    return o;
+  }
+  // How many NCCL calls began with `name`.
+  static int calls(const std::string& name) {
+    std::lock_guard<std::mutex> lock(fnccl::nccl().mu);
+    int n = 0;
+    for (const std::string& c : fnccl::nccl().calls) n += c.rfind(name, 0) == 0;
+    return n;
+  }
+
+ private:
+  fnccl::Hooks saved_;
+};
+
+// The module compile_job makes for the per-device program of `job`, given
+// to the emulator (which finds kernels by their module's PTX).
+void emulate_per_device_program(const jit::JobDescription& job) {
+  Graph g = job.graph;
+  g.name = job.name;
+  jit::PassLog log;
+  Graph opt = jit::optimize(g, log);
+  if (job.distribution.parts > 1) opt = jit::distribute(opt, job.distribution).local;
+  jit::FusedProgram fp = jit::fuse(opt, job.name);
+  std::vector<codegen::Kernel> coded;
+  for (auto& k : fp.kernels)
+    if (k.kind != codegen::Kernel::Kind::Collective) coded.push_back(k);
+  nv::CompileOptions o;
+  o.module_name = job.name;
+  o.sm = 80;
+  o.run_ptxas = false;
+  o.math = nv::MathLibrary::Builtin;
+  o.want_llvm_ir = true;
+  emu_register(nv::compile(coded, o), coded);
+}
+
+// One process's GPUs of a distributed job: devices, the variables' GPU
+// copies, and the per-device stores that hold the copies' host side.
+struct Gpus {
+  std::vector<std::shared_ptr<rc::Device>> devs;
+  std::vector<std::shared_ptr<rc::DeviceVariables>> copies;
+  std::vector<std::unique_ptr<runtime::VariableStore>> stores;
+  explicit Gpus(const std::vector<int>& ordinals) {
+    for (int o : ordinals) {
+      devs.push_back(rc::Device::open(o, &fake::api()));
+      copies.push_back(std::make_shared<rc::DeviceVariables>(devs.back()));
+      stores.push_back(std::make_unique<runtime::VariableStore>());
+    }
+  }
+  std::vector<runtime::VariableStore*> store_ptrs() const {
+    std::vector<runtime::VariableStore*> out;
+    for (auto& s : stores) out.push_back(s.get());
+    return out;
+  }
+};
+
+// compile_job for the GPU (emulated) and the job's executable over `gpus`.
+std::shared_ptr<runtime::DistributedExecutable> on_gpus(const jit::JobDescription& job, Gpus& gpus,
+                                                        runtime::VariableStore& host,
+                                                        std::shared_ptr<runtime::Communicator> comm,
+                                                        int first_rank, bool several_processes) {
+  jit::CompileSettings s = gpu_settings(gpus.devs[0], "");
+  s.target.run_ptxas = false;
+  s.target.math = nv::MathLibrary::Builtin;
+  jit::CompiledJob cj = jit::compile_job(job, s, host);
+  EXPECT_NE(dynamic_cast<rc::CudaExecutable*>(cj.program.get()), nullptr);
+  return jit::make_distributed(cj, host, gpus.store_ptrs(), std::move(comm), first_rank,
+                               several_processes, gpus.copies);
+}
+
+struct Batch {
+  std::vector<float> images;
+  std::vector<int32_t> labels;
+};
+Batch batch_of(int64_t batch, int step) {
+  Batch b{std::vector<float>(static_cast<size_t>(batch * 56)),
+          std::vector<int32_t>(static_cast<size_t>(batch))};
+  fill_deterministic(b.images.data(), {DType::Float32, {batch, 56}}, 100 + step);
+  for (int64_t i = 0; i < batch; ++i) b.labels[i] = static_cast<int32_t>((i * 7 + step) % 10);
+  return b;
+}
+std::vector<float> train_loss(runtime::Program& p, const Batch& b) {
+  std::vector<float> loss(b.labels.size());
+  const void* ins[] = {b.images.data(), b.labels.data()};
+  void* outs[] = {loss.data()};
+  p.run(ins, outs);
+  return loss;
+}
+
+std::vector<char> bytes_of(const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  return std::vector<char>(c, c + n);
+}
+
+// Every variable of `want` in `got` (read as the host does), within float tolerance.
+void expect_same_variables(runtime::VariableStore& got, runtime::VariableStore& want,
+                           const std::string& what) {
+  for (auto* v : want.all()) {
+    auto* g = got.find(v->name);
+    ASSERT_NE(g, nullptr) << what << ": " << v->name;
+    runtime::sync_host(*g);
+    size_t n = static_cast<size_t>(v->type.bytes());
+    std::string d = compare(bytes_of(g->ptr(), n), bytes_of(v->ptr(), n), v->type, 1e-4, 1e-5);
+    EXPECT_TRUE(d.empty()) << what << ": " << v->name << ": " << d;
+  }
+}
+
+// A train step (hidden layer of `hidden` units, batch `batch`) on `n` GPUs
+// of one process, `steps` times, against one CPU device.
+void check_train_on_gpus(int n, int64_t batch, int64_t hidden,
+                         const std::map<std::string, int>& split_vars) {
+  SCOPED_TRACE(std::to_string(n) + " GPUs");
+  fake::gpu() = fake::Gpu();
+  fake::gpu().devices = n;
+  FakeNcclOnThisDriver fake_nccl;
+  TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, batch, 56, hidden, 10);
+  jit::FusedProgram fp = fuse_graph(t.g, "t");
+  runtime::VariableStore cpu_store, host;
+  fill_store(cpu_store, fp);
+  fill_store(host, fp);
+  jit::JobDescription one = train_job(t);
+  jit::CompiledJob cpu = jit::compile_job(one, jit::CompileSettings{}, cpu_store);
+  jit::JobDescription job = one;
+  job.distribution.parts = n;
+  job.distribution.split_vars = split_vars;
+  emulate_per_device_program(job);
+  std::vector<int> ordinals;
+  for (int d = 0; d < n; ++d) ordinals.push_back(d);
+  {
+    Gpus gpus(ordinals);
+    auto comm = rc::NcclCommunicator::create(gpus.devs, FakeNcclOnThisDriver::options());
+    auto dist = on_gpus(job, gpus, host, comm, 0, false);
+    EXPECT_EQ(dist->device(), n == 2 ? "gpu:0,1" : "gpu:0,1,2");
+    TensorType loss_t{DType::Float32, {batch}};
+    for (int step = 0; step < 3; ++step) {
+      Batch b = batch_of(batch, step);
+      std::vector<float> want = train_loss(*cpu.program, b), got = train_loss(*dist, b);
+      size_t bytes = want.size() * sizeof(float);
+      std::string d =
+          compare(bytes_of(got.data(), bytes), bytes_of(want.data(), bytes), loss_t, 1e-4, 1e-5);
+      EXPECT_TRUE(d.empty()) << "step " << step << ": " << d;
+    }
+    EXPECT_TRUE(gpus.copies[0]->holds_newest(*gpus.stores[0]->find("hidden-weight")))
+        << "the trained weights stay on the GPUs until the host reads them";
+    expect_same_variables(host, cpu_store, "after 3 steps");
+    // A host write (a checkpoint load) reaches every GPU before its next run.
+    for (auto* store : {&host, &cpu_store}) {
+      auto* w = store->find("output-weight");
+      runtime::sync_host(*w);
+      fill_deterministic(w->ptr(), w->type, 4242);
+      runtime::mark_host_written(*w);
+    }
+    Batch b = batch_of(batch, 3);
+    std::vector<float> want = train_loss(*cpu.program, b), got = train_loss(*dist, b);
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4) << i;
+    expect_same_variables(host, cpu_store, "after a host write");
+    // A job on GPU 0 alone continues from what the GPUs trained (through the
+    // host), and the GPUs from what it trained.
+    {
+      emulate_per_device_program(one);
+      jit::CompileSettings s1 = gpu_settings(gpus.devs[0], "");
+      s1.target.run_ptxas = false;
+      s1.target.math = nv::MathLibrary::Builtin;
+      jit::CompiledJob single = jit::compile_job(one, s1, host);
+      for (int step = 4; step < 7; ++step) {
+        runtime::Program& p = step == 5 ? *single.program : *dist;
+        Batch b = batch_of(batch, step);
+        std::vector<float> want = train_loss(*cpu.program, b), got = train_loss(p, b);
+        for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4) << step;
+      }
+      expect_same_variables(host, cpu_store, "after a job on one GPU between");
+    }
+    // The variables live on these GPUs: a job over other devices cannot share them.
+    runtime::VariableStore elsewhere;
+    auto* b1 = host.find("hidden-bias");
+    try {
+      runtime::attach_replicas(*b1, -1, n, 0, {elsewhere.get_or_create(b1->name, b1->type, true)});
+      ADD_FAILURE() << "a variable was distributed over two sets of devices";
+    } catch (const UserError& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::NotImplemented);
+      EXPECT_NE(std::string(e.what()).find("used by jobs spread over different devices"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(fake::gpu().current, 0) << "every context push is popped";
+  }
+  for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
+  EXPECT_TRUE(fake::gpu().device_blocks.empty()) << "device memory returned to the driver";
+  EXPECT_EQ(fake::gpu().retained, 0) << "the primary contexts are released";
+}
+
+bool emulator_missing() {
+#ifdef FLOWJIT_HAVE_EMULATOR
+  return false;
+#else
+  return true;
+#endif
+}
+
+}  // namespace
+
+TEST(NvptxMultiGpu, DataParallelTrainStepMatchesOneDevice) {
+  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+  for (int n : {2, 3}) {
+    // 7 hidden units: gradients of odd sizes (7, 7x56, 10x7), bucketed.
+    check_train_on_gpus(n, 12, 7, {});
+    EXPECT_GT(FakeNcclOnThisDriver::calls("ncclAllReduce"), 0);
+    EXPECT_GT(FakeNcclOnThisDriver::calls("ncclGroupStart"), 0)
+        << "adjacent gradients go as one bucket (one NCCL group)";
+  }
+}
+
+TEST(NvptxMultiGpu, SplitWeightIsGatheredAndItsGradientReduceScattered) {
+  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+  for (int n : {2, 3}) {
+    check_train_on_gpus(n, 6, 6, {{"hidden-weight", 0}});
+    EXPECT_GT(FakeNcclOnThisDriver::calls("ncclAllGather"), 0);
+    EXPECT_GT(FakeNcclOnThisDriver::calls("ncclReduceScatter"), 0);
+  }
+}
+
+// Reductions over the split rows of every dtype the GPU reduces: partial
+// sums all_reduced, maxima gathered (all_gather), rows returned in place.
+TEST(NvptxMultiGpu, ReductionsOfEveryDtypeMatchOneDevice) {
+  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+  for (DType dt : {DType::Float32, DType::Float64, DType::Int32, DType::Int64}) {
+    for (int n : {2, 3}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " on " + std::to_string(n) + " GPUs");
+      fake::gpu() = fake::Gpu();
+      fake::gpu().devices = n;
+      FakeNcclOnThisDriver fake_nccl;
+      auto x = param("x", 0, {6, 5}, dt);
+      Graph g =
+          make_graph({x}, {reduce(OpKind::ReduceSum, x, {0}, false),
+                           reduce(OpKind::ReduceMax, x, {0}, false), binary(OpKind::Add, x, x)});
+      jit::JobDescription job;
+      job.name = "r";
+      job.graph = g;
+      runtime::VariableStore cpu_store, host;
+      jit::CompiledJob cpu = jit::compile_job(job, jit::CompileSettings{}, cpu_store);
+      job.distribution.parts = n;
+      emulate_per_device_program(job);
+      std::vector<int> ordinals;
+      for (int d = 0; d < n; ++d) ordinals.push_back(d);
+      Gpus gpus(ordinals);
+      auto comm = rc::NcclCommunicator::create(gpus.devs, FakeNcclOnThisDriver::options());
+      auto dist = on_gpus(job, gpus, host, comm, 0, false);
+      // Small integers (negative too): sums are exact in any order.
+      TensorType xt{dt, {6, 5}};
+      std::vector<char> in(static_cast<size_t>(xt.bytes()));
+      for (int64_t i = 0; i < 30; ++i) {
+        int v = static_cast<int>((i * 37) % 23) - 11;
+        switch (dt) {
+          case DType::Float32:
+            reinterpret_cast<float*>(in.data())[i] = static_cast<float>(v);
+            break;
+          case DType::Float64:
+            reinterpret_cast<double*>(in.data())[i] = v;
+            break;
+          case DType::Int32:
+            reinterpret_cast<int32_t*>(in.data())[i] = v;
+            break;
+          default:
+            reinterpret_cast<int64_t*>(in.data())[i] = int64_t{v} << 33;  // beyond 32 bits
+        }
+      }
+      std::vector<TensorType> out_t = {{dt, {5}}, {dt, {5}}, {dt, {6, 5}}};
+      std::vector<std::vector<char>> want, got;
+      for (auto& t : out_t) {
+        want.emplace_back(static_cast<size_t>(t.bytes()));
+        got.emplace_back(static_cast<size_t>(t.bytes()), 0x5a);
+      }
+      const void* ins[] = {in.data()};
+      void* want_p[] = {want[0].data(), want[1].data(), want[2].data()};
+      void* got_p[] = {got[0].data(), got[1].data(), got[2].data()};
+      cpu.program->run(ins, want_p);
+      dist->run(ins, got_p);
+      for (size_t o = 0; o < 3; ++o) EXPECT_EQ(got[o], want[o]) << "output " << o;
+      EXPECT_GT(FakeNcclOnThisDriver::calls("ncclAllReduce"), 0);
+      EXPECT_GT(FakeNcclOnThisDriver::calls("ncclAllGather"), 0);
+      for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
+    }
+  }
+}
+
+// A GPU whose collective fails stops the job on every GPU with that error
+// (the others were waiting for it: they are aborted, not left hanging), and
+// later runs fail at once.
+TEST(NvptxMultiGpu, ARankFailingStopsEveryRankWithItsError) {
+  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+  fake::gpu() = fake::Gpu();
+  fake::gpu().devices = 2;
+  FakeNcclOnThisDriver fake_nccl;
+  TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, 8, 56, 6, 10);
+  runtime::VariableStore host;
+  fill_store(host, fuse_graph(t.g, "t"));
+  jit::JobDescription job = train_job(t);
+  job.distribution.parts = 2;
+  emulate_per_device_program(job);
+  Gpus gpus({0, 1});
+  auto comm = rc::NcclCommunicator::create(gpus.devs, FakeNcclOnThisDriver::options());
+  auto dist = on_gpus(job, gpus, host, comm, 0, false);
+  fake::gpu().hang = true;  // GPU 0's collective waits for GPU 1's, which never comes
+  fnccl::nccl().fail_rank = 1;
+  Batch b = batch_of(8, 0);
+  try {
+    train_loss(*dist, b);
+    ADD_FAILURE() << "the failed collective was not reported";
+  } catch (const UserError& e) {
+    std::string what = e.what();
+    EXPECT_EQ(e.kind(), ErrorKind::Runtime);
+    // GPU 0's error (raised first, by device order) names GPU 1's.
+    EXPECT_EQ(what.rfind("a collective was aborted: NCCL call ncclAllReduce failed: ", 0), 0u)
+        << what;
+    EXPECT_NE(what.find("fake: rank 1 refuses"), std::string::npos) << what;
+    EXPECT_NE(what.find("on rank 1 (GPU 1)"), std::string::npos) << what;
+  }
+  {
+    std::lock_guard<std::recursive_mutex> lock(fake::g_mu);
+    EXPECT_EQ(fake::gpu().aborted_devices, (std::set<int>{0, 1})) << "both GPUs' NCCL aborted";
+  }
+  fake::gpu().hang = false;
+  fnccl::nccl().fail_rank = -1;
+  try {
+    train_loss(*dist, b);
+    ADD_FAILURE() << "ran on an aborted communicator";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("a collective was aborted"), std::string::npos)
+        << e.what();
+  }
+}
+
+// GPU jobs in a session over several processes: each process (a thread
+// here, with its own session store) drives one GPU as its rank of one NCCL
+// communicator made from a shared unique id; split variables are gathered
+// into every process's host after each run, through the GPU.
+TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
+  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+  const int procs = 2;
+  const int64_t batch = 8;
+  fake::gpu() = fake::Gpu();
+  fake::gpu().devices = procs;
+  FakeNcclOnThisDriver fake_nccl;
+  TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, batch, 56, 6, 10);
+  jit::FusedProgram fp = fuse_graph(t.g, "t");
+  runtime::VariableStore cpu_store;
+  fill_store(cpu_store, fp);
+  jit::JobDescription one = train_job(t);
+  jit::CompiledJob cpu = jit::compile_job(one, jit::CompileSettings{}, cpu_store);
+  jit::JobDescription job = one;
+  job.distribution.parts = procs;
+  job.distribution.split_vars = {{"hidden-weight", 0}};
+  job.distribution.whole_outputs = true;
+  emulate_per_device_program(job);
+  rc::ncclUniqueId id = rc::nccl_unique_id(&fnccl::api());
+  std::vector<std::unique_ptr<runtime::VariableStore>> hosts;
+  std::vector<std::unique_ptr<Gpus>> gpus;
+  std::vector<std::shared_ptr<runtime::DistributedExecutable>> dist(procs);
+  for (int p = 0; p < procs; ++p) {
+    hosts.push_back(std::make_unique<runtime::VariableStore>());
+    fill_store(*hosts.back(), fp);
+    gpus.push_back(std::make_unique<Gpus>(std::vector<int>{p}));
+  }
+  std::vector<std::string> errors(procs);
+  auto each_process = [&](const std::function<void(int)>& fn) {
+    std::vector<std::thread> threads;
+    for (int p = 0; p < procs; ++p)
+      threads.emplace_back([&, p] {
+        try {
+          fn(p);
+        } catch (const std::exception& e) {
+          errors[p] = e.what();
+        }
+      });
+    for (auto& th : threads) th.join();
+    for (int p = 0; p < procs; ++p) EXPECT_EQ(errors[p], "") << "process " << p;
+  };
+  each_process([&](int p) {
+    auto comm =
+        rc::NcclCommunicator::create(id, procs, p, gpus[p]->devs, FakeNcclOnThisDriver::options());
+    dist[p] = on_gpus(job, *gpus[p], *hosts[p], comm, p, true);
+  });
+  ASSERT_TRUE(dist[0] && dist[1]);
+  for (int step = 0; step < 2; ++step) {
+    Batch b = batch_of(batch, step);
+    std::vector<float> want = train_loss(*cpu.program, b);
+    std::vector<std::vector<float>> got(procs);
+    each_process([&](int p) { got[p] = train_loss(*dist[p], b); });
+    for (int p = 0; p < procs; ++p)
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_NEAR(got[p][i], want[i], 1e-4)
+            << "process " << p << " step " << step << " row " << i;
+  }
+  auto* w = hosts[1]->find("hidden-weight");
+  ASSERT_NE(w->replicas, nullptr);
+  EXPECT_FALSE(w->replicas->host_stale) << "split pieces are gathered into every host after a run";
+  for (int p = 0; p < procs; ++p)
+    expect_same_variables(*hosts[p], cpu_store, "process " + std::to_string(p));
+  EXPECT_GT(FakeNcclOnThisDriver::calls("ncclCommInitRank"), 1);
+  dist.clear();
+  for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
 }

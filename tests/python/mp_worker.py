@@ -56,6 +56,13 @@ def main(out, local, mode, steps, exit_after):
             losses.append(np.concatenate(loss))
         else:
             losses.append(train_job(x, y))
+    if os.environ.get("MP_WORKER_DUMP"):  # the plan and the last step's launches (FLOWJIT_PROFILE=1)
+        import json
+        job = train_job.compiled_jobs()[0]
+        plan = job.plan.splitlines()
+        events = [e for e in job._job.trace_events() if e[0] == 0][-len(plan):]
+        with open(out + ".json", "w") as f:
+            json.dump({"plan": plan, "events": events}, f)
     np.savez(out, losses=np.stack(losses) if not mirrored else np.zeros(1), **{k: np.asarray(v) for k, v in flow.get_all_variables().items()})
 
 

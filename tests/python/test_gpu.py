@@ -24,6 +24,9 @@ def _gpu_reason():
 
 NO_GPU = _gpu_reason()
 REQUIRE_GPU = os.environ.get("FLOWJIT_REQUIRE_GPU", "") not in ("", "0")
+# FLOWJIT_REQUIRE_GPUS=2 (tools/gpu_check.sh where two GPUs are): the
+# two-GPU cases fail rather than skip.
+REQUIRE_TWO_GPUS = os.environ.get("FLOWJIT_REQUIRE_GPUS", "").strip() not in ("", "0", "1")
 # A GPU that does not exist on any machine: the error path where a driver is.
 MISSING = 0 if NO_GPU else 63
 
@@ -104,10 +107,12 @@ def _plus_one(cfg=None, name="plus_one"):
     return flow.global_function(type="predict", function_config=cfg)(plus_one)
 
 
-def test_several_gpus_per_job_need_nccl():
-    job = _plus_one(_placed(flow.scope.placement("gpu", "0:0-1")))
-    with pytest.raises(NotImplementedError, match=r"job 'plus_one' is placed on 2 GPUs .*several GPUs per job "
-                       r"need NCCL collectives, which flowjit does not have yet"):
+def test_a_job_on_several_gpus_needs_each_of_them():
+    # Where a GPU of the placement cannot be used, the error names it and why.
+    other = 1 if NO_GPU else MISSING
+    job = _plus_one(_placed(flow.scope.placement("gpu", ["0:0", f"0:{other}"])))
+    with pytest.raises(RuntimeError, match=rf"job 'plus_one' is placed on GPU {0 if NO_GPU else other} .* "
+                       r"cannot run there"):
         job(np.zeros(4, np.float32))
 
     @flow.global_function(type="predict")
@@ -115,8 +120,33 @@ def test_several_gpus_per_job_need_nccl():
         with flow.scope.placement("gpu", ["0:0", "1:0"]):
             return x + 1
 
-    with pytest.raises(NotImplementedError, match="placed on 2 GPUs"):
+    with pytest.raises(ValueError, match="placed on machine 1 .* runs on one machine, 0"):
         in_body(np.zeros(4, np.float32))
+    twice = _plus_one(_placed(flow.scope.placement("gpu", ["0:1", "0:1"])), name="twice")
+    with pytest.raises(ValueError, match=r"placed on GPUs \[1, 1\] .* each GPU once"):
+        twice(np.zeros(4, np.float32))
+
+
+def test_gpu_jobs_over_several_processes_name_what_is_not_supported(monkeypatch):
+    from flowjit import _devices
+    monkeypatch.setattr(_devices, "process_info", lambda: (1, 2))
+    with pytest.raises(NotImplementedError, match=r"over 2 processes, but every process \(machine\) must hold "
+                       r"the same number of the job's GPUs"):
+        _devices._gpu_ordinals("j", flow.scope.placement("gpu", "0:0"))
+    with pytest.raises(ValueError, match=r"placed on machine 2 .* the session has 2 processes"):
+        _devices._gpu_ordinals("j", flow.scope.placement("gpu", ["0:0", "2:0"]))
+    assert _devices._gpu_placement("j", flow.scope.placement("gpu", ["0:0", "1:1"])) == ([1], 2)
+    flow.config.cpu_device_num(2)
+    with pytest.raises(NotImplementedError, match=r"needs flow.config.cpu_device_num\(1\) \(it is 2\)"):
+        _devices._gpu_ordinals("j", flow.scope.placement("gpu", ["0:0", "1:0"]))
+
+
+def test_several_gpus_take_the_consistent_view_only():
+    cfg = _placed(flow.scope.placement("gpu", "0:0-1"))
+    cfg.default_logical_view(flow.scope.mirrored_view())
+    job = _plus_one(cfg)
+    with pytest.raises((NotImplementedError, RuntimeError), match=r"placed on (2 GPUs in the mirrored view|GPU)"):
+        job(np.zeros(4, np.float32))
 
 
 def test_gpu_placement_outside_the_configured_gpus_is_a_value_error():
@@ -336,6 +366,37 @@ def test_gpu_training_matches_the_cpu(gpu):
         _close(got_vars[k], want_vars[k], rtol=1e-4)
 
 
+@pytest.fixture
+def two_gpus():
+    """GPUs 0 and 1, for the data-parallel cases."""
+    reasons = [st["reason"] for st in (_C.gpu_status(0), _C.gpu_status(1)) if not st["available"]]
+    if reasons:
+        if REQUIRE_TWO_GPUS:
+            pytest.fail(f"FLOWJIT_REQUIRE_GPUS is set but two GPUs cannot be used: {reasons[0]}")
+        pytest.skip(f"two GPUs needed: {reasons[0]}")
+    flow.config.gpu_device_num(2)
+
+
+def test_two_gpus_train_like_one_gpu(two_gpus):
+    """A data-parallel train step on GPUs 0 and 1 (the batch split, the
+    gradients all-reduced through NCCL) against the same steps on GPU 0
+    (tools/gpu_check.sh runs it where two GPUs are)."""
+    batches = _seed_batches()
+    want_losses, want_vars, _ = _trained_on(_placed(flow.scope.placement("gpu", "0:0")), batches)
+    try:
+        got_losses, got_vars, job = _trained_on(_placed(flow.scope.placement("gpu", "0:0-1")), batches)
+    except RuntimeError as e:
+        if "needs NCCL" in str(e) and not REQUIRE_TWO_GPUS:
+            pytest.skip(str(e))
+        raise
+    assert job.compiled_jobs()[0].device == "gpu:0,1"
+    for a, b in zip(got_losses, want_losses):
+        _close(a, b, rtol=1e-4)
+    assert set(got_vars) == set(want_vars)
+    for k in want_vars:
+        _close(got_vars[k], want_vars[k], rtol=1e-4)
+
+
 def test_variables_are_shared_by_gpu_jobs_cpu_jobs_and_python(gpu, tmp_path):
     batches = _seed_batches(3)
     train = _seed_train(_placed(gpu), "shared_train")
@@ -454,8 +515,11 @@ int cuInit(unsigned f) { return 0; }
 int cuGetErrorName(int e, const char** s) { *s = e == 719 ? "CUDA_ERROR_LAUNCH_FAILED" : "CUDA_ERROR_UNKNOWN"; return 0; }
 int cuGetErrorString(int e, const char** s) { *s = e == 719 ? "unspecified launch failure" : "unknown error"; return 0; }
 int cuDriverGetVersion(int* v) { *v = 13000; return 0; }
-int cuDeviceGetCount(int* n) { *n = 1; return 0; }
-int cuDeviceGet(int* d, int i) { *d = i; return i == 0 ? 0 : 101; }
+#ifndef FAKE_DEVICES
+#define FAKE_DEVICES 1
+#endif
+int cuDeviceGetCount(int* n) { *n = FAKE_DEVICES; return 0; }
+int cuDeviceGet(int* d, int i) { *d = i; return i >= 0 && i < FAKE_DEVICES ? 0 : 101; }
 int cuDeviceGetName(char* s, int n, int d) { strncpy(s, "Fake GPU", n); return 0; }
 int cuDeviceGetAttribute(int* v, int a, int d) {
   *v = a == 75 ? 8 : a == 76 ? 0 : a == 16 ? 4 : a == 1 ? 1024 : 0;
@@ -585,7 +649,7 @@ print("fake GPU session: ok")
 """
 
 
-def _build_fake_driver(tmp_path):
+def _build_fake_driver(tmp_path, devices=1):
     import re
     import shutil
     import subprocess
@@ -600,7 +664,7 @@ def _build_fake_driver(tmp_path):
     src = tmp_path / "fake_cuda.c"
     src.write_text(FAKE_DRIVER + stubs)
     lib = tmp_path / "libfakecuda.so"
-    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-w", "-o", str(lib), str(src)],
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-w", f"-DFAKE_DEVICES={devices}", "-o", str(lib), str(src)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     return lib
@@ -647,3 +711,347 @@ def test_session_gpu_plumbing_behind_a_fake_driver(tmp_path):
     assert rc == 0 and out.count(".entry ") >= 1, out
     rc, out = run_cli("verify")
     assert rc == 0, out
+
+
+# ---------------------------------------------------------------- several GPUs behind the fakes
+
+# A libnccl.so.2 stand-in for the fake driver (device memory is host memory):
+# ncclCommInitAll's ranks meet at a barrier in each collective, rank 0
+# computes every rank's result in host memory, and they meet again. It counts
+# the collectives so the test can see the job's gradients go through NCCL.
+FAKE_NCCL = r"""
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef struct {
+  int n, arrived; unsigned long gen; pthread_mutex_t mu; pthread_cond_t cv;
+  const void* send[16]; void* recv[16];
+} World;
+/* ncclCommInitRank's ranks (several processes, one rank each: like NCCL it
+   waits until every rank has joined): a shared memory segment named by the
+   id, a process-shared barrier and one slot per rank. */
+#define SLOT (1 << 20)
+typedef struct { pthread_barrier_t bar; int ready; char data[]; } Shared;
+typedef struct { World* w; int rank, n; Shared* sh; char name[130]; } Comm;
+static int next_id;
+static int all_reduces, all_gathers, reduce_scatters;
+int fake_all_reduces(void) { return all_reduces; }
+int fake_all_gathers(void) { return all_gathers; }
+int fake_reduce_scatters(void) { return reduce_scatters; }
+int ncclGetVersion(int* v) { *v = 22809; return 0; }
+int ncclGetUniqueId(ncclUniqueId* id) {
+  memset(id, 0, sizeof *id);
+  snprintf(id->internal, sizeof id->internal, "/flowjit-fake-nccl-%d-%d", (int)getpid(), next_id++);
+  return 0;
+}
+int ncclCommInitRank(Comm** c, int n, ncclUniqueId id, int rank) {
+  Comm* comm = calloc(1, sizeof(Comm));
+  memcpy(comm->name, id.internal, 128);
+  size_t bytes = sizeof(Shared) + (size_t)n * SLOT;
+  int fd = shm_open(comm->name, O_RDWR | O_CREAT | O_EXCL, 0600), creator = fd >= 0;
+  if (!creator) fd = shm_open(comm->name, O_RDWR, 0600);
+  if (fd < 0) return 2;
+  if (creator) {
+    if (ftruncate(fd, (off_t)bytes) != 0) return 2;
+  } else {
+    struct stat st;
+    do { fstat(fd, &st); if ((size_t)st.st_size < bytes) usleep(1000); } while ((size_t)st.st_size < bytes);
+  }
+  Shared* sh = mmap(0, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (sh == MAP_FAILED) return 2;
+  if (creator) {
+    pthread_barrierattr_t a;
+    pthread_barrierattr_init(&a);
+    pthread_barrierattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_barrier_init(&sh->bar, &a, n);
+    __atomic_store_n(&sh->ready, 1, __ATOMIC_SEQ_CST);
+  }
+  while (!__atomic_load_n(&sh->ready, __ATOMIC_SEQ_CST)) usleep(1000);
+  pthread_barrier_wait(&sh->bar);  /* every rank has it mapped: the name can go */
+  if (creator) shm_unlink(comm->name);
+  comm->sh = sh;
+  comm->rank = rank;
+  comm->n = n;
+  *c = comm;
+  return 0;
+}
+int ncclCommInitAll(Comm** comms, int n, const int* devs) {
+  World* w = calloc(1, sizeof(World));
+  w->n = n;
+  pthread_mutex_init(&w->mu, 0);
+  pthread_cond_init(&w->cv, 0);
+  for (int i = 0; i < n; ++i) { comms[i] = calloc(1, sizeof(Comm)); comms[i]->w = w; comms[i]->rank = i; }
+  return 0;
+}
+int ncclCommDestroy(Comm* c) { free(c); return 0; }
+int ncclCommAbort(Comm* c) { free(c); return 0; }
+int ncclCommGetAsyncError(Comm* c, int* e) { *e = 0; return 0; }
+const char* ncclGetErrorString(int r) { return "fake NCCL error"; }
+int ncclGroupStart(void) { return 0; }
+int ncclGroupEnd(void) { return 0; }
+static void meet(World* w) {
+  pthread_mutex_lock(&w->mu);
+  unsigned long g = w->gen;
+  if (++w->arrived == w->n) { w->arrived = 0; ++w->gen; pthread_cond_broadcast(&w->cv); }
+  else while (w->gen == g) pthread_cond_wait(&w->cv, &w->mu);
+  pthread_mutex_unlock(&w->mu);
+}
+static size_t size_of(int t) { return t <= 1 ? 1 : t <= 3 ? 4 : t <= 5 ? 8 : t == 7 ? 4 : t == 8 ? 8 : 2; }
+#define ADD(T) { T* d = dst; const T* s = src; for (size_t i = 0; i < n; ++i) d[i] = op == 2 ? (d[i] > s[i] ? d[i] : s[i]) : d[i] + s[i]; break; }
+static void add(void* dst, const void* src, size_t n, int t, int op) {
+  switch (t) {
+    case 0: ADD(signed char) case 1: ADD(unsigned char) case 2: ADD(int) case 3: ADD(unsigned)
+    case 4: ADD(long long) case 5: ADD(unsigned long long) case 7: ADD(float) case 8: ADD(double)
+  }
+}
+/* kind 0: all_reduce, 1: all_gather, 2: reduce_scatter; each rank computes its own result. */
+static int shm_collective(Comm* c, int kind, const void* send, void* recv, size_t count, int t, int op,
+                          int nranks) {
+  Shared* sh = c->sh;
+  size_t b = count * size_of(t), sent = kind == 2 ? b * nranks : b;
+  if (sent > SLOT) return 3;
+  memcpy(sh->data + (size_t)c->rank * SLOT, send, sent);
+  pthread_barrier_wait(&sh->bar);
+  char* out = malloc(b * nranks + 1);
+  if (kind == 0) {
+    memcpy(out, sh->data, b);
+    for (int q = 1; q < nranks; ++q) add(out, sh->data + (size_t)q * SLOT, count, t, op);
+    memcpy(recv, out, b);
+  } else if (kind == 1) {
+    for (int q = 0; q < nranks; ++q) memcpy(out + q * b, sh->data + (size_t)q * SLOT, b);
+    memcpy(recv, out, b * nranks);
+  } else {
+    memcpy(out, sh->data + (size_t)c->rank * b, b);
+    for (int q = 1; q < nranks; ++q) add(out, sh->data + (size_t)q * SLOT + (size_t)c->rank * b, count, t, op);
+    memcpy(recv, out, b);
+  }
+  free(out);
+  pthread_barrier_wait(&sh->bar);
+  return 0;
+}
+int ncclAllReduce(const void* send, void* recv, size_t count, int t, int op, Comm* c, void* st) {
+  if (c->sh) { ++all_reduces; return shm_collective(c, 0, send, recv, count, t, op, c->n); }
+  World* w = c->w;
+  w->send[c->rank] = send; w->recv[c->rank] = recv;
+  meet(w);
+  if (c->rank == 0) {
+    size_t b = count * size_of(t);
+    char* sum = malloc(b + 1);
+    memcpy(sum, w->send[0], b);
+    for (int q = 1; q < w->n; ++q) add(sum, w->send[q], count, t, op);
+    for (int q = 0; q < w->n; ++q) memcpy(w->recv[q], sum, b);
+    free(sum);
+    ++all_reduces;
+  }
+  meet(w);
+  return 0;
+}
+int ncclAllGather(const void* send, void* recv, size_t count, int t, Comm* c, void* st) {
+  if (c->sh) { ++all_gathers; return shm_collective(c, 1, send, recv, count, t, 0, c->n); }
+  World* w = c->w;
+  w->send[c->rank] = send; w->recv[c->rank] = recv;
+  meet(w);
+  if (c->rank == 0) {
+    size_t b = count * size_of(t);
+    char* all = malloc(b * w->n + 1);
+    for (int q = 0; q < w->n; ++q) memcpy(all + q * b, w->send[q], b);
+    for (int q = 0; q < w->n; ++q) memcpy(w->recv[q], all, b * w->n);
+    free(all);
+    ++all_gathers;
+  }
+  meet(w);
+  return 0;
+}
+int ncclReduceScatter(const void* send, void* recv, size_t count, int t, int op, Comm* c, void* st) {
+  if (c->sh) { ++reduce_scatters; return shm_collective(c, 2, send, recv, count, t, op, c->n); }
+  World* w = c->w;
+  w->send[c->rank] = send; w->recv[c->rank] = recv;
+  meet(w);
+  if (c->rank == 0) {
+    size_t b = count * size_of(t);
+    char* out = malloc(b * w->n + 1);
+    for (int q = 0; q < w->n; ++q) {
+      memcpy(out + q * b, (const char*)w->send[0] + q * b, b);
+      for (int p = 1; p < w->n; ++p) add(out + q * b, (const char*)w->send[p] + q * b, count, t, op);
+    }
+    for (int q = 0; q < w->n; ++q) memcpy(w->recv[q], out + q * b, b);
+    free(out);
+    ++reduce_scatters;
+  }
+  meet(w);
+  return 0;
+}
+"""
+
+FAKE_TWO_GPUS = r"""
+import ctypes, os
+import numpy as np
+import flowjit as flow
+import flowjit.typing as tp
+
+nccl = ctypes.CDLL(os.environ["FLOWJIT_NCCL_LIBRARY"])
+flow.config.gpu_device_num(2)
+cfg = flow.function_config()
+cfg.default_placement_scope(flow.scope.placement("gpu", "0:0-1"))
+
+@flow.global_function(type="train", function_config=cfg)
+def train(x: tp.Numpy.Placeholder((16, 8), dtype=flow.float),
+          y: tp.Numpy.Placeholder((16,), dtype=flow.int32)) -> tp.Numpy:
+    logits = flow.layers.dense(x, 4, name="fc")
+    loss = flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+    flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.5])).minimize(loss)
+    return loss
+
+one = flow.function_config()
+one.default_placement_scope(flow.scope.placement("gpu", "0:1"))
+
+@flow.global_function(type="predict", function_config=one)
+def predict_gpu1(x: tp.Numpy.Placeholder((16, 8), dtype=flow.float)) -> tp.Numpy:
+    return flow.layers.dense(x, 4, name="fc")
+
+@flow.global_function(type="predict")
+def predict_cpu(x: tp.Numpy.Placeholder((16, 8), dtype=flow.float)) -> tp.Numpy:
+    return flow.layers.dense(x, 4, name="fc")
+
+x = np.random.default_rng(0).random((16, 8), dtype=np.float32)
+y = np.zeros(16, np.int32)
+assert train(x, y).shape == (16,)
+job = train.compiled_jobs()[0]
+assert job.device == "gpu:0,1", job.device
+assert "S(0)" in job.distribution, job.distribution
+assert nccl.fake_all_reduces() > 0, "the gradients are all-reduced through NCCL"
+# The fake's kernels do nothing: what comes back is what went up (the
+# initializers' values), through both GPUs' copies and the host.
+w0 = flow.get_all_variables()["fc-weight"].copy()
+new_w = np.full_like(w0, 0.25)
+flow.load_variables({"fc-weight": new_w})
+before = nccl.fake_all_reduces()
+train(x, y)
+train(x, y)
+assert nccl.fake_all_reduces() > before
+np.testing.assert_array_equal(flow.get_all_variables()["fc-weight"], new_w)
+# Jobs on one GPU and on the CPU read the value the two GPUs hold.
+flow.load_variables({"fc-weight": np.full_like(w0, 0.5)})
+train(x, y)
+b = flow.get_all_variables()["fc-bias"]
+np.testing.assert_allclose(predict_cpu(x), x @ np.full_like(w0, 0.5).T + b, rtol=1e-5)
+assert predict_gpu1(x).shape == (16, 4)
+assert predict_gpu1.compiled_jobs()[0].device == "gpu:1"
+# After clear_default_session the job recompiles (from the disk cache: its
+# PTX and launch list, collectives' placeholders included), with fresh copies.
+flow.clear_default_session()
+train(x, y)
+again = train.compiled_jobs()[0]
+assert again.from_disk_cache and again.device == "gpu:0,1", (again.from_disk_cache, again.device)
+print("fake two-GPU session: ok")
+"""
+
+
+def _build_fake_nccl(tmp_path):
+    import shutil
+    import subprocess
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the fake NCCL")
+    src = tmp_path / "fake_nccl.c"
+    src.write_text(FAKE_NCCL)
+    lib = tmp_path / "libfakenccl.so"
+    r = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-w", "-o", str(lib), str(src), "-lpthread"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return lib
+
+
+def test_a_job_on_two_gpus_behind_the_fakes(tmp_path):
+    """The session's path for a job placed on "0:0-1": placement, the
+    distributed compile for the GPU, one program per GPU, NCCL (the fake)
+    for the gradients, variables kept coherent between the GPUs' copies,
+    the host, a one-GPU job and a CPU job. The results themselves are
+    compared with one device by the C++ NvptxMultiGpu tests, whose fake GPU
+    runs the kernels."""
+    import subprocess
+    import sys
+    lib = _build_fake_driver(tmp_path, devices=2)
+    nccl = _build_fake_nccl(tmp_path)
+    env = dict(os.environ, FLOWJIT_LIBCUDA=str(lib), FLOWJIT_NCCL_LIBRARY=str(nccl),
+               FLOWJIT_CACHE_DIR=str(tmp_path / "cache"))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(flow.__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", FAKE_TWO_GPUS], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "fake two-GPU session: ok" in r.stdout
+
+
+FAKE_GPU_PROCESS = r"""
+import ctypes, os
+import numpy as np
+import flowjit as flow
+import flowjit.typing as tp
+
+nccl = ctypes.CDLL(os.environ["FLOWJIT_NCCL_LIBRARY"])
+rank = flow.env.get_rank()
+flow.config.gpu_device_num(2)
+flow.config.cpu_device_num(1)
+cfg = flow.function_config()
+cfg.default_placement_scope(flow.scope.placement("gpu", ["0:0", "1:1"]))  # process p: GPU p
+
+@flow.global_function(type="train", function_config=cfg)
+def train(x: tp.Numpy.Placeholder((16, 8), dtype=flow.float),
+          y: tp.Numpy.Placeholder((16,), dtype=flow.int32)) -> tp.Numpy:
+    logits = flow.layers.dense(x, 4, name="fc")
+    loss = flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+    flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.5])).minimize(loss)
+    return loss
+
+x = np.random.default_rng(0).random((16, 8), dtype=np.float32)
+y = np.zeros(16, np.int32)
+assert train(x, y).shape == (16,), "every process gets the whole batch's result"
+job = train.compiled_jobs()[0]
+assert job.device == f"gpu:{rank}", job.device
+assert nccl.fake_all_reduces() > 0 and nccl.fake_all_gathers() > 0
+w0 = flow.get_all_variables()["fc-weight"].copy()
+new_w = np.full_like(w0, 0.25)
+flow.load_variables({"fc-weight": new_w})
+train(x, y)
+np.testing.assert_array_equal(flow.get_all_variables()["fc-weight"], new_w)
+print(f"fake GPU process {rank}: ok")
+"""
+
+
+def test_gpu_jobs_over_two_processes_behind_the_fakes(tmp_path):
+    """A session over 2 processes (flow.env, Gloo between them) with a job
+    placed on GPU p of process p: the NCCL id goes from process 0 to the
+    other over the session's communicator, each process runs its GPU as one
+    rank of the NCCL communicator (the fake's ranks meet in shared memory),
+    results are whole in every process. The results themselves: C++
+    NvptxMultiGpu.ProcessesWithAGpuEachMatchOneDevice."""
+    import socket
+    import subprocess
+    import sys
+    lib = _build_fake_driver(tmp_path, devices=2)
+    nccl = _build_fake_nccl(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(flow.__file__)))
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, FLOWJIT_LIBCUDA=str(lib), FLOWJIT_NCCL_LIBRARY=str(nccl),
+                   FLOWJIT_CACHE_DIR=str(tmp_path / f"cache{rank}"), FLOWJIT_WORLD_SIZE="2",
+                   FLOWJIT_RANK=str(rank), FLOWJIT_MASTER_ADDR="127.0.0.1", FLOWJIT_MASTER_PORT=str(port),
+                   FLOWJIT_TIMEOUT="60", FLOWJIT_STORE_TOKEN="test-gpu-processes-0123456789abcdef")
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        procs.append(subprocess.Popen([sys.executable, "-c", FAKE_GPU_PROCESS], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    for rank, p in enumerate(procs):
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out
+        assert f"fake GPU process {rank}: ok" in out, out

@@ -98,6 +98,27 @@ def test_two_processes_without_overlap(tmp_path, one_process):
     check_same(launch(tmp_path, 2, extra_env={"FLOWJIT_OVERLAP": "0"}), one_process)
 
 
+def test_the_loss_gather_runs_beside_the_backward_pass(tmp_path, one_process):
+    # A data-parallel job's loss output is gathered over the processes; the
+    # backward pass does not need it, so the gather runs on the communication
+    # thread (complete before the output's copy only) while backward kernels
+    # run, here with a 50 ms delay per message so that it is long in flight.
+    import json
+    env = {"FLOWJIT_PROFILE": "1", "MP_WORKER_DUMP": "1", "FLOWJIT_TEST_COMM_DELAY_MS": "50"}
+    results = launch(tmp_path, 2, split=False, extra_env=env, timeout=60)
+    check_same(results, one_process)
+    info = json.load(open(results[0][2] + ".json"))
+    plan, events = info["plan"], info["events"]
+    gathers = [line for line in plan if ".all_gather." in line.split()[1]]
+    assert gathers and all("complete_before=" in line for line in gathers), plan
+    gather = next(e for e in events if ".all_gather." in e[1])
+    kernels = [e for e in events if not e[1].startswith("@")]
+    assert gather[4] not in {e[4] for e in kernels}, events
+    after = {line.split()[1] for line in plan[plan.index(gathers[0]) + 1:]}
+    end = gather[2] + gather[3]
+    assert any(e[1] in after and "matmul" in e[1] and e[2] < end for e in kernels), events
+
+
 def test_mirrored_view_over_two_processes(tmp_path, one_process):
     check_same(launch(tmp_path, 2, mode="mirrored"), one_process, losses=False)
 

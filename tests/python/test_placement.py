@@ -276,5 +276,6 @@ def test_a_variable_kept_on_a_stage_of_two_devices_is_not_laid_out_again_elsewhe
                        r"over the devices \(broadcast over 2 device\(s\) before, broadcast over 3 device\(s\) now\)"):
         over_all(data(1)[0][0])
     other_pair = make_predict(["0:1-2", "0:0"])
-    with pytest.raises(ValueError, match=r"broadcast over 2 device\(s\) of another device set now"):
+    with pytest.raises(NotImplementedError, match=r"variable 'layer\d-\w+' is used by jobs spread over "
+                       r"different devices .*stages placed on other devices"):
         other_pair(data(1)[0][0])
