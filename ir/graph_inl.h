@@ -12,6 +12,8 @@ Graph rewrite_graph(const Graph& g, Fn&& fn) {
     std::vector<NodeRef> ins;
     ins.reserve(n->inputs().size());
     for (const NodeRef& i : n->inputs()) ins.push_back(map.at(i.get()));
+    // What a pass makes in place of a placed op runs where the op ran.
+    PlacementScope placed(n->loc().placement);
     map[n.get()] = fn(n, std::move(ins));
   }
   Graph out;

@@ -175,7 +175,17 @@ std::string check_attrs(OpKind op, const Attrs& attrs) {
   return "";
 }
 
+namespace {
+thread_local int t_placement = -1;
+}  // namespace
+
+int current_placement() { return t_placement; }
+void set_current_placement(int placement) { t_placement = placement; }
+
 NodeRef make_node(OpKind op, std::vector<NodeRef> inputs, Attrs attrs, SourceLoc loc) {
+  // An open placement (a scope while tracing, the op autodiff or a pass is
+  // working on) wins over the location's: helpers copy an operand's location.
+  if (t_placement >= 0) loc.placement = t_placement;
   if (std::string bad = check_attrs(op, attrs); !bad.empty()) throw_user(ErrorKind::Value, bad);
   int arity = op_arity(op);
   FJ_USER_CHECK(arity < 0 || static_cast<int>(inputs.size()) == arity, ErrorKind::Type, op_name(op),

@@ -51,11 +51,37 @@ class Attrs {
 };
 
 // Where in the user's program an op was traced.
+//
+// `placement` is where the op runs when a job places parts of itself on
+// different device sets (flow.scope.placement inside a job body): an index
+// into the job's placements (DistributeOptions::stages), -1 for an op traced
+// outside such a scope. It travels with the location because every pass and
+// autodiff rule that rebuilds an op hands its location on.
 struct SourceLoc {
   std::string file;
   int line = 0;
+  int placement = -1;
   bool known() const { return line > 0; }
   std::string str() const;  // "file.py:12" or ""
+};
+
+// The placement make_node gives every op it makes while one is set (>= 0) on
+// this thread, over its location's: the tracer sets it while a placement
+// scope is open, autodiff and the optimizer lowering while they build the
+// ops of one placed op, rewrite_graph while a pass replaces one.
+int current_placement();
+void set_current_placement(int placement);
+class PlacementScope {
+ public:
+  explicit PlacementScope(int placement) : saved_(current_placement()) {
+    if (placement >= 0) set_current_placement(placement);
+  }
+  ~PlacementScope() { set_current_placement(saved_); }
+  PlacementScope(const PlacementScope&) = delete;
+  PlacementScope& operator=(const PlacementScope&) = delete;
+
+ private:
+  int saved_;
 };
 
 class Node;

@@ -429,6 +429,8 @@ std::vector<NodeRef> gradients(const NodeRef& y, const NodeRef& seed,
       case GradKind::Rule:
         break;
     }
+    // The gradient ops of a placed op run where it runs.
+    PlacementScope placed(n->loc().placement);
     Grads gs = vjp(n, a->second);
     FJ_CHECK(gs.size() == n->inputs().size(), "VJP of ", op_name(n->op()), " returned ", gs.size(),
              " gradients");

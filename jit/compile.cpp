@@ -23,6 +23,7 @@
 #include "jit/fusion.h"
 #include "jit/pipeline.h"
 #include "runtime/cuda/executable.h"
+#include "runtime/staged.h"
 
 namespace flowjit::jit {
 
@@ -260,6 +261,57 @@ CompileSettings CompileSettings::from_environment() {
   return s;
 }
 
+namespace {
+
+// A job placed on several device sets: its optimized graph (gradients and
+// updates included) cut into segments, each compiled as a job of its own on
+// its placement's devices.
+void compile_stages(const JobDescription& job, const Graph& opt, const CompileSettings& settings,
+                    runtime::VariableStore& store, CompiledJob& out, PassLog& log) {
+  auto t0 = std::chrono::steady_clock::now();
+  StagePartition parts = partition_stages(opt, job.distribution);
+  log.stage("stages", since(t0),
+            std::to_string(job.distribution.stages.size()) + " placements, " +
+                std::to_string(parts.segments.size()) + " segments");
+  if (settings.debug >= 2) diag(2, job.name + " segments:\n" + parts.description);
+  auto staged = std::make_shared<StagedJob>();
+  staged->stages = job.distribution.stages;
+  staged->outputs = parts.outputs;
+  staged->job_name = job.name;
+  out.ir_optimized = "segments:\n" + parts.description;
+  for (size_t i = 0; i < parts.segments.size(); ++i) {
+    StageSegmentGraph& sg = parts.segments[i];
+    JobDescription seg;
+    seg.name = job.name + ".segment" + std::to_string(i);
+    seg.graph = std::move(sg.graph);
+    seg.source = job.source;
+    seg.signature = job.signature;
+    const std::vector<int>& devices = job.distribution.stages[sg.stage];
+    seg.distribution.parts = static_cast<int>(devices.size());
+    if (seg.distribution.parts > 1) seg.distribution.split_vars = job.distribution.split_vars;
+    StagedJob::Segment s;
+    s.stage = sg.stage;
+    s.level = sg.level;
+    s.inputs = std::move(sg.inputs);
+    s.after = std::move(sg.after);
+    s.job = compile_job(seg, settings, store);
+    out.ir_optimized += "\nsegment " + std::to_string(i) + ":\n" + s.job.ir_optimized;
+    out.fusion_plan += s.job.fusion_plan;
+    out.kernels += s.job.kernels;
+    out.llvm_ir += s.job.llvm_ir;
+    out.assembly += s.job.assembly;
+    for (auto& c : s.job.kernel_costs) out.kernel_costs.push_back(c);
+    for (auto& w : s.job.warnings) out.warnings.push_back(w);
+    out.seconds_passes += s.job.seconds_passes;
+    out.seconds_codegen += s.job.seconds_codegen;
+    out.from_disk_cache = (i == 0 || out.from_disk_cache) && s.job.from_disk_cache;
+    staged->segments.push_back(std::move(s));
+  }
+  out.staged = std::move(staged);
+}
+
+}  // namespace
+
 CompiledJob compile_job(const JobDescription& job, const CompileSettings& settings,
                         runtime::VariableStore& store) {
   auto t_start = std::chrono::steady_clock::now();
@@ -295,6 +347,12 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   Graph opt = optimize(g, log);
   for (auto& p : g.params) out.logical_inputs.push_back(p->type());
   for (auto& o : g.outputs) out.logical_outputs.push_back(o->type());
+  if (job.distribution.stages.size() > 1) {
+    compile_stages(job, opt, settings, store, out, log);
+    out.seconds_total = since(t_start);
+    log.stage("total", out.seconds_total);
+    return out;
+  }
   if (job.distribution.parts > 1) {
     auto t0 = std::chrono::steady_clock::now();
     out.distributed = distribute(opt, job.distribution);
@@ -432,6 +490,42 @@ std::shared_ptr<runtime::DistributedExecutable> make_distributed(
     for (auto& v : gpu_variables) dist->keep_alive(v);
   dist->set_writes_variables(job.writes_variables);
   return dist;
+}
+
+std::shared_ptr<runtime::Program> make_staged(
+    const CompiledJob& job, runtime::VariableStore& host,
+    const std::vector<runtime::VariableStore*>& device_stores) {
+  FJ_CHECK(job.staged != nullptr, "make_staged on a job without placements");
+  const StagedJob& sj = *job.staged;
+  std::vector<std::shared_ptr<runtime::Communicator>> comms(sj.stages.size());
+  std::vector<runtime::StagedProgram::Segment> segs;
+  for (const StagedJob::Segment& s : sj.segments) {
+    runtime::StagedProgram::Segment r;
+    r.stage = s.stage;
+    r.after = s.after;
+    for (const StageWire& w : s.inputs) r.inputs.push_back({w.segment, w.index});
+    if (s.job.distributed) {
+      const std::vector<int>& ids = sj.stages[s.stage];
+      std::vector<runtime::VariableStore*> stores;
+      for (int id : ids) {
+        FJ_USER_CHECK(id >= 0 && id < static_cast<int>(device_stores.size()), ErrorKind::Value,
+                      "job '", sj.job_name, "' is placed on CPU device ", id,
+                      ", but the session has ", device_stores.size(),
+                      " device(s) (flow.config.cpu_device_num)");
+        stores.push_back(device_stores[id]);
+      }
+      if (!comms[s.stage])
+        comms[s.stage] = runtime::make_thread_communicator(static_cast<int>(ids.size()));
+      r.program = make_distributed(s.job, host, stores, comms[s.stage], 0, false);
+    } else {
+      r.program = s.job.program;
+    }
+    segs.push_back(std::move(r));
+  }
+  std::vector<runtime::StagedProgram::Wire> outs;
+  for (const StageWire& w : sj.outputs) outs.push_back({w.segment, w.index});
+  return std::make_shared<runtime::StagedProgram>(sj.job_name, std::move(segs), std::move(outs),
+                                                  job.logical_inputs, job.logical_outputs);
 }
 
 }  // namespace flowjit::jit

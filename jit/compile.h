@@ -20,6 +20,7 @@
 #include "ir/graph.h"
 #include "jit/distribute.h"
 #include "jit/optimizer.h"
+#include "jit/stages.h"
 #include "runtime/distributed.h"
 #include "runtime/executable.h"
 #include "runtime/program.h"
@@ -34,6 +35,7 @@ namespace flowjit::jit {
 
 struct FusedProgram;
 struct PassLog;
+struct StagedJob;
 
 // The device a job's kernels are generated for and run on.
 struct Target {
@@ -99,6 +101,9 @@ struct CompiledJob {
   // unbound; make_distributed instantiates the devices.
   std::shared_ptr<runtime::Program> program;
   std::optional<DistributedGraph> distributed;  // layouts, for distributed jobs
+  // Jobs placed on several device sets (DistributeOptions::stages): the
+  // compiled segments; make_staged instantiates them. `program` is null.
+  std::shared_ptr<const StagedJob> staged;
   std::vector<ir::TensorType> logical_inputs, logical_outputs;
   bool writes_variables = true;  // the job has assigns (train steps, initializers)
   std::string ir_traced;         // before optimization
@@ -119,6 +124,22 @@ struct CompiledJob {
   const runtime::Plan& plan() const { return program->plan(); }
 };
 
+// A job placed on several device sets, cut by jit/stages.h: one compiled job
+// per segment (a distributed one when its placement spans several devices).
+struct StagedJob {
+  struct Segment {
+    int stage = 0;
+    int level = 0;
+    CompiledJob job;
+    std::vector<StageWire> inputs;
+    std::vector<int> after;
+  };
+  std::vector<std::vector<int>> stages;  // device ids per placement
+  std::vector<Segment> segments;
+  std::vector<StageWire> outputs;
+  std::string job_name;
+};
+
 // Compiles `job`, creating the optimizer-state variables it introduces in
 // `store` (zero-filled) and binding the executable to the store.
 CompiledJob compile_job(const JobDescription& job, const CompileSettings& settings,
@@ -135,5 +156,12 @@ std::shared_ptr<runtime::DistributedExecutable> make_distributed(
     const std::vector<runtime::VariableStore*>& device_stores,
     std::shared_ptr<runtime::Communicator> comm, int first_rank, bool several_processes,
     const std::vector<std::shared_ptr<runtime::cuda::DeviceVariables>>& gpu_variables = {});
+
+// The segments of a staged job as one program: a placement on one device
+// runs bound to the session's variables (`host`), one on several devices
+// gets those devices' stores (device_stores[id]) and its own communicator.
+std::shared_ptr<runtime::Program> make_staged(
+    const CompiledJob& job, runtime::VariableStore& host,
+    const std::vector<runtime::VariableStore*>& device_stores);
 
 }  // namespace flowjit::jit

@@ -50,6 +50,12 @@ struct DistributeOptions {
   bool mirrored = false;                  // the mirrored view: placeholders are L
   std::map<std::string, int> split_vars;  // variable -> declared split axis
   bool whole_outputs = false;             // every result B (several processes)
+  // Placement per op (jit/stages.h): the device ids of each of the job's
+  // placements, when its ops are placed on more than one device set; ops
+  // traced outside every placement scope go to `default_stage` (-1: where
+  // their operands or users are). Empty: the job runs on `parts` devices.
+  std::vector<std::vector<int>> stages;
+  int default_stage = -1;
 };
 
 struct DistributedGraph {

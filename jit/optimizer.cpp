@@ -226,7 +226,10 @@ class Lowering {
       NodeRef scale = div(clip, binary(OpKind::Maximum, gnorm, clip));
       for (auto& g : grads) g = mul(g, cast(scale, g->dtype()));
     }
-    for (size_t i = 0; i < params.size(); ++i) update(params[i], grads[i]);
+    for (size_t i = 0; i < params.size(); ++i) {
+      PlacementScope placed(params[i]->loc().placement);  // a variable is updated where it lives
+      update(params[i], grads[i]);
+    }
     assign(step_, add(step_, k(1, step_)));
     return std::move(out_);
   }

@@ -164,16 +164,20 @@ void attach_replicas(VariableStorage& host, int split_axis, int parts, int first
                      std::vector<VariableStorage*> local) {
   if (host.replicas) {
     Replicas& r = *host.replicas;
-    FJ_USER_CHECK(
-        r.split_axis == split_axis && r.parts == parts, ErrorKind::Value, "variable '", host.name,
-        "' is used by jobs that lay it out differently over the devices (",
-        r.split_axis < 0 ? std::string("broadcast") : "split(" + std::to_string(r.split_axis) + ")",
-        " before, ",
-        split_axis < 0 ? std::string("broadcast") : "split(" + std::to_string(split_axis) + ")",
-        " now); declare the same distribute= wherever it is used");
+    auto layout = [](int axis, int n) {
+      return (axis < 0 ? std::string("broadcast") : "split(" + std::to_string(axis) + ")") +
+             " over " + std::to_string(n) + " device(s)";
+    };
+    FJ_USER_CHECK(r.split_axis == split_axis && r.parts == parts, ErrorKind::Value, "variable '",
+                  host.name, "' is used by jobs that lay it out differently over the devices (",
+                  layout(r.split_axis, r.parts), " before, ", layout(split_axis, parts),
+                  " now); declare the same distribute= and placement wherever it is used");
+    // A job placed on a subset of the devices (flow.scope.placement in a job
+    // body, jit/stages.h) keeps its copies in that subset's stores.
     FJ_USER_CHECK(r.local == local, ErrorKind::NotImplemented, "variable '", host.name,
                   "' is used by jobs spread over different devices (say the CPU devices and "
-                  "several GPUs); a variable is distributed over one set of devices per session");
+                  "several GPUs, or stages placed on other devices); a variable is distributed "
+                  "over one set of devices per session");
     return;
   }
   auto r = std::make_unique<Replicas>();

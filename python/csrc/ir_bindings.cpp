@@ -195,6 +195,11 @@ void register_ir(py::module_& m) {
       py::arg("op"), py::arg("inputs"), py::arg("attrs"), py::arg("file") = "",
       py::arg("line") = 0);
 
+  // The placement index make_node gives ops while a placement scope is open
+  // in a job body (ir::SourceLoc::placement; -1: none).
+  m.def("current_placement", &ir::current_placement);
+  m.def("set_current_placement", &ir::set_current_placement, py::arg("placement"));
+
   m.def(
       "print_graph",
       [](const std::vector<PyNode>& params, const std::vector<PyNode>& outputs,

@@ -102,6 +102,11 @@ class CompiledJobPy {
       program_ = jit::make_distributed(job_, s.store(), s.device_stores(), s.communicator(),
                                        s.first_rank(), s.several_processes());
     }
+    if (job_.staged) {
+      std::lock_guard<std::mutex> lock(s.run_mutex());
+      program_ = jit::make_staged(job_, s.store(), s.device_stores());
+      job_.program = program_;  // the summary plan: job name, slots, variables
+    }
     for (const runtime::ProgramSlot& slot : program_->input_slots())
       for (int d = 0; d < slot.arrays; ++d) in_types_.push_back(slot.type);
     for (const runtime::ProgramSlot& slot : program_->output_slots()) {
@@ -125,6 +130,24 @@ class CompiledJobPy {
     return program_->host_devices();
   }
   std::string device() const { return program_->device(); }
+  // A job placed on several device sets: per segment, its placement, the
+  // placement's device ids, its level and the variables it reads or writes.
+  py::list segments() const {
+    py::list out;
+    if (!job_.staged) return out;
+    for (const auto& seg : job_.staged->segments) {
+      py::dict d;
+      d["placement"] = seg.stage;
+      d["devices"] = job_.staged->stages[seg.stage];
+      d["level"] = seg.level;
+      d["distributed"] = seg.job.distributed.has_value();
+      py::list vars;
+      for (auto& [name, type] : seg.job.plan().variables) vars.append(name);
+      d["variables"] = vars;
+      out.append(d);
+    }
+    return out;
+  }
   std::string distribution() const {
     if (!job_.distributed) return "";
     std::string out;
@@ -424,6 +447,7 @@ void register_jobs(py::module_& m) {
                              [](const CompiledJobPy& j) { return j.job().gpu_loaded_from; })
       .def_property_readonly("distributed", &CompiledJobPy::distributed)
       .def_property_readonly("distribution", &CompiledJobPy::distribution)
+      .def_property_readonly("segments", &CompiledJobPy::segments)
       .def_property_readonly("output_groups", &CompiledJobPy::output_groups)
       .def_property_readonly("from_disk_cache",
                              [](const CompiledJobPy& j) { return j.job().from_disk_cache; })
@@ -479,6 +503,10 @@ void register_jobs(py::module_& m) {
           job.distribution.mirrored = d["mirrored"].cast<bool>();
           job.distribution.split_vars = d["split_vars"].cast<std::map<std::string, int>>();
           job.distribution.whole_outputs = d["whole_outputs"].cast<bool>();
+          if (d.contains("stages")) {
+            job.distribution.stages = d["stages"].cast<std::vector<std::vector<int>>>();
+            job.distribution.default_stage = d["default_stage"].cast<int>();
+          }
           if (job.optimizer && job.distribution.mirrored)
             job.optimizer->mirrored_parts = job.distribution.parts;
         }
@@ -560,6 +588,12 @@ void register_jobs(py::module_& m) {
           for (const std::string& w : cj.distributed->warnings)
             if (PyErr_WarnEx(PyExc_UserWarning, jit::printable_text(w).c_str(), 1) != 0)
               throw py::error_already_set();
+        if (cj.staged)
+          for (const auto& seg : cj.staged->segments)
+            if (seg.job.distributed)
+              for (const std::string& w : seg.job.distributed->warnings)
+                if (PyErr_WarnEx(PyExc_UserWarning, jit::printable_text(w).c_str(), 1) != 0)
+                  throw py::error_already_set();
         if (group) FJ_CHECK(cj.distributed.has_value(), "a job on several GPUs compiled for one");
         return std::make_shared<CompiledJobPy>(std::move(cj), generation, s.target.gpu_variables,
                                                group);

@@ -153,26 +153,93 @@ def job_target(job, config, builder, params):
     return {}
 
 
+def _outer_placement(config):
+    """A scope around the call, else function_config's default placement."""
+    from . import scope
+    around = scope.current_placement()
+    return around if around is not None else config.get("default_placement_scope")
+
+
+def job_stages(job, config, builder):
+    """The placements of a job whose ops are placed on different device sets
+    (scopes in the body that differ from each other or from the job's own
+    placement), as (placements, index of the job's own placement or -1), or
+    None for a job on one device set. Raises for what staging does not
+    support."""
+    from . import scope
+    outer = scope.current_placement()  # function_config's default yields to scopes in the body
+    stages = list(builder.placements)
+    if not stages or (len(stages) == 1 and (outer is None or outer == stages[0])):
+        return None
+    default = -1
+    if outer is not None:
+        if outer not in stages:
+            stages.append(outer)
+        default = stages.index(outer)
+    if len(stages) == 1:
+        return None
+    names = ", ".join(map(repr, stages))
+    if any(p.device_tag != "cpu" for p in stages):
+        raise NotImplementedError(
+            f"job '{job}' places ops on different devices ({names}), but placement per layer "
+            "runs on CPU devices only: a GPU stage needs copies between the GPU and the other "
+            "stages' devices, which flowjit does not have yet; place every stage on \"cpu\" or "
+            "the whole job on one GPU")
+    rank, procs = process_info()
+    if procs > 1:
+        raise NotImplementedError(
+            f"job '{job}' places ops on different devices ({names}) in a session over {procs} "
+            "processes (flow.env); placement per layer needs the stages in one process: "
+            "passing values between processes' stages is not done yet")
+    local = local_device_count()
+    for p in stages:
+        for machine, devs in p.devices:
+            if machine != 0:
+                raise ValueError(f"job '{job}' places ops on machine {machine} ({p!r}), but this "
+                                 "session runs on one machine, 0; use \"0:<device>\"")
+            for d in devs:
+                if d < 0 or d >= local:
+                    raise ValueError(
+                        f"job '{job}' places ops on CPU device {d} ({p!r}), but "
+                        f"flow.config.cpu_device_num({local}) configures device"
+                        f"{' 0' if local == 1 else f's 0 to {local - 1}'}")
+    return stages, default
+
+
 def _job_placement(job, config, builder):
     """The one placement of a job: function_config's default, a scope around
-    the call, or scopes inside the body (all the same device set)."""
+    the call, or scopes inside the body (all the same device set). None for a
+    job placed on several device sets (job_stages)."""
+    if job_stages(job, config, builder) is not None:
+        return None
+    if builder.placements:
+        return builder.placements[0]
+    return _outer_placement(config)
+
+
+def _stage_distribution(job, config, builder, params, staged):
     from . import scope
-    found = set(builder.placements)
-    if scope.current_placement() is not None:
-        found.add(scope.current_placement())
-    if len(found) > 1:
+    stages, default = staged
+    if config.get("default_logical_view") == scope.mirrored_view():
         raise NotImplementedError(
-            f"job '{job}' places ops on different devices ({', '.join(sorted(map(repr, found)))}); "
-            "placing parts of one job on different devices (pipelining) is not supported yet: "
-            "a job runs on one device set")
-    if found:
-        return next(iter(found))
-    return config.get("default_placement_scope")
+            f"job '{job}' places ops on different devices in the mirrored view; placement per "
+            "layer takes the consistent view (the default): every input is the whole batch")
+    for name, ph in params:
+        if ph.kind != "Numpy":
+            raise NotImplementedError(
+                f"job '{job}': parameter '{name}' is a {ph.kind} placeholder, but a job placed on "
+                "several device sets takes whole inputs: use tp.Numpy.Placeholder")
+    ids = [sorted({d for _, devs in p.devices for d in devs}) for p in stages]
+    return {"parts": 1, "mirrored": False, "split_vars": _session_splits(job, builder),
+            "whole_outputs": False, "stages": ids, "default_stage": default}
 
 
 def distribution(job, config, builder, params):
     """The `distribution` argument of _C.compile_job, or None for one device."""
     from . import scope
+    staged = job_stages(job, config, builder)
+    if staged is not None:
+        return _stage_distribution(job, config, builder, params, staged)
     local = local_device_count()
     rank, procs = process_info()
     parts = local * procs

@@ -57,15 +57,22 @@ class Placement:
         return hash(self.key())
 
     def __enter__(self):
-        _stack.append(self)
-        from . import _trace
+        from . import _C, _trace
         b = _trace.current()
-        if b is not None:  # a placement inside a job body places the job
-            b.placements.append(self)
+        saved = None
+        if b is not None:  # a placement inside a job body places the ops traced in it
+            if self not in b.placements:
+                b.placements.append(self)
+            saved = _C.current_placement()
+            _C.set_current_placement(b.placements.index(self))
+        _stack.append((self, saved))
         return self
 
     def __exit__(self, *exc):
-        _stack.pop()
+        _, saved = _stack.pop()
+        if saved is not None:
+            from . import _C
+            _C.set_current_placement(saved)
         return False
 
 
@@ -73,7 +80,7 @@ _stack = []
 
 
 def current_placement():
-    return _stack[-1] if _stack else None
+    return _stack[-1][0] if _stack else None
 
 
 def parse_device_ids(s):
@@ -99,7 +106,14 @@ def placement(device_tag: str, machine_device_ids: Union[str, List[str]], hierar
     """Where the ops traced inside ``with flow.scope.placement(...)`` run:
     `device_tag` "cpu" or "gpu", `machine_device_ids` such as "0:0" or "0:0-3"
     (machine 0, devices 0 to 3), or a list of those. `hierarchy` is accepted
-    for OneFlow compatibility and ignored."""
+    for OneFlow compatibility and ignored.
+
+    Around a job call (or as function_config's default) it places the whole
+    job. Inside a job body, scopes on different CPU device sets place each
+    layer on its own (model parallel / pipeline placement): gradients and
+    updates run where their layer runs, values pass between the device sets,
+    and a set of several devices runs its layers data parallel. Each run is
+    one batch (no micro-batches yet)."""
     return Placement(device_tag, machine_device_ids)
 
 

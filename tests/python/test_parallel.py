@@ -337,8 +337,10 @@ def test_placement_scope_in_the_job_body():
         with flow.scope.placement("cpu", "0:0-1"):
             return y * 2
 
-    with pytest.raises(NotImplementedError, match="different devices"):
-        mixed(np.zeros(4, np.float32))
+    # Different device sets in one body place each part on its own
+    # (tests/python/test_placement.py): device 0, then both devices.
+    np.testing.assert_allclose(mixed(np.zeros(4, np.float32)), np.full(4, 2.0))
+    assert [s["devices"] for s in mixed.compiled_jobs()[0].segments] == [[0], [0, 1]]
 
 
 def test_placement_over_a_list_of_machines_counts_their_devices():
