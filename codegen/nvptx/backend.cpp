@@ -129,11 +129,13 @@ CompiledModule compile(const std::vector<Kernel>& kernels, const CompileOptions&
   target.allow_tf32 = opts.allow_tf32;
   for (const Kernel& k : kernels) {
     KernelLaunch launch;
-    if (k.kind == Kernel::Kind::MatMul) {
-      emit_matmul_kernel(m, k, target, *math, launch);
-    } else {
-      emit_loop_kernel(m, k, target, *math, launch);
-    }
+    llvm::Function* f = k.kind == Kernel::Kind::MatMul
+                            ? emit_matmul_kernel(m, k, target, *math, launch)
+                            : emit_loop_kernel(m, k, target, *math, launch);
+    if (k.guard_arg >= 0)  // the status buffer is the kernel's parameter guard_arg
+      add_status_guard(f, [&](llvm::IRBuilderBase&) -> llvm::Value* {
+        return f->getArg(static_cast<unsigned>(k.guard_arg));
+      });
     launch.symbol = k.name;
     out.launches.push_back(launch);
   }
