@@ -250,7 +250,8 @@ void add_status_guard(llvm::Function* f,
   b.SetInsertPoint(&entry);
   llvm::Value* word = b.CreateAlignedLoad(b.getInt64Ty(), status(b), llvm::Align(8), "status");
   llvm::MDBuilder md(c);
-  b.CreateCondBr(b.CreateICmpNE(word, b.getInt64(0)), skip, body, md.createBranchWeights(1, 1 << 20));
+  b.CreateCondBr(b.CreateICmpNE(word, b.getInt64(0)), skip, body,
+                 md.createBranchWeights(1, 1 << 20));
 }
 
 // The status report of index checks: an internal always-inline function per

@@ -297,7 +297,7 @@ std::shared_ptr<CompiledUnit> compile_unit(const Kernel& kernel, const std::stri
   Kernel k = kernel;
   k.name = symbol;
   llvm::Function* f = k.kind == Kernel::Kind::MatMul ? emit_matmul_kernel(m, k, t, math, u->shape)
-                                                      : emit_loop_kernel(m, k, t, math, u->shape);
+                                                     : emit_loop_kernel(m, k, t, math, u->shape);
   if (k.guard_arg >= 0)  // args[guard_arg] is the status buffer
     add_status_guard(f, [&](llvm::IRBuilderBase& b) -> llvm::Value* {
       auto* ptr = llvm::PointerType::getUnqual(ctx);

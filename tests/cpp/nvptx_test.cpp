@@ -2411,8 +2411,12 @@ void expect_gpu_matches(const Case& c, const std::shared_ptr<rc::Device>& dev, b
   // (FLOWJIT_CPU=x86-64-v2, an old x86-64) rounds each product once more,
   // which in a long dot product reaches 5e-5 relative (matmul_bias_relu).
   double exact_rtol = codegen::cpu::host_has_fma() ? 2e-5 : 2e-4;
-  double rtol = tf32 ? 2e-2 : train ? std::max(1e-4, exact_rtol) : exact_rtol,
-         atol = tf32 ? 5e-3 : train ? 1e-5 : 1e-5;
+  double rtol = tf32    ? 2e-2
+                : train ? std::max(1e-4, exact_rtol)
+                        : exact_rtol,
+         atol = tf32    ? 5e-3
+                : train ? 1e-5
+                        : 1e-5;
   auto fp = fuse_graph(c.graph, c.name);
   for (size_t i = 0; i < want.outputs.size(); ++i) {
     const TensorType& t = fp.plan.outputs[i];
