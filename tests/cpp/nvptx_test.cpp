@@ -2574,6 +2574,10 @@ TEST(NvptxEmulated, AFailedCheckLeavesTheVariablesOfATrainStepUnchanged) {
   size_t guarded = 0;
   for (const auto& k : fp.kernels) guarded += k.guard_arg >= 0;
   EXPECT_GT(guarded, 0u) << fp.description;
+  // Nothing of it in a job without checks.
+  for (const auto& k :
+       fuse_graph(train_step(jit::OptimizerConfig::Kind::Adam, 8, 56, 16, 10).g, "u").kernels)
+    EXPECT_EQ(k.guard_arg, -1) << k.name;
   nv::CompileOptions o;
   o.module_name = "t";
   o.sm = 80;
