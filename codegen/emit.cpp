@@ -237,6 +237,23 @@ Value* ExprEmitter::eval(int node) {
   return v;
 }
 
+void add_status_guard(llvm::Function* f,
+                      const std::function<llvm::Value*(llvm::IRBuilderBase&)>& status) {
+  llvm::LLVMContext& c = f->getContext();
+  llvm::BasicBlock& entry = f->getEntryBlock();
+  // The allocas stay in the entry block (mem2reg promotes only those).
+  llvm::BasicBlock* body = entry.splitBasicBlock(entry.getFirstNonPHIOrDbgOrAlloca(), "guarded");
+  entry.getTerminator()->eraseFromParent();
+  auto* skip = llvm::BasicBlock::Create(c, "check_failed", f);
+  llvm::IRBuilder<> b(skip);
+  b.CreateRetVoid();
+  b.SetInsertPoint(&entry);
+  llvm::Value* word = b.CreateAlignedLoad(b.getInt64Ty(), status(b), llvm::Align(8), "status");
+  llvm::MDBuilder md(c);
+  b.CreateCondBr(b.CreateICmpNE(word, b.getInt64(0)), skip, body,
+                 md.createBranchWeights(1, 1 << 20));
+}
+
 // The status report of index checks: an internal always-inline function per
 // width and pointer type, so that its cold branch is made by the inliner
 // and the caller's blocks (loop structure, kept points) stay as they are.

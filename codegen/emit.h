@@ -45,6 +45,12 @@ llvm::Value* reduce_combine(llvm::IRBuilderBase& b, OpKind op, DType t, llvm::Va
                             llvm::Value* v);
 llvm::Value* reduce_horizontal(llvm::IRBuilderBase& b, OpKind op, DType t, llvm::Value* vec);
 
+// [harden] Kernel::guard_arg: makes `f` (a finished kernel) return at entry
+// when the int64 at `status` (made by `status` in the entry block) is not
+// zero. One load per call, on a branch marked unlikely.
+void add_status_guard(llvm::Function* f,
+                      const std::function<llvm::Value*(llvm::IRBuilderBase&)>& status);
+
 class ExprEmitter {
  public:
   ExprEmitter(const Kernel& k, llvm::IRBuilderBase& b, MathProvider& math,

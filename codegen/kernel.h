@@ -169,6 +169,12 @@ struct Kernel {
   // checks something: the first failing check writes {check + 1, value,
   // position} (a compare-exchange on word 0 decides which one).
   int status_arg = -1;
+  // [harden] The status buffer again (read) for a kernel that writes
+  // variables after an earlier launch checks something: it returns at once
+  // when word 0 is set, so a run whose check failed applies no variable
+  // update even where the runtime learns of it only at the end (the GPU,
+  // whose launches are queued ahead; the devices of a distributed job).
+  int guard_arg = -1;
 
   // What the kernel computes, for plans and dumps: "fused: matmul, add, relu".
   std::string summary;

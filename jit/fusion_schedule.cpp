@@ -1,4 +1,5 @@
 // fusion: launch order, deferred assigns, arena lives and the runtime plan.
+#include <algorithm>
 #include <filesystem>
 
 #include "jit/fusion_internal.h"
@@ -63,6 +64,39 @@ void Fuser::build_and_schedule(FusedProgram& out) {
   std::vector<Built*> launches;
   for (int gi : order) launches.push_back(&built[gi]);
   for (auto& c : copies) launches.push_back(&c);
+  // [harden] After a launch that checks something, every kernel that writes
+  // a variable reads the status buffer first and does nothing when a check
+  // failed (codegen::Kernel::guard_arg): a bad label leaves the weights as
+  // they were also where the runtime learns of it only after the run.
+  // Not in a distributed program: the checks see each device's own part,
+  // and a device that skipped its update would leave the replicas unequal.
+  bool distributed = std::any_of(launches.begin(), launches.end(),
+                                 [](const Built* b) { return b->collective.has_value(); });
+  bool checked = false;
+  for (Built* b : launches) {
+    if (distributed) break;
+    bool writes_variable = false;
+    for (size_t a = 0; a < b->arg_storage.size(); ++a)
+      writes_variable |= b->arg_storage[a].kind == BufferKind::Variable && b->k.args[a].written;
+    if (checked && writes_variable) {
+      const void* key = status_key();
+      auto it = std::find(b->arg_buffers.begin(), b->arg_buffers.end(), key);
+      if (it == b->arg_buffers.end()) {
+        b->arg_buffers.push_back(key);
+        b->arg_storage.push_back({BufferKind::Arena, status_buffer()});
+        codegen::KernelArg st;
+        st.dtype = DType::Int64;
+        st.elements = 4;
+        st.read = true;
+        b->k.args.push_back(st);
+        it = b->arg_buffers.end() - 1;
+      } else {
+        b->k.args[it - b->arg_buffers.begin()].read = true;
+      }
+      b->k.guard_arg = static_cast<int>(it - b->arg_buffers.begin());
+    }
+    checked |= b->k.status_arg >= 0;
+  }
 
   // Arena buffers: intermediates, then the temporaries of deferred assigns
   // (live for the whole run).

@@ -230,6 +230,7 @@ std::string CpuTarget::id() const { return target_id().str(); }
 
 TargetId host_target_id() { return host_target().target_id(); }
 int host_vector_bits() { return host_target().vector_bits; }
+bool host_has_fma() { return host_target().has_fma; }
 
 llvm::Function* declare_kernel(llvm::Module& m, const std::string& name, const CpuTarget& t,
                                bool seeded) {
@@ -406,11 +407,15 @@ EmittedUnit emit_unit(const Kernel& kernel, const std::string& symbol, const Lev
   CpuMath math;
   Kernel k = kernel;
   k.name = symbol;
-  if (k.kind == Kernel::Kind::MatMul) {
-    emit_matmul_kernel(m, k, t, math, e.u->shape);
-  } else {
-    emit_loop_kernel(m, k, t, math, e.u->shape, seeded_body(k));
-  }
+  llvm::Function* f = k.kind == Kernel::Kind::MatMul
+                          ? emit_matmul_kernel(m, k, t, math, e.u->shape)
+                          : emit_loop_kernel(m, k, t, math, e.u->shape, seeded_body(k));
+  if (k.guard_arg >= 0)  // args[guard_arg] is the status buffer
+    add_status_guard(f, [&](llvm::IRBuilderBase& b) -> llvm::Value* {
+      auto* ptr = llvm::PointerType::getUnqual(*e.ctx);
+      return b.CreateAlignedLoad(ptr, b.CreateConstGEP1_64(ptr, f->getArg(0), k.guard_arg),
+                                 llvm::Align(8), "status_buffer");
+    });
   if (opts.interrupted && opts.interrupted()) throw Interrupted();
   std::string verify_err;
   llvm::raw_string_ostream vos(verify_err);

@@ -81,6 +81,8 @@ void clear_kernel_cache();
 // (FLOWJIT_CPU's when set).
 TargetId host_target_id();
 int host_vector_bits();
+// Whether the host's kernels fuse multiply-adds (an FMA unit, not masked by FLOWJIT_CPU).
+bool host_has_fma();
 
 // Assembly for the host from LLVM IR text kept in the cache (for the cache
 // tool's `show --asm`). Throws UserError(Value) for unparsable text.

@@ -137,11 +137,13 @@ CompiledModule compile(const std::vector<Kernel>& kernels, std::vector<abi::Laun
              " but the kernel is ", k.name);
     abi::GpuGrid grid;
     KernelNotes notes;
-    if (k.kind == Kernel::Kind::MatMul) {
-      emit_matmul_kernel(m, k, target, *math, grid, notes);
-    } else {
-      emit_loop_kernel(m, k, target, *math, grid, notes);
-    }
+    llvm::Function* f = k.kind == Kernel::Kind::MatMul
+                            ? emit_matmul_kernel(m, k, target, *math, grid, notes)
+                            : emit_loop_kernel(m, k, target, *math, grid, notes);
+    if (k.guard_arg >= 0)  // the status buffer is the kernel's parameter guard_arg
+      add_status_guard(f, [&](llvm::IRBuilderBase&) -> llvm::Value* {
+        return f->getArg(static_cast<unsigned>(k.guard_arg));
+      });
     launches[i].geometry = grid;
     out.notes.push_back(std::move(notes));
   }

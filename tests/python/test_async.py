@@ -368,7 +368,10 @@ def test_a_callback_may_call_async_jobs_even_when_the_queue_is_full(double, smal
 
 
 _INTERRUPTED = """
-import sys, time
+import signal, sys, time
+# Python leaves SIGINT ignored when it starts ignored (a job started in the
+# background by a non-interactive shell, as a CI step or nohup may be).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import numpy as np
 import flowjit as flow
 import flowjit.typing as tp

@@ -22,7 +22,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def _env(**extra):
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(ROOT, "python"), os.path.join(ROOT, "tools")] +
+    # The flowjit this run imported (the checkout's, or the sanitized
+    # build's package under tools/dev.sh sanitize), not always the checkout's.
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(flow.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([pkg, os.path.join(ROOT, "tools")] +
                                         ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     for var in ("FLOWJIT_DEBUG", "FLOWJIT_DISABLE_CACHE", "FLOWJIT_DUMP_DIR"):
         env.pop(var, None)

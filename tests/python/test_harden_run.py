@@ -268,7 +268,10 @@ def test_async_calls_work_in_a_forked_child():
 
 
 _LONG_COMPILE = """
-    import os, sys, time, traceback, numpy as np
+    import os, signal, sys, time, traceback, numpy as np
+    # Python leaves SIGINT ignored when it starts ignored (a job started in
+    # the background by a non-interactive shell, as a CI step may be).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ["FLOWJIT_DISABLE_CACHE"] = "1"
     os.environ["FLOWJIT_DISABLE_FUSION"] = "1"
     import flowjit as flow, flowjit.typing as tp

@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def _env(**extra):
     """The environment of a child Python that imports this flowjit, whatever the cwd."""
     env = dict(os.environ, **extra)
-    pkg = str(Path(flow.__file__).resolve().parents[1])
+    # Not resolved: tools/dev.sh sanitize's package links the checkout's
+    # files beside its own _C, and the link targets would lead to the other.
+    pkg = str(Path(os.path.abspath(flow.__file__)).parents[1])
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [pkg, env.get("PYTHONPATH")]))
     return env
 
