@@ -2669,7 +2669,7 @@ TEST(NvptxEmulated, AFailedCheckLeavesTheVariablesOfATrainStepUnchanged) {
   o.run_ptxas = false;
   o.math = nv::MathLibrary::Builtin;
   o.want_llvm_ir = true;
-  nv::CompiledModule mod = nv::compile(fp.kernels, o);
+  nv::CompiledModule mod = nv::compile(fp.kernels, fp.plan.launches, o);
   emu_register(mod, fp.kernels);
   runtime::VariableStore cpu_store, gpu_store;
   fill_store(cpu_store, fp);
