@@ -1712,18 +1712,26 @@ void emu_register(const nv::CompiledModule& mod, const std::vector<codegen::Kern
                                                  kernels[i].args.size()};
 }
 
+// Options for a module the emulator runs: no ptxas (the fake driver finds
+// kernels in the PTX), the built-in math, and the LLVM IR it translates.
+nv::CompileOptions emulator_options(int sm, const std::string& module_name = "") {
+  nv::CompileOptions o;
+  if (!module_name.empty()) o.module_name = module_name;
+  o.sm = sm;
+  o.run_ptxas = false;
+  o.math = nv::MathLibrary::Builtin;
+  o.want_llvm_ir = true;
+  return o;
+}
+
 GpuJob gpu_job(const Graph& g, const std::shared_ptr<rc::Device>& dev, bool tf32,
                bool run_ptxas = true) {
   GpuJob j;
   j.fp = fuse_graph(g, "t");
   int sm = codegen_sm(dev->info().sm);
   if (g_emulate) {
-    nv::CompileOptions o;
-    o.sm = sm;
+    nv::CompileOptions o = emulator_options(sm);
     o.allow_tf32 = tf32;
-    o.run_ptxas = false;
-    o.math = nv::MathLibrary::Builtin;
-    o.want_llvm_ir = true;
     j.mod = nv::compile(j.fp.kernels, j.fp.plan.launches, o);
     emu_register(j.mod, j.fp.kernels);
   } else {
@@ -2663,12 +2671,7 @@ TEST(NvptxEmulated, AFailedCheckLeavesTheVariablesOfATrainStepUnchanged) {
   for (const auto& k :
        fuse_graph(train_step(jit::OptimizerConfig::Kind::Adam, 8, 56, 16, 10).g, "u").kernels)
     EXPECT_EQ(k.guard_arg, -1) << k.name;
-  nv::CompileOptions o;
-  o.module_name = "t";
-  o.sm = 80;
-  o.run_ptxas = false;
-  o.math = nv::MathLibrary::Builtin;
-  o.want_llvm_ir = true;
+  nv::CompileOptions o = emulator_options(80, "t");
   nv::CompiledModule mod = nv::compile(fp.kernels, fp.plan.launches, o);
   emu_register(mod, fp.kernels);
   runtime::VariableStore cpu_store, gpu_store;
@@ -2747,12 +2750,7 @@ TEST(NvptxEmulated, CompileJobOnTheGpuMatchesTheCpu) {
   TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, 8, 56, 16, 10);
   jit::FusedProgram fp = fuse_graph(t.g, "t");
   // The module compile_job will make (same kernels, same options), for the emulator.
-  nv::CompileOptions o;
-  o.module_name = "t";
-  o.sm = 80;
-  o.run_ptxas = false;
-  o.math = nv::MathLibrary::Builtin;
-  o.want_llvm_ir = true;
+  nv::CompileOptions o = emulator_options(80, "t");
   nv::CompiledModule mod = compile_with(fp.kernels, o);
   emu_register(mod, fp.kernels);
   runtime::VariableStore cpu_store, gpu_store;
@@ -2856,12 +2854,7 @@ void emulate_per_device_program(const jit::JobDescription& job) {
   std::vector<codegen::Kernel> coded;  // the emulator's entry points: kernels with code
   for (auto& k : fp.kernels)
     if (k.kind != codegen::Kernel::Kind::Collective) coded.push_back(k);
-  nv::CompileOptions o;
-  o.module_name = job.name;
-  o.sm = 80;
-  o.run_ptxas = false;
-  o.math = nv::MathLibrary::Builtin;
-  o.want_llvm_ir = true;
+  nv::CompileOptions o = emulator_options(80, job.name);
   emu_register(nv::compile(fp.kernels, fp.plan.launches, o), coded);
 }
 
