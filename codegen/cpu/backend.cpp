@@ -5,6 +5,7 @@
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/IR/InlineAsm.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/IRReader/IRReader.h>
@@ -17,6 +18,7 @@
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/TargetParser/Host.h>
+#include <llvm/TargetParser/Triple.h>
 #include <llvm/TargetParser/X86TargetParser.h>
 
 #include <atomic>
@@ -25,6 +27,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -127,9 +130,47 @@ CpuTarget detect_host() {
 }
 
 // The CPU's transcendental functions: flowjit's own vectorizable polynomials.
+//
+// With 16 vector registers (AVX2 and older: no AVX-512) a fused chain of
+// several functions needs more constants than there are registers, and LLVM
+// then rematerializes each splat constant inside the loop by a broadcast
+// from the constant pool. On Zen 4 (and Intel cores alike) a broadcast to a
+// ymm register takes a shuffle slot on the vector pipes besides its load:
+// the 8-op chain's AVX2 loop had 22 of them in 74 instructions. So on such
+// targets every vector constant a math function uses (floating-point
+// operands, and the integer operands of add, sub and compares) is made once
+// per kernel in the entry block and passed through an empty inline-asm
+// statement, which the register allocator cannot rematerialize: what does
+// not fit in a register is spilled once and reloaded as a full-width memory
+// operand folded into its user (a load, no shuffle). The values, and so the
+// results, are bit-identical.
 class CpuMath : public MathProvider {
  public:
+  explicit CpuMath(const CpuTarget& t)
+      : pin_bits_(t.vector_bits < 512 && llvm::Triple(t.triple).isX86() ? t.vector_bits : 0) {}
+
   llvm::Value* unary(llvm::IRBuilderBase& b, OpKind op, llvm::Value* x) override {
+    return pinned(b, [&] { return unary_math(b, op, x); });
+  }
+  llvm::Value* pow(llvm::IRBuilderBase& b, llvm::Value* x, llvm::Value* y) override {
+    return pinned(b, [&] { return emit_pow(b, x, y); });
+  }
+  llvm::Value* random(llvm::IRBuilderBase& b, OpKind op, llvm::Value* counter, llvm::Value* seed,
+                      llvm::Type* type) override {
+    switch (op) {
+      case OpKind::RandomUniform:
+        return emit_random_uniform_seed_value(b, counter, seed, type);
+      case OpKind::RandomNormal:
+        return emit_random_normal_seed_value(b, counter, seed, type);
+      case OpKind::TruncatedNormal:
+        return emit_truncated_normal_seed_value(b, counter, seed, type);
+      default:
+        FJ_CHECK(false, "no CPU random for ", ir::op_name(op));
+    }
+  }
+
+ private:
+  static llvm::Value* unary_math(llvm::IRBuilderBase& b, OpKind op, llvm::Value* x) {
     switch (op) {
       case OpKind::Exp:
         return emit_exp(b, x);
@@ -151,22 +192,60 @@ class CpuMath : public MathProvider {
         FJ_CHECK(false, "no CPU math for ", ir::op_name(op));
     }
   }
-  llvm::Value* pow(llvm::IRBuilderBase& b, llvm::Value* x, llvm::Value* y) override {
-    return emit_pow(b, x, y);
-  }
-  llvm::Value* random(llvm::IRBuilderBase& b, OpKind op, llvm::Value* counter, llvm::Value* seed,
-                      llvm::Type* type) override {
-    switch (op) {
-      case OpKind::RandomUniform:
-        return emit_random_uniform_seed_value(b, counter, seed, type);
-      case OpKind::RandomNormal:
-        return emit_random_normal_seed_value(b, counter, seed, type);
-      case OpKind::TruncatedNormal:
-        return emit_truncated_normal_seed_value(b, counter, seed, type);
-      default:
-        FJ_CHECK(false, "no CPU random for ", ir::op_name(op));
+
+  // Runs `emit` (straight-line code at the builder's insertion point, as
+  // every mathlib function is) and then pins the vector constants of the
+  // instructions it made.
+  template <class F>
+  llvm::Value* pinned(llvm::IRBuilderBase& b, F&& emit) {
+    llvm::BasicBlock* bb = b.GetInsertBlock();
+    llvm::Instruction* before =
+        b.GetInsertPoint() == bb->begin() ? nullptr : &*std::prev(b.GetInsertPoint());
+    llvm::Value* result = emit();
+    if (pin_bits_ == 0 || b.GetInsertBlock() != bb) return result;
+    auto it = before ? std::next(before->getIterator()) : bb->begin();
+    for (; it != b.GetInsertPoint(); ++it) {
+      for (llvm::Use& u : it->operands()) {
+        auto* c = llvm::dyn_cast<llvm::Constant>(u.get());
+        if (c && pinnable(*it, *c, pin_bits_)) u.set(pin(*bb->getParent(), c));
+      }
     }
+    return result;
   }
+
+  // A splat of one whole register (a float function computed in double
+  // lanes can have vectors of two registers, which an asm operand cannot be).
+  static bool pinnable(const llvm::Instruction& user, const llvm::Constant& c, int reg_bits) {
+    auto* vt = llvm::dyn_cast<llvm::FixedVectorType>(c.getType());
+    if (vt == nullptr || c.getSplatValue() == nullptr || llvm::isa<llvm::UndefValue>(c))
+      return false;
+    uint64_t bits = vt->getPrimitiveSizeInBits().getFixedValue();
+    if (bits != 128 && bits != 256) return false;
+    if (bits > static_cast<uint64_t>(reg_bits)) return false;
+    if (llvm::isa<llvm::ShuffleVectorInst>(user) || llvm::isa<llvm::ExtractElementInst>(user) ||
+        llvm::isa<llvm::InsertElementInst>(user))
+      return false;
+    if (vt->getElementType()->isFloatingPointTy()) return true;
+    // Integer constants only where x86 takes them as a vector operand: not
+    // shift amounts (an immediate) nor masks LLVM folds into other forms.
+    unsigned op = user.getOpcode();
+    return op == llvm::Instruction::Add || op == llvm::Instruction::Sub ||
+           op == llvm::Instruction::ICmp;
+  }
+
+  llvm::Value* pin(llvm::Function& f, llvm::Constant* c) {
+    llvm::Value*& v = pins_[{&f, c}];
+    if (v != nullptr) return v;
+    llvm::IRBuilder<> eb(&*f.getEntryBlock().getFirstInsertionPt());
+    auto* fty = llvm::FunctionType::get(c->getType(), {c->getType()}, false);
+    auto* call = eb.CreateCall(fty, llvm::InlineAsm::get(fty, "", "=x,0", false), {c});
+    call->setDoesNotAccessMemory();
+    call->setDoesNotThrow();
+    return v = call;
+  }
+
+  int pin_bits_;  // the vector register's bits where constants are pinned, else 0
+  std::map<std::pair<llvm::Function*, llvm::Constant*>, llvm::Value*> pins_;
 };
 
 std::unique_ptr<llvm::TargetMachine> make_target_machine(
@@ -404,7 +483,7 @@ EmittedUnit emit_unit(const Kernel& kernel, const std::string& symbol, const Lev
   m.setTargetTriple(t.triple);
   e.tm = make_target_machine(t, level.cg);
   m.setDataLayout(e.tm->createDataLayout());
-  CpuMath math;
+  CpuMath math(t);
   Kernel k = kernel;
   k.name = symbol;
   llvm::Function* f = k.kind == Kernel::Kind::MatMul
