@@ -970,19 +970,22 @@ def _build_fake_nccl(tmp_path):
     return lib
 
 
-def test_a_job_on_two_gpus_behind_the_fakes(tmp_path):
+@pytest.mark.parametrize("overlap", ["1", "0"])
+def test_a_job_on_two_gpus_behind_the_fakes(tmp_path, overlap):
     """The session's path for a job placed on "0:0-1": placement, the
     distributed compile for the GPU, one program per GPU, NCCL (the fake)
     for the gradients, variables kept coherent between the GPUs' copies,
-    the host, a one-GPU job and a CPU job. The results themselves are
-    compared with one device by the C++ NvptxMultiGpu tests, whose fake GPU
-    runs the kernels."""
+    the host, a one-GPU job and a CPU job; with the collectives on each
+    GPU's communication stream (overlap) and, with FLOWJIT_OVERLAP=0, on its
+    compute stream. The results themselves are compared with one device by
+    the C++ NvptxMultiGpu tests, whose fake GPU runs the kernels and checks
+    the event edges between the streams."""
     import subprocess
     import sys
     lib = _build_fake_driver(tmp_path, devices=2)
     nccl = _build_fake_nccl(tmp_path)
     env = dict(os.environ, FLOWJIT_LIBCUDA=str(lib), FLOWJIT_NCCL_LIBRARY=str(nccl),
-               FLOWJIT_CACHE_DIR=str(tmp_path / "cache"))
+               FLOWJIT_CACHE_DIR=str(tmp_path / "cache"), FLOWJIT_OVERLAP=overlap)
     root = os.path.dirname(os.path.dirname(os.path.abspath(flow.__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-c", FAKE_TWO_GPUS], env=env, capture_output=True, text=True,
