@@ -376,7 +376,7 @@ struct TrainGraph {
 
 // check_labels: the labels go through a check_index, as the Python ops trace them.
 TrainGraph train_step(jit::OptimizerConfig::Kind kind, int64_t batch, int64_t in, int64_t hidden,
-                      int64_t classes, bool check_labels = false) {
+                      int64_t classes, bool check_labels = false, int mirrored_parts = 0) {
   auto images = param("images", 0, {batch, 1, 28, in / 28});
   auto labels = param("labels", 1, {batch}, DType::Int32);
   auto w1 = variable("hidden-weight", {hidden, in});
@@ -397,6 +397,7 @@ TrainGraph train_step(jit::OptimizerConfig::Kind kind, int64_t batch, int64_t in
   cfg.kind = kind;
   cfg.momentum = 0;
   cfg.do_bias_correction = true;
+  cfg.mirrored_parts = mirrored_parts;
   jit::OptimizerLowering low = jit::lower_optimizer(cfg, {loss}, lr, step, {w1, b1, w2, b2});
   TrainGraph t;
   t.g = make_graph({images, labels}, {loss}, low.effects);
@@ -3054,6 +3055,7 @@ void expect_same_variables(runtime::VariableStore& got, runtime::VariableStore& 
     auto* g = got.find(v->name);
     ASSERT_NE(g, nullptr) << what << ": " << v->name;
     runtime::sync_host(*g);
+    runtime::sync_host(*v);  // `want` may be distributed too (CPU devices)
     size_t n = static_cast<size_t>(v->type.bytes());
     std::string d = compare(bytes_of(g->ptr(), n), bytes_of(v->ptr(), n), v->type, 1e-4, 1e-5);
     EXPECT_TRUE(d.empty()) << what << ": " << v->name << ": " << d;
@@ -3526,4 +3528,61 @@ TEST(NvptxMultiGpu, TheFakeDriverReportsAMissingEventEdge) {
     api.cuEventDestroy(produced);
     api.cuEventDestroy(completed);
   }
+}
+
+// The mirrored view on several GPUs: each GPU takes its own batch and gives
+// its own loss (per-device inputs and outputs), and the gradients are
+// averaged by an all_reduce before every GPU applies the same update;
+// against the same job on as many CPU devices.
+TEST(NvptxMultiGpu, MirroredViewMatchesAsManyCpuDevices) {
+  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+  const int n = 2;
+  const int64_t batch = 6;
+  fake::gpu() = fake::Gpu();
+  fake::gpu().devices = n;
+  FakeNcclOnThisDriver fake_nccl;
+  TrainGraph one = train_step(jit::OptimizerConfig::Kind::SGD, batch, 56, 7, 10);
+  TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, batch, 56, 7, 10, false, n);
+  jit::FusedProgram fp = fuse_graph(one.g, "t");
+  runtime::VariableStore cpu_host, host;
+  fill_store(cpu_host, fp);
+  fill_store(host, fp);
+  jit::JobDescription job = train_job(t);
+  job.distribution.parts = n;
+  job.distribution.mirrored = true;
+  jit::CompiledJob cpu = jit::compile_job(job, jit::CompileSettings{}, cpu_host);
+  std::vector<std::unique_ptr<runtime::VariableStore>> cpu_stores;
+  std::vector<runtime::VariableStore*> cpu_store_ptrs;
+  for (int d = 0; d < n; ++d) {
+    cpu_stores.push_back(std::make_unique<runtime::VariableStore>());
+    cpu_store_ptrs.push_back(cpu_stores.back().get());
+  }
+  auto on_cpus = jit::make_distributed(cpu, cpu_host, cpu_store_ptrs,
+                                       runtime::make_thread_communicator(n), 0, false);
+  emulate_per_device_program(job);
+  {
+    Gpus gpus({0, 1});
+    auto comm = rc::NcclCommunicator::create(gpus.devs, FakeNcclOnThisDriver::options());
+    auto dist = on_gpus(job, gpus, host, comm, 0, false);
+    ASSERT_EQ(dist->num_input_pointers(), 4u) << "an images and a labels array per GPU";
+    ASSERT_EQ(dist->num_output_pointers(), 2u) << "a loss per GPU";
+    for (int step = 0; step < 3; ++step) {
+      Batch b0 = batch_of(batch, 2 * step), b1 = batch_of(batch, 2 * step + 1);
+      const void* ins[] = {b0.images.data(), b1.images.data(), b0.labels.data(), b1.labels.data()};
+      std::vector<std::vector<float>> want(n, std::vector<float>(batch)),
+          got(n, std::vector<float>(batch, -1));
+      void* want_p[] = {want[0].data(), want[1].data()};
+      void* got_p[] = {got[0].data(), got[1].data()};
+      on_cpus->run(ins, want_p);
+      dist->run(ins, got_p);
+      for (int d = 0; d < n; ++d)
+        for (int64_t i = 0; i < batch; ++i)
+          EXPECT_NEAR(got[d][i], want[d][i], 1e-4)
+              << "step " << step << " GPU " << d << " row " << i;
+    }
+    expect_same_variables(host, cpu_host, "after 3 mirrored steps");
+    EXPECT_GT(FakeNcclOnThisDriver::calls("ncclAllReduce"), 0) << "the gradients are averaged";
+  }
+  for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
+  for (auto& h : fake::gpu().hazards) ADD_FAILURE() << "missing event edge: " << h;
 }

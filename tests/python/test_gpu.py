@@ -141,11 +141,12 @@ def test_gpu_jobs_over_several_processes_name_what_is_not_supported(monkeypatch)
         _devices._gpu_ordinals("j", flow.scope.placement("gpu", ["0:0", "1:0"]))
 
 
-def test_several_gpus_take_the_consistent_view_only():
+def test_several_gpus_in_the_mirrored_view_take_list_placeholders():
     cfg = _placed(flow.scope.placement("gpu", "0:0-1"))
     cfg.default_logical_view(flow.scope.mirrored_view())
     job = _plus_one(cfg)
-    with pytest.raises((NotImplementedError, RuntimeError), match=r"placed on (2 GPUs in the mirrored view|GPU)"):
+    with pytest.raises((NotImplementedError, RuntimeError),
+                       match=r"(in the mirrored view over 2 GPUs every input is per device|placed on GPU)"):
         job(np.zeros(4, np.float32))
 
 
@@ -951,6 +952,31 @@ flow.clear_default_session()
 train(x, y)
 again = train.compiled_jobs()[0]
 assert again.from_disk_cache and again.device == "gpu:0,1", (again.from_disk_cache, again.device)
+# The mirrored view: a list with one array per GPU in, one per GPU out, the
+# gradients averaged through NCCL (the numbers: C++
+# NvptxMultiGpu.MirroredViewMatchesAsManyCpuDevices).
+mcfg = flow.function_config()
+mcfg.default_placement_scope(flow.scope.placement("gpu", "0:0-1"))
+mcfg.default_logical_view(flow.scope.mirrored_view())
+
+@flow.global_function(type="train", function_config=mcfg)
+def train_mirrored(x: tp.ListNumpy.Placeholder((8, 8), dtype=flow.float),
+                   y: tp.ListNumpy.Placeholder((8,), dtype=flow.int32)) -> tp.ListNumpy:
+    logits = flow.layers.dense(x, 4, name="mfc")
+    loss = flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+    flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.5])).minimize(loss)
+    return loss
+
+before = nccl.fake_all_reduces()
+losses = train_mirrored([x[:8], x[8:]], [y[:8], y[8:]])
+assert isinstance(losses, list) and [l.shape for l in losses] == [(8,), (8,)], losses
+assert nccl.fake_all_reduces() > before, "the mirrored gradients are all-reduced through NCCL"
+assert train_mirrored.compiled_jobs()[0].device == "gpu:0,1"
+try:
+    train_mirrored([x[:8]], [y[:8]])
+    raise AssertionError("a list with one array for two GPUs was accepted")
+except ValueError as e:
+    assert "expects 2 element(s), one per device" in str(e), e
 print("fake two-GPU session: ok")
 """
 
