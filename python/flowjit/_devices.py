@@ -70,6 +70,13 @@ def _placement_devices(job, placement):
     return sum(len(devs) for _, devs in placement.devices)
 
 
+def gpu_first_rank(placement):
+    """The NCCL rank of this process's first GPU of a job placed on "gpu":
+    the GPUs of the machines (processes) before it come first."""
+    rank, _ = process_info()
+    return sum(len(devs) for machine, devs in placement.devices if machine < rank)
+
+
 def _gpu_ordinals(job, placement):
     """This process's GPUs of a job placed on "gpu"."""
     return _gpu_placement(job, placement)[0]
@@ -92,15 +99,10 @@ def _gpu_placement(job, placement):
             raise ValueError(f"job '{job}' is placed on machine {machine} ({placement!r}), but the session "
                              f"has {procs} processes (machines 0 to {procs - 1})")
     per_machine = [[d for m, d in devices if m == p] for p in range(procs)]
-    if procs > 1 and len({len(g) for g in per_machine}) != 1:
+    if procs > 1 and not per_machine[rank]:
         raise NotImplementedError(
-            f"job '{job}' is placed on GPUs {placement!r} over {procs} processes, but every process "
-            "(machine) must hold the same number of the job's GPUs, e.g. [\"0:0\", \"1:0\"]")
-    if procs > 1 and local_device_count() != 1:
-        raise NotImplementedError(
-            f"job '{job}' is placed on GPUs in a session over {procs} processes, which needs "
-            f"flow.config.cpu_device_num(1) (it is {local_device_count()}): the GPUs' NCCL id travels "
-            "over the session's one CPU device per process")
+            f"job '{job}' is placed on GPUs {placement!r}, none of them on machine {rank} (this "
+            "process); a job over several processes needs GPUs in each, e.g. [\"0:0\", \"1:0\"]")
     ordinals = per_machine[rank]
     if len(set(ordinals)) != len(ordinals):
         raise ValueError(f"job '{job}' is placed on GPUs {ordinals} ({placement!r}): each GPU once")
@@ -149,6 +151,8 @@ def job_target(job, config, builder, params):
         if total > 1:
             target["gpus"] = ordinals
             target["gpu_processes"] = procs
+            target["gpu_first_rank"] = gpu_first_rank(placement)
+            target["gpu_world"] = total
         return target
     ordinal, status = unusable[0]
     reason = status["reason"]

@@ -3293,12 +3293,18 @@ TEST(NvptxMultiGpu, ARankFailingStopsEveryRankWithItsError) {
 // here, with its own session store) drives one GPU as its rank of one NCCL
 // communicator made from a shared unique id; split variables are gathered
 // into every process's host after each run, through the GPU.
-TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
-  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
-  const int procs = 2;
-  const int64_t batch = 8;
+namespace {
+void check_processes(const std::vector<std::vector<int>>& gpus_of) {
+  const int procs = static_cast<int>(gpus_of.size());
+  std::vector<int> first;  // each process's first NCCL rank
+  int world = 0;
+  for (auto& g : gpus_of) {
+    first.push_back(world);
+    world += static_cast<int>(g.size());
+  }
+  const int64_t batch = 6;
   fake::gpu() = fake::Gpu();
-  fake::gpu().devices = procs;
+  fake::gpu().devices = world;
   FakeNcclOnThisDriver fake_nccl;
   TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, batch, 56, 6, 10);
   jit::FusedProgram fp = fuse_graph(t.g, "t");
@@ -3307,7 +3313,7 @@ TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
   jit::JobDescription one = train_job(t);
   jit::CompiledJob cpu = jit::compile_job(one, jit::CompileSettings{}, cpu_store);
   jit::JobDescription job = one;
-  job.distribution.parts = procs;
+  job.distribution.parts = world;
   job.distribution.split_vars = {{"hidden-weight", 0}};
   job.distribution.whole_outputs = true;
   emulate_per_device_program(job);
@@ -3318,7 +3324,7 @@ TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
   for (int p = 0; p < procs; ++p) {
     hosts.push_back(std::make_unique<runtime::VariableStore>());
     fill_store(*hosts.back(), fp);
-    gpus.push_back(std::make_unique<Gpus>(std::vector<int>{p}));
+    gpus.push_back(std::make_unique<Gpus>(gpus_of[p]));
   }
   std::vector<std::string> errors(procs);
   auto each_process = [&](const std::function<void(int)>& fn) {
@@ -3335,11 +3341,11 @@ TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
     for (int p = 0; p < procs; ++p) EXPECT_EQ(errors[p], "") << "process " << p;
   };
   each_process([&](int p) {
-    auto comm =
-        rc::NcclCommunicator::create(id, procs, p, gpus[p]->devs, FakeNcclOnThisDriver::options());
-    dist[p] = on_gpus(job, *gpus[p], *hosts[p], comm, p, true);
+    auto comm = rc::NcclCommunicator::create(id, world, first[p], gpus[p]->devs,
+                                             FakeNcclOnThisDriver::options());
+    dist[p] = on_gpus(job, *gpus[p], *hosts[p], comm, first[p], true);
   });
-  ASSERT_TRUE(dist[0] && dist[1]);
+  for (auto& d : dist) ASSERT_TRUE(d);
   for (int step = 0; step < 2; ++step) {
     Batch b = batch_of(batch, step);
     std::vector<float> want = train_loss(*cpu.program, b);
@@ -3359,6 +3365,19 @@ TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
   dist.clear();
   for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
   for (auto& h : fake::gpu().hazards) ADD_FAILURE() << "missing event edge: " << h;
+}
+}  // namespace
+
+TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
+  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+  check_processes({{0}, {1}});
+}
+
+// Processes holding different numbers of the job's GPUs: process 0's are
+// NCCL ranks 0 and 1, process 1's rank 2.
+TEST(NvptxMultiGpu, ProcessesWithDifferentNumbersOfGpusMatchOneDevice) {
+  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+  check_processes({{0, 1}, {2}});
 }
 
 namespace {
