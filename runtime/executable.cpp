@@ -516,13 +516,10 @@ void Executable::gather_variable_pieces(size_t index, void* dst, int64_t outer,
   comm_->all_gather(rank_, variable_ptrs_[index], dst, outer, piece_bytes);
 }
 
-namespace {
-// FLOWJIT_OVERLAP=0 runs every collective synchronously, in plan order.
 bool overlap_enabled() {
   const char* v = std::getenv("FLOWJIT_OVERLAP");
   return !(v && std::string(v) == "0");
 }
-}  // namespace
 
 void Executable::run_collective(size_t li, char* const* args) {
   if (bucketed_[li]) return;  // ran with its bucket

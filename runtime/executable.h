@@ -86,6 +86,11 @@ struct Plan {
 // bucket that starts there (empty for non-all_reduces and later members).
 std::vector<std::vector<size_t>> all_reduce_buckets(const Plan& plan);
 
+// Whether collectives with a completion point run beside the kernels (a
+// communication thread on CPU devices, a communication stream on GPUs):
+// false when FLOWJIT_OVERLAP=0, which runs every collective synchronously.
+bool overlap_enabled();
+
 class Executable : public Program {
  public:
   // `fns[i]` is the code of plan.launches[i] (null for collectives);

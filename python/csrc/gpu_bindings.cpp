@@ -5,8 +5,10 @@
 #include <pybind11/stl.h>
 
 #include <cstdlib>
+#include <exception>
 #include <map>
 #include <string>
+#include <thread>
 
 #include "codegen/nvptx/backend.h"
 #include "ir/error.h"
@@ -97,7 +99,8 @@ std::vector<runtime::VariableStore*> GpuGroup::store_ptrs() const {
   return out;
 }
 
-std::shared_ptr<GpuGroup> gpu_group(const std::vector<int>& ordinals, int processes) {
+std::shared_ptr<GpuGroup> gpu_group(const std::vector<int>& ordinals, int processes, int first_rank,
+                                    int world) {
   static auto* groups =
       new std::map<std::vector<int>, std::pair<uint64_t, std::shared_ptr<GpuGroup>>>();
   uint64_t generation = Session::get().generation();
@@ -124,24 +127,44 @@ std::shared_ptr<GpuGroup> gpu_group(const std::vector<int>& ordinals, int proces
   if (processes <= 1) {
     g->comm = rc::NcclCommunicator::create(devices);
   } else {
-    // The NCCL id: process 0's, gathered over the session's communicator
-    // (one CPU device per process: its rank is the process's).
+    // The NCCL id: process 0's, gathered over the session's communicator,
+    // whose every rank (each CPU device of each process) takes part, each
+    // from its own thread as the communicator's contract asks.
     Session& s = Session::get();
     std::shared_ptr<runtime::Communicator> session = s.communicator();
-    FJ_USER_CHECK(
-        session && s.several_processes() && s.local_devices() == 1 && session->size() == processes,
-        ErrorKind::NotImplemented, "GPU jobs over ", processes,
-        " processes need flow.config.cpu_device_num(1) in each (the session has ",
-        s.local_devices(), " CPU devices per process)");
-    const int rank = s.first_rank();
-    rc::ncclUniqueId mine{}, id{};
-    if (rank == 0) mine = rc::nccl_unique_id();
-    std::vector<rc::ncclUniqueId> all(static_cast<size_t>(processes));
-    session->all_gather(rank, &mine, all.data(), 1, sizeof(rc::ncclUniqueId));
-    id = all[0];
-    g->first_rank = rank * gpus;
+    const int local = s.local_devices();
+    FJ_CHECK(session && s.several_processes() && session->size() == processes * local,
+             "GPU jobs over ", processes, " processes without the session's communicator");
+    FJ_CHECK(world >= gpus && first_rank >= 0 && first_rank + gpus <= world, "GPU ranks ",
+             first_rank, "..", first_rank + gpus - 1, " of ", world);
+    const int first = s.first_rank();
+    const size_t n = static_cast<size_t>(session->size());
+    std::vector<rc::ncclUniqueId> mine(static_cast<size_t>(local));
+    std::vector<std::vector<rc::ncclUniqueId>> all(static_cast<size_t>(local),
+                                                   std::vector<rc::ncclUniqueId>(n));
+    if (first == 0) mine[0] = rc::nccl_unique_id();
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(local));
+    auto gather = [&](int d) {
+      try {
+        session->all_gather(first + d, &mine[static_cast<size_t>(d)],
+                            all[static_cast<size_t>(d)].data(), 1, sizeof(rc::ncclUniqueId));
+      } catch (...) {
+        errors[static_cast<size_t>(d)] = std::current_exception();
+        session->abort("sharing the NCCL id failed");
+      }
+    };
+    {
+      std::vector<std::thread> others;
+      for (int d = 1; d < local; ++d) others.emplace_back(gather, d);
+      gather(0);
+      for (auto& t : others) t.join();
+    }
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    const rc::ncclUniqueId id = all[0][0];
+    g->first_rank = first_rank;
     g->several_processes = true;
-    g->comm = rc::NcclCommunicator::create(id, gpus * processes, g->first_rank, devices);
+    g->comm = rc::NcclCommunicator::create(id, world, first_rank, devices);
   }
   std::lock_guard<std::mutex> lock(g_gpus_mu);
   (*groups)[ordinals] = {generation, g};

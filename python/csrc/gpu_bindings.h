@@ -28,12 +28,13 @@ void set_gpu_target(jit::CompileSettings& s, int ordinal);
 // GPU for the variables' replicas, the replicas' copies on each GPU, and an NcclCommunicator over
 // the session's Devices. One group per set of GPUs and session generation. UserError(Runtime)
 // naming what is missing (driver, GPU, NCCL). The caller holds the session's run mutex.
-// In a session over several processes (`processes` > 1, one CPU device
-// each) every process passes its own GPUs, the same number in each: the
-// communicator joins all of them (this process's first GPU is global rank
-// `first_rank` = process rank x GPUs), from an NCCL id process 0 makes and
-// the session's communicator carries to the others, so every process must
-// make the same groups in the same order (as they call the same jobs).
+// In a session over several processes (`processes` > 1) every process
+// passes its own GPUs (any number): the communicator joins all of them
+// (this process's first GPU is global rank `first_rank` of `world`, from the
+// placement), from an NCCL id process 0 makes and the session's
+// communicator carries to the others (every CPU device of every process
+// takes part in that all_gather), so every process must make the same
+// groups in the same order (as they call the same jobs).
 struct GpuGroup {
   std::vector<std::shared_ptr<runtime::cuda::DeviceVariables>> copies;
   std::vector<std::unique_ptr<runtime::VariableStore>> stores;
@@ -42,6 +43,9 @@ struct GpuGroup {
   bool several_processes = false;
   std::vector<runtime::VariableStore*> store_ptrs() const;
 };
-std::shared_ptr<GpuGroup> gpu_group(const std::vector<int>& ordinals, int processes = 1);
+// Over several processes, this process's GPUs are NCCL ranks `first_rank`
+// .. of `world` (processes may hold different numbers of the job's GPUs).
+std::shared_ptr<GpuGroup> gpu_group(const std::vector<int>& ordinals, int processes = 1,
+                                    int first_rank = 0, int world = 0);
 
 }  // namespace flowjit::python

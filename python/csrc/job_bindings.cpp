@@ -526,6 +526,10 @@ void register_jobs(py::module_& m) {
         // "gpu_processes": the processes whose GPUs the job joins (each passes its own).
         int gpu_processes =
             settings.contains("gpu_processes") ? settings["gpu_processes"].cast<int>() : 1;
+        // Across processes: this process's first NCCL rank and the job's GPUs in all.
+        int gpu_first_rank =
+            settings.contains("gpu_first_rank") ? settings["gpu_first_rank"].cast<int>() : 0;
+        int gpu_world = settings.contains("gpu_world") ? settings["gpu_world"].cast<int>() : 0;
         std::shared_ptr<GpuGroup> group;
         // [harden] Ctrl-C during a compile on the main thread: Python's
         // signal handlers are run (at most every 20 ms, taking the GIL) from
@@ -566,7 +570,8 @@ void register_jobs(py::module_& m) {
           std::lock_guard<std::mutex> lock(sess.run_mutex());
           if (device == "gpu") set_gpu_target(s, gpu_ordinal);
           if (device == "gpu" && (gpus.size() > 1 || gpu_processes > 1))
-            group = gpu_group(gpus.empty() ? std::vector<int>{gpu_ordinal} : gpus, gpu_processes);
+            group = gpu_group(gpus.empty() ? std::vector<int>{gpu_ordinal} : gpus, gpu_processes,
+                              gpu_first_rank, gpu_world);
           try {
             cj = jit::compile_job(job, s, sess.store());
           } catch (const Interrupted&) {

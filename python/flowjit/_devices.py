@@ -52,10 +52,29 @@ def _session_splits(job, builder):
     return {name: axes[name] for name in builder.variables if name in axes}
 
 
+def list_arrays(job, config):
+    """How many arrays a list placeholder (the mirrored view) takes: one per
+    GPU of this process for a job placed on several GPUs (by function_config's
+    default placement or a scope around the call), else one per CPU device."""
+    placement = _outer_placement(config)
+    if placement is not None and placement.device_tag == "gpu":
+        ordinals, total = _gpu_placement(job, placement)
+        if total > 1:
+            return len(ordinals)
+    return local_device_count()
+
+
 def _placement_devices(job, placement):
     if placement.device_tag == "gpu":
         return _gpu_placement(job, placement)[1]  # or a clear error
     return sum(len(devs) for _, devs in placement.devices)
+
+
+def gpu_first_rank(placement):
+    """The NCCL rank of this process's first GPU of a job placed on "gpu":
+    the GPUs of the machines (processes) before it come first."""
+    rank, _ = process_info()
+    return sum(len(devs) for machine, devs in placement.devices if machine < rank)
 
 
 def _gpu_ordinals(job, placement):
@@ -80,15 +99,10 @@ def _gpu_placement(job, placement):
             raise ValueError(f"job '{job}' is placed on machine {machine} ({placement!r}), but the session "
                              f"has {procs} processes (machines 0 to {procs - 1})")
     per_machine = [[d for m, d in devices if m == p] for p in range(procs)]
-    if procs > 1 and len({len(g) for g in per_machine}) != 1:
+    if procs > 1 and not per_machine[rank]:
         raise NotImplementedError(
-            f"job '{job}' is placed on GPUs {placement!r} over {procs} processes, but every process "
-            "(machine) must hold the same number of the job's GPUs, e.g. [\"0:0\", \"1:0\"]")
-    if procs > 1 and local_device_count() != 1:
-        raise NotImplementedError(
-            f"job '{job}' is placed on GPUs in a session over {procs} processes, which needs "
-            f"flow.config.cpu_device_num(1) (it is {local_device_count()}): the GPUs' NCCL id travels "
-            "over the session's one CPU device per process")
+            f"job '{job}' is placed on GPUs {placement!r}, none of them on machine {rank} (this "
+            "process); a job over several processes needs GPUs in each, e.g. [\"0:0\", \"1:0\"]")
     ordinals = per_machine[rank]
     if len(set(ordinals)) != len(ordinals):
         raise ValueError(f"job '{job}' is placed on GPUs {ordinals} ({placement!r}): each GPU once")
@@ -119,11 +133,12 @@ def job_target(job, config, builder, params):
     ordinal = ordinals[0]
     _, procs = process_info()
     lists = [name for name, ph in params if ph.kind != "Numpy"]
-    if lists and total > 1:
+    if lists and total > 1 and list_arrays(job, config) != len(ordinals):
         raise NotImplementedError(
-            f"job '{job}' is placed on {total} GPUs, but parameter '{lists[0]}' is a list "
-            "placeholder (the mirrored view), which jobs on several GPUs do not take yet; use "
-            "tp.Numpy.Placeholder (the consistent view: the batch is split over the GPUs)")
+            f"job '{job}' is placed on {total} GPUs by a scope in its body, but parameter "
+            f"'{lists[0]}' is a list placeholder (the mirrored view), whose arrays (one per GPU) "
+            "are counted before the body runs; place the job with "
+            "function_config().default_placement_scope(...) or a scope around the call")
     if lists and _config.device_count() != 1:
         raise NotImplementedError(
             f"job '{job}' is placed on one GPU, but parameter '{lists[0]}' is a list placeholder, which "
@@ -136,6 +151,8 @@ def job_target(job, config, builder, params):
         if total > 1:
             target["gpus"] = ordinals
             target["gpu_processes"] = procs
+            target["gpu_first_rank"] = gpu_first_rank(placement)
+            target["gpu_world"] = total
         return target
     ordinal, status = unusable[0]
     reason = status["reason"]
@@ -234,6 +251,14 @@ def _stage_distribution(job, config, builder, params, staged):
             "whole_outputs": False, "stages": ids, "default_stage": default}
 
 
+def _check_mirrored_params(job, params, over):
+    for name, ph in params:
+        if ph.kind != "ListNumpy":
+            raise NotImplementedError(
+                f"job '{job}': parameter '{name}' is a {ph.kind} placeholder, but in the mirrored view "
+                f"over {over} every input is per device: use tp.ListNumpy.Placeholder")
+
+
 def distribution(job, config, builder, params):
     """The `distribution` argument of _C.compile_job, or None for one device."""
     from . import scope
@@ -253,11 +278,10 @@ def distribution(job, config, builder, params):
             usable = all(_C.gpu_status(o)["available"] for o in ordinals)
             if not usable and config.get("allow_cpu_fallback", False):
                 return None  # job_target warns: the job runs on one CPU device
-            if config.get("default_logical_view") == scope.mirrored_view():
-                raise NotImplementedError(
-                    f"job '{job}' is placed on {want} GPUs in the mirrored view, which jobs on several "
-                    "GPUs do not take yet; use the consistent view (the default)")
-            return {"parts": want, "mirrored": False, "split_vars": _session_splits(job, builder),
+            mirrored = config.get("default_logical_view") == scope.mirrored_view()
+            if mirrored:
+                _check_mirrored_params(job, params, f"{want} GPUs")
+            return {"parts": want, "mirrored": mirrored, "split_vars": _session_splits(job, builder),
                     "whole_outputs": procs > 1}
         if want != parts:
             raise NotImplementedError(
@@ -267,10 +291,6 @@ def distribution(job, config, builder, params):
         return None
     mirrored = config.get("default_logical_view") == scope.mirrored_view()
     if mirrored:
-        for name, ph in params:
-            if ph.kind != "ListNumpy":
-                raise NotImplementedError(
-                    f"job '{job}': parameter '{name}' is a {ph.kind} placeholder, but in the mirrored view "
-                    f"over {parts} devices every input is per device: use tp.ListNumpy.Placeholder")
+        _check_mirrored_params(job, params, f"{parts} devices")
     return {"parts": parts, "mirrored": mirrored, "split_vars": _session_splits(job, builder),
             "whole_outputs": procs > 1}

@@ -627,8 +627,7 @@ class JobFunction:
         return tuple(key), flat
 
     def _check_list(self, pname, ph, a):
-        from . import config
-        ndev = config.device_count()
+        ndev = _devices.list_arrays(self._name, self._config)
         if not isinstance(a, (list, tuple)):
             raise TypeError(f"job '{self._name}': parameter '{pname}' ({ph!r}) expects a list with one "
                             f"array per device ({ndev}), got {type(a).__name__}")
@@ -726,7 +725,6 @@ class JobFunction:
         self._prepare_session()
         if self._cache:
             return
-        from . import config
 
         class _Shape:
             def __init__(self, shape):
@@ -738,7 +736,7 @@ class JobFunction:
                 key.append(ph.shape)
                 flat.append(_Shape(ph.shape))
             elif ph.kind == "ListNumpy":
-                n = config.device_count()
+                n = _devices.list_arrays(self._name, self._config)
                 key.append(tuple(ph.shape for _ in range(n)))
                 flat.extend(_Shape(ph.shape) for _ in range(n))
             else:
@@ -867,7 +865,7 @@ class JobFunction:
                          "disk cache hit" if job.from_disk_cache else f"{job.num_kernels} kernels")
         if not job.from_disk_cache and _log.debug_level() >= 1:
             _log_cache_miss(job, self._name, sig, self._source)
-        per_device = _C.device_info()["local_devices"] if dist and dist["mirrored"] else 1
+        per_device = _devices.list_arrays(self._name, self._config) if dist and dist["mirrored"] else 1
         _check_result_groups(self._name, template, list(job.output_groups)[:n_user])
         mode = "callback" if self._async else "legacy" if template[0] != "none" and self._legacy else "sync"
         compiled = _Compiled(job, _builder_for(template, per_device, self._name), mode,

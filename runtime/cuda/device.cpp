@@ -68,7 +68,10 @@ std::shared_ptr<Device> Device::open(int ordinal, const DriverApi* api) {
   try {
     Scope s(*d);
     FLOWJIT_CU(a, cuStreamCreate, &d->stream_, kStreamNonBlocking);
+    FLOWJIT_CU(a, cuStreamCreate, &d->comm_stream_, kStreamNonBlocking);
   } catch (...) {
+    if (d->stream_) a.cuStreamDestroy(d->stream_);
+    d->stream_ = nullptr;
     a.cuDevicePrimaryCtxRelease(d->dev_);
     d->ctx_ = nullptr;
     throw;
@@ -84,6 +87,10 @@ Device::~Device() {
     if (stream_) {
       api_->cuStreamSynchronize(stream_);
       api_->cuStreamDestroy(stream_);
+    }
+    if (comm_stream_) {
+      api_->cuStreamSynchronize(comm_stream_);
+      api_->cuStreamDestroy(comm_stream_);
     }
     for (Chunk& c : chunks_) api_->cuMemFree(c.base);
     CUcontext popped = nullptr;
@@ -101,6 +108,7 @@ Device::Scope::~Scope() {
 void Device::synchronize() {
   Scope s(*this);
   FLOWJIT_CU(*api_, cuStreamSynchronize, stream_);
+  FLOWJIT_CU(*api_, cuStreamSynchronize, comm_stream_);
 }
 
 CUdeviceptr Device::allocate(uint64_t bytes) {

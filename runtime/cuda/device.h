@@ -1,5 +1,6 @@
-// A CUDA device as the runtime uses it: its primary context, one stream, an
-// arena of device memory and pinned host staging. Every entry point makes
+// A CUDA device as the runtime uses it: its primary context, a compute
+// stream and a communication stream, an arena of device memory and pinned
+// host staging. Every entry point makes
 // the context current for its duration, so any thread may call it.
 #pragma once
 
@@ -32,8 +33,8 @@ std::vector<DeviceInfo> list_devices(const DriverApi* api = nullptr);
 
 class Device {
  public:
-  // Retains device `ordinal`'s primary context and creates a non-blocking
-  // stream. UserError(Value) for an ordinal that does not exist.
+  // Retains device `ordinal`'s primary context and creates two non-blocking
+  // streams. UserError(Value) for an ordinal that does not exist.
   static std::shared_ptr<Device> open(int ordinal = 0, const DriverApi* api = nullptr);
   ~Device();
   Device(const Device&) = delete;
@@ -41,8 +42,12 @@ class Device {
 
   const DeviceInfo& info() const { return info_; }
   const DriverApi& api() const { return *api_; }
+  // Kernels, copies, and the collectives of a job run without overlap.
   CUstream stream() const { return stream_; }
-  void synchronize();  // waits for the stream
+  // The collectives of a job run with overlap (runtime/cuda/executable.h):
+  // ordered against the compute stream by events only.
+  CUstream comm_stream() const { return comm_stream_; }
+  void synchronize();  // waits for both streams
 
   // Makes the device's context current on this thread while alive.
   class Scope {
@@ -84,6 +89,7 @@ class Device {
   CUdevice dev_ = 0;
   CUcontext ctx_ = nullptr;
   CUstream stream_ = nullptr;
+  CUstream comm_stream_ = nullptr;
   mutable std::mutex mu_;
   std::vector<Chunk> chunks_;
   uint64_t chunk_bytes_ = 64ull << 20;

@@ -119,7 +119,9 @@ struct CUDA_MEMCPY2D {
   X(cuEventDestroy, "cuEventDestroy_v2", CUresult, (CUevent event))                                \
   X(cuEventRecord, "cuEventRecord", CUresult, (CUevent event, CUstream stream))                    \
   X(cuEventQuery, "cuEventQuery", CUresult, (CUevent event))                                       \
-  X(cuEventSynchronize, "cuEventSynchronize", CUresult, (CUevent event))
+  X(cuEventSynchronize, "cuEventSynchronize", CUresult, (CUevent event))                           \
+  X(cuStreamWaitEvent, "cuStreamWaitEvent", CUresult,                                              \
+    (CUstream stream, CUevent event, unsigned flags))
 
 struct DriverApi {
 #define FLOWJIT_CUDA_MEMBER(member, symbol, ret, params) ret(*member) params = nullptr;

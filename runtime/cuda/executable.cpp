@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <sstream>
 
 #include "ir/error.h"
@@ -316,6 +317,16 @@ void CudaExecutable::load_and_allocate(const GpuImage& image) {
   }
   staging_ = PinnedBuffer(d_, staged);
   FLOWJIT_CU(api, cuEventCreate, &done_, kEventDisableTiming);
+  // Overlap: per collective, its operand is ready (compute stream) and it is
+  // complete (communication stream).
+  produced_.assign(plan_.launches.size(), nullptr);
+  completed_.assign(plan_.launches.size(), nullptr);
+  for (size_t li = 0; li < plan_.launches.size(); ++li) {
+    const auto& c = plan_.launches[li].collective;
+    if (!c || c->op == CollectiveStep::Op::LocalSlice || bucketed_[li]) continue;
+    FLOWJIT_CU(api, cuEventCreate, &produced_[li], kEventDisableTiming);
+    FLOWJIT_CU(api, cuEventCreate, &completed_[li], kEventDisableTiming);
+  }
 
   size_t total = 0;
   for (const Launch& l : plan_.launches) {
@@ -338,10 +349,16 @@ void CudaExecutable::release_driver_objects() {
     Device::Scope s(*d_);
     if (in_flight_ && done_) api.cuEventSynchronize(done_);
     if (done_) api.cuEventDestroy(done_);
+    for (CUevent e : produced_)
+      if (e) api.cuEventDestroy(e);
+    for (CUevent e : completed_)
+      if (e) api.cuEventDestroy(e);
     if (module_) api.cuModuleUnload(module_);
   } catch (...) {  // nothing to report from a destructor
   }
   done_ = nullptr;
+  produced_.clear();
+  completed_.clear();
   module_ = nullptr;
   in_flight_ = false;
 }
@@ -430,9 +447,37 @@ void CudaExecutable::submit(const void* const* inputs) {
                                 staging_.data() + stage_status_, kStatusBytes, s),
           "cuMemcpyHtoDAsync", "the status buffer of job '" + plan_.job_name + "'");
   }
+  // Overlap: a collective with a completion point runs on the communication
+  // stream, and the compute stream waits for it just before the launch that
+  // needs it (`pending`: its completion point and launch).
+  overlapped_ = nccl_ != nullptr && overlap_enabled();
+  std::vector<std::pair<int64_t, size_t>> pending;
+  auto settle = [&](int64_t li) {
+    for (auto it = pending.begin(); it != pending.end();) {
+      if (it->first > li) {
+        ++it;
+        continue;
+      }
+      check(api, api.cuStreamWaitEvent(s, completed_[it->second], 0), "cuStreamWaitEvent",
+            "launch " + std::to_string(li) + " of job '" + plan_.job_name + "' waiting for " +
+                plan_.launches[it->second].symbol);
+      it = pending.erase(it);
+    }
+  };
   for (size_t li = 0; li < plan_.launches.size(); ++li) {
+    if (!pending.empty()) settle(static_cast<int64_t>(li));
     if (plan_.launches[li].collective) {
-      run_collective(li);
+      if (!overlapped_ || !completed_[li]) {
+        run_collective(li);  // in place on the compute stream (or a later member of a bucket)
+        continue;
+      }
+      int64_t before = enqueue_collective(li);
+      if (before > static_cast<int64_t>(li)) {
+        pending.emplace_back(before, li);
+      } else {
+        pending.emplace_back(-1, li);
+        settle(static_cast<int64_t>(li));
+      }
       continue;
     }
     const GpuGrid& l = *plan_.launches[li].gpu();
@@ -446,6 +491,7 @@ void CudaExecutable::submit(const void* const* inputs) {
                 std::to_string(l.grid[2]) + ", block " + std::to_string(l.block[0]) + "x" +
                 std::to_string(l.block[1]) + "x" + std::to_string(l.block[2]));
   }
+  settle(std::numeric_limits<int64_t>::max());  // those due at the end of the run
   for (size_t i = 0; i < outputs_.size(); ++i) {
     size_t n = static_cast<size_t>(plan_.outputs[i].bytes());
     if (n == 0) continue;
@@ -483,8 +529,14 @@ void CudaExecutable::finish(void* const* outputs) {
   const DriverApi& api = d_->api();
   Device::Scope scope(*d_);
   in_flight_ = false;
-  check(api, api.cuEventSynchronize(done_), "cuEventSynchronize",
-        "running job '" + plan_.job_name + "' on " + d_->info().str());
+  if (overlapped_) {
+    // Polled, so that a peer failing (or an abort) stops the wait: the run
+    // ends after collectives that wait for the other GPUs.
+    nccl_->wait_event(rank_, done_, "the run of job '" + plan_.job_name + "'");
+  } else {
+    check(api, api.cuEventSynchronize(done_), "cuEventSynchronize",
+          "running job '" + plan_.job_name + "' on " + d_->info().str());
+  }
   if (plan_.status_offset >= 0) {  // [harden] a failed check of the run
     const auto* st = reinterpret_cast<const int64_t*>(staging_.data() + stage_status_);
     if (st[0] != 0) {
@@ -519,7 +571,34 @@ void CudaExecutable::set_device(std::shared_ptr<Communicator> comm, int rank) {
                 ErrorKind::Runtime, "job '", plan_.job_name, "': rank ", rank, " of ",
                 comm->describe(), " is not ", d_->info().str(), " of this executable");
   comm_ = std::move(comm);
+  nccl_ = nccl;
   rank_ = rank;
+}
+
+int64_t CudaExecutable::enqueue_collective(size_t li) {
+  const DriverApi& api = d_->api();
+  CUstream s = d_->stream(), cs = d_->comm_stream();
+  const std::string context = "collective " + plan_.launches[li].symbol + " of job '" +
+                              plan_.job_name + "' on the communication stream";
+  // After the launches before it on the compute stream (its producers)...
+  check(api, api.cuEventRecord(produced_[li], s), "cuEventRecord", context);
+  check(api, api.cuStreamWaitEvent(cs, produced_[li], 0), "cuStreamWaitEvent", context);
+  {
+    NcclCommunicator::Enqueued on(*nccl_, rank_, cs);
+    run_collective(li);
+  }
+  // ...and complete before its completion point: that of the bucket's first
+  // member to need its result; -1 (now) when a member has none.
+  check(api, api.cuEventRecord(completed_[li], cs), "cuEventRecord", context);
+  const CollectiveStep& c = *plan_.launches[li].collective;
+  if (buckets_[li].empty()) return c.complete_before;
+  int64_t before = static_cast<int64_t>(plan_.launches.size());
+  for (size_t m : buckets_[li]) {
+    int64_t b = plan_.launches[m].collective->complete_before;
+    if (b < 0) return -1;
+    before = std::min(before, b);
+  }
+  return before;
 }
 
 void CudaExecutable::run_collective(size_t li) {

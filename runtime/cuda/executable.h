@@ -15,12 +15,22 @@
 //
 // One device of a distributed job (runtime/distributed.h, set_device): the
 // plan's collective launches have no kernel; they run through the job's
-// NcclCommunicator, whose rank for this executable is on the same Device,
-// so a collective is enqueued on the device's stream after the kernels that
-// produced its operand and before those that read its result (the
-// communicator waits for it before returning: one stream, in plan order, no
-// events between streams). Adjacent all_reduces go as one bucket
-// (all_reduce_many, one NCCL group) as on the CPU.
+// NcclCommunicator, whose rank for this executable is on the same Device.
+// Adjacent all_reduces go as one bucket (all_reduce_many, one NCCL group) as
+// on the CPU. With overlap (the default; FLOWJIT_OVERLAP=0 turns it off),
+// every NCCL collective runs on the device's communication stream: an event
+// recorded on the compute stream after the launches before it (its
+// producers) is what the communication stream waits for; the collective and
+// then its completion event are enqueued there, and the compute stream waits
+// for that event just before launch `complete_before` (the first that needs
+// the result: abi/launch.h; at once for a collective without one). So a
+// bucket's all_reduce runs while the rest of the backward pass runs, and
+// each update waits only for its own bucket. The host never waits on a
+// collective then; the run's end is polled through the communicator
+// (wait_event), so a failing peer still stops it. Without overlap the
+// collectives run in plan order on the compute stream and the communicator
+// waits for each before returning. Either way the CUDA streams, not the host
+// thread, order the work: the host enqueues a whole run without blocking.
 //
 // As a runtime::Program, start() enqueues a run (completing the previous
 // one first: one set of staging buffers) and its PendingRun is completed by
@@ -42,6 +52,8 @@
 #include "runtime/variables.h"
 
 namespace flowjit::runtime::cuda {
+
+class NcclCommunicator;
 
 struct GpuImage {
   std::string ptx;          // always usable: the driver compiles it for the device
@@ -152,6 +164,9 @@ class CudaExecutable : public Program {
  private:
   void load_and_allocate(const GpuImage& image);
   void run_collective(size_t li);
+  // Overlap: run_collective(li) on the communication stream, between the
+  // events; returns the launch the compute stream must wait before (-1: at once).
+  int64_t enqueue_collective(size_t li);
   void release_driver_objects();
   void resolve_args();
 
@@ -160,6 +175,7 @@ class CudaExecutable : public Program {
   GpuImage image_;  // for instance()
   std::string loaded_from_;
   std::shared_ptr<Communicator> comm_;
+  NcclCommunicator* nccl_ = nullptr;  // comm_, once set_device checked it
   int rank_ = 0;
   std::vector<std::vector<size_t>> buckets_;  // all_reduce_buckets(plan_)
   std::vector<bool> bucketed_;                // a later member of a bucket
@@ -178,6 +194,8 @@ class CudaExecutable : public Program {
   std::vector<void*> arg_ptrs_;          // &arg_values_[k], what cuLaunchKernel reads
   std::vector<size_t> arg_start_;
   CUevent done_ = nullptr;
+  std::vector<CUevent> produced_, completed_;  // per collective launch (overlap)
+  bool overlapped_ = false;                    // the run in flight uses the comm stream
   bool bound_ = false;
   bool in_flight_ = false;
   std::mutex runs_mu_;

@@ -246,11 +246,11 @@ NcclReduction nccl_reduction(ir::DType dtype) {
 // ---------------------------------------------------------------- copies
 
 void strided_copy(const Device& device, CUdeviceptr dst, size_t dst_pitch, CUdeviceptr src,
-                  size_t src_pitch, size_t width, size_t rows) {
+                  size_t src_pitch, size_t width, size_t rows, CUstream stream) {
   if (rows == 0 || width == 0) return;
   FJ_CHECK(width <= dst_pitch && width <= src_pitch, "strided_copy: rows wider than their pitch");
   const DriverApi& a = device.api();
-  CUstream s = device.stream();
+  CUstream s = stream ? stream : device.stream();
   if (rows == 1 || (width == src_pitch && width == dst_pitch)) {
     check(a, a.cuMemcpyDtoDAsync(dst, src, width * rows, s), "cuMemcpyDtoDAsync");
     return;
@@ -309,6 +309,11 @@ struct NcclCommunicator::Rank {
   ncclComm_t comm = nullptr;  // null once aborted; used by the rank's own thread only
   CUevent done = nullptr;     // recorded after each collective, polled until complete
   DeviceBuffer staging;       // layout changes and overlapping buffers; grows
+  // Enqueued (overlap): the stream collectives go on, and staging outgrown
+  // while collectives that use it may still be in flight, kept until wait_event.
+  CUstream stream = nullptr;  // null: the device's stream, waited for by each call
+  std::vector<DeviceBuffer> retired;
+  CUstream on() const { return stream ? stream : device->stream(); }
 };
 
 NcclCommunicator::NcclCommunicator(const NcclApi& api, int world, int first,
@@ -499,6 +504,8 @@ NcclCommunicator::Rank& NcclCommunicator::enter(int rank) {
 
 CUdeviceptr NcclCommunicator::staging(Rank& r, uint64_t bytes) {
   if (r.staging.bytes() < bytes) {
+    if (r.stream)  // collectives enqueued before may still read or write it
+      r.retired.push_back(std::move(r.staging));
     r.staging = DeviceBuffer();  // return the old one to the arena first
     r.staging = DeviceBuffer(r.device, (bytes + kStagingGrain - 1) / kStagingGrain * kStagingGrain);
   }
@@ -511,7 +518,7 @@ void NcclCommunicator::run(Rank& r, const std::string& what, F&& enqueue) {
   try {
     Device::Scope scope(*r.device);
     enqueue();
-    wait(r, what);
+    if (!r.stream) wait(r, what);  // enqueued: the caller waits, with wait_event
     return;
   } catch (const UserError& e) {
     failed = e.what();
@@ -525,15 +532,48 @@ void NcclCommunicator::run(Rank& r, const std::string& what, F&& enqueue) {
 
 void NcclCommunicator::wait(Rank& r, const std::string& what) {
   const DriverApi& d = r.device->api();
-  check(d, d.cuEventRecord(r.done, r.device->stream()), "cuEventRecord",
-        str(what, " on ", where(r)));
+  check(d, d.cuEventRecord(r.done, r.on()), "cuEventRecord", str(what, " on ", where(r)));
+  poll(r, r.done, what);
+}
+
+NcclCommunicator::Enqueued::Enqueued(NcclCommunicator& c, int rank, CUstream stream)
+    : r_(c.enter(rank)) {
+  FJ_CHECK(r_.stream == nullptr, "nccl: ", c.where(r_), " is already enqueuing on a stream");
+  r_.stream = stream;
+}
+
+NcclCommunicator::Enqueued::~Enqueued() { r_.stream = nullptr; }
+
+void NcclCommunicator::wait_event(int rank, CUevent event, const std::string& what) {
+  int l = rank - first_;
+  FJ_CHECK(l >= 0 && l < local_ranks(), "nccl: rank ", rank, " is not a GPU of this process");
+  Rank& r = *ranks_[static_cast<size_t>(l)];
+  std::string failed;
+  try {
+    Device::Scope scope(*r.device);
+    poll(r, event, what);
+    r.retired.clear();
+    return;
+  } catch (const UserError& e) {
+    failed = e.what();
+  } catch (const std::exception& e) {
+    failed = str("nccl: ", what, " on ", where(r), " failed: ", e.what());
+  }
+  abort(failed);  // the first reason stays
+  abort_comm(r);
+  throw UserError(ErrorKind::Runtime, failed);
+}
+
+void NcclCommunicator::poll(Rank& r, CUevent event, const std::string& what) {
+  const DriverApi& d = r.device->api();
   auto start = std::chrono::steady_clock::now();
   auto pause = std::chrono::microseconds(10);
   for (int spin = 0;; ++spin) {
-    CUresult q = d.cuEventQuery(r.done);
+    CUresult q = d.cuEventQuery(event);
     if (q == kCudaSuccess) return;
     if (q != kCudaErrorNotReady)
       check(d, q, "cuEventQuery", str("waiting for ", what, " on ", where(r)));
+    if (!r.comm) throw_user(ErrorKind::Runtime, "a collective was aborted: ", abort_reason());
     ncclResult_t async = kNcclSuccess;
     nccl_check(api_, api_.ncclCommGetAsyncError(r.comm, &async), "ncclCommGetAsyncError",
                str("waiting for ", what, " on ", where(r)));
@@ -569,13 +609,13 @@ void NcclCommunicator::all_reduce(int rank, const void* in, void* out, int64_t c
     // NCCL works in place when in == out, not for buffers that partly overlap.
     if (src != dst && overlap(src, bytes, dst, bytes)) {
       CUdeviceptr s = staging(r, bytes);
-      check(r.device->api(), r.device->api().cuMemcpyDtoDAsync(s, src, bytes, r.device->stream()),
+      check(r.device->api(), r.device->api().cuMemcpyDtoDAsync(s, src, bytes, r.on()),
             "cuMemcpyDtoDAsync");
       src = s;
     }
     nccl_check(api_,
                api_.ncclAllReduce(vptr(src), vptr(dst), static_cast<size_t>(count), red.type,
-                                  red.op, r.comm, r.device->stream()),
+                                  red.op, r.comm, r.on()),
                "ncclAllReduce", str(what, " on ", where(r)));
   });
 }
@@ -594,8 +634,7 @@ void NcclCommunicator::all_gather(int rank, const void* in, void* out, int64_t o
     const Device& dev = *r.device;
     CUdeviceptr src = dptr(in), dst = dptr(out);
     auto gather = [&](CUdeviceptr from, CUdeviceptr to) {
-      nccl_check(api_,
-                 api_.ncclAllGather(vptr(from), vptr(to), block, kNcclInt8, r.comm, dev.stream()),
+      nccl_check(api_, api_.ncclAllGather(vptr(from), vptr(to), block, kNcclInt8, r.comm, r.on()),
                  "ncclAllGather", str(what, " on ", where(r)));
     };
     if (outer == 1 || n == 1) {
@@ -604,8 +643,7 @@ void NcclCommunicator::all_gather(int rank, const void* in, void* out, int64_t o
       CUdeviceptr own = dst + static_cast<uint64_t>(r.index) * block;
       if (src != own && overlap(src, block, dst, total)) {
         CUdeviceptr s = staging(r, block);
-        check(dev.api(), dev.api().cuMemcpyDtoDAsync(s, src, block, dev.stream()),
-              "cuMemcpyDtoDAsync");
+        check(dev.api(), dev.api().cuMemcpyDtoDAsync(s, src, block, r.on()), "cuMemcpyDtoDAsync");
         src = s;
       }
       gather(src, dst);
@@ -617,7 +655,7 @@ void NcclCommunicator::all_gather(int rank, const void* in, void* out, int64_t o
     gather(src, s);
     for (uint64_t q = 0; q < n; ++q)
       strided_copy(dev, dst + q * inner, n * inner, s + q * block, inner, inner,
-                   static_cast<size_t>(outer));
+                   static_cast<size_t>(outer), r.on());
   });
 }
 
@@ -640,10 +678,10 @@ void NcclCommunicator::reduce_scatter(int rank, const void* in, void* out, int64
     const Device& dev = *r.device;
     CUdeviceptr src = dptr(in), dst = dptr(out);
     auto scatter = [&](CUdeviceptr from, CUdeviceptr to) {
-      nccl_check(api_,
-                 api_.ncclReduceScatter(vptr(from), vptr(to), block, red.type, red.op, r.comm,
-                                        dev.stream()),
-                 "ncclReduceScatter", str(what, " on ", where(r)));
+      nccl_check(
+          api_,
+          api_.ncclReduceScatter(vptr(from), vptr(to), block, red.type, red.op, r.comm, r.on()),
+          "ncclReduceScatter", str(what, " on ", where(r)));
     };
     if (outer == 1 || n == 1) {
       // In place means out is this rank's block of in; another overlap
@@ -652,7 +690,7 @@ void NcclCommunicator::reduce_scatter(int rank, const void* in, void* out, int64
       if (dst != own && overlap(src, total_bytes, dst, block_bytes)) {
         CUdeviceptr s = staging(r, block_bytes);
         scatter(src, s);
-        check(dev.api(), dev.api().cuMemcpyDtoDAsync(dst, s, block_bytes, dev.stream()),
+        check(dev.api(), dev.api().cuMemcpyDtoDAsync(dst, s, block_bytes, r.on()),
               "cuMemcpyDtoDAsync");
       } else {
         scatter(src, dst);
@@ -664,7 +702,7 @@ void NcclCommunicator::reduce_scatter(int rank, const void* in, void* out, int64
     CUdeviceptr s = staging(r, total_bytes);
     for (uint64_t q = 0; q < n; ++q)
       strided_copy(dev, s + q * block_bytes, row, src + q * row, n * row, row,
-                   static_cast<size_t>(outer));
+                   static_cast<size_t>(outer), r.on());
     scatter(s, dst);
   });
 }
@@ -701,11 +739,10 @@ void NcclCommunicator::all_reduce_many(int rank, const std::vector<Buffer>& buff
     CUdeviceptr s = staged ? staging(r, staged) : 0;
     for (size_t i = 0; i < buffers.size(); ++i)
       if (at[i] != UINT64_MAX)
-        check(
-            dev.api(),
-            dev.api().cuMemcpyDtoDAsync(s + at[i], dptr(buffers[i].in),
-                                        static_cast<uint64_t>(buffers[i].count) * es, dev.stream()),
-            "cuMemcpyDtoDAsync");
+        check(dev.api(),
+              dev.api().cuMemcpyDtoDAsync(s + at[i], dptr(buffers[i].in),
+                                          static_cast<uint64_t>(buffers[i].count) * es, r.on()),
+              "cuMemcpyDtoDAsync");
     const std::string context = str(what, " on ", where(r));
     nccl_check(api_, api_.ncclGroupStart(), "ncclGroupStart", context);
     // A group that was started must be ended, also when a call in it failed.
@@ -715,7 +752,7 @@ void NcclCommunicator::all_reduce_many(int rank, const std::vector<Buffer>& buff
       if (b.count == 0) continue;
       CUdeviceptr src = at[i] != UINT64_MAX ? s + at[i] : dptr(b.in);
       failed = api_.ncclAllReduce(vptr(src), b.out, static_cast<size_t>(b.count), red.type, red.op,
-                                  r.comm, dev.stream());
+                                  r.comm, r.on());
     }
     ncclResult_t ended = api_.ncclGroupEnd();
     nccl_check(api_, failed, "ncclAllReduce", context);
@@ -729,10 +766,8 @@ void NcclCommunicator::barrier(int rank) {
     // The value is of no interest: the all_reduce completes on a rank only
     // once every rank has entered it.
     CUdeviceptr s = staging(r, 4);
-    nccl_check(
-        api_,
-        api_.ncclAllReduce(vptr(s), vptr(s), 1, kNcclInt32, kNcclSum, r.comm, r.device->stream()),
-        "ncclAllReduce", str("barrier on ", where(r)));
+    nccl_check(api_, api_.ncclAllReduce(vptr(s), vptr(s), 1, kNcclInt32, kNcclSum, r.comm, r.on()),
+               "ncclAllReduce", str("barrier on ", where(r)));
   });
 }
 

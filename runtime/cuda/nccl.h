@@ -157,8 +157,9 @@ NcclReduction nccl_reduction(ir::DType dtype);
 // (row by row for pitches past what it takes, or a table without it); the
 // communicator's layout changes between [outer][ranks][inner] and NCCL's
 // rank-major blocks are such copies.
+// `stream` null: the device's stream.
 void strided_copy(const Device& device, CUdeviceptr dst, size_t dst_pitch, CUdeviceptr src,
-                  size_t src_pitch, size_t width, size_t rows);
+                  size_t src_pitch, size_t width, size_t rows, CUstream stream = nullptr);
 
 struct NcclOptions {
   // The NCCL to use (it must outlive the communicator); null: the
@@ -178,6 +179,11 @@ struct NcclOptions {
 // work already there (the kernels that produced `in`), and the call waits
 // until it is complete, so `out` is ready on return. The wait polls an
 // event, so that abort() or a failing peer wakes a rank that is waiting.
+// While an Enqueued is alive for a rank (overlap, runtime/cuda/executable.h),
+// its collectives go on the Enqueued's stream instead and return at once;
+// the caller orders them with events and waits with wait_event, which
+// notices an abort, a failing peer and the timeout as a collective's own
+// wait does.
 //
 // Results: every rank gets the same bits (NCCL reduces each element once
 // and sends that result to all ranks), but NCCL's summation order is its
@@ -200,6 +206,8 @@ struct NcclOptions {
 // than waiting on its stream: ncclCommInitRank until all ranks join, or a
 // first collective whose connection set-up waits for a peer.
 class NcclCommunicator final : public Communicator {
+  struct Rank;
+
  public:
   // One process: devices[i] is rank i (ncclCommInitAll). Distinct GPUs.
   static std::shared_ptr<NcclCommunicator> create(std::vector<std::shared_ptr<Device>> devices,
@@ -234,13 +242,30 @@ class NcclCommunicator final : public Communicator {
   void barrier(int rank) override;
   void abort(const std::string& why) override;
 
+  // Rank `rank`'s collectives go on `stream` (one of its Device's streams)
+  // without waiting, for the object's life. Throws as a collective does on an
+  // aborted communicator.
+  class Enqueued {
+   public:
+    Enqueued(NcclCommunicator& c, int rank, CUstream stream);
+    ~Enqueued();
+    Enqueued(const Enqueued&) = delete;
+    Enqueued& operator=(const Enqueued&) = delete;
+
+   private:
+    Rank& r_;
+  };
+  // Waits until `event` (recorded on one of rank `rank`'s streams after
+  // enqueued collectives) has completed; fails, aborting the communicator,
+  // as a collective's wait does. `what` names the wait in errors.
+  void wait_event(int rank, CUevent event, const std::string& what);
+
   int first_rank() const { return first_; }
   int local_ranks() const { return static_cast<int>(ranks_.size()); }
   const NcclApi& api() const { return api_; }
   Device& device(int rank);  // the GPU of one of this process's ranks
 
  private:
-  struct Rank;
   NcclCommunicator(const NcclApi& api, int world, int first,
                    std::vector<std::shared_ptr<Device>> devices, const NcclOptions& options);
   void finish_setup();
@@ -248,6 +273,7 @@ class NcclCommunicator final : public Communicator {
   template <class F>
   void run(Rank& r, const std::string& what, F&& enqueue);
   void wait(Rank& r, const std::string& what);
+  void poll(Rank& r, CUevent event, const std::string& what);
   void abort_comm(Rank& r);
   CUdeviceptr staging(Rank& r, uint64_t bytes);
   std::string where(const Rank& r) const;  // "rank 1 (GPU 1)"

@@ -36,6 +36,10 @@ struct Hooks {
   // Collectives enqueue nothing that ever completes (until aborted).
   std::function<bool()> hang = [] { return false; };
   std::function<void(int)> aborted = [](int) {};  // a device's communicator was aborted
+  // A collective that passed the checks, as the fake driver's operation on
+  // `stream` touching [send, +send_bytes) and [recv, +recv_bytes).
+  std::function<void(rc::CUstream, const std::string&, uintptr_t, size_t, uintptr_t, size_t)>
+      enqueued = [](rc::CUstream, const std::string&, uintptr_t, size_t, uintptr_t, size_t) {};
 };
 inline Hooks& hooks() {
   static Hooks h;
@@ -166,6 +170,7 @@ inline rc::ncclResult_t collective(const char* name, Comm* c, rc::CUstream strea
   if (bad_alias) return fail(rc::kNcclInvalidArgument, "fake: overlap that is not in place");
   if (nccl().fail_rank == c->rank)
     return fail(rc::kNcclInvalidArgument, "fake: rank " + std::to_string(c->rank) + " refuses");
+  hooks().enqueued(stream, name, u(send), send_bytes, u(recv), recv_bytes);
   if (hooks().hang()) return rc::kNcclSuccess;
   World& w = *c->world;
   w.send[static_cast<size_t>(c->rank)] = send;

@@ -376,7 +376,7 @@ struct TrainGraph {
 
 // check_labels: the labels go through a check_index, as the Python ops trace them.
 TrainGraph train_step(jit::OptimizerConfig::Kind kind, int64_t batch, int64_t in, int64_t hidden,
-                      int64_t classes, bool check_labels = false) {
+                      int64_t classes, bool check_labels = false, int mirrored_parts = 0) {
   auto images = param("images", 0, {batch, 1, 28, in / 28});
   auto labels = param("labels", 1, {batch}, DType::Int32);
   auto w1 = variable("hidden-weight", {hidden, in});
@@ -397,6 +397,7 @@ TrainGraph train_step(jit::OptimizerConfig::Kind kind, int64_t batch, int64_t in
   cfg.kind = kind;
   cfg.momentum = 0;
   cfg.do_bias_correction = true;
+  cfg.mirrored_parts = mirrored_parts;
   jit::OptimizerLowering low = jit::lower_optimizer(cfg, {loss}, lr, step, {w1, b1, w2, b2});
   TrainGraph t;
   t.g = make_graph({images, labels}, {loss}, low.effects);
@@ -1292,7 +1293,34 @@ std::string host_ir(const std::string& gpu_ir, std::string* unsupported) {
 // run the CPU backend's code for the same kernels. It checks the runtime's
 // plumbing (staging, argument resolution, launch order, variables updated in
 // place, completion by events) and lets the tests inject driver failures.
+//
+// Work runs at once, in the order the host enqueues it, whatever its stream;
+// a real GPU runs two streams' work in any order their events allow. So the
+// fake checks that order: every operation it runs (kernel, copy, a fake
+// NCCL collective) gets its stream and a vector clock (per stream, how much
+// of that stream's work is known to come before it; joined through
+// cuEventRecord + cuStreamWaitEvent, and through the host's waits on events
+// and streams). Two operations on different streams of one GPU that touch
+// the same memory (a kernel's argument addresses, a copy's or collective's
+// byte ranges) must be ordered by those clocks,
+// else the fake records a hazard: a missing event edge, which a real GPU
+// could turn into a race. It also counts kernels that run beside a
+// collective (neither ordered before nor after it): overlap.
 namespace fake {
+
+using Clock = std::map<uintptr_t, uint64_t>;  // stream -> operations of it before
+void join(Clock& into, const Clock& c) {
+  for (auto& [s, n] : c) into[s] = std::max(into[s], n);
+}
+struct Op {
+  int device = 0;
+  uintptr_t stream = 0;
+  uint64_t seq = 0;  // its place on its stream
+  Clock clock;       // what comes before it
+  std::string what;
+  bool collective = false;
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;  // [lo, hi) it reads or writes
+};
 
 struct Launch {
   std::string symbol;
@@ -1341,6 +1369,15 @@ struct Gpu {
   uintptr_t next_event = 0x100;
   bool hang = false;
   std::set<int> aborted_devices;
+  // Streams and their ordering (see above). `log`: "<device>:<stream
+  // index> <what>" for every operation, event record and stream wait.
+  std::map<int, int> streams;  // per device, how many were created
+  std::map<uintptr_t, Clock> stream_clock, event_clock;
+  std::map<uintptr_t, uint64_t> stream_ops;
+  std::vector<Op> live;  // operations not yet known to be complete
+  std::vector<std::string> hazards, log;
+  int kernels_beside_collectives = 0;
+  std::map<std::thread::id, Clock> host;  // per host thread (host_clock)
   std::vector<char> scratch = std::vector<char>(64 << 20);
 };
 Gpu& gpu() {
@@ -1352,10 +1389,59 @@ std::recursive_mutex g_mu;
 #define FAKE_LOCK std::lock_guard<std::recursive_mutex> fake_lock_(g_mu)
 thread_local std::vector<int> t_context;  // devices whose context this thread pushed
 int current_device() { return t_context.empty() ? -1 : t_context.back(); }
-rc::CUstream stream_of(int device) {
-  return reinterpret_cast<rc::CUstream>(uintptr_t{0x1000} + static_cast<uintptr_t>(device));
+// Stream k of device d is 0x10000 + 256 d + k.
+int device_of(rc::CUstream s) {
+  return static_cast<int>((reinterpret_cast<uintptr_t>(s) - 0x10000) >> 8);
 }
-int device_of(rc::CUstream s) { return static_cast<int>(reinterpret_cast<uintptr_t>(s) - 0x1000); }
+int stream_index(rc::CUstream s) { return static_cast<int>(reinterpret_cast<uintptr_t>(s) & 0xff); }
+// What the calling host thread has seen complete.
+Clock& host_clock() { return gpu().host[std::this_thread::get_id()]; }
+uintptr_t id(rc::CUstream s) { return reinterpret_cast<uintptr_t>(s); }
+std::string where(rc::CUstream s) {
+  return std::to_string(device_of(s)) + ":" + std::to_string(stream_index(s));
+}
+// The host waited for everything before `c`: those operations are done.
+void host_saw(const Clock& c) {
+  Clock& h = host_clock();
+  join(h, c);
+  auto& live = gpu().live;
+  live.erase(
+      std::remove_if(live.begin(), live.end(), [&](const Op& o) { return o.seq <= h[o.stream]; }),
+      live.end());
+}
+// An operation on stream `s`, checked against those on the device's other streams.
+void run_on(rc::CUstream s, const std::string& what, bool collective,
+            std::vector<std::pair<uintptr_t, uintptr_t>> ranges) {
+  Gpu& g = gpu();
+  Op op;
+  op.device = device_of(s);
+  op.stream = id(s);
+  op.seq = ++g.stream_ops[op.stream];
+  op.clock = g.stream_clock[op.stream];
+  join(op.clock, host_clock());
+  op.clock[op.stream] = op.seq;
+  g.stream_clock[op.stream] = op.clock;
+  op.what = what;
+  op.collective = collective;
+  op.ranges = std::move(ranges);
+  g.log.push_back(where(s) + " " + what);
+  for (const Op& o : g.live) {
+    if (o.device != op.device || o.stream == op.stream) continue;
+    bool before = o.seq <= op.clock[o.stream];
+    if (!before && o.collective && what.rfind("kernel ", 0) == 0) ++g.kernels_beside_collectives;
+    bool touch = false;
+    for (auto& a : o.ranges)
+      for (auto& b : op.ranges) touch |= a.first < b.second && b.first < a.second;
+    if (touch && !before)
+      g.hazards.push_back(what + " on stream " + where(s) + " is not ordered after " + o.what +
+                          " on stream " + where(reinterpret_cast<rc::CUstream>(o.stream)) +
+                          ", which touches the same memory");
+  }
+  g.live.push_back(std::move(op));
+}
+std::pair<uintptr_t, uintptr_t> bytes_at(uintptr_t p, size_t n) {
+  return {p, p + std::max<size_t>(n, 1)};
+}
 bool is_device_memory(uintptr_t p, size_t n) {
   FAKE_LOCK;
   auto it = gpu().block_bytes.upper_bound(p);
@@ -1470,11 +1556,24 @@ CUresult pop(rc::CUcontext* c) {
 }
 CUresult ctx_sync() { return ok(); }
 CUresult stream_create(rc::CUstream* s, unsigned) {
-  *s = stream_of(std::max(0, current_device()));
+  FAKE_LOCK;
+  int d = std::max(0, current_device());
+  *s = reinterpret_cast<rc::CUstream>(uintptr_t{0x10000} + 256 * static_cast<uintptr_t>(d) +
+                                      static_cast<uintptr_t>(gpu().streams[d]++));
   return ok();
 }
 CUresult stream_destroy(rc::CUstream) { return ok(); }
-CUresult stream_sync(rc::CUstream) { return ok(); }
+CUresult stream_sync(rc::CUstream s) {
+  FAKE_LOCK;
+  host_saw(gpu().stream_clock[id(s)]);
+  return ok();
+}
+CUresult stream_wait(rc::CUstream s, rc::CUevent e, unsigned) {
+  FAKE_LOCK;
+  join(gpu().stream_clock[id(s)], gpu().event_clock[reinterpret_cast<uintptr_t>(e)]);
+  gpu().log.push_back(where(s) + " wait " + std::to_string(reinterpret_cast<uintptr_t>(e)));
+  return ok();
+}
 CUresult mem_alloc(rc::CUdeviceptr* p, size_t bytes) {
   FAKE_LOCK;
   if (bytes > gpu().alloc_limit) return rc::kCudaErrorOutOfMemory;
@@ -1505,15 +1604,21 @@ CUresult host_free(void* p) {
   std::free(p);
   return ok();
 }
-CUresult h2d(rc::CUdeviceptr d, const void* s, size_t n, rc::CUstream) {
+CUresult h2d(rc::CUdeviceptr d, const void* s, size_t n, rc::CUstream st) {
+  FAKE_LOCK;
+  run_on(st, "cuMemcpyHtoDAsync", false, {bytes_at(d, n)});
   std::memcpy(reinterpret_cast<void*>(d), s, n);
   return ok();
 }
-CUresult d2h(void* d, rc::CUdeviceptr s, size_t n, rc::CUstream) {
+CUresult d2h(void* d, rc::CUdeviceptr s, size_t n, rc::CUstream st) {
+  FAKE_LOCK;
+  run_on(st, "cuMemcpyDtoHAsync", false, {bytes_at(s, n)});
   std::memcpy(d, reinterpret_cast<void*>(s), n);
   return ok();
 }
-CUresult d2d(rc::CUdeviceptr d, rc::CUdeviceptr s, size_t n, rc::CUstream) {
+CUresult d2d(rc::CUdeviceptr d, rc::CUdeviceptr s, size_t n, rc::CUstream st) {
+  FAKE_LOCK;
+  run_on(st, "cuMemcpyDtoDAsync", false, {bytes_at(d, n), bytes_at(s, n)});
   std::memcpy(reinterpret_cast<void*>(d), reinterpret_cast<void*>(s), n);
   return ok();
 }
@@ -1559,12 +1664,19 @@ CUresult get_function(rc::CUfunction* f, rc::CUmodule m, const char* name) {
 }
 CUresult set_attribute(rc::CUfunction, int, int) { return ok(); }
 CUresult launch(rc::CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                unsigned bz, unsigned shared, rc::CUstream, void** params, void**) {
+                unsigned bz, unsigned shared, rc::CUstream stream, void** params, void**) {
   std::unique_lock<std::recursive_mutex> lock(g_mu);
   auto [name, emu_kernel] = gpu().functions.at(reinterpret_cast<uintptr_t>(f) - 1);
   Launch l{name, {gx, gy, gz}, {bx, by, bz}, shared, {}};
+  auto touches = [&](size_t nargs) {
+    std::vector<std::pair<uintptr_t, uintptr_t>> r;
+    for (size_t i = 0; i < nargs; ++i)
+      r.push_back(bytes_at(*static_cast<rc::CUdeviceptr*>(params[i]), 1));
+    run_on(stream, "kernel " + name, false, r);
+  };
   if (emu_kernel) {
     EmuKernel k = *emu_kernel;
+    touches(k.nargs);
     std::vector<char*> args;
     for (size_t i = 0; i < k.nargs; ++i)
       args.push_back(reinterpret_cast<char*>(*static_cast<rc::CUdeviceptr*>(params[i])));
@@ -1576,6 +1688,7 @@ CUresult launch(rc::CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigne
     return ok();
   }
   auto it = gpu().cpu.find(name);
+  touches(it != gpu().cpu.end() ? it->second.nargs : 0);
   if (it != gpu().cpu.end()) {
     std::vector<char*> args;
     for (size_t i = 0; i < it->second.nargs; ++i) {
@@ -1595,7 +1708,14 @@ CUresult event_create(rc::CUevent* e, unsigned) {
   return ok();
 }
 CUresult event_destroy(rc::CUevent) { return ok(); }
-CUresult event_record(rc::CUevent, rc::CUstream) { return ok(); }
+CUresult event_record(rc::CUevent e, rc::CUstream s) {
+  FAKE_LOCK;
+  Clock c = gpu().stream_clock[id(s)];
+  join(c, host_clock());
+  gpu().event_clock[reinterpret_cast<uintptr_t>(e)] = c;
+  gpu().log.push_back(where(s) + " record " + std::to_string(reinterpret_cast<uintptr_t>(e)));
+  return ok();
+}
 CUresult event_query(rc::CUevent e) {
   FAKE_LOCK;
   auto ev = gpu().events.find(reinterpret_cast<uintptr_t>(e));
@@ -1605,9 +1725,14 @@ CUresult event_query(rc::CUevent e) {
     --gpu().not_ready;
     return rc::kCudaErrorNotReady;
   }
+  host_saw(gpu().event_clock[reinterpret_cast<uintptr_t>(e)]);
   return ok();
 }
-CUresult event_sync(rc::CUevent) { return ok(); }
+CUresult event_sync(rc::CUevent e) {
+  FAKE_LOCK;
+  host_saw(gpu().event_clock[reinterpret_cast<uintptr_t>(e)]);
+  return ok();
+}
 
 const rc::DriverApi& api() {
   static const rc::DriverApi a = [] {
@@ -1646,6 +1771,7 @@ const rc::DriverApi& api() {
     d.cuEventRecord = event_record;
     d.cuEventQuery = event_query;
     d.cuEventSynchronize = event_sync;
+    d.cuStreamWaitEvent = stream_wait;
     d.library = "fake";
     return d;
   }();
@@ -2817,6 +2943,12 @@ class FakeNcclOnThisDriver {
       std::lock_guard<std::recursive_mutex> lock(fake::g_mu);
       fake::gpu().aborted_devices.insert(device);
     };
+    h.enqueued = [](rc::CUstream s, const std::string& what, uintptr_t send, size_t send_bytes,
+                    uintptr_t recv, size_t recv_bytes) {
+      std::lock_guard<std::recursive_mutex> lock(fake::g_mu);
+      fake::run_on(s, what, true,
+                   {fake::bytes_at(send, send_bytes), fake::bytes_at(recv, recv_bytes)});
+    };
     std::lock_guard<std::mutex> lock(fnccl::nccl().mu);
     fnccl::nccl().calls.clear();
     fnccl::nccl().fail_rank = -1;
@@ -2923,6 +3055,7 @@ void expect_same_variables(runtime::VariableStore& got, runtime::VariableStore& 
     auto* g = got.find(v->name);
     ASSERT_NE(g, nullptr) << what << ": " << v->name;
     runtime::sync_host(*g);
+    runtime::sync_host(*v);  // `want` may be distributed too (CPU devices)
     size_t n = static_cast<size_t>(v->type.bytes());
     std::string d = compare(bytes_of(g->ptr(), n), bytes_of(v->ptr(), n), v->type, 1e-4, 1e-5);
     EXPECT_TRUE(d.empty()) << what << ": " << v->name << ": " << d;
@@ -3009,6 +3142,7 @@ void check_train_on_gpus(int n, int64_t batch, int64_t hidden,
     EXPECT_EQ(fake::gpu().current, 0) << "every context push is popped";
   }
   for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
+  for (auto& h : fake::gpu().hazards) ADD_FAILURE() << "missing event edge: " << h;
   EXPECT_TRUE(fake::gpu().device_blocks.empty()) << "device memory returned to the driver";
   EXPECT_EQ(fake::gpu().retained, 0) << "the primary contexts are released";
 }
@@ -3103,6 +3237,7 @@ TEST(NvptxMultiGpu, ReductionsOfEveryDtypeMatchOneDevice) {
       EXPECT_GT(FakeNcclOnThisDriver::calls("ncclAllReduce"), 0);
       EXPECT_GT(FakeNcclOnThisDriver::calls("ncclAllGather"), 0);
       for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
+      for (auto& h : fake::gpu().hazards) ADD_FAILURE() << "missing event edge: " << h;
     }
   }
 }
@@ -3158,12 +3293,18 @@ TEST(NvptxMultiGpu, ARankFailingStopsEveryRankWithItsError) {
 // here, with its own session store) drives one GPU as its rank of one NCCL
 // communicator made from a shared unique id; split variables are gathered
 // into every process's host after each run, through the GPU.
-TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
-  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
-  const int procs = 2;
-  const int64_t batch = 8;
+namespace {
+void check_processes(const std::vector<std::vector<int>>& gpus_of) {
+  const int procs = static_cast<int>(gpus_of.size());
+  std::vector<int> first;  // each process's first NCCL rank
+  int world = 0;
+  for (auto& g : gpus_of) {
+    first.push_back(world);
+    world += static_cast<int>(g.size());
+  }
+  const int64_t batch = 6;
   fake::gpu() = fake::Gpu();
-  fake::gpu().devices = procs;
+  fake::gpu().devices = world;
   FakeNcclOnThisDriver fake_nccl;
   TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, batch, 56, 6, 10);
   jit::FusedProgram fp = fuse_graph(t.g, "t");
@@ -3172,7 +3313,7 @@ TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
   jit::JobDescription one = train_job(t);
   jit::CompiledJob cpu = jit::compile_job(one, jit::CompileSettings{}, cpu_store);
   jit::JobDescription job = one;
-  job.distribution.parts = procs;
+  job.distribution.parts = world;
   job.distribution.split_vars = {{"hidden-weight", 0}};
   job.distribution.whole_outputs = true;
   emulate_per_device_program(job);
@@ -3183,7 +3324,7 @@ TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
   for (int p = 0; p < procs; ++p) {
     hosts.push_back(std::make_unique<runtime::VariableStore>());
     fill_store(*hosts.back(), fp);
-    gpus.push_back(std::make_unique<Gpus>(std::vector<int>{p}));
+    gpus.push_back(std::make_unique<Gpus>(gpus_of[p]));
   }
   std::vector<std::string> errors(procs);
   auto each_process = [&](const std::function<void(int)>& fn) {
@@ -3200,11 +3341,11 @@ TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
     for (int p = 0; p < procs; ++p) EXPECT_EQ(errors[p], "") << "process " << p;
   };
   each_process([&](int p) {
-    auto comm =
-        rc::NcclCommunicator::create(id, procs, p, gpus[p]->devs, FakeNcclOnThisDriver::options());
-    dist[p] = on_gpus(job, *gpus[p], *hosts[p], comm, p, true);
+    auto comm = rc::NcclCommunicator::create(id, world, first[p], gpus[p]->devs,
+                                             FakeNcclOnThisDriver::options());
+    dist[p] = on_gpus(job, *gpus[p], *hosts[p], comm, first[p], true);
   });
-  ASSERT_TRUE(dist[0] && dist[1]);
+  for (auto& d : dist) ASSERT_TRUE(d);
   for (int step = 0; step < 2; ++step) {
     Batch b = batch_of(batch, step);
     std::vector<float> want = train_loss(*cpu.program, b);
@@ -3223,4 +3364,244 @@ TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
   EXPECT_GT(FakeNcclOnThisDriver::calls("ncclCommInitRank"), 1);
   dist.clear();
   for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
+  for (auto& h : fake::gpu().hazards) ADD_FAILURE() << "missing event edge: " << h;
+}
+}  // namespace
+
+TEST(NvptxMultiGpu, ProcessesWithAGpuEachMatchOneDevice) {
+  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+  check_processes({{0}, {1}});
+}
+
+// Processes holding different numbers of the job's GPUs: process 0's are
+// NCCL ranks 0 and 1, process 1's rank 2.
+TEST(NvptxMultiGpu, ProcessesWithDifferentNumbersOfGpusMatchOneDevice) {
+  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+  check_processes({{0, 1}, {2}});
+}
+
+namespace {
+
+// Sets an environment variable for a scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      ::setenv(name_, old_.c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// What the fake driver's log says about device `d`'s collectives: how many
+// ran on each of its streams, and for those on the communication stream
+// (stream 1), how many waited for an event recorded on the compute stream
+// (0) before them and recorded one after them that the compute stream
+// waited for later, and how many kernels the compute stream ran between.
+struct CollectiveEdges {
+  int on_compute = 0, on_comm = 0, with_both_edges = 0, kernels_between = 0;
+  int compute_waits = 0;  // "d:0 wait" entries
+};
+CollectiveEdges collective_edges(int d) {
+  const std::vector<std::string>& log = fake::gpu().log;
+  const std::string compute = std::to_string(d) + ":0 ", comm = std::to_string(d) + ":1 ";
+  auto is = [](const std::string& line, const std::string& prefix) {
+    return line.rfind(prefix, 0) == 0;
+  };
+  CollectiveEdges e;
+  for (const std::string& line : log) e.compute_waits += is(line, compute + "wait ");
+  for (size_t i = 0; i < log.size(); ++i) {
+    if (log[i].find(" nccl") == std::string::npos) continue;
+    if (is(log[i], compute)) ++e.on_compute;
+    if (!is(log[i], comm)) continue;
+    ++e.on_comm;
+    // Before it on the comm stream: a wait for an event the compute stream recorded.
+    std::string waited;
+    for (size_t j = i; j-- > 0;) {
+      if (is(log[j], comm + "wait ")) {
+        waited = log[j].substr(comm.size() + 5);
+        break;
+      }
+    }
+    bool produced = false;
+    for (size_t j = 0; j < i && !waited.empty(); ++j)
+      produced |= log[j] == compute + "record " + waited;
+    // After it: the comm stream records an event, the compute stream waits for it.
+    size_t rec = i;
+    while (rec < log.size() && !is(log[rec], comm + "record ")) ++rec;
+    if (rec == log.size()) continue;
+    std::string done = log[rec].substr(comm.size() + 7);
+    size_t w = rec;
+    int kernels = 0;
+    while (w < log.size() && log[w] != compute + "wait " + done)
+      kernels += is(log[w++], compute + "kernel ");
+    if (produced && w < log.size()) {
+      ++e.with_both_edges;
+      e.kernels_between += kernels;
+    }
+  }
+  return e;
+}
+
+}  // namespace
+
+// Overlap on GPUs: each collective runs on the device's communication
+// stream between two event edges (after its producers on the compute stream;
+// before its first consumer there), while later kernels run beside it; with
+// FLOWJIT_OVERLAP=0 everything stays on the compute stream. Results equal
+// one CPU device both ways (check_train_on_gpus), and the fake driver finds
+// no operation touching memory that one on the other stream touches without
+// an edge between them.
+TEST(NvptxMultiGpu, OverlapRunsCollectivesOnTheCommunicationStream) {
+  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+  for (const char* setting : {static_cast<const char*>(nullptr), "0"}) {
+    const bool overlap = setting == nullptr;
+    for (bool split : {false, true}) {
+      SCOPED_TRACE(std::string(overlap ? "overlap" : "FLOWJIT_OVERLAP=0") +
+                   (split ? ", split weight" : ""));
+      ScopedEnv env("FLOWJIT_OVERLAP", setting);
+      std::map<std::string, int> split_vars;
+      if (split) split_vars["hidden-weight"] = 0;
+      check_train_on_gpus(2, split ? 6 : 12, split ? 6 : 7, split_vars);
+      for (int d = 0; d < 2; ++d) {
+        CollectiveEdges e = collective_edges(d);
+        if (!overlap) {
+          EXPECT_EQ(e.on_comm, 0) << "GPU " << d;
+          EXPECT_GT(e.on_compute, 0) << "GPU " << d;
+          EXPECT_EQ(e.compute_waits, 0) << "GPU " << d;
+        } else {
+          EXPECT_EQ(e.on_compute, 0) << "GPU " << d << ": every collective on the comm stream";
+          EXPECT_GT(e.on_comm, 0) << "GPU " << d;
+          EXPECT_GT(e.with_both_edges, 0) << "GPU " << d;
+          EXPECT_GT(e.kernels_between, 0)
+              << "GPU " << d << ": kernels run while a collective is in flight";
+        }
+      }
+      if (overlap)
+        EXPECT_GT(fake::gpu().kernels_beside_collectives, 0);
+      else
+        EXPECT_EQ(fake::gpu().kernels_beside_collectives, 0);
+    }
+  }
+}
+
+// The fake driver's ordering check fails when an edge is missing: a
+// collective on the communication stream that does not wait for its
+// producer on the compute stream, or a consumer there that does not wait
+// for the collective's completion.
+TEST(NvptxMultiGpu, TheFakeDriverReportsAMissingEventEdge) {
+  fake::gpu() = fake::Gpu();
+  FakeNcclOnThisDriver fake_nccl;
+  auto dev = rc::Device::open(0, &fake::api());
+  const rc::DriverApi& api = fake::api();
+  {
+    rc::Device::Scope scope(*dev);
+    rc::DeviceBuffer grad(dev, 64), sum(dev, 64);
+    std::vector<char> host(64, 1);
+    rc::CUevent produced = nullptr, completed = nullptr;
+    ASSERT_EQ(api.cuEventCreate(&produced, 0), 0);
+    ASSERT_EQ(api.cuEventCreate(&completed, 0), 0);
+    for (int edges : {0, 1, 2}) {
+      SCOPED_TRACE(std::to_string(edges) + " edges");
+      fake::gpu().hazards.clear();
+      api.cuMemcpyHtoDAsync(grad.ptr(), host.data(), 64, dev->stream());  // the producer
+      if (edges >= 1) {
+        api.cuEventRecord(produced, dev->stream());
+        api.cuStreamWaitEvent(dev->comm_stream(), produced, 0);
+      }
+      fnccl::hooks().enqueued(dev->comm_stream(), "ncclAllReduce", grad.ptr(), 64, sum.ptr(), 64);
+      api.cuEventRecord(completed, dev->comm_stream());
+      if (edges >= 2) api.cuStreamWaitEvent(dev->stream(), completed, 0);
+      api.cuMemcpyDtoHAsync(host.data(), sum.ptr(), 64, dev->stream());  // the consumer
+      const auto& h = fake::gpu().hazards;
+      if (edges == 2) {
+        EXPECT_TRUE(h.empty()) << h.front();
+      } else {
+        ASSERT_FALSE(h.empty());
+        EXPECT_NE(h.front().find(edges == 0 ? "ncclAllReduce on stream 0:1 is not ordered after "
+                                              "cuMemcpyHtoDAsync on stream 0:0"
+                                            : "cuMemcpyDtoHAsync on stream 0:0 is not ordered "
+                                              "after ncclAllReduce on stream 0:1"),
+                  std::string::npos)
+            << h.front();
+      }
+      api.cuStreamSynchronize(dev->stream());
+      api.cuStreamSynchronize(dev->comm_stream());
+    }
+    api.cuEventDestroy(produced);
+    api.cuEventDestroy(completed);
+  }
+}
+
+// The mirrored view on several GPUs: each GPU takes its own batch and gives
+// its own loss (per-device inputs and outputs), and the gradients are
+// averaged by an all_reduce before every GPU applies the same update;
+// against the same job on as many CPU devices.
+TEST(NvptxMultiGpu, MirroredViewMatchesAsManyCpuDevices) {
+  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+  const int n = 2;
+  const int64_t batch = 6;
+  fake::gpu() = fake::Gpu();
+  fake::gpu().devices = n;
+  FakeNcclOnThisDriver fake_nccl;
+  TrainGraph one = train_step(jit::OptimizerConfig::Kind::SGD, batch, 56, 7, 10);
+  TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, batch, 56, 7, 10, false, n);
+  jit::FusedProgram fp = fuse_graph(one.g, "t");
+  runtime::VariableStore cpu_host, host;
+  fill_store(cpu_host, fp);
+  fill_store(host, fp);
+  jit::JobDescription job = train_job(t);
+  job.distribution.parts = n;
+  job.distribution.mirrored = true;
+  jit::CompiledJob cpu = jit::compile_job(job, jit::CompileSettings{}, cpu_host);
+  std::vector<std::unique_ptr<runtime::VariableStore>> cpu_stores;
+  std::vector<runtime::VariableStore*> cpu_store_ptrs;
+  for (int d = 0; d < n; ++d) {
+    cpu_stores.push_back(std::make_unique<runtime::VariableStore>());
+    cpu_store_ptrs.push_back(cpu_stores.back().get());
+  }
+  auto on_cpus = jit::make_distributed(cpu, cpu_host, cpu_store_ptrs,
+                                       runtime::make_thread_communicator(n), 0, false);
+  emulate_per_device_program(job);
+  {
+    Gpus gpus({0, 1});
+    auto comm = rc::NcclCommunicator::create(gpus.devs, FakeNcclOnThisDriver::options());
+    auto dist = on_gpus(job, gpus, host, comm, 0, false);
+    ASSERT_EQ(dist->num_input_pointers(), 4u) << "an images and a labels array per GPU";
+    ASSERT_EQ(dist->num_output_pointers(), 2u) << "a loss per GPU";
+    for (int step = 0; step < 3; ++step) {
+      Batch b0 = batch_of(batch, 2 * step), b1 = batch_of(batch, 2 * step + 1);
+      const void* ins[] = {b0.images.data(), b1.images.data(), b0.labels.data(), b1.labels.data()};
+      std::vector<std::vector<float>> want(n, std::vector<float>(batch)),
+          got(n, std::vector<float>(batch, -1));
+      void* want_p[] = {want[0].data(), want[1].data()};
+      void* got_p[] = {got[0].data(), got[1].data()};
+      on_cpus->run(ins, want_p);
+      dist->run(ins, got_p);
+      for (int d = 0; d < n; ++d)
+        for (int64_t i = 0; i < batch; ++i)
+          EXPECT_NEAR(got[d][i], want[d][i], 1e-4)
+              << "step " << step << " GPU " << d << " row " << i;
+    }
+    expect_same_variables(host, cpu_host, "after 3 mirrored steps");
+    EXPECT_GT(FakeNcclOnThisDriver::calls("ncclAllReduce"), 0) << "the gradients are averaged";
+  }
+  for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
+  for (auto& h : fake::gpu().hazards) ADD_FAILURE() << "missing event edge: " << h;
 }

@@ -127,25 +127,28 @@ def test_a_job_on_several_gpus_needs_each_of_them():
         twice(np.zeros(4, np.float32))
 
 
-def test_gpu_jobs_over_several_processes_name_what_is_not_supported(monkeypatch):
+def test_gpu_jobs_over_several_processes_take_any_gpus_of_each(monkeypatch):
     from flowjit import _devices
     monkeypatch.setattr(_devices, "process_info", lambda: (1, 2))
-    with pytest.raises(NotImplementedError, match=r"over 2 processes, but every process \(machine\) must hold "
-                       r"the same number of the job's GPUs"):
+    with pytest.raises(NotImplementedError, match=r"none of them on machine 1 \(this process\)"):
         _devices._gpu_ordinals("j", flow.scope.placement("gpu", "0:0"))
     with pytest.raises(ValueError, match=r"placed on machine 2 .* the session has 2 processes"):
         _devices._gpu_ordinals("j", flow.scope.placement("gpu", ["0:0", "2:0"]))
     assert _devices._gpu_placement("j", flow.scope.placement("gpu", ["0:0", "1:1"])) == ([1], 2)
-    flow.config.cpu_device_num(2)
-    with pytest.raises(NotImplementedError, match=r"needs flow.config.cpu_device_num\(1\) \(it is 2\)"):
-        _devices._gpu_ordinals("j", flow.scope.placement("gpu", ["0:0", "1:0"]))
+    # Different numbers of GPUs per process: this process's are ranks 2.. of 3.
+    uneven = flow.scope.placement("gpu", ["0:0-1", "1:1"])
+    assert _devices._gpu_placement("j", uneven) == ([1], 3)
+    assert _devices.gpu_first_rank(uneven) == 2
+    flow.config.cpu_device_num(2)  # the NCCL id goes over every CPU device's rank
+    assert _devices._gpu_ordinals("j", flow.scope.placement("gpu", ["0:0", "1:0"])) == [0]
 
 
-def test_several_gpus_take_the_consistent_view_only():
+def test_several_gpus_in_the_mirrored_view_take_list_placeholders():
     cfg = _placed(flow.scope.placement("gpu", "0:0-1"))
     cfg.default_logical_view(flow.scope.mirrored_view())
     job = _plus_one(cfg)
-    with pytest.raises((NotImplementedError, RuntimeError), match=r"placed on (2 GPUs in the mirrored view|GPU)"):
+    with pytest.raises((NotImplementedError, RuntimeError),
+                       match=r"(in the mirrored view over 2 GPUs every input is per device|placed on GPU)"):
         job(np.zeros(4, np.float32))
 
 
@@ -951,6 +954,31 @@ flow.clear_default_session()
 train(x, y)
 again = train.compiled_jobs()[0]
 assert again.from_disk_cache and again.device == "gpu:0,1", (again.from_disk_cache, again.device)
+# The mirrored view: a list with one array per GPU in, one per GPU out, the
+# gradients averaged through NCCL (the numbers: C++
+# NvptxMultiGpu.MirroredViewMatchesAsManyCpuDevices).
+mcfg = flow.function_config()
+mcfg.default_placement_scope(flow.scope.placement("gpu", "0:0-1"))
+mcfg.default_logical_view(flow.scope.mirrored_view())
+
+@flow.global_function(type="train", function_config=mcfg)
+def train_mirrored(x: tp.ListNumpy.Placeholder((8, 8), dtype=flow.float),
+                   y: tp.ListNumpy.Placeholder((8,), dtype=flow.int32)) -> tp.ListNumpy:
+    logits = flow.layers.dense(x, 4, name="mfc")
+    loss = flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+    flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.5])).minimize(loss)
+    return loss
+
+before = nccl.fake_all_reduces()
+losses = train_mirrored([x[:8], x[8:]], [y[:8], y[8:]])
+assert isinstance(losses, list) and [l.shape for l in losses] == [(8,), (8,)], losses
+assert nccl.fake_all_reduces() > before, "the mirrored gradients are all-reduced through NCCL"
+assert train_mirrored.compiled_jobs()[0].device == "gpu:0,1"
+try:
+    train_mirrored([x[:8]], [y[:8]])
+    raise AssertionError("a list with one array for two GPUs was accepted")
+except ValueError as e:
+    assert "expects 2 element(s), one per device" in str(e), e
 print("fake two-GPU session: ok")
 """
 
@@ -970,19 +998,22 @@ def _build_fake_nccl(tmp_path):
     return lib
 
 
-def test_a_job_on_two_gpus_behind_the_fakes(tmp_path):
+@pytest.mark.parametrize("overlap", ["1", "0"])
+def test_a_job_on_two_gpus_behind_the_fakes(tmp_path, overlap):
     """The session's path for a job placed on "0:0-1": placement, the
     distributed compile for the GPU, one program per GPU, NCCL (the fake)
     for the gradients, variables kept coherent between the GPUs' copies,
-    the host, a one-GPU job and a CPU job. The results themselves are
-    compared with one device by the C++ NvptxMultiGpu tests, whose fake GPU
-    runs the kernels."""
+    the host, a one-GPU job and a CPU job; with the collectives on each
+    GPU's communication stream (overlap) and, with FLOWJIT_OVERLAP=0, on its
+    compute stream. The results themselves are compared with one device by
+    the C++ NvptxMultiGpu tests, whose fake GPU runs the kernels and checks
+    the event edges between the streams."""
     import subprocess
     import sys
     lib = _build_fake_driver(tmp_path, devices=2)
     nccl = _build_fake_nccl(tmp_path)
     env = dict(os.environ, FLOWJIT_LIBCUDA=str(lib), FLOWJIT_NCCL_LIBRARY=str(nccl),
-               FLOWJIT_CACHE_DIR=str(tmp_path / "cache"))
+               FLOWJIT_CACHE_DIR=str(tmp_path / "cache"), FLOWJIT_OVERLAP=overlap)
     root = os.path.dirname(os.path.dirname(os.path.abspath(flow.__file__)))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-c", FAKE_TWO_GPUS], env=env, capture_output=True, text=True,
@@ -1000,23 +1031,25 @@ import flowjit.typing as tp
 nccl = ctypes.CDLL(os.environ["FLOWJIT_NCCL_LIBRARY"])
 rank = flow.env.get_rank()
 flow.config.gpu_device_num(2)
-flow.config.cpu_device_num(1)
+flow.config.cpu_device_num(int(os.environ["TEST_CPU_DEVICES"]))
+placement = os.environ["TEST_GPUS"].split(",")  # process p: the GPUs of machine p
 cfg = flow.function_config()
-cfg.default_placement_scope(flow.scope.placement("gpu", ["0:0", "1:1"]))  # process p: GPU p
+cfg.default_placement_scope(flow.scope.placement("gpu", placement))
 
 @flow.global_function(type="train", function_config=cfg)
-def train(x: tp.Numpy.Placeholder((16, 8), dtype=flow.float),
-          y: tp.Numpy.Placeholder((16,), dtype=flow.int32)) -> tp.Numpy:
+def train(x: tp.Numpy.Placeholder((24, 8), dtype=flow.float),
+          y: tp.Numpy.Placeholder((24,), dtype=flow.int32)) -> tp.Numpy:
     logits = flow.layers.dense(x, 4, name="fc")
     loss = flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
     flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.5])).minimize(loss)
     return loss
 
-x = np.random.default_rng(0).random((16, 8), dtype=np.float32)
-y = np.zeros(16, np.int32)
-assert train(x, y).shape == (16,), "every process gets the whole batch's result"
+x = np.random.default_rng(0).random((24, 8), dtype=np.float32)
+y = np.zeros(24, np.int32)
+assert train(x, y).shape == (24,), "every process gets the whole batch's result"
 job = train.compiled_jobs()[0]
-assert job.device == f"gpu:{rank}", job.device
+mine = [p.split(":")[1] for p in placement if p.startswith(f"{rank}:")][0]
+assert job.device == "gpu:" + mine.replace("-", ","), (job.device, mine)
 assert nccl.fake_all_reduces() > 0 and nccl.fake_all_gathers() > 0
 w0 = flow.get_all_variables()["fc-weight"].copy()
 new_w = np.full_like(w0, 0.25)
@@ -1027,12 +1060,15 @@ print(f"fake GPU process {rank}: ok")
 """
 
 
-def test_gpu_jobs_over_two_processes_behind_the_fakes(tmp_path):
+@pytest.mark.parametrize("cpu_devices,gpus", [(1, "0:0,1:1"), (2, "0:0,1:1")])
+def test_gpu_jobs_over_two_processes_behind_the_fakes(tmp_path, cpu_devices, gpus):
     """A session over 2 processes (flow.env, Gloo between them) with a job
-    placed on GPU p of process p: the NCCL id goes from process 0 to the
-    other over the session's communicator, each process runs its GPU as one
-    rank of the NCCL communicator (the fake's ranks meet in shared memory),
-    results are whole in every process. The results themselves: C++
+    placed on GPU p of process p, with 1 and with 2 CPU devices per process:
+    the NCCL id goes from process 0 to the other over the session's
+    communicator (every CPU device's rank takes part), each process runs its
+    GPU as a rank of the NCCL
+    communicator (the fake's ranks meet in shared memory), results are whole
+    in every process. The results themselves: C++
     NvptxMultiGpu.ProcessesWithAGpuEachMatchOneDevice."""
     import socket
     import subprocess
@@ -1048,7 +1084,8 @@ def test_gpu_jobs_over_two_processes_behind_the_fakes(tmp_path):
         env = dict(os.environ, FLOWJIT_LIBCUDA=str(lib), FLOWJIT_NCCL_LIBRARY=str(nccl),
                    FLOWJIT_CACHE_DIR=str(tmp_path / f"cache{rank}"), FLOWJIT_WORLD_SIZE="2",
                    FLOWJIT_RANK=str(rank), FLOWJIT_MASTER_ADDR="127.0.0.1", FLOWJIT_MASTER_PORT=str(port),
-                   FLOWJIT_TIMEOUT="60", FLOWJIT_STORE_TOKEN="test-gpu-processes-0123456789abcdef")
+                   FLOWJIT_TIMEOUT="60", FLOWJIT_STORE_TOKEN="test-gpu-processes-0123456789abcdef",
+                   TEST_CPU_DEVICES=str(cpu_devices), TEST_GPUS=gpus)
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         procs.append(subprocess.Popen([sys.executable, "-c", FAKE_GPU_PROCESS], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
