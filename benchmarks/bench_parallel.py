@@ -182,7 +182,7 @@ def overlap_rows(steps, cores, delay_ms, rounds=1, configs=None, batch=100, bloc
           f"message; {rounds} run(s) x {blocks} blocks of {max(1, steps // blocks)} steps per setting, "
           f"the 4 settings alternating; load {load0:.2f} at the start")
     print(f"{'model':36s} {'overlap':>7s} {'step ms':>8s} {'delayed':>8s} {'growth':>8s} {'msgs':>5s} "
-          f"{'injected':>8s} {'slept':>7s} {'growth/injected':>15s}")
+          f"{'injected':>8s} {'slept':>7s} {'growth/injected':>15s} {'growth/slept':>13s} {'quartiles':>10s}")
     loads = []
     for name, extra, world, width, b in configs:
         blk = {c: [] for c in combos}
@@ -199,7 +199,9 @@ def overlap_rows(steps, cores, delay_ms, rounds=1, configs=None, batch=100, bloc
             loads.append(os.getloadavg()[0])
         for ov in ("1", "0"):
             base, slow = blk[(ov, 0.0)], blk[(ov, delay_ms)]
-            growth = statistics.median(y - x for x, y in zip(base, slow))
+            diffs = [y - x for x, y in zip(base, slow)]
+            growth = statistics.median(diffs)
+            q = statistics.quantiles(diffs, n=4) if len(diffs) > 1 else [growth] * 3
             c = counted[ov]
             if os.environ.get("BENCH_VERBOSE"):
                 print(f"   {'on' if ov == '1' else 'off'}: collectives {r['interleave'][f'{ov}:0.0']['collective_ms']:.2f}"
@@ -207,10 +209,13 @@ def overlap_rows(steps, cores, delay_ms, rounds=1, configs=None, batch=100, bloc
                       f"{c['kernel_ms']:.2f} ms per step (last run)")
             print(f"{name:36s} {'on' if ov == '1' else 'off':>7s} {statistics.median(base):8.2f} "
                   f"{statistics.median(slow):8.2f} {growth:+8.2f} {c['messages']:5.1f} {c['injected_ms']:8.2f} "
-                  f"{c['slept_ms']:7.2f} {100 * growth / c['injected_ms']:14.0f}%")
-    print("step ms / delayed: median block without / with the delay; growth: median of the paired differences; "
+                  f"{c['slept_ms']:7.2f} {100 * growth / c['injected_ms']:14.0f}% {100 * growth / c['slept_ms']:12.0f}% "
+                  f"{100 * q[0] / c['injected_ms']:5.0f}..{100 * q[2] / c['injected_ms']:.0f}%")
+    print("step ms / delayed: median block without / with the delay; growth: median of the paired differences "
+          "(quartiles: their 1st and 3rd, over injected); "
           "msgs: delayed messages per step as rank 0's communicator counted them; injected: their delay, "
-          "what a synchronous exchange pays in full; slept: what the sleeps took by the clock")
+          "what a synchronous exchange pays in full; slept: what the sleeps took by the clock "
+          "(a woken thread waits for a core), what overlap off pays")
     print(f"load after each run: {', '.join(f'{x:.1f}' for x in loads)}")
 
 
