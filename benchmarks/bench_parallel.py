@@ -38,11 +38,10 @@ import numpy as np
 import flowjit as flow
 import flowjit.typing as tp
 devices, split, steps, threads = int(sys.argv[2]), sys.argv[3] == "split", int(sys.argv[4]), int(sys.argv[5])
-extra_layers, width = int(sys.argv[6]), int(sys.argv[7])
+extra_layers, width, B = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
 flow.config.cpu_device_num(devices)
 if threads:
     flow.config.cpu_threads(threads)
-B = 100
 @flow.global_function(type="train")
 def train_job(images: tp.Numpy.Placeholder((B, 1, 28, 28), dtype=flow.float),
               labels: tp.Numpy.Placeholder((B,), dtype=flow.int32)) -> tp.Numpy:
@@ -61,12 +60,55 @@ x = rng.random((B, 1, 28, 28), dtype=np.float32)
 y = rng.integers(0, 10, B).astype(np.int32)
 for _ in range(20):
     train_job(x, y)
+from flowjit import _C
+interleave = {}
+if os.environ.get("BENCH_INTERLEAVE"):
+    # (overlap, delay) settings alternated in this one run, block by block,
+    # each block starting with the next setting: slow changes of the host's
+    # load then fall on every setting alike. Every process switches at the
+    # same step (FLOWJIT_OVERLAP is read at each run; the delay by the hook).
+    combos = [tuple(c.split(":")) for c in os.environ["BENCH_INTERLEAVE"].split(",")]
+    per_block = max(1, steps // int(os.environ["BENCH_BLOCKS"]))
+    for c in combos:
+        interleave[":".join(c)] = {"block_ms": [], "messages": 0.0, "injected_ms": 0.0, "slept_ms": 0.0,
+                                   "collective_ms": 0.0, "kernel_ms": 0.0}
+
+    def split_profile():
+        p = train_job.compiled_jobs()[0].profile()
+        return (sum(t for sym, c, t in p if sym.startswith("@")), sum(t for sym, c, t in p if not sym.startswith("@")))
+    for blk in range(int(os.environ["BENCH_BLOCKS"])):
+        for j in range(len(combos)):
+            ov, d = combos[(blk + j) % len(combos)]
+            os.environ["FLOWJIT_OVERLAP"] = ov
+            _C.set_test_comm_delay_ms(float(d))
+            train_job(x, y)  # the first step after a switch is not timed
+            s0 = _C.test_comm_delay_stats()
+            p0 = split_profile()
+            t0 = time.perf_counter()
+            for _ in range(per_block):
+                train_job(x, y)
+            t1 = time.perf_counter()
+            s1 = _C.test_comm_delay_stats()
+            p1 = split_profile()
+            e = interleave[ov + ":" + d]
+            nb = per_block * int(os.environ["BENCH_BLOCKS"])
+            e["collective_ms"] += (p1[0] - p0[0]) / nb * 1e3  # device 0's time in collectives (launch events)
+            e["kernel_ms"] += (p1[1] - p0[1]) / nb * 1e3
+            e["block_ms"].append((t1 - t0) / per_block * 1e3)
+            for k in ("messages", "injected_ms", "slept_ms"):
+                e[k] += (s1[k] - s0[k]) / per_block / int(os.environ["BENCH_BLOCKS"])
+    steps = 5
+d0 = _C.test_comm_delay_stats()
 samples = []
 for rep in range(5):
     t0 = time.perf_counter()
     for _ in range(steps // 5):
         train_job(x, y)
     samples.append((time.perf_counter() - t0) / (steps // 5))
+d1 = _C.test_comm_delay_stats()
+timed = 5 * (steps // 5)
+# The injected delay as this process's communicator counted it, per step.
+delay = {k: (d1[k] - d0[k]) / timed for k in ("messages", "injected_ms", "slept_ms")}
 prof = train_job.compiled_jobs()[0].profile()
 coll = sum(s for sym, c, s in prof if sym.startswith("@"))
 total = sum(s for sym, c, s in prof)
@@ -77,18 +119,21 @@ syms = [line.split()[1] for line in train_job.compiled_jobs()[0].plan.splitlines
 messages = sum(1 for i, s in enumerate(syms) if s.startswith("@") and not (
     ".all_reduce." in s and i > 0 and ".all_reduce." in syms[i - 1]))
 timeline = []
-if os.environ.get("BENCH_TIMELINE") and os.environ.get("FLOWJIT_RANK", "0") == "0":
+if os.environ.get("BENCH_TIMELINE"):
     ev = [e for e in train_job.compiled_jobs()[0]._job.trace_events() if e[0] == 0][-len(syms):]
     t0 = min(e[2] for e in ev)
     timeline = [(sym, (st - t0) / 1e6, du / 1e6, tid) for _, sym, st, du, tid in ev]
+    if os.environ.get("BENCH_TIMELINE") == "abs":  # one clock for every process of this machine
+        timeline = [(sym, st / 1e6, du / 1e6, tid) for _, sym, st, du, tid in ev]
 print("RESULT " + json.dumps({"step_ms": min(samples) * 1e3, "collective_ms": coll / max(calls, 1) * 1e3,
-                              "messages": messages, "timeline": timeline,
+                              "messages": messages, "timeline": timeline, "delay": delay, "interleave": interleave,
                               "launch_ms": total / max(calls, 1) * 1e3,
                               "collectives": sum(1 for sym, c, s in prof if sym.startswith("@"))}))
 '''
 
 
-def run(devices, split, steps, threads=0, world=1, extra_layers=0, env_extra=None, width=512):
+def run(devices, split, steps, threads=0, world=1, extra_layers=0, env_extra=None, width=512, batch=100,
+        all_ranks=False):
     port = 0
     if world > 1:
         with socket.socket() as s:
@@ -104,7 +149,7 @@ def run(devices, split, steps, threads=0, world=1, extra_layers=0, env_extra=Non
                        FLOWJIT_STORE_TOKEN=token)
         procs.append(subprocess.Popen([sys.executable, "-c", CHILD, ROOT, str(devices),
                                        "split" if split else "dp", str(steps), str(threads),
-                                       str(extra_layers), str(width)],
+                                       str(extra_layers), str(width), str(batch)],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
     for p in procs:
@@ -112,48 +157,77 @@ def run(devices, split, steps, threads=0, world=1, extra_layers=0, env_extra=Non
         if p.returncode != 0:
             raise SystemExit(f"benchmark child failed:\n{err}")
         results.append(json.loads(out.split("RESULT ", 1)[1]))
-    return results[0]
+    return results if all_ranks else results[0]
 
 
-def overlap_rows(steps, cores, delay_ms, rounds=3, configs=None):
+def overlap_rows(steps, cores, delay_ms, rounds=1, configs=None, batch=100, blocks=12):
     """2 processes x 1 device (Gloo) and 2 devices of one process (shared
-    memory), overlap on and off, with and without an injected per-message
-    delay (FLOWJIT_TEST_COMM_DELAY_MS), for the seed and for the seed with 3
-    more 512-unit layers (5 gradient buckets)."""
-    print(f"\noverlap of gradient all-reduces with the backward pass (injected delay {delay_ms} ms per "
-          f"message, best of {rounds} alternating rounds, load {os.getloadavg()[0]:.2f})")
-    print(f"{'model':28s} {'overlap':>7s} {'step ms':>8s} {'delayed':>8s} {'growth':>8s} {'injected':>8s} "
-          f"{'growth/injected':>15s}")
-    configs = configs or [("seed, 2 processes", 0, 2, 512), ("5 layers, 2 processes", 3, 2, 512),
-                          ("seed, 2 devices 1 process", 0, 1, 512), ("5 layers, 2 devices 1 process", 3, 1, 512)]
-    for name, extra, world, width in configs:
-        got, msgs = {}, {}
-        for rnd in range(rounds):  # A/B alternately, best of the rounds
-            for ov in ("1", "0"):
-                for d in (0, delay_ms):
-                    r = run(1 if world == 2 else 2, False, steps, threads=max(1, cores // 2) if world == 2 else 0,
-                            world=world, extra_layers=extra, width=width,
-                            env_extra={"FLOWJIT_OVERLAP": ov, "FLOWJIT_TEST_COMM_DELAY_MS": str(d)})
-                    key = (ov, d)
-                    got[key] = min(got.get(key, 1e9), r["step_ms"])
-                    msgs[ov] = r["messages"]
+    memory), overlap on and off, without and with an injected per-message
+    delay: the four settings alternate block by block inside each run (the
+    same processes and compiled code), `blocks` blocks of steps/blocks steps
+    per setting, in `rounds` runs. growth: the median over the blocks of
+    (a delayed block - the undelayed block of the same cycle). "injected" is
+    what rank 0's communicator counted (test_comm_delay_stats: delayed
+    messages per step times the delay): what a synchronous exchange pays in
+    full; "slept" is what those sleeps took by the clock."""
+    import statistics
+    configs = configs or [("5 layers, 2 processes", 3, 2, 512, batch),
+                          ("5 layers, 2 devices 1 process", 3, 1, 512, batch),
+                          ("seed, 2 processes", 0, 2, 512, batch),
+                          ("seed, 2 devices 1 process", 0, 1, 512, batch)]
+    combos = [("1", 0.0), ("1", delay_ms), ("0", 0.0), ("0", delay_ms)]
+    spec = ",".join(f"{ov}:{d}" for ov, d in combos)
+    load0 = os.getloadavg()[0]
+    print(f"\noverlap of gradient all-reduces with the backward pass: injected delay {delay_ms} ms per "
+          f"message; {rounds} run(s) x {blocks} blocks of {max(1, steps // blocks)} steps per setting, "
+          f"the 4 settings alternating; load {load0:.2f} at the start")
+    print(f"{'model':36s} {'overlap':>7s} {'step ms':>8s} {'delayed':>8s} {'growth':>8s} {'msgs':>5s} "
+          f"{'injected':>8s} {'slept':>7s} {'growth/injected':>15s} {'growth/slept':>13s} {'quartiles':>10s}")
+    loads = []
+    for name, extra, world, width, b in configs:
+        blk = {c: [] for c in combos}
+        counted = {}
+        for _ in range(rounds):
+            r = run(1 if world == 2 else 2, False, steps, threads=max(1, cores // 2) if world == 2 else 0,
+                    world=world, extra_layers=extra, width=width, batch=b,
+                    env_extra={"BENCH_INTERLEAVE": spec, "BENCH_BLOCKS": str(blocks)})
+            for ov, d in combos:
+                e = r["interleave"][f"{ov}:{d}"]
+                blk[(ov, d)] += e["block_ms"]
+                if d:
+                    counted[ov] = e
+            loads.append(os.getloadavg()[0])
         for ov in ("1", "0"):
-            growth = got[(ov, delay_ms)] - got[(ov, 0)]
-            injected = msgs[ov] * delay_ms
-            print(f"{name:28s} {'on' if ov == '1' else 'off':>7s} {got[(ov, 0)]:8.3f} {got[(ov, delay_ms)]:8.3f} "
-                  f"{growth:+8.3f} {injected:8.3f} {100 * growth / injected:14.0f}%")
-    print("growth: step time added by the delay; injected: the delay times the messages of a step "
-          "(buckets and other collectives), what a synchronous exchange pays in full")
+            base, slow = blk[(ov, 0.0)], blk[(ov, delay_ms)]
+            diffs = [y - x for x, y in zip(base, slow)]
+            growth = statistics.median(diffs)
+            q = statistics.quantiles(diffs, n=4) if len(diffs) > 1 else [growth] * 3
+            c = counted[ov]
+            if os.environ.get("BENCH_VERBOSE"):
+                print(f"   {'on' if ov == '1' else 'off'}: collectives {r['interleave'][f'{ov}:0.0']['collective_ms']:.2f}"
+                      f" -> {c['collective_ms']:.2f} ms, kernels {r['interleave'][f'{ov}:0.0']['kernel_ms']:.2f} -> "
+                      f"{c['kernel_ms']:.2f} ms per step (last run)")
+            print(f"{name:36s} {'on' if ov == '1' else 'off':>7s} {statistics.median(base):8.2f} "
+                  f"{statistics.median(slow):8.2f} {growth:+8.2f} {c['messages']:5.1f} {c['injected_ms']:8.2f} "
+                  f"{c['slept_ms']:7.2f} {100 * growth / c['injected_ms']:14.0f}% {100 * growth / c['slept_ms']:12.0f}% "
+                  f"{100 * q[0] / c['injected_ms']:5.0f}..{100 * q[2] / c['injected_ms']:.0f}%")
+    print("step ms / delayed: median block without / with the delay; growth: median of the paired differences "
+          "(quartiles: their 1st and 3rd, over injected); "
+          "msgs: delayed messages per step as rank 0's communicator counted them; injected: their delay, "
+          "what a synchronous exchange pays in full; slept: what the sleeps took by the clock "
+          "(a woken thread waits for a core), what overlap off pays")
+    print(f"load after each run: {', '.join(f'{x:.1f}' for x in loads)}")
 
 
-def wide_overlap_rows(steps, cores, rounds):
-    """The overlap rows for 3 more layers of 2048 units and a 10 ms delay:
-    each layer's backward pass (two 100x2048x2048 matmuls) outlasts a
-    message's delay, and the delay outlasts a wake-up on a loaded host, so
-    what the structure hides shows through the host's noise."""
-    overlap_rows(max(4, steps // 5), cores, 10.0, rounds,
-                 [("5 layers x 2048, 2 devices 1 process", 3, 1, 2048),
-                  ("5 layers x 2048, 2 processes", 3, 2, 2048)])
+def wide_overlap_rows(steps, cores, rounds, delay_ms=4.0, batch=800):
+    """The overlap rows with a larger batch, so that a layer's backward pass
+    outlasts one message (the delay plus a 1 MB exchange): the channel then
+    keeps up with the backward pass and only the last bucket's message is
+    exposed. The seed cannot show it: its largest bucket is the last
+    gradient computed, so its rows are left out here."""
+    overlap_rows(steps, cores, delay_ms, rounds,
+                 [(f"5 layers, batch {batch}, 2 processes", 3, 2, 512, batch),
+                  (f"5 layers, batch {batch}, 2 devices 1 proc", 3, 1, 512, batch)], batch)
 
 
 def timeline(steps, cores, delay_ms, extra=3):
@@ -196,13 +270,16 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--delay-ms", type=float, default=1.0, help="injected delay per message in the overlap rows")
     ap.add_argument("--only", choices=["scaling", "overlap", "overlap-wide", "collectives", "timeline"], default=None)
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds of the overlap rows")
+    ap.add_argument("--rounds", type=int, default=1, help="runs of the overlap rows (each alternating its settings)")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="batch of the overlap rows (default 100; 800 for overlap-wide)")
+    ap.add_argument("--wide-delay-ms", type=float, default=4.0, help="injected delay per message in overlap-wide")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     if args.only == "overlap":
-        return overlap_rows(args.steps, cores, args.delay_ms, args.rounds)
+        return overlap_rows(args.steps, cores, args.delay_ms, args.rounds, batch=args.batch or 100)
     if args.only == "overlap-wide":
-        return wide_overlap_rows(args.steps, cores, args.rounds)
+        return wide_overlap_rows(args.steps, cores, args.rounds, args.wide_delay_ms, args.batch or 800)
     if args.only == "timeline":
         return timeline(args.steps, cores, args.delay_ms)
     if args.only == "collectives":
@@ -227,7 +304,7 @@ def main():
           f"{cores} cores, so 1.00x against the 1-device row that already uses them all)")
     if args.only is None:
         overlap_rows(args.steps, cores, args.delay_ms, args.rounds)
-        wide_overlap_rows(args.steps, cores, args.rounds)
+        wide_overlap_rows(args.steps, cores, args.rounds, args.wide_delay_ms, args.batch or 800)
         collective_rows(50)
 
 

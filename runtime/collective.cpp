@@ -5,6 +5,7 @@
 #include "runtime/collective.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -162,13 +163,43 @@ void CollectiveQueue::drain() noexcept {
   s_->error = nullptr;
 }
 
-void inject_test_delay() {
-  static const int64_t us = [] {
+namespace {
+std::atomic<int64_t> delayed_messages{0}, delayed_injected_us{0}, delayed_slept_us{0};
+
+int64_t delay_us_from(double ms) {
+  return ms > 0 && ms < 1e7 ? static_cast<int64_t>(ms * 1000) : int64_t{0};
+}
+
+std::atomic<int64_t>& test_delay() {
+  static std::atomic<int64_t> us{[] {
     const char* v = std::getenv("FLOWJIT_TEST_COMM_DELAY_MS");
-    double ms = v ? std::strtod(v, nullptr) : 0.0;
-    return ms > 0 && ms < 1e7 ? static_cast<int64_t>(ms * 1000) : int64_t{0};
-  }();
-  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+    return delay_us_from(v ? std::strtod(v, nullptr) : 0.0);
+  }()};
+  return us;
+}
+}  // namespace
+
+void inject_test_delay(bool counted) {
+  const int64_t us = test_delay().load(std::memory_order_relaxed);
+  if (us <= 0) return;
+  auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::microseconds(us));
+  if (!counted) return;
+  auto slept =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0);
+  delayed_messages.fetch_add(1, std::memory_order_relaxed);
+  delayed_injected_us.fetch_add(us, std::memory_order_relaxed);
+  delayed_slept_us.fetch_add(slept.count(), std::memory_order_relaxed);
+}
+
+void set_test_delay_ms(double ms) { test_delay().store(delay_us_from(ms)); }
+
+TestDelayStats test_delay_stats() {
+  TestDelayStats s;
+  s.messages = delayed_messages.load(std::memory_order_relaxed);
+  s.injected_ms = static_cast<double>(delayed_injected_us.load(std::memory_order_relaxed)) / 1000.0;
+  s.slept_ms = static_cast<double>(delayed_slept_us.load(std::memory_order_relaxed)) / 1000.0;
+  return s;
 }
 
 // ---------------------------------------------------------------- threads
@@ -200,13 +231,12 @@ class ThreadCommunicator final : public Communicator {
       for (int q = 1; q < n_; ++q)
         std::memcpy(static_cast<char*>(out_[q]) + lo * es, sum, static_cast<size_t>(hi - lo) * es);
     }
-    wait(rank);
+    done(rank);
   }
 
   // Every rank publishes its buffer list; rank r reduces its share of each
   // buffer as in all_reduce; one barrier at each end for the whole bucket.
   void all_reduce_many(int rank, const std::vector<Buffer>& buffers, ir::DType dtype) override {
-    inject_test_delay();
     lists_[rank] = &buffers;
     wait(rank);
     size_t es = static_cast<size_t>(ir::dtype_bytes(dtype));
@@ -224,7 +254,7 @@ class ThreadCommunicator final : public Communicator {
         std::memcpy(static_cast<char*>((*lists_[q])[b].out) + lo * es, sum,
                     static_cast<size_t>(hi - lo) * es);
     }
-    wait(rank);
+    done(rank);
   }
 
   void all_gather(int rank, const void* in, void* out, int64_t outer,
@@ -238,7 +268,7 @@ class ThreadCommunicator final : public Communicator {
         std::memcpy(dst + (o * n_ + rank) * inner_bytes, src + o * inner_bytes,
                     static_cast<size_t>(inner_bytes));
     }
-    wait(rank);
+    done(rank);
   }
 
   void reduce_scatter(int rank, const void* in, void* out, int64_t outer, int64_t inner,
@@ -256,7 +286,7 @@ class ThreadCommunicator final : public Communicator {
     }
     wait(rank);                                                  // out may alias in
     if (!sum.empty()) std::memcpy(out, sum.data(), sum.size());  // out may be null when empty
-    wait(rank);
+    done(rank);
   }
 
   void barrier(int rank) override { wait(rank); }
@@ -270,10 +300,16 @@ class ThreadCommunicator final : public Communicator {
  private:
   void publish(int rank, const void* in, void* out) {
     FJ_CHECK(rank >= 0 && rank < n_, "communicator rank out of range");
-    inject_test_delay();
     in_[rank] = in;
     out_[rank] = out;
     wait(rank);
+  }
+
+  // The last barrier of a collective, then the test-only delay: each rank's
+  // result arrives that much later, as over a slower network.
+  void done(int rank) {
+    wait(rank);
+    inject_test_delay(rank == 0);
   }
 
   // A reusable barrier that gives up when the communicator is aborted.

@@ -76,9 +76,25 @@ class CollectiveQueue {
 };
 
 // The test-only injected delay per message (FLOWJIT_TEST_COMM_DELAY_MS,
-// read once): every collective a communicator runs first sleeps this long,
-// as a slower network would make it wait. 0 when unset.
-void inject_test_delay();
+// read once; set_test_delay_ms changes it): every collective a communicator
+// runs sleeps this long after its exchange, before it returns,
+// as a slower network would make it wait. 0 when unset. `counted`: this
+// call is the one that counts the message for its process (the first local
+// device's, or the Gloo leader's: the other local devices sleep beside it).
+void inject_test_delay(bool counted = true);
+
+// What the injected delay cost this process so far: the messages counted
+// above, the delay they were meant to pay (messages x the setting) and the
+// time their sleeps took (more on a loaded host: a woken thread waits for a
+// core). Benchmarks read the difference over their timed steps.
+struct TestDelayStats {
+  int64_t messages = 0;
+  double injected_ms = 0;
+  double slept_ms = 0;
+};
+TestDelayStats test_delay_stats();
+// Changes the delay from now on (a benchmark alternates delays in one run).
+void set_test_delay_ms(double ms);
 
 // `ranks` devices of this process, exchanging through shared memory.
 std::shared_ptr<Communicator> make_thread_communicator(int ranks);

@@ -357,7 +357,6 @@ class GlooCommunicator final : public Communicator {
   template <class F>
   void lead(const char* what, F&& step) {
     std::string failed;
-    inject_test_delay();
     {
       std::lock_guard<std::mutex> lock(gloo_mu_);
       try {
@@ -375,6 +374,11 @@ class GlooCommunicator final : public Communicator {
       abort(failed);
       throw_user(ErrorKind::Runtime, failed);
     }
+    // The test-only delay, after the exchange: its result arrives that much
+    // later, as over a slower network (before it, the sleep could overlap a
+    // wait for a peer that arrives later, and it would also change how the
+    // host schedules the exchange's wake-ups).
+    inject_test_delay();
   }
 
   std::string explain(const char* what, const std::exception& e) const {

@@ -20,6 +20,7 @@
 #include "jit/cache.h"
 #include "python/csrc/bindings.h"
 #include "python/csrc/session.h"
+#include "runtime/collective.h"
 #include "runtime/distributed.h"
 #include "runtime/executable.h"
 #include "runtime/gloo_communicator.h"
@@ -372,6 +373,15 @@ void register_session(py::module_& m) {
   m.def("before_fork", [] { Session::get().before_fork(); });
   m.def("after_fork_in_child", [] { Session::get().after_fork_in_child(); });
 
+  m.def("test_comm_delay_stats", [] {
+    runtime::TestDelayStats d = runtime::test_delay_stats();
+    py::dict r;
+    r["messages"] = d.messages;
+    r["injected_ms"] = d.injected_ms;
+    r["slept_ms"] = d.slept_ms;
+    return r;
+  });
+  m.def("set_test_comm_delay_ms", &runtime::set_test_delay_ms, py::arg("ms"));
   m.def("num_threads", &runtime::num_threads);
   m.def("set_num_threads", &runtime::set_num_threads);
   m.def(

@@ -31,13 +31,16 @@ def train_job(x: tp.Numpy.Placeholder((B, 96), dtype=flow.float),
     flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0.9).minimize(loss)
     return loss
 rng = np.random.default_rng(3)
+from flowjit import _C
+before = _C.test_comm_delay_stats()
 for _ in range(2):
     train_job(rng.random((B, 96), dtype=np.float32), rng.integers(0, 10, B).astype(np.int32))
+delayed = _C.test_comm_delay_stats()["messages"] - before["messages"]
 job = train_job.compiled_jobs()[0]
 plan = [line.split()[1] for line in job.plan.splitlines()]
 events = [e for e in job._job.trace_events() if e[0] == 0][-len(plan):] if devices > 1 else []
 np.savez(out, **{k: np.asarray(v) for k, v in flow.get_all_variables().items()})
-print("RESULT " + json.dumps({"plan": plan, "events": events}))
+print("RESULT " + json.dumps({"plan": plan, "events": events, "delayed": delayed}))
 '''
 
 
@@ -103,8 +106,105 @@ def test_collectives_run_beside_the_kernels(runs):
     assert consumers and min(e[2] for e in consumers) < last_end, events
 
 
+def messages(plan):
+    """The exchanges of one step: each collective, adjacent all_reduces being
+    one bucket (as the runtime sends them)."""
+    return sum(1 for i, s in enumerate(plan) if is_collective(s) and not (
+        ".all_reduce." in s and i > 0 and ".all_reduce." in plan[i - 1]))
+
+
+def test_the_communicator_counts_each_delayed_message_once(runs):
+    # 2 steps; a bucket is one message, whichever thread sends it, and the
+    # second device of the process sleeps beside the first uncounted.
+    plan = runs["on"][0]["plan"]
+    assert messages(plan) >= 2, plan
+    assert runs["on"][0]["delayed"] == runs["off"][0]["delayed"] == 2 * messages(plan)
+    assert runs["one"][0]["delayed"] == 0
+
+
 def test_without_overlap_collectives_run_in_order_on_the_kernels_thread(runs):
     events = runs["off"][0]["events"]
     assert len({e[4] for e in events}) == 1
     starts = [e[2] for e in events]
     assert starts == sorted(starts)
+
+
+# A job whose last backward kernel (the first layer's weight gradient,
+# 2048x4096x1024 multiply-adds per device) runs far longer than it takes to
+# hand a bucket to the communication thread, so that the order of the
+# events below is the structure, not a race.
+BIG = r'''
+import json, sys
+import numpy as np
+import flowjit as flow
+import flowjit.typing as tp
+devices = int(sys.argv[1])
+flow.config.cpu_device_num(devices)
+B = 256
+@flow.global_function(type="train")
+def train_job(x: tp.Numpy.Placeholder((B, 4096), dtype=flow.float),
+              y: tp.Numpy.Placeholder((B,), dtype=flow.int32)) -> tp.Numpy:
+    init = flow.truncated_normal(0.02)
+    h = flow.layers.dense(x, 1024, activation=flow.nn.relu, kernel_initializer=init, name="l1")
+    h = flow.layers.dense(h, 64, activation=flow.nn.relu, kernel_initializer=init, name="l2")
+    logits = flow.layers.dense(h, 10, kernel_initializer=init, name="l3")
+    loss = flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
+    flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss)
+    return loss
+rng = np.random.default_rng(5)
+x, y = rng.random((B, 4096), dtype=np.float32), rng.integers(0, 10, B).astype(np.int32)
+for _ in range(3):
+    train_job(x, y)
+job = train_job.compiled_jobs()[0]
+plan = [line.split()[1] for line in job.plan.splitlines()]
+events = [e for e in job._job.trace_events() if e[0] == 0][-len(plan):]
+print("RESULT " + json.dumps({"plan": plan, "events": events}))
+'''
+
+
+def run_big(world, **env):
+    port = 0
+    if world > 1:
+        import socket
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        e = dict(os.environ, FLOWJIT_PROFILE="1")
+        if world > 1:
+            e.update(FLOWJIT_WORLD_SIZE=str(world), FLOWJIT_RANK=str(rank), FLOWJIT_MASTER_ADDR="127.0.0.1",
+                     FLOWJIT_MASTER_PORT=str(port), FLOWJIT_STORE_TOKEN="test-overlap-0123456789abcdef")
+        e.update({k: str(v) for k, v in env.items()})
+        procs.append(subprocess.Popen([sys.executable, "-c", BIG, "2" if world == 1 else "1"], env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out
+    return json.loads(outs[0].split("RESULT ", 1)[1])
+
+
+@pytest.mark.parametrize("world", [1, 2], ids=["2 devices 1 process", "2 processes"])
+def test_the_first_bucket_starts_before_the_last_backward_kernel_ends(world):
+    r = run_big(world)
+    plan, events = r["plan"], r["events"]
+    assert len(events) == len(plan)
+    reduces = [i for i, s in enumerate(plan) if ".all_reduce." in s]
+    assert len(reduces) >= 2, plan
+    # The last backward kernel: the one the last bucket waits for (a bucket is
+    # launched right after the kernel computing its last gradient).
+    last_kernel = max(i for i in range(reduces[-1]) if not is_collective(plan[i]))
+    by_sym = {e[1]: e for e in events}
+    k = by_sym[plan[last_kernel]]
+    first = min((by_sym[plan[i]] for i in reduces), key=lambda e: e[2])
+    assert first[4] != k[4], "the bucket ran on the kernels' thread"
+    assert first[2] < k[2] + k[3], (first, k, plan)
+    # Without overlap every bucket runs on the kernels' thread in plan order:
+    # none is in flight while that kernel runs.
+    off = run_big(world, FLOWJIT_OVERLAP=0)
+    assert off["plan"] == plan
+    by_sym = {e[1]: e for e in off["events"]}
+    k = by_sym[plan[last_kernel]]
+    for i in reduces:
+        b = by_sym[plan[i]]
+        assert b[4] == k[4] and (b[2] + b[3] <= k[2] or b[2] >= k[2] + k[3]), (b, k)
