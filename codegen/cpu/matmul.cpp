@@ -23,6 +23,7 @@
 // buffer); the epilogue runs after the last block. The next tile's C rows
 // are prefetched a K loop ahead. Every extent is a compile-time constant of
 // the kernel.
+#include <llvm/IR/ConstantFolder.h>
 #include <llvm/IR/Intrinsics.h>
 
 #include <algorithm>
@@ -42,6 +43,106 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// The emitter's builder folds the integer identities of its address
+// arithmetic on creation (x * 0, x * 1, x + 0, x - 0, x / 1, a GEP by 0), a
+// fifth of the instructions it would hand LLVM otherwise, and constants as
+// the default builder does. Nothing that looks through a value: a loop's
+// induction PHI has only its first incoming value while the body is emitted,
+// so a fold that threads over PHIs (InstSimplifyFolder) would take the loop
+// start for the induction variable.
+class IdentityFolder final : public llvm::IRBuilderFolder {
+ public:
+  Value* FoldBinOp(llvm::Instruction::BinaryOps op, Value* l, Value* r) const override {
+    if (Value* v = identity(op, l, r)) return v;
+    return c_.FoldBinOp(op, l, r);
+  }
+  Value* FoldExactBinOp(llvm::Instruction::BinaryOps op, Value* l, Value* r,
+                        bool exact) const override {
+    if (Value* v = identity(op, l, r)) return v;
+    return c_.FoldExactBinOp(op, l, r, exact);
+  }
+  Value* FoldNoWrapBinOp(llvm::Instruction::BinaryOps op, Value* l, Value* r, bool nuw,
+                         bool nsw) const override {
+    if (Value* v = identity(op, l, r)) return v;
+    return c_.FoldNoWrapBinOp(op, l, r, nuw, nsw);
+  }
+  Value* FoldBinOpFMF(llvm::Instruction::BinaryOps op, Value* l, Value* r,
+                      llvm::FastMathFlags fmf) const override {
+    return c_.FoldBinOpFMF(op, l, r, fmf);
+  }
+  Value* FoldUnOpFMF(llvm::Instruction::UnaryOps op, Value* v,
+                     llvm::FastMathFlags fmf) const override {
+    return c_.FoldUnOpFMF(op, v, fmf);
+  }
+  Value* FoldCmp(llvm::CmpInst::Predicate p, Value* l, Value* r) const override {
+    return c_.FoldCmp(p, l, r);
+  }
+  Value* FoldGEP(llvm::Type* ty, Value* ptr, llvm::ArrayRef<Value*> idx,
+                 llvm::GEPNoWrapFlags nw) const override {
+    if (idx.size() == 1 && is_int(idx[0], 0)) return ptr;
+    return c_.FoldGEP(ty, ptr, idx, nw);
+  }
+  Value* FoldSelect(Value* c, Value* t, Value* f) const override { return c_.FoldSelect(c, t, f); }
+  Value* FoldExtractValue(Value* agg, llvm::ArrayRef<unsigned> idx) const override {
+    return c_.FoldExtractValue(agg, idx);
+  }
+  Value* FoldInsertValue(Value* agg, Value* v, llvm::ArrayRef<unsigned> idx) const override {
+    return c_.FoldInsertValue(agg, v, idx);
+  }
+  Value* FoldExtractElement(Value* vec, Value* idx) const override {
+    return c_.FoldExtractElement(vec, idx);
+  }
+  Value* FoldInsertElement(Value* vec, Value* elt, Value* idx) const override {
+    return c_.FoldInsertElement(vec, elt, idx);
+  }
+  Value* FoldShuffleVector(Value* a, Value* b, llvm::ArrayRef<int> mask) const override {
+    return c_.FoldShuffleVector(a, b, mask);
+  }
+  Value* FoldCast(llvm::Instruction::CastOps op, Value* v, llvm::Type* to) const override {
+    return c_.FoldCast(op, v, to);
+  }
+  Value* FoldBinaryIntrinsic(llvm::Intrinsic::ID id, Value* l, Value* r, llvm::Type* ty,
+                             llvm::Instruction* fmf) const override {
+    return c_.FoldBinaryIntrinsic(id, l, r, ty, fmf);
+  }
+  llvm::Constant* CreatePointerCast(llvm::Constant* c, llvm::Type* to) const override {
+    return c_.CreatePointerCast(c, to);
+  }
+  llvm::Constant* CreatePointerBitCastOrAddrSpaceCast(llvm::Constant* c,
+                                                      llvm::Type* to) const override {
+    return c_.CreatePointerBitCastOrAddrSpaceCast(c, to);
+  }
+
+ private:
+  static bool is_int(Value* v, int64_t x) {
+    auto* c = llvm::dyn_cast<llvm::ConstantInt>(v);
+    return c != nullptr && c->getSExtValue() == x;
+  }
+  static Value* identity(llvm::Instruction::BinaryOps op, Value* l, Value* r) {
+    if (!l->getType()->isIntegerTy()) return nullptr;  // scalar integers only
+    switch (op) {
+      case llvm::Instruction::Add:
+        if (is_int(r, 0)) return l;
+        if (is_int(l, 0)) return r;
+        return nullptr;
+      case llvm::Instruction::Sub:
+        return is_int(r, 0) ? l : nullptr;
+      case llvm::Instruction::Mul:
+        if (is_int(r, 1)) return l;
+        if (is_int(l, 1)) return r;
+        if (is_int(r, 0)) return r;
+        if (is_int(l, 0)) return l;
+        return nullptr;
+      case llvm::Instruction::SDiv:
+      case llvm::Instruction::UDiv:
+        return is_int(r, 1) ? l : nullptr;
+      default:
+        return nullptr;
+    }
+  }
+  llvm::ConstantFolder c_;
+};
 
 // Two kernel shapes. Gemm: the packed Goto/BLIS algorithm above, the register
 // tile MR rows x NR columns of accumulators, broadcasting A and loading B
@@ -1208,7 +1309,7 @@ class MatMulEmitter {
   const Kernel& k_;
   const CpuTarget& t_;
   MathProvider& math_;
-  llvm::IRBuilder<> b_;
+  llvm::IRBuilder<IdentityFolder> b_;
   const MatMulSpec& mm_;
   DType dt_;
   int eb_ = 4;
