@@ -407,9 +407,10 @@ class MatMulEmitter {
     int64_t ap_elems = bl_.pack_a ? round_up(bl_.mc, bl_.mr) * bl_.kc : 0;
     int64_t bp_elems = bl_.pack_b ? round_up(bl_.nc, bl_.nr) * bl_.kc : 0;
     int64_t cp_elems = bl_.num_kb > 1 && !bl_.acc_out ? bl_.task_rows * bl_.task_cols : 0;
-    // Each packed buffer is followed by a vector of slack (store_packed).
-    int64_t ap_room = round_up(ap_elems + (ap_elems ? bl_.vl : 0), 16);
-    int64_t bp_room = round_up(bp_elems + (bp_elems ? bl_.vl : 0), 16);
+    // Each packed buffer is followed by slack: a vector (store_packed) and
+    // VL k rows of a panel (the last block of emit_pack_transposed).
+    int64_t ap_room = round_up(ap_elems + (ap_elems ? bl_.vl * (bl_.mr + 1) : 0), 16);
+    int64_t bp_room = round_up(bp_elems + (bp_elems ? bl_.vl * (bl_.nr + 1) : 0), 16);
     ap_ = scratch;
     bp_ = b_.CreateGEP(et_, scratch, b_.getInt64(ap_room));
     cp_ = b_.CreateGEP(et_, bp_, b_.getInt64(bp_room));
@@ -454,18 +455,30 @@ class MatMulEmitter {
     // whose first iteration starts from zero); the last applies the epilogue.
     int64_t kc = bl_.kc;
     int64_t kc_last = mm_.k - (bl_.num_kb - 1) * kc;
+    // When all blocks are equally long (k a multiple of the block count), the
+    // last one runs in the same loop too: one copy of the packing and the
+    // micro-kernel, whose end picks the epilogue or keeping the sums at run time.
+    if (bl_.num_kb > 1 && kc_last == kc) {
+      emit_for(
+          b_, i64(0), i64(bl_.num_kb), 1,
+          [&](Value* kb) {
+            emit_k_block(b_.CreateMul(kb, i64(kc)), kc, b_.CreateICmpEQ(kb, i64(0)),
+                         b_.CreateICmpEQ(kb, i64(bl_.num_kb - 1)));
+          },
+          "kb");
+      return;
+    }
     if (bl_.num_kb > 1) {
       emit_for(
           b_, i64(0), i64(bl_.num_kb - 1), 1,
           [&](Value* kb) {
             Value* first = b_.CreateICmpEQ(kb, i64(0));
-            emit_k_block(b_.CreateMul(kb, i64(kc)), kc, first, /*last=*/false);
+            emit_k_block(b_.CreateMul(kb, i64(kc)), kc, first, b_.getFalse());
           },
           "kb");
     }
     emit_k_block(i64((bl_.num_kb - 1) * kc), kc_last,
-                 bl_.num_kb == 1 ? b_.getTrue() : b_.getFalse(),
-                 /*last=*/true);
+                 bl_.num_kb == 1 ? b_.getTrue() : b_.getFalse(), b_.getTrue());
   }
 
   // ---------------------------------------------------------------- dot
@@ -588,7 +601,7 @@ class MatMulEmitter {
     return b_.CreateShuffleVector(vecs[0], vecs[0], perm);
   }
 
-  void emit_k_block(Value* k0, int64_t kc, Value* first, bool last) {
+  void emit_k_block(Value* k0, int64_t kc, Value* first, Value* last) {
     if (bl_.pack_b) emit_pack_b(k0, kc);
     emit_for(
         b_, m_lo_, m_hi_, bl_.mc,
@@ -744,44 +757,51 @@ class MatMulEmitter {
 
   // Each line contiguous along k: blocks of VL lines x VL k are loaded as VL
   // vectors along k, transposed in registers, and stored as VL vectors
-  // across the lines.
+  // across the lines. One copy of the block's code for every block: lines
+  // past `valid` and k past kc load as zeros under a lane mask, and a last
+  // block's rows past kc are stored all the same (into the next panel,
+  // packed after this one, or the slack after the buffer: emit), so the
+  // transpose's shuffles, the costliest code to compile of the kernel, are
+  // emitted once.
   void emit_pack_transposed(const std::function<Value*(Value*, Value*)>& src, Value* valid,
                             int lines, Value* dst, int64_t kc) {
     const int vl = bl_.vl;
-    int64_t full = kc / vl * vl;
-    auto chunk = [&](Value* kk, int klanes, bool whole) {
-      Value* kmask = lane_mask(i64(klanes));
-      for (int g = 0; g < lines; g += vl) {
-        int n = std::min(vl, lines - g);
-        std::vector<Value*> v(vl);
-        for (int j = 0; j < vl; ++j) {
-          if (j >= n) {
-            v[j] = llvm::Constant::getNullValue(vt_);
-            continue;
-          }
-          if (whole && klanes == vl) {
-            v[j] = b_.CreateAlignedLoad(vt_, src(i64(g + j), kk), ealign());
-            continue;
-          }
-          Value* ok = whole ? b_.getTrue() : b_.CreateICmpSLT(i64(g + j), valid);
-          Value* m = b_.CreateAnd(kmask, b_.CreateVectorSplat(vl, ok));
-          Value* line = whole ? i64(g + j) : b_.CreateSelect(ok, i64(g + j), i64(0));
-          v[j] = b_.CreateMaskedLoad(vt_, src(line, kk), ealign(), m,
-                                     llvm::Constant::getNullValue(vt_));
+    auto group = [&](Value* kk, Value* kmask, Value* g, int n) {
+      std::vector<Value*> v(vl);
+      for (int j = 0; j < vl; ++j) {
+        if (j >= n) {
+          v[j] = llvm::Constant::getNullValue(vt_);
+          continue;
         }
-        transpose_in_registers(v);
-        for (int t = 0; t < klanes; ++t) {
-          Value* d = b_.CreateGEP(
-              et_, dst, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kk, i64(t)), i64(lines)), i64(g)));
-          store_packed(v[t], d, n, lines);
-        }
+        Value* line = b_.CreateAdd(g, i64(j));
+        Value* ok = b_.CreateICmpSLT(line, valid);
+        Value* m = b_.CreateVectorSplat(vl, ok);
+        if (kmask) m = b_.CreateAnd(kmask, m);
+        v[j] = b_.CreateMaskedLoad(vt_, src(b_.CreateSelect(ok, line, i64(0)), kk), ealign(), m,
+                                   llvm::Constant::getNullValue(vt_));
+      }
+      transpose_in_registers(v);
+      for (int t = 0; t < vl; ++t) {
+        Value* d = b_.CreateGEP(
+            et_, dst, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kk, i64(t)), i64(lines)), g));
+        store_packed(v[t], d, n, lines);
       }
     };
-    whole_or_part(valid, lines, [&](bool whole) {
-      if (full > 0)
-        emit_for(b_, i64(0), i64(full), vl, [&](Value* kk) { chunk(kk, vl, whole); }, "pt");
-      if (kc > full) chunk(i64(full), static_cast<int>(kc - full), whole);
-    });
+    // Groups of VL lines: the whole ones in a loop (one copy of their code),
+    // then the partial one.
+    const int whole = lines / vl * vl;
+    emit_for(
+        b_, i64(0), i64(round_up(kc, vl)), vl,
+        [&](Value* kk) {
+          Value* kmask = kc % vl == 0 ? nullptr : lane_mask(b_.CreateSub(i64(kc), kk));
+          if (whole == vl) {
+            group(kk, kmask, i64(0), vl);
+          } else if (whole > vl) {
+            emit_for(b_, i64(0), i64(whole), vl, [&](Value* g) { group(kk, kmask, g, vl); }, "ptg");
+          }
+          if (lines > whole) group(kk, kmask, i64(whole), lines - whole);
+        },
+        "pt");
   }
 
   // v[r] holds row r of a VL x VL block; afterwards v[r] holds column r.
@@ -936,7 +956,7 @@ class MatMulEmitter {
   // ---------------------------------------------------------------- tile
 
   void emit_micro_tile(Value* ic, Value* jr, Value* ir, Value* mc_hi, Value* k0, int64_t kc,
-                       Value* first, bool last) {
+                       Value* first, Value* last) {
     const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
     Value* p = b_.CreateSDiv(b_.CreateSub(ir, ic), i64(mr));
     Value* q = b_.CreateSDiv(b_.CreateSub(jr, n_lo_), i64(bl_.nr));
@@ -1053,17 +1073,43 @@ class MatMulEmitter {
       b_.CreateBr(join);
       b_.SetInsertPoint(join);
     }
-    if (!last) {
-      if (bl_.acc_out) {
-        store_c_tile(acc, ir, jr, rows, cols);
-        return;
-      }
-      for (int i = 0; i < mr; ++i)
-        for (int v = 0; v < nv; ++v)
-          store_partial(i, v, ir, jr, rows, cols, b_.CreateLoad(vt_, acc[i * nv + v]));
+    // The last K block applies the epilogue, the others keep the sums.
+    auto* known = llvm::dyn_cast<llvm::ConstantInt>(last);
+    if (known != nullptr) {
+      known->isOne() ? tile_epilogue(acc, ir, jr, rows, cols) : keep_sums(acc, ir, jr, rows, cols);
       return;
     }
-    // Epilogue: a fast path for whole tiles, a masked path for edges.
+    llvm::LLVMContext& c = m_.getContext();
+    auto* epi = llvm::BasicBlock::Create(c, "tile.last", f_);
+    auto* keep = llvm::BasicBlock::Create(c, "tile.keep", f_);
+    auto* after = llvm::BasicBlock::Create(c, "tile.after", f_);
+    b_.CreateCondBr(last, epi, keep);
+    b_.SetInsertPoint(epi);
+    tile_epilogue(acc, ir, jr, rows, cols);
+    b_.CreateBr(after);
+    b_.SetInsertPoint(keep);
+    keep_sums(acc, ir, jr, rows, cols);
+    b_.CreateBr(after);
+    b_.SetInsertPoint(after);
+  }
+
+  // The sums of a K block but the last: in the output or the scratch buffer.
+  void keep_sums(const std::vector<llvm::AllocaInst*>& acc, Value* ir, Value* jr, Value* rows,
+                 Value* cols) {
+    const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
+    if (bl_.acc_out) {
+      store_c_tile(acc, ir, jr, rows, cols);
+      return;
+    }
+    for (int i = 0; i < mr; ++i)
+      for (int v = 0; v < nv; ++v)
+        store_partial(i, v, ir, jr, rows, cols, b_.CreateLoad(vt_, acc[i * nv + v]));
+  }
+
+  // Epilogue: a fast path for whole tiles, a masked path for edges.
+  void tile_epilogue(const std::vector<llvm::AllocaInst*>& acc, Value* ir, Value* jr, Value* rows,
+                     Value* cols) {
+    const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
     llvm::LLVMContext& c = m_.getContext();
     Value* full =
         b_.CreateAnd(b_.CreateICmpSGE(rows, i64(mr)), b_.CreateICmpSGE(cols, i64(bl_.nr)));
