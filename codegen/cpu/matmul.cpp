@@ -1057,8 +1057,13 @@ class MatMulEmitter {
             "kk");
       for (int64_t k = whole; k < kc; ++k) step(i64(k));
     };
-    if (bl_.pack_b) {
+    // B in place: an edge panel loads under lane masks. With mask registers
+    // (a masked load is as fast as a plain one) one masked loop serves every
+    // panel; else whole panels take a loop of their own.
+    if (bl_.pack_b || !col_edges()) {
       kloop(false);
+    } else if (native_masks()) {
+      kloop(true);
     } else {
       llvm::LLVMContext& c = m_.getContext();
       auto* whole = llvm::BasicBlock::Create(c, "kk.whole", f_);
@@ -1111,6 +1116,11 @@ class MatMulEmitter {
                      Value* cols) {
     const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
     llvm::LLVMContext& c = m_.getContext();
+    if (!edges()) {
+      for (int i = 0; i < mr; ++i)
+        for (int v = 0; v < nv; ++v) epilogue(i, v, ir, jr, acc[i * nv + v], nullptr);
+      return;
+    }
     Value* full =
         b_.CreateAnd(b_.CreateICmpSGE(rows, i64(mr)), b_.CreateICmpSGE(cols, i64(bl_.nr)));
     auto* fast = llvm::BasicBlock::Create(c, "tile.full", f_);
@@ -1122,34 +1132,56 @@ class MatMulEmitter {
       for (int v = 0; v < nv; ++v) epilogue(i, v, ir, jr, acc[i * nv + v], nullptr);
     b_.CreateBr(done);
     b_.SetInsertPoint(edge);
-    // Edge tiles: the rows that exist; per vector, whole (plain stores) or
-    // partial (a masked store with AVX-512; elsewhere, where a masked store
-    // is slow (vmaskmovps), the valid lanes one by one).
-    for (int i = 0; i < mr; ++i) {
-      auto* row = llvm::BasicBlock::Create(c, "row", f_);
-      auto* next = llvm::BasicBlock::Create(c, "row.next", f_);
-      b_.CreateCondBr(b_.CreateICmpSLT(i64(i), rows), row, next);
-      b_.SetInsertPoint(row);
-      for (int v = 0; v < nv; ++v) {
-        Value* valid = b_.CreateSub(cols, i64(v * bl_.vl));
-        auto* whole = llvm::BasicBlock::Create(c, "vec.whole", f_);
-        auto* part = llvm::BasicBlock::Create(c, "vec.part", f_);
-        auto* after = llvm::BasicBlock::Create(c, "vec.next", f_);
-        b_.CreateCondBr(b_.CreateICmpSGE(valid, i64(bl_.vl)), whole, part);
-        b_.SetInsertPoint(whole);
-        epilogue(i, v, ir, jr, acc[i * nv + v], nullptr);
-        b_.CreateBr(after);
-        b_.SetInsertPoint(part);
-        partial_vector_epilogue(b_.CreateAdd(ir, i64(i)), b_.CreateAdd(jr, i64(v * bl_.vl)),
-                                acc[i * nv + v], valid);
-        b_.CreateBr(after);
-        b_.SetInsertPoint(after);
-      }
-      b_.CreateBr(next);
-      b_.SetInsertPoint(next);
-    }
+    // Edge tiles: the tile in memory and a loop over the rows that exist
+    // (one copy of the epilogue per vector, not per row); per vector, a
+    // masked store with AVX-512 (mask registers: whole vectors too), else
+    // whole (plain stores) or partial (the valid lanes one by one: vmaskmovps
+    // stores are slow).
+    Value* tile = spill_tile(acc);
+    emit_for(
+        b_, i64(0), min64(rows, i64(mr)), 1,
+        [&](Value* i) {
+          Value* m = b_.CreateAdd(ir, i);
+          for (int v = 0; v < nv; ++v) {
+            Value* at = tile_slot(tile, i, v);
+            Value* n = b_.CreateAdd(jr, i64(v * bl_.vl));
+            Value* valid = b_.CreateSub(cols, i64(v * bl_.vl));
+            if (native_masks()) {
+              partial_vector_epilogue(m, n, at, valid);
+              continue;
+            }
+            auto* whole = llvm::BasicBlock::Create(c, "vec.whole", f_);
+            auto* part = llvm::BasicBlock::Create(c, "vec.part", f_);
+            auto* after = llvm::BasicBlock::Create(c, "vec.next", f_);
+            b_.CreateCondBr(b_.CreateICmpSGE(valid, i64(bl_.vl)), whole, part);
+            b_.SetInsertPoint(whole);
+            epilogue_at(m, n, b_.CreateLoad(vt_, at), nullptr, bl_.vl);
+            b_.CreateBr(after);
+            b_.SetInsertPoint(part);
+            partial_vector_epilogue(m, n, at, valid);
+            b_.CreateBr(after);
+            b_.SetInsertPoint(after);
+          }
+        },
+        "erow");
     b_.CreateBr(done);
     b_.SetInsertPoint(done);
+  }
+
+  // The register tile in memory (one buffer in the kernel's frame for all
+  // tiles), for the edge paths that index its rows at run time.
+  // With no accumulators: the buffer only.
+  Value* spill_tile(const std::vector<llvm::AllocaInst*>& acc) {
+    if (tile_buf_ == nullptr) {
+      llvm::IRBuilder<> eb(entry_, entry_->begin());
+      tile_buf_ = eb.CreateAlloca(vt_, eb.getInt64(int64_t{bl_.mr} * (bl_.nr / bl_.vl)), "tile");
+    }
+    for (size_t j = 0; j < acc.size(); ++j)
+      b_.CreateStore(b_.CreateLoad(vt_, acc[j]), b_.CreateGEP(vt_, tile_buf_, i64(j)));
+    return tile_buf_;
+  }
+  Value* tile_slot(Value* tile, Value* i, int v) {
+    return b_.CreateGEP(vt_, tile, b_.CreateAdd(b_.CreateMul(i, i64(bl_.nr / bl_.vl)), i64(v)));
   }
 
   // ------------------------------------------------- C in the output
@@ -1201,12 +1233,18 @@ class MatMulEmitter {
                    Value* cols) {
     const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
     llvm::LLVMContext& c = m_.getContext();
-    Value* full =
-        b_.CreateAnd(b_.CreateICmpSGE(rows, i64(mr)), b_.CreateICmpSGE(cols, i64(bl_.nr)));
     auto* fast = llvm::BasicBlock::Create(c, "cl.full", f_);
     auto* edge = llvm::BasicBlock::Create(c, "cl.edge", f_);
     auto* done = llvm::BasicBlock::Create(c, "cl.done", f_);
-    b_.CreateCondBr(full, fast, edge);
+    if (edges()) {
+      b_.CreateCondBr(
+          b_.CreateAnd(b_.CreateICmpSGE(rows, i64(mr)), b_.CreateICmpSGE(cols, i64(bl_.nr))), fast,
+          edge);
+    } else {
+      b_.CreateBr(fast);
+      edge->eraseFromParent();
+      edge = nullptr;
+    }
     b_.SetInsertPoint(fast);
     for (int i = 0; i < mr; ++i)
       for (int v = 0; v < nv; ++v)
@@ -1215,16 +1253,27 @@ class MatMulEmitter {
                 vt_, c_ptr(b_.CreateAdd(ir, i64(i)), b_.CreateAdd(jr, i64(v * bl_.vl))), ealign()),
             acc[i * nv + v]);
     b_.CreateBr(done);
-    b_.SetInsertPoint(edge);
-    for (int i = 0; i < mr; ++i) {
-      Value* row = min64(b_.CreateAdd(ir, i64(i)), b_.CreateSub(m_hi_, i64(1)));
-      for (int v = 0; v < nv; ++v) {
-        Value* mask = lane_mask(b_.CreateSub(cols, i64(v * bl_.vl)));
-        b_.CreateStore(b_.CreateMaskedLoad(vt_, c_ptr(row, b_.CreateAdd(jr, i64(v * bl_.vl))),
-                                           ealign(), mask, llvm::Constant::getNullValue(vt_)),
-                       acc[i * nv + v]);
-      }
+    if (edge == nullptr) {
+      b_.SetInsertPoint(done);
+      return;
     }
+    b_.SetInsertPoint(edge);
+    // A loop over the tile's rows into memory, then into the accumulators.
+    Value* tile = spill_tile({});
+    emit_for(
+        b_, i64(0), i64(mr), 1,
+        [&](Value* i) {
+          Value* row = min64(b_.CreateAdd(ir, i), b_.CreateSub(m_hi_, i64(1)));
+          for (int v = 0; v < nv; ++v) {
+            Value* mask = lane_mask(b_.CreateSub(cols, i64(v * bl_.vl)));
+            b_.CreateStore(b_.CreateMaskedLoad(vt_, c_ptr(row, b_.CreateAdd(jr, i64(v * bl_.vl))),
+                                               ealign(), mask, llvm::Constant::getNullValue(vt_)),
+                           tile_slot(tile, i, v));
+          }
+        },
+        "clrow");
+    for (size_t j = 0; j < acc.size(); ++j)
+      b_.CreateStore(b_.CreateLoad(vt_, b_.CreateGEP(vt_, tile, i64(j))), acc[j]);
     b_.CreateBr(done);
     b_.SetInsertPoint(done);
   }
@@ -1234,6 +1283,14 @@ class MatMulEmitter {
                     Value* cols) {
     const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
     llvm::LLVMContext& c = m_.getContext();
+    if (!edges()) {
+      for (int i = 0; i < mr; ++i)
+        for (int v = 0; v < nv; ++v)
+          b_.CreateAlignedStore(b_.CreateLoad(vt_, acc[i * nv + v]),
+                                c_ptr(b_.CreateAdd(ir, i64(i)), b_.CreateAdd(jr, i64(v * bl_.vl))),
+                                ealign());
+      return;
+    }
     Value* full =
         b_.CreateAnd(b_.CreateICmpSGE(rows, i64(mr)), b_.CreateICmpSGE(cols, i64(bl_.nr)));
     auto* fast = llvm::BasicBlock::Create(c, "cs.full", f_);
@@ -1248,49 +1305,47 @@ class MatMulEmitter {
                               ealign());
     b_.CreateBr(done);
     b_.SetInsertPoint(edge);
-    for (int i = 0; i < mr; ++i) {
-      auto* row = llvm::BasicBlock::Create(c, "cs.row", f_);
-      auto* next = llvm::BasicBlock::Create(c, "cs.row.next", f_);
-      b_.CreateCondBr(b_.CreateICmpSLT(i64(i), rows), row, next);
-      b_.SetInsertPoint(row);
-      Value* m = b_.CreateAdd(ir, i64(i));
-      for (int v = 0; v < nv; ++v) {
-        Value* n = b_.CreateAdd(jr, i64(v * bl_.vl));
-        Value* valid = b_.CreateSub(cols, i64(v * bl_.vl));
-        Value* x = b_.CreateLoad(vt_, acc[i * nv + v]);
-        if (native_masks()) {
-          b_.CreateMaskedStore(x, c_ptr(m, n), ealign(), lane_mask(valid));
-          continue;
-        }
-        // Without mask registers (vmaskmovps stores are slow): whole vectors
-        // plainly, a partial one lane by lane.
-        auto* whole = llvm::BasicBlock::Create(c, "cs.whole", f_);
-        auto* part = llvm::BasicBlock::Create(c, "cs.part", f_);
-        auto* after = llvm::BasicBlock::Create(c, "cs.next", f_);
-        b_.CreateCondBr(b_.CreateICmpSGE(valid, i64(bl_.vl)), whole, part);
-        b_.SetInsertPoint(whole);
-        b_.CreateAlignedStore(x, c_ptr(m, n), ealign());
-        b_.CreateBr(after);
-        b_.SetInsertPoint(part);
-        emit_for(
-            b_, i64(0), valid, 1,
-            [&](Value* l) {
-              b_.CreateAlignedStore(b_.CreateExtractElement(x, l), c_ptr(m, b_.CreateAdd(n, l)),
-                                    ealign());
-            },
-            "cs.lane");
-        b_.CreateBr(after);
-        b_.SetInsertPoint(after);
-      }
-      b_.CreateBr(next);
-      b_.SetInsertPoint(next);
-    }
+    Value* tile = spill_tile(acc);
+    emit_for(
+        b_, i64(0), min64(rows, i64(mr)), 1,
+        [&](Value* i) {
+          Value* m = b_.CreateAdd(ir, i);
+          for (int v = 0; v < nv; ++v) {
+            Value* n = b_.CreateAdd(jr, i64(v * bl_.vl));
+            Value* valid = b_.CreateSub(cols, i64(v * bl_.vl));
+            Value* x = b_.CreateLoad(vt_, tile_slot(tile, i, v));
+            if (native_masks()) {
+              b_.CreateMaskedStore(x, c_ptr(m, n), ealign(), lane_mask(valid));
+              continue;
+            }
+            // Without mask registers (vmaskmovps stores are slow): whole vectors
+            // plainly, a partial one lane by lane.
+            auto* whole = llvm::BasicBlock::Create(c, "cs.whole", f_);
+            auto* part = llvm::BasicBlock::Create(c, "cs.part", f_);
+            auto* after = llvm::BasicBlock::Create(c, "cs.next", f_);
+            b_.CreateCondBr(b_.CreateICmpSGE(valid, i64(bl_.vl)), whole, part);
+            b_.SetInsertPoint(whole);
+            b_.CreateAlignedStore(x, c_ptr(m, n), ealign());
+            b_.CreateBr(after);
+            b_.SetInsertPoint(part);
+            emit_for(
+                b_, i64(0), valid, 1,
+                [&](Value* l) {
+                  b_.CreateAlignedStore(b_.CreateExtractElement(x, l),
+                                        c_ptr(m, b_.CreateAdd(n, l)), ealign());
+                },
+                "cs.lane");
+            b_.CreateBr(after);
+            b_.SetInsertPoint(after);
+          }
+        },
+        "csrow");
     b_.CreateBr(done);
     b_.SetInsertPoint(done);
   }
 
   // Outputs (m, n..n+valid), valid < VL (it may be <= 0: nothing to do).
-  void partial_vector_epilogue(Value* m, Value* n, llvm::AllocaInst* acc, Value* valid) {
+  void partial_vector_epilogue(Value* m, Value* n, Value* acc, Value* valid) {
     if (native_masks()) {
       epilogue_at(m, n, b_.CreateLoad(vt_, acc), lane_mask(valid), bl_.vl);
       return;
@@ -1305,6 +1360,14 @@ class MatMulEmitter {
   }
   // AVX-512 stores under a mask register at full speed.
   bool native_masks() const { return t_.vector_bits >= 512; }
+  // Whether some tile is partial: tasks and blocks start at multiples of the
+  // tile (task_rows, mc, task_cols are), so only the matrix's own ends make
+  // edges. Without them the edge paths are not emitted.
+  bool col_edges() const { return mm_.n % bl_.nr != 0 || bl_.task_cols % bl_.nr != 0; }
+  bool edges() const {
+    return col_edges() || mm_.m % bl_.mr != 0 || bl_.task_rows % bl_.mr != 0 ||
+           bl_.mc % bl_.mr != 0;
+  }
 
   Value* partial_ptr(int i, int v, Value* ir, Value* jr) {
     Value* r = b_.CreateAdd(b_.CreateSub(ir, m_lo_), i64(i));
@@ -1369,6 +1432,7 @@ class MatMulEmitter {
   llvm::Type* et_ = nullptr;
   llvm::Type* vt_ = nullptr;
   Value *ap_ = nullptr, *bp_ = nullptr, *cp_ = nullptr;
+  llvm::AllocaInst* tile_buf_ = nullptr;  // spill_tile
   Value *bi_ = nullptr, *m_lo_ = nullptr, *m_hi_ = nullptr, *n_lo_ = nullptr, *n_hi_ = nullptr;
 };
 
