@@ -757,51 +757,53 @@ class MatMulEmitter {
 
   // Each line contiguous along k: blocks of VL lines x VL k are loaded as VL
   // vectors along k, transposed in registers, and stored as VL vectors
-  // across the lines. One copy of the block's code for every block: lines
-  // past `valid` and k past kc load as zeros under a lane mask, and a last
-  // block's rows past kc are stored all the same (into the next panel,
-  // packed after this one, or the slack after the buffer: emit), so the
-  // transpose's shuffles, the costliest code to compile of the kernel, are
-  // emitted once.
+  // across the lines. One copy of the block's code for every block (the
+  // transpose's shuffles are the costliest code of the kernel to compile):
+  // lines past `valid` load as zeros under a lane mask (invariant in the k
+  // loop), and when kc is not a multiple of VL the last block starts VL
+  // before kc, repacking some rows of the one before (kc < VL: k past kc
+  // loads as zeros, and the block's extra rows land in the next panel,
+  // packed after this one, or the slack after the buffer: emit).
   void emit_pack_transposed(const std::function<Value*(Value*, Value*)>& src, Value* valid,
                             int lines, Value* dst, int64_t kc) {
     const int vl = bl_.vl;
-    auto group = [&](Value* kk, Value* kmask, Value* g, int n) {
-      std::vector<Value*> v(vl);
-      for (int j = 0; j < vl; ++j) {
-        if (j >= n) {
-          v[j] = llvm::Constant::getNullValue(vt_);
-          continue;
-        }
-        Value* line = b_.CreateAdd(g, i64(j));
-        Value* ok = b_.CreateICmpSLT(line, valid);
-        Value* m = b_.CreateVectorSplat(vl, ok);
-        if (kmask) m = b_.CreateAnd(kmask, m);
-        v[j] = b_.CreateMaskedLoad(vt_, src(b_.CreateSelect(ok, line, i64(0)), kk), ealign(), m,
-                                   llvm::Constant::getNullValue(vt_));
+    Value* kmask = kc < vl ? lane_mask(i64(kc)) : nullptr;
+    auto group = [&](Value* g, int n) {
+      std::vector<Value*> ok(n), line(n), mask(n);
+      for (int j = 0; j < n; ++j) {
+        Value* l = b_.CreateAdd(g, i64(j));
+        ok[j] = b_.CreateICmpSLT(l, valid);
+        line[j] = b_.CreateSelect(ok[j], l, i64(0));
+        mask[j] = b_.CreateVectorSplat(vl, ok[j]);
+        if (kmask) mask[j] = b_.CreateAnd(kmask, mask[j]);
       }
-      transpose_in_registers(v);
-      for (int t = 0; t < vl; ++t) {
-        Value* d = b_.CreateGEP(
-            et_, dst, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kk, i64(t)), i64(lines)), g));
-        store_packed(v[t], d, n, lines);
-      }
+      emit_for(
+          b_, i64(0), i64(round_up(kc, vl)), vl,
+          [&](Value* kb) {
+            Value* kk = kc > vl && kc % vl != 0 ? min64(kb, i64(kc - vl)) : kb;
+            std::vector<Value*> v(vl);
+            for (int j = 0; j < vl; ++j)
+              v[j] = j >= n ? static_cast<Value*>(llvm::Constant::getNullValue(vt_))
+                            : b_.CreateMaskedLoad(vt_, src(line[j], kk), ealign(), mask[j],
+                                                  llvm::Constant::getNullValue(vt_));
+            transpose_in_registers(v);
+            for (int t = 0; t < vl; ++t) {
+              Value* d = b_.CreateGEP(
+                  et_, dst, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kk, i64(t)), i64(lines)), g));
+              store_packed(v[t], d, n, lines);
+            }
+          },
+          "pt");
     };
     // Groups of VL lines: the whole ones in a loop (one copy of their code),
     // then the partial one.
     const int whole = lines / vl * vl;
-    emit_for(
-        b_, i64(0), i64(round_up(kc, vl)), vl,
-        [&](Value* kk) {
-          Value* kmask = kc % vl == 0 ? nullptr : lane_mask(b_.CreateSub(i64(kc), kk));
-          if (whole == vl) {
-            group(kk, kmask, i64(0), vl);
-          } else if (whole > vl) {
-            emit_for(b_, i64(0), i64(whole), vl, [&](Value* g) { group(kk, kmask, g, vl); }, "ptg");
-          }
-          if (lines > whole) group(kk, kmask, i64(whole), lines - whole);
-        },
-        "pt");
+    if (whole == vl) {
+      group(i64(0), vl);
+    } else if (whole > vl) {
+      emit_for(b_, i64(0), i64(whole), vl, [&](Value* g) { group(g, vl); }, "ptg");
+    }
+    if (lines > whole) group(i64(whole), lines - whole);
   }
 
   // v[r] holds row r of a VL x VL block; afterwards v[r] holds column r.
@@ -1057,13 +1059,11 @@ class MatMulEmitter {
             "kk");
       for (int64_t k = whole; k < kc; ++k) step(i64(k));
     };
-    // B in place: an edge panel loads under lane masks. With mask registers
-    // (a masked load is as fast as a plain one) one masked loop serves every
-    // panel; else whole panels take a loop of their own.
+    // B in place: an edge panel loads under lane masks, whole panels in a
+    // loop of their own (one masked loop for all measured 10% slower on the
+    // seed's dX with AVX-512).
     if (bl_.pack_b || !col_edges()) {
       kloop(false);
-    } else if (native_masks()) {
-      kloop(true);
     } else {
       llvm::LLVMContext& c = m_.getContext();
       auto* whole = llvm::BasicBlock::Create(c, "kk.whole", f_);
@@ -1331,8 +1331,8 @@ class MatMulEmitter {
             emit_for(
                 b_, i64(0), valid, 1,
                 [&](Value* l) {
-                  b_.CreateAlignedStore(b_.CreateExtractElement(x, l),
-                                        c_ptr(m, b_.CreateAdd(n, l)), ealign());
+                  b_.CreateAlignedStore(b_.CreateExtractElement(x, l), c_ptr(m, b_.CreateAdd(n, l)),
+                                        ealign());
                 },
                 "cs.lane");
             b_.CreateBr(after);
