@@ -23,6 +23,12 @@
 // buffer); the epilogue runs after the last block. The next tile's C rows
 // are prefetched a K loop ahead. Every extent is a compile-time constant of
 // the kernel.
+// Compile time follows the IR emitted, so code is emitted once per kind of
+// work, not once per case: one K block body for equally long blocks (the last
+// picks the epilogue at run time), one transposed-packing block whatever its
+// edge, edge tiles through one loop over the tile's rows, and edge paths only
+// where m or n leaves partial tiles (FLOWJIT_DEBUG=2 prints each kernel's IR
+// instructions as emitted and optimized).
 #include <llvm/IR/ConstantFolder.h>
 #include <llvm/IR/Intrinsics.h>
 
