@@ -505,6 +505,7 @@ EmittedUnit emit_unit(const Kernel& kernel, const std::string& symbol, const Lev
         kernel.name + "' of module '" + opts.module_name + "' is invalid: " + verify_err);
   }
   if (unoptimized_ir != nullptr) *unoptimized_ir = module_text(m);
+  e.u->ir_emitted = m.getInstructionCount();
   e.u->seconds_emit = thread_seconds() - t0;
   return e;
 }
@@ -518,6 +519,7 @@ std::shared_ptr<CompiledUnit> finish_unit(EmittedUnit& e, const Level& level,
   optimize_module(m, *e.tm, /*slp=*/true, opts.interrupted, level.ir);
   if (opts.interrupted && opts.interrupted()) throw Interrupted();
   u.seconds_optimize = thread_seconds() - t1;
+  u.ir_optimized = m.getInstructionCount();
   if (opts.want_llvm_ir || opts.want_assembly) u.llvm_ir = module_text(m);
 
   double t2 = thread_seconds();
@@ -677,11 +679,13 @@ CompiledObject compile(const std::vector<Kernel>& kernels, std::vector<abi::Laun
     const bool compiled = std::find(compile_now.begin(), compile_now.end(), u) != compile_now.end();
     out.seconds_emit += units[u]->seconds_emit;
     if (compiled) {
-      char line[160];
+      char line[200];
       std::snprintf(line, sizeof line,
-                    ": %s emit %.1f, optimize %.1f, codegen %.1f ms, %zu bytes\n", level.id,
-                    1e3 * units[u]->seconds_emit, 1e3 * units[u]->seconds_optimize,
-                    1e3 * units[u]->seconds_codegen, units[u]->object.size());
+                    ": %s emit %.1f, optimize %.1f, codegen %.1f ms, %zu bytes, %zu IR "
+                    "instructions (%zu optimized)\n",
+                    level.id, 1e3 * units[u]->seconds_emit, 1e3 * units[u]->seconds_optimize,
+                    1e3 * units[u]->seconds_codegen, units[u]->object.size(), units[u]->ir_emitted,
+                    units[u]->ir_optimized);
       out.kernel_times +=
           "  " + kernels[first_kernel[u]].name +
           (names[u].size() > 1 ? " (+" + std::to_string(names[u].size() - 1) + ")" : "") + line;

@@ -36,6 +36,9 @@ struct CompiledUnit {
   std::string llvm_ir;   // optimized module text; empty when it was not asked for
   std::string assembly;  // only in a unit compiled for a call that asked for it
   double seconds_emit = 0, seconds_optimize = 0, seconds_codegen = 0;
+  // LLVM IR instructions of the module as emitted and after optimization
+  // (FLOWJIT_DEBUG=2's line per kernel: what the emitter hands LLVM).
+  size_t ir_emitted = 0, ir_optimized = 0;
   size_t bytes() const { return object.size() + llvm_ir.size() + symbol.size() + 64; }
 };
 

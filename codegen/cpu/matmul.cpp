@@ -23,6 +23,13 @@
 // buffer); the epilogue runs after the last block. The next tile's C rows
 // are prefetched a K loop ahead. Every extent is a compile-time constant of
 // the kernel.
+// Compile time follows the IR emitted, so code is emitted once per kind of
+// work, not once per case: one K block body for equally long blocks (the last
+// picks the epilogue at run time), one transposed-packing block whatever its
+// edge, edge tiles through one loop over the tile's rows, and edge paths only
+// where m or n leaves partial tiles (FLOWJIT_DEBUG=2 prints each kernel's IR
+// instructions as emitted and optimized).
+#include <llvm/IR/ConstantFolder.h>
 #include <llvm/IR/Intrinsics.h>
 
 #include <algorithm>
@@ -42,6 +49,106 @@ namespace {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+// The emitter's builder folds the integer identities of its address
+// arithmetic on creation (x * 0, x * 1, x + 0, x - 0, x / 1, a GEP by 0), a
+// fifth of the instructions it would hand LLVM otherwise, and constants as
+// the default builder does. Nothing that looks through a value: a loop's
+// induction PHI has only its first incoming value while the body is emitted,
+// so a fold that threads over PHIs (InstSimplifyFolder) would take the loop
+// start for the induction variable.
+class IdentityFolder final : public llvm::IRBuilderFolder {
+ public:
+  Value* FoldBinOp(llvm::Instruction::BinaryOps op, Value* l, Value* r) const override {
+    if (Value* v = identity(op, l, r)) return v;
+    return c_.FoldBinOp(op, l, r);
+  }
+  Value* FoldExactBinOp(llvm::Instruction::BinaryOps op, Value* l, Value* r,
+                        bool exact) const override {
+    if (Value* v = identity(op, l, r)) return v;
+    return c_.FoldExactBinOp(op, l, r, exact);
+  }
+  Value* FoldNoWrapBinOp(llvm::Instruction::BinaryOps op, Value* l, Value* r, bool nuw,
+                         bool nsw) const override {
+    if (Value* v = identity(op, l, r)) return v;
+    return c_.FoldNoWrapBinOp(op, l, r, nuw, nsw);
+  }
+  Value* FoldBinOpFMF(llvm::Instruction::BinaryOps op, Value* l, Value* r,
+                      llvm::FastMathFlags fmf) const override {
+    return c_.FoldBinOpFMF(op, l, r, fmf);
+  }
+  Value* FoldUnOpFMF(llvm::Instruction::UnaryOps op, Value* v,
+                     llvm::FastMathFlags fmf) const override {
+    return c_.FoldUnOpFMF(op, v, fmf);
+  }
+  Value* FoldCmp(llvm::CmpInst::Predicate p, Value* l, Value* r) const override {
+    return c_.FoldCmp(p, l, r);
+  }
+  Value* FoldGEP(llvm::Type* ty, Value* ptr, llvm::ArrayRef<Value*> idx,
+                 llvm::GEPNoWrapFlags nw) const override {
+    if (idx.size() == 1 && is_int(idx[0], 0)) return ptr;
+    return c_.FoldGEP(ty, ptr, idx, nw);
+  }
+  Value* FoldSelect(Value* c, Value* t, Value* f) const override { return c_.FoldSelect(c, t, f); }
+  Value* FoldExtractValue(Value* agg, llvm::ArrayRef<unsigned> idx) const override {
+    return c_.FoldExtractValue(agg, idx);
+  }
+  Value* FoldInsertValue(Value* agg, Value* v, llvm::ArrayRef<unsigned> idx) const override {
+    return c_.FoldInsertValue(agg, v, idx);
+  }
+  Value* FoldExtractElement(Value* vec, Value* idx) const override {
+    return c_.FoldExtractElement(vec, idx);
+  }
+  Value* FoldInsertElement(Value* vec, Value* elt, Value* idx) const override {
+    return c_.FoldInsertElement(vec, elt, idx);
+  }
+  Value* FoldShuffleVector(Value* a, Value* b, llvm::ArrayRef<int> mask) const override {
+    return c_.FoldShuffleVector(a, b, mask);
+  }
+  Value* FoldCast(llvm::Instruction::CastOps op, Value* v, llvm::Type* to) const override {
+    return c_.FoldCast(op, v, to);
+  }
+  Value* FoldBinaryIntrinsic(llvm::Intrinsic::ID id, Value* l, Value* r, llvm::Type* ty,
+                             llvm::Instruction* fmf) const override {
+    return c_.FoldBinaryIntrinsic(id, l, r, ty, fmf);
+  }
+  llvm::Constant* CreatePointerCast(llvm::Constant* c, llvm::Type* to) const override {
+    return c_.CreatePointerCast(c, to);
+  }
+  llvm::Constant* CreatePointerBitCastOrAddrSpaceCast(llvm::Constant* c,
+                                                      llvm::Type* to) const override {
+    return c_.CreatePointerBitCastOrAddrSpaceCast(c, to);
+  }
+
+ private:
+  static bool is_int(Value* v, int64_t x) {
+    auto* c = llvm::dyn_cast<llvm::ConstantInt>(v);
+    return c != nullptr && c->getSExtValue() == x;
+  }
+  static Value* identity(llvm::Instruction::BinaryOps op, Value* l, Value* r) {
+    if (!l->getType()->isIntegerTy()) return nullptr;  // scalar integers only
+    switch (op) {
+      case llvm::Instruction::Add:
+        if (is_int(r, 0)) return l;
+        if (is_int(l, 0)) return r;
+        return nullptr;
+      case llvm::Instruction::Sub:
+        return is_int(r, 0) ? l : nullptr;
+      case llvm::Instruction::Mul:
+        if (is_int(r, 1)) return l;
+        if (is_int(l, 1)) return r;
+        if (is_int(r, 0)) return r;
+        if (is_int(l, 0)) return l;
+        return nullptr;
+      case llvm::Instruction::SDiv:
+      case llvm::Instruction::UDiv:
+        return is_int(r, 1) ? l : nullptr;
+      default:
+        return nullptr;
+    }
+  }
+  llvm::ConstantFolder c_;
+};
 
 // Two kernel shapes. Gemm: the packed Goto/BLIS algorithm above, the register
 // tile MR rows x NR columns of accumulators, broadcasting A and loading B
@@ -306,9 +413,10 @@ class MatMulEmitter {
     int64_t ap_elems = bl_.pack_a ? round_up(bl_.mc, bl_.mr) * bl_.kc : 0;
     int64_t bp_elems = bl_.pack_b ? round_up(bl_.nc, bl_.nr) * bl_.kc : 0;
     int64_t cp_elems = bl_.num_kb > 1 && !bl_.acc_out ? bl_.task_rows * bl_.task_cols : 0;
-    // Each packed buffer is followed by a vector of slack (store_packed).
-    int64_t ap_room = round_up(ap_elems + (ap_elems ? bl_.vl : 0), 16);
-    int64_t bp_room = round_up(bp_elems + (bp_elems ? bl_.vl : 0), 16);
+    // Each packed buffer is followed by slack: a vector (store_packed) and
+    // VL k rows of a panel (the last block of emit_pack_transposed).
+    int64_t ap_room = round_up(ap_elems + (ap_elems ? bl_.vl * (bl_.mr + 1) : 0), 16);
+    int64_t bp_room = round_up(bp_elems + (bp_elems ? bl_.vl * (bl_.nr + 1) : 0), 16);
     ap_ = scratch;
     bp_ = b_.CreateGEP(et_, scratch, b_.getInt64(ap_room));
     cp_ = b_.CreateGEP(et_, bp_, b_.getInt64(bp_room));
@@ -353,18 +461,30 @@ class MatMulEmitter {
     // whose first iteration starts from zero); the last applies the epilogue.
     int64_t kc = bl_.kc;
     int64_t kc_last = mm_.k - (bl_.num_kb - 1) * kc;
+    // When all blocks are equally long (k a multiple of the block count), the
+    // last one runs in the same loop too: one copy of the packing and the
+    // micro-kernel, whose end picks the epilogue or keeping the sums at run time.
+    if (bl_.num_kb > 1 && kc_last == kc) {
+      emit_for(
+          b_, i64(0), i64(bl_.num_kb), 1,
+          [&](Value* kb) {
+            emit_k_block(b_.CreateMul(kb, i64(kc)), kc, b_.CreateICmpEQ(kb, i64(0)),
+                         b_.CreateICmpEQ(kb, i64(bl_.num_kb - 1)));
+          },
+          "kb");
+      return;
+    }
     if (bl_.num_kb > 1) {
       emit_for(
           b_, i64(0), i64(bl_.num_kb - 1), 1,
           [&](Value* kb) {
             Value* first = b_.CreateICmpEQ(kb, i64(0));
-            emit_k_block(b_.CreateMul(kb, i64(kc)), kc, first, /*last=*/false);
+            emit_k_block(b_.CreateMul(kb, i64(kc)), kc, first, b_.getFalse());
           },
           "kb");
     }
     emit_k_block(i64((bl_.num_kb - 1) * kc), kc_last,
-                 bl_.num_kb == 1 ? b_.getTrue() : b_.getFalse(),
-                 /*last=*/true);
+                 bl_.num_kb == 1 ? b_.getTrue() : b_.getFalse(), b_.getTrue());
   }
 
   // ---------------------------------------------------------------- dot
@@ -487,7 +607,7 @@ class MatMulEmitter {
     return b_.CreateShuffleVector(vecs[0], vecs[0], perm);
   }
 
-  void emit_k_block(Value* k0, int64_t kc, Value* first, bool last) {
+  void emit_k_block(Value* k0, int64_t kc, Value* first, Value* last) {
     if (bl_.pack_b) emit_pack_b(k0, kc);
     emit_for(
         b_, m_lo_, m_hi_, bl_.mc,
@@ -643,44 +763,53 @@ class MatMulEmitter {
 
   // Each line contiguous along k: blocks of VL lines x VL k are loaded as VL
   // vectors along k, transposed in registers, and stored as VL vectors
-  // across the lines.
+  // across the lines. One copy of the block's code for every block (the
+  // transpose's shuffles are the costliest code of the kernel to compile):
+  // lines past `valid` load as zeros under a lane mask (invariant in the k
+  // loop), and when kc is not a multiple of VL the last block starts VL
+  // before kc, repacking some rows of the one before (kc < VL: k past kc
+  // loads as zeros, and the block's extra rows land in the next panel,
+  // packed after this one, or the slack after the buffer: emit).
   void emit_pack_transposed(const std::function<Value*(Value*, Value*)>& src, Value* valid,
                             int lines, Value* dst, int64_t kc) {
     const int vl = bl_.vl;
-    int64_t full = kc / vl * vl;
-    auto chunk = [&](Value* kk, int klanes, bool whole) {
-      Value* kmask = lane_mask(i64(klanes));
-      for (int g = 0; g < lines; g += vl) {
-        int n = std::min(vl, lines - g);
-        std::vector<Value*> v(vl);
-        for (int j = 0; j < vl; ++j) {
-          if (j >= n) {
-            v[j] = llvm::Constant::getNullValue(vt_);
-            continue;
-          }
-          if (whole && klanes == vl) {
-            v[j] = b_.CreateAlignedLoad(vt_, src(i64(g + j), kk), ealign());
-            continue;
-          }
-          Value* ok = whole ? b_.getTrue() : b_.CreateICmpSLT(i64(g + j), valid);
-          Value* m = b_.CreateAnd(kmask, b_.CreateVectorSplat(vl, ok));
-          Value* line = whole ? i64(g + j) : b_.CreateSelect(ok, i64(g + j), i64(0));
-          v[j] = b_.CreateMaskedLoad(vt_, src(line, kk), ealign(), m,
-                                     llvm::Constant::getNullValue(vt_));
-        }
-        transpose_in_registers(v);
-        for (int t = 0; t < klanes; ++t) {
-          Value* d = b_.CreateGEP(
-              et_, dst, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kk, i64(t)), i64(lines)), i64(g)));
-          store_packed(v[t], d, n, lines);
-        }
+    Value* kmask = kc < vl ? lane_mask(i64(kc)) : nullptr;
+    auto group = [&](Value* g, int n) {
+      std::vector<Value*> ok(n), line(n), mask(n);
+      for (int j = 0; j < n; ++j) {
+        Value* l = b_.CreateAdd(g, i64(j));
+        ok[j] = b_.CreateICmpSLT(l, valid);
+        line[j] = b_.CreateSelect(ok[j], l, i64(0));
+        mask[j] = b_.CreateVectorSplat(vl, ok[j]);
+        if (kmask) mask[j] = b_.CreateAnd(kmask, mask[j]);
       }
+      emit_for(
+          b_, i64(0), i64(round_up(kc, vl)), vl,
+          [&](Value* kb) {
+            Value* kk = kc > vl && kc % vl != 0 ? min64(kb, i64(kc - vl)) : kb;
+            std::vector<Value*> v(vl);
+            for (int j = 0; j < vl; ++j)
+              v[j] = j >= n ? static_cast<Value*>(llvm::Constant::getNullValue(vt_))
+                            : b_.CreateMaskedLoad(vt_, src(line[j], kk), ealign(), mask[j],
+                                                  llvm::Constant::getNullValue(vt_));
+            transpose_in_registers(v);
+            for (int t = 0; t < vl; ++t) {
+              Value* d = b_.CreateGEP(
+                  et_, dst, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kk, i64(t)), i64(lines)), g));
+              store_packed(v[t], d, n, lines);
+            }
+          },
+          "pt");
     };
-    whole_or_part(valid, lines, [&](bool whole) {
-      if (full > 0)
-        emit_for(b_, i64(0), i64(full), vl, [&](Value* kk) { chunk(kk, vl, whole); }, "pt");
-      if (kc > full) chunk(i64(full), static_cast<int>(kc - full), whole);
-    });
+    // Groups of VL lines: the whole ones in a loop (one copy of their code),
+    // then the partial one.
+    const int whole = lines / vl * vl;
+    if (whole == vl) {
+      group(i64(0), vl);
+    } else if (whole > vl) {
+      emit_for(b_, i64(0), i64(whole), vl, [&](Value* g) { group(g, vl); }, "ptg");
+    }
+    if (lines > whole) group(i64(whole), lines - whole);
   }
 
   // v[r] holds row r of a VL x VL block; afterwards v[r] holds column r.
@@ -835,7 +964,7 @@ class MatMulEmitter {
   // ---------------------------------------------------------------- tile
 
   void emit_micro_tile(Value* ic, Value* jr, Value* ir, Value* mc_hi, Value* k0, int64_t kc,
-                       Value* first, bool last) {
+                       Value* first, Value* last) {
     const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
     Value* p = b_.CreateSDiv(b_.CreateSub(ir, ic), i64(mr));
     Value* q = b_.CreateSDiv(b_.CreateSub(jr, n_lo_), i64(bl_.nr));
@@ -936,7 +1065,10 @@ class MatMulEmitter {
             "kk");
       for (int64_t k = whole; k < kc; ++k) step(i64(k));
     };
-    if (bl_.pack_b) {
+    // B in place: an edge panel loads under lane masks, whole panels in a
+    // loop of their own (one masked loop for all measured 10% slower on the
+    // seed's dX with AVX-512).
+    if (bl_.pack_b || !col_edges()) {
       kloop(false);
     } else {
       llvm::LLVMContext& c = m_.getContext();
@@ -952,18 +1084,49 @@ class MatMulEmitter {
       b_.CreateBr(join);
       b_.SetInsertPoint(join);
     }
-    if (!last) {
-      if (bl_.acc_out) {
-        store_c_tile(acc, ir, jr, rows, cols);
-        return;
-      }
-      for (int i = 0; i < mr; ++i)
-        for (int v = 0; v < nv; ++v)
-          store_partial(i, v, ir, jr, rows, cols, b_.CreateLoad(vt_, acc[i * nv + v]));
+    // The last K block applies the epilogue, the others keep the sums.
+    auto* known = llvm::dyn_cast<llvm::ConstantInt>(last);
+    if (known != nullptr) {
+      known->isOne() ? tile_epilogue(acc, ir, jr, rows, cols) : keep_sums(acc, ir, jr, rows, cols);
       return;
     }
-    // Epilogue: a fast path for whole tiles, a masked path for edges.
     llvm::LLVMContext& c = m_.getContext();
+    auto* epi = llvm::BasicBlock::Create(c, "tile.last", f_);
+    auto* keep = llvm::BasicBlock::Create(c, "tile.keep", f_);
+    auto* after = llvm::BasicBlock::Create(c, "tile.after", f_);
+    b_.CreateCondBr(last, epi, keep);
+    b_.SetInsertPoint(epi);
+    tile_epilogue(acc, ir, jr, rows, cols);
+    b_.CreateBr(after);
+    b_.SetInsertPoint(keep);
+    keep_sums(acc, ir, jr, rows, cols);
+    b_.CreateBr(after);
+    b_.SetInsertPoint(after);
+  }
+
+  // The sums of a K block but the last: in the output or the scratch buffer.
+  void keep_sums(const std::vector<llvm::AllocaInst*>& acc, Value* ir, Value* jr, Value* rows,
+                 Value* cols) {
+    const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
+    if (bl_.acc_out) {
+      store_c_tile(acc, ir, jr, rows, cols);
+      return;
+    }
+    for (int i = 0; i < mr; ++i)
+      for (int v = 0; v < nv; ++v)
+        store_partial(i, v, ir, jr, rows, cols, b_.CreateLoad(vt_, acc[i * nv + v]));
+  }
+
+  // Epilogue: a fast path for whole tiles, a masked path for edges.
+  void tile_epilogue(const std::vector<llvm::AllocaInst*>& acc, Value* ir, Value* jr, Value* rows,
+                     Value* cols) {
+    const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
+    llvm::LLVMContext& c = m_.getContext();
+    if (!edges()) {
+      for (int i = 0; i < mr; ++i)
+        for (int v = 0; v < nv; ++v) epilogue(i, v, ir, jr, acc[i * nv + v], nullptr);
+      return;
+    }
     Value* full =
         b_.CreateAnd(b_.CreateICmpSGE(rows, i64(mr)), b_.CreateICmpSGE(cols, i64(bl_.nr)));
     auto* fast = llvm::BasicBlock::Create(c, "tile.full", f_);
@@ -975,34 +1138,56 @@ class MatMulEmitter {
       for (int v = 0; v < nv; ++v) epilogue(i, v, ir, jr, acc[i * nv + v], nullptr);
     b_.CreateBr(done);
     b_.SetInsertPoint(edge);
-    // Edge tiles: the rows that exist; per vector, whole (plain stores) or
-    // partial (a masked store with AVX-512; elsewhere, where a masked store
-    // is slow (vmaskmovps), the valid lanes one by one).
-    for (int i = 0; i < mr; ++i) {
-      auto* row = llvm::BasicBlock::Create(c, "row", f_);
-      auto* next = llvm::BasicBlock::Create(c, "row.next", f_);
-      b_.CreateCondBr(b_.CreateICmpSLT(i64(i), rows), row, next);
-      b_.SetInsertPoint(row);
-      for (int v = 0; v < nv; ++v) {
-        Value* valid = b_.CreateSub(cols, i64(v * bl_.vl));
-        auto* whole = llvm::BasicBlock::Create(c, "vec.whole", f_);
-        auto* part = llvm::BasicBlock::Create(c, "vec.part", f_);
-        auto* after = llvm::BasicBlock::Create(c, "vec.next", f_);
-        b_.CreateCondBr(b_.CreateICmpSGE(valid, i64(bl_.vl)), whole, part);
-        b_.SetInsertPoint(whole);
-        epilogue(i, v, ir, jr, acc[i * nv + v], nullptr);
-        b_.CreateBr(after);
-        b_.SetInsertPoint(part);
-        partial_vector_epilogue(b_.CreateAdd(ir, i64(i)), b_.CreateAdd(jr, i64(v * bl_.vl)),
-                                acc[i * nv + v], valid);
-        b_.CreateBr(after);
-        b_.SetInsertPoint(after);
-      }
-      b_.CreateBr(next);
-      b_.SetInsertPoint(next);
-    }
+    // Edge tiles: the tile in memory and a loop over the rows that exist
+    // (one copy of the epilogue per vector, not per row); per vector, a
+    // masked store with AVX-512 (mask registers: whole vectors too), else
+    // whole (plain stores) or partial (the valid lanes one by one: vmaskmovps
+    // stores are slow).
+    Value* tile = spill_tile(acc);
+    emit_for(
+        b_, i64(0), min64(rows, i64(mr)), 1,
+        [&](Value* i) {
+          Value* m = b_.CreateAdd(ir, i);
+          for (int v = 0; v < nv; ++v) {
+            Value* at = tile_slot(tile, i, v);
+            Value* n = b_.CreateAdd(jr, i64(v * bl_.vl));
+            Value* valid = b_.CreateSub(cols, i64(v * bl_.vl));
+            if (native_masks()) {
+              partial_vector_epilogue(m, n, at, valid);
+              continue;
+            }
+            auto* whole = llvm::BasicBlock::Create(c, "vec.whole", f_);
+            auto* part = llvm::BasicBlock::Create(c, "vec.part", f_);
+            auto* after = llvm::BasicBlock::Create(c, "vec.next", f_);
+            b_.CreateCondBr(b_.CreateICmpSGE(valid, i64(bl_.vl)), whole, part);
+            b_.SetInsertPoint(whole);
+            epilogue_at(m, n, b_.CreateLoad(vt_, at), nullptr, bl_.vl);
+            b_.CreateBr(after);
+            b_.SetInsertPoint(part);
+            partial_vector_epilogue(m, n, at, valid);
+            b_.CreateBr(after);
+            b_.SetInsertPoint(after);
+          }
+        },
+        "erow");
     b_.CreateBr(done);
     b_.SetInsertPoint(done);
+  }
+
+  // The register tile in memory (one buffer in the kernel's frame for all
+  // tiles), for the edge paths that index its rows at run time.
+  // With no accumulators: the buffer only.
+  Value* spill_tile(const std::vector<llvm::AllocaInst*>& acc) {
+    if (tile_buf_ == nullptr) {
+      llvm::IRBuilder<> eb(entry_, entry_->begin());
+      tile_buf_ = eb.CreateAlloca(vt_, eb.getInt64(int64_t{bl_.mr} * (bl_.nr / bl_.vl)), "tile");
+    }
+    for (size_t j = 0; j < acc.size(); ++j)
+      b_.CreateStore(b_.CreateLoad(vt_, acc[j]), b_.CreateGEP(vt_, tile_buf_, i64(j)));
+    return tile_buf_;
+  }
+  Value* tile_slot(Value* tile, Value* i, int v) {
+    return b_.CreateGEP(vt_, tile, b_.CreateAdd(b_.CreateMul(i, i64(bl_.nr / bl_.vl)), i64(v)));
   }
 
   // ------------------------------------------------- C in the output
@@ -1054,12 +1239,18 @@ class MatMulEmitter {
                    Value* cols) {
     const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
     llvm::LLVMContext& c = m_.getContext();
-    Value* full =
-        b_.CreateAnd(b_.CreateICmpSGE(rows, i64(mr)), b_.CreateICmpSGE(cols, i64(bl_.nr)));
     auto* fast = llvm::BasicBlock::Create(c, "cl.full", f_);
     auto* edge = llvm::BasicBlock::Create(c, "cl.edge", f_);
     auto* done = llvm::BasicBlock::Create(c, "cl.done", f_);
-    b_.CreateCondBr(full, fast, edge);
+    if (edges()) {
+      b_.CreateCondBr(
+          b_.CreateAnd(b_.CreateICmpSGE(rows, i64(mr)), b_.CreateICmpSGE(cols, i64(bl_.nr))), fast,
+          edge);
+    } else {
+      b_.CreateBr(fast);
+      edge->eraseFromParent();
+      edge = nullptr;
+    }
     b_.SetInsertPoint(fast);
     for (int i = 0; i < mr; ++i)
       for (int v = 0; v < nv; ++v)
@@ -1068,16 +1259,27 @@ class MatMulEmitter {
                 vt_, c_ptr(b_.CreateAdd(ir, i64(i)), b_.CreateAdd(jr, i64(v * bl_.vl))), ealign()),
             acc[i * nv + v]);
     b_.CreateBr(done);
-    b_.SetInsertPoint(edge);
-    for (int i = 0; i < mr; ++i) {
-      Value* row = min64(b_.CreateAdd(ir, i64(i)), b_.CreateSub(m_hi_, i64(1)));
-      for (int v = 0; v < nv; ++v) {
-        Value* mask = lane_mask(b_.CreateSub(cols, i64(v * bl_.vl)));
-        b_.CreateStore(b_.CreateMaskedLoad(vt_, c_ptr(row, b_.CreateAdd(jr, i64(v * bl_.vl))),
-                                           ealign(), mask, llvm::Constant::getNullValue(vt_)),
-                       acc[i * nv + v]);
-      }
+    if (edge == nullptr) {
+      b_.SetInsertPoint(done);
+      return;
     }
+    b_.SetInsertPoint(edge);
+    // A loop over the tile's rows into memory, then into the accumulators.
+    Value* tile = spill_tile({});
+    emit_for(
+        b_, i64(0), i64(mr), 1,
+        [&](Value* i) {
+          Value* row = min64(b_.CreateAdd(ir, i), b_.CreateSub(m_hi_, i64(1)));
+          for (int v = 0; v < nv; ++v) {
+            Value* mask = lane_mask(b_.CreateSub(cols, i64(v * bl_.vl)));
+            b_.CreateStore(b_.CreateMaskedLoad(vt_, c_ptr(row, b_.CreateAdd(jr, i64(v * bl_.vl))),
+                                               ealign(), mask, llvm::Constant::getNullValue(vt_)),
+                           tile_slot(tile, i, v));
+          }
+        },
+        "clrow");
+    for (size_t j = 0; j < acc.size(); ++j)
+      b_.CreateStore(b_.CreateLoad(vt_, b_.CreateGEP(vt_, tile, i64(j))), acc[j]);
     b_.CreateBr(done);
     b_.SetInsertPoint(done);
   }
@@ -1087,6 +1289,14 @@ class MatMulEmitter {
                     Value* cols) {
     const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
     llvm::LLVMContext& c = m_.getContext();
+    if (!edges()) {
+      for (int i = 0; i < mr; ++i)
+        for (int v = 0; v < nv; ++v)
+          b_.CreateAlignedStore(b_.CreateLoad(vt_, acc[i * nv + v]),
+                                c_ptr(b_.CreateAdd(ir, i64(i)), b_.CreateAdd(jr, i64(v * bl_.vl))),
+                                ealign());
+      return;
+    }
     Value* full =
         b_.CreateAnd(b_.CreateICmpSGE(rows, i64(mr)), b_.CreateICmpSGE(cols, i64(bl_.nr)));
     auto* fast = llvm::BasicBlock::Create(c, "cs.full", f_);
@@ -1101,49 +1311,47 @@ class MatMulEmitter {
                               ealign());
     b_.CreateBr(done);
     b_.SetInsertPoint(edge);
-    for (int i = 0; i < mr; ++i) {
-      auto* row = llvm::BasicBlock::Create(c, "cs.row", f_);
-      auto* next = llvm::BasicBlock::Create(c, "cs.row.next", f_);
-      b_.CreateCondBr(b_.CreateICmpSLT(i64(i), rows), row, next);
-      b_.SetInsertPoint(row);
-      Value* m = b_.CreateAdd(ir, i64(i));
-      for (int v = 0; v < nv; ++v) {
-        Value* n = b_.CreateAdd(jr, i64(v * bl_.vl));
-        Value* valid = b_.CreateSub(cols, i64(v * bl_.vl));
-        Value* x = b_.CreateLoad(vt_, acc[i * nv + v]);
-        if (native_masks()) {
-          b_.CreateMaskedStore(x, c_ptr(m, n), ealign(), lane_mask(valid));
-          continue;
-        }
-        // Without mask registers (vmaskmovps stores are slow): whole vectors
-        // plainly, a partial one lane by lane.
-        auto* whole = llvm::BasicBlock::Create(c, "cs.whole", f_);
-        auto* part = llvm::BasicBlock::Create(c, "cs.part", f_);
-        auto* after = llvm::BasicBlock::Create(c, "cs.next", f_);
-        b_.CreateCondBr(b_.CreateICmpSGE(valid, i64(bl_.vl)), whole, part);
-        b_.SetInsertPoint(whole);
-        b_.CreateAlignedStore(x, c_ptr(m, n), ealign());
-        b_.CreateBr(after);
-        b_.SetInsertPoint(part);
-        emit_for(
-            b_, i64(0), valid, 1,
-            [&](Value* l) {
-              b_.CreateAlignedStore(b_.CreateExtractElement(x, l), c_ptr(m, b_.CreateAdd(n, l)),
-                                    ealign());
-            },
-            "cs.lane");
-        b_.CreateBr(after);
-        b_.SetInsertPoint(after);
-      }
-      b_.CreateBr(next);
-      b_.SetInsertPoint(next);
-    }
+    Value* tile = spill_tile(acc);
+    emit_for(
+        b_, i64(0), min64(rows, i64(mr)), 1,
+        [&](Value* i) {
+          Value* m = b_.CreateAdd(ir, i);
+          for (int v = 0; v < nv; ++v) {
+            Value* n = b_.CreateAdd(jr, i64(v * bl_.vl));
+            Value* valid = b_.CreateSub(cols, i64(v * bl_.vl));
+            Value* x = b_.CreateLoad(vt_, tile_slot(tile, i, v));
+            if (native_masks()) {
+              b_.CreateMaskedStore(x, c_ptr(m, n), ealign(), lane_mask(valid));
+              continue;
+            }
+            // Without mask registers (vmaskmovps stores are slow): whole vectors
+            // plainly, a partial one lane by lane.
+            auto* whole = llvm::BasicBlock::Create(c, "cs.whole", f_);
+            auto* part = llvm::BasicBlock::Create(c, "cs.part", f_);
+            auto* after = llvm::BasicBlock::Create(c, "cs.next", f_);
+            b_.CreateCondBr(b_.CreateICmpSGE(valid, i64(bl_.vl)), whole, part);
+            b_.SetInsertPoint(whole);
+            b_.CreateAlignedStore(x, c_ptr(m, n), ealign());
+            b_.CreateBr(after);
+            b_.SetInsertPoint(part);
+            emit_for(
+                b_, i64(0), valid, 1,
+                [&](Value* l) {
+                  b_.CreateAlignedStore(b_.CreateExtractElement(x, l), c_ptr(m, b_.CreateAdd(n, l)),
+                                        ealign());
+                },
+                "cs.lane");
+            b_.CreateBr(after);
+            b_.SetInsertPoint(after);
+          }
+        },
+        "csrow");
     b_.CreateBr(done);
     b_.SetInsertPoint(done);
   }
 
   // Outputs (m, n..n+valid), valid < VL (it may be <= 0: nothing to do).
-  void partial_vector_epilogue(Value* m, Value* n, llvm::AllocaInst* acc, Value* valid) {
+  void partial_vector_epilogue(Value* m, Value* n, Value* acc, Value* valid) {
     if (native_masks()) {
       epilogue_at(m, n, b_.CreateLoad(vt_, acc), lane_mask(valid), bl_.vl);
       return;
@@ -1158,6 +1366,14 @@ class MatMulEmitter {
   }
   // AVX-512 stores under a mask register at full speed.
   bool native_masks() const { return t_.vector_bits >= 512; }
+  // Whether some tile is partial: tasks and blocks start at multiples of the
+  // tile (task_rows, mc, task_cols are), so only the matrix's own ends make
+  // edges. Without them the edge paths are not emitted.
+  bool col_edges() const { return mm_.n % bl_.nr != 0 || bl_.task_cols % bl_.nr != 0; }
+  bool edges() const {
+    return col_edges() || mm_.m % bl_.mr != 0 || bl_.task_rows % bl_.mr != 0 ||
+           bl_.mc % bl_.mr != 0;
+  }
 
   Value* partial_ptr(int i, int v, Value* ir, Value* jr) {
     Value* r = b_.CreateAdd(b_.CreateSub(ir, m_lo_), i64(i));
@@ -1208,7 +1424,7 @@ class MatMulEmitter {
   const Kernel& k_;
   const CpuTarget& t_;
   MathProvider& math_;
-  llvm::IRBuilder<> b_;
+  llvm::IRBuilder<IdentityFolder> b_;
   const MatMulSpec& mm_;
   DType dt_;
   int eb_ = 4;
@@ -1222,6 +1438,7 @@ class MatMulEmitter {
   llvm::Type* et_ = nullptr;
   llvm::Type* vt_ = nullptr;
   Value *ap_ = nullptr, *bp_ = nullptr, *cp_ = nullptr;
+  llvm::AllocaInst* tile_buf_ = nullptr;  // spill_tile
   Value *bi_ = nullptr, *m_lo_ = nullptr, *m_hi_ = nullptr, *n_lo_ = nullptr, *n_hi_ = nullptr;
 };
 
