@@ -26,6 +26,7 @@
 #include <llvm/IR/Intrinsics.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -210,12 +211,22 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   int64_t col_blocks = 1, row_groups = 1;
   int64_t max_row_groups = ceil_div(mm.m, bl.mr), max_col_blocks = ceil_div(mm.n, bl.nr);
   int64_t want = wanted_tasks(mm, t);
+  // B's rows are read in place (below) when their stride spreads them over
+  // the cache sets, however the tasks split. Then only A is packed, and a
+  // task packs all of its rows' A whatever its columns: splitting rows gives
+  // each task its own share of A to pack, where splitting columns would pack
+  // all of A once per task (twice the packing on one thread, the same per
+  // thread on two; the seed's dW1 = dH^T @ x).
+  bool b_rows = mm.plain(1) && mm.b.strides[2] == 1;
+  bool b_spread = (mm.b.strides[1] * elem_bytes) % 128 != 0;
+  bool b_in_place_anyway = b_rows && b_spread;
   while (mm.batch * row_groups * col_blocks < want) {
     bool can_cols = col_blocks < max_col_blocks;
     bool can_rows = row_groups < max_row_groups;
     if (!can_cols && !can_rows) break;
     double cols_per = static_cast<double>(mm.n) / col_blocks;
     double rows_per = static_cast<double>(mm.m) / row_groups;
+    if (b_in_place_anyway) cols_per = 0;  // rows first (see above)
     if (can_cols && (cols_per >= rows_per || !can_rows)) {
       ++col_blocks;
     } else {
@@ -236,10 +247,14 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   // cache sets (not a multiple of 128 bytes: 784 floats, not 1024): the
   // micro-panel then stays cached across the row tiles as a packed one would,
   // and the copy (a fifth of the time of the seed's dX = dH @ W1) is saved.
-  bool b_rows = mm.plain(1) && mm.b.strides[2] == 1;
-  bool b_spread = (mm.b.strides[1] * elem_bytes) % 128 != 0;
   bl.pack_b = !(b_rows && (bl.task_rows <= bl.mr || b_spread));
-  bl.pack_a = !(mm.plain(0) && bl.task_cols <= bl.nr);
+  // A's rows are read in place, like B's, when they are contiguous along k
+  // and their stride spreads them over the cache sets: the MR rows' k range
+  // stays in L1 across the column panels as a packed micro-panel would, and
+  // the transposing copy (3-4% of the seed's x @ W1^T) is saved.
+  bool a_rows_spread =
+      mm.plain(0) && mm.a.strides[2] == 1 && (mm.a.strides[1] * elem_bytes) % 128 != 0;
+  bl.pack_a = !(mm.plain(0) && (bl.task_cols <= bl.nr || a_rows_spread));
   return bl;
 }
 
@@ -687,6 +702,7 @@ class MatMulEmitter {
   // log2(VL) stages, each swapping the off-diagonal blocks of size b.
   void transpose_in_registers(std::vector<Value*>& v) {
     const int vl = static_cast<int>(v.size());
+    if (vl == 16 && eb_ == 4) return transpose_16x16_in_lanes(v);
     for (int b = vl / 2; b >= 1; b /= 2) {
       std::vector<int> lo(vl), hi(vl);
       for (int c = 0; c < vl; ++c) {
@@ -700,6 +716,59 @@ class MatMulEmitter {
         v[r] = b_.CreateShuffleVector(x, y, lo);
         v[r + b] = b_.CreateShuffleVector(x, y, hi);
       }
+    }
+  }
+
+  // The same for 16 x 16 32-bit elements, in the order whose shuffles are
+  // all cheap on x86 (unpcklps/unpckhps, unpcklpd/unpckhpd within 128-bit
+  // lanes, then two rounds of 128-bit lane selects, vshuff32x4) where the
+  // generic stages' element interleaves become two-source permutes
+  // (vpermt2ps). Packing W1^T is about a tenth of the seed's x @ W1^T.
+  void transpose_16x16_in_lanes(std::vector<Value*>& v) {
+    auto sh = [&](Value* x, Value* y, const std::vector<int>& m) {
+      return b_.CreateShuffleVector(x, y, m);
+    };
+    // Per 128-bit lane L: the elements at offsets `o` of the lane, from x
+    // (o < 4) or y (o >= 4: y's element o - 4).
+    auto in_lanes = [&](std::array<int, 4> o) {
+      std::vector<int> m;
+      for (int l = 0; l < 4; ++l)
+        for (int e : o) m.push_back(e < 4 ? 4 * l + e : 16 + 4 * l + e - 4);
+      return m;
+    };
+    // Lanes qa0, qa1 of x, then qb0, qb1 of y.
+    auto lanes = [&](int qa0, int qa1, int qb0, int qb1) {
+      std::vector<int> m;
+      for (int q : {qa0, qa1})
+        for (int e = 0; e < 4; ++e) m.push_back(4 * q + e);
+      for (int q : {qb0, qb1})
+        for (int e = 0; e < 4; ++e) m.push_back(16 + 4 * q + e);
+      return m;
+    };
+    const std::vector<int> lo_ps = in_lanes({0, 4, 1, 5}), hi_ps = in_lanes({2, 6, 3, 7});
+    const std::vector<int> lo_pd = in_lanes({0, 1, 4, 5}), hi_pd = in_lanes({2, 3, 6, 7});
+    std::vector<Value*> t(16), u(16);
+    for (int i = 0; i < 16; i += 2) {
+      t[i] = sh(v[i], v[i + 1], lo_ps);
+      t[i + 1] = sh(v[i], v[i + 1], hi_ps);
+    }
+    // u[4g + j], lane L: column 4L + j of rows 4g .. 4g+3.
+    for (int g = 0; g < 16; g += 4) {
+      u[g] = sh(t[g], t[g + 2], lo_pd);
+      u[g + 1] = sh(t[g], t[g + 2], hi_pd);
+      u[g + 2] = sh(t[g + 1], t[g + 3], lo_pd);
+      u[g + 3] = sh(t[g + 1], t[g + 3], hi_pd);
+    }
+    // Column 4L + j: lane L of u[j], u[4 + j], u[8 + j], u[12 + j].
+    for (int j = 0; j < 4; ++j) {
+      Value* s0 = sh(u[j], u[4 + j], lanes(0, 1, 0, 1));
+      Value* s1 = sh(u[j], u[4 + j], lanes(2, 3, 2, 3));
+      Value* s2 = sh(u[8 + j], u[12 + j], lanes(0, 1, 0, 1));
+      Value* s3 = sh(u[8 + j], u[12 + j], lanes(2, 3, 2, 3));
+      v[j] = sh(s0, s2, lanes(0, 2, 0, 2));
+      v[4 + j] = sh(s0, s2, lanes(1, 3, 1, 3));
+      v[8 + j] = sh(s1, s3, lanes(0, 2, 0, 2));
+      v[12 + j] = sh(s1, s3, lanes(1, 3, 1, 3));
     }
   }
 
