@@ -26,7 +26,6 @@
 #include <llvm/IR/Intrinsics.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -702,7 +701,6 @@ class MatMulEmitter {
   // log2(VL) stages, each swapping the off-diagonal blocks of size b.
   void transpose_in_registers(std::vector<Value*>& v) {
     const int vl = static_cast<int>(v.size());
-    if (vl == 16 && eb_ == 4) return transpose_16x16_in_lanes(v);
     for (int b = vl / 2; b >= 1; b /= 2) {
       std::vector<int> lo(vl), hi(vl);
       for (int c = 0; c < vl; ++c) {
@@ -716,59 +714,6 @@ class MatMulEmitter {
         v[r] = b_.CreateShuffleVector(x, y, lo);
         v[r + b] = b_.CreateShuffleVector(x, y, hi);
       }
-    }
-  }
-
-  // The same for 16 x 16 32-bit elements, in the order whose shuffles are
-  // all cheap on x86 (unpcklps/unpckhps, unpcklpd/unpckhpd within 128-bit
-  // lanes, then two rounds of 128-bit lane selects, vshuff32x4) where the
-  // generic stages' element interleaves become two-source permutes
-  // (vpermt2ps). Packing W1^T is about a tenth of the seed's x @ W1^T.
-  void transpose_16x16_in_lanes(std::vector<Value*>& v) {
-    auto sh = [&](Value* x, Value* y, const std::vector<int>& m) {
-      return b_.CreateShuffleVector(x, y, m);
-    };
-    // Per 128-bit lane L: the elements at offsets `o` of the lane, from x
-    // (o < 4) or y (o >= 4: y's element o - 4).
-    auto in_lanes = [&](std::array<int, 4> o) {
-      std::vector<int> m;
-      for (int l = 0; l < 4; ++l)
-        for (int e : o) m.push_back(e < 4 ? 4 * l + e : 16 + 4 * l + e - 4);
-      return m;
-    };
-    // Lanes qa0, qa1 of x, then qb0, qb1 of y.
-    auto lanes = [&](int qa0, int qa1, int qb0, int qb1) {
-      std::vector<int> m;
-      for (int q : {qa0, qa1})
-        for (int e = 0; e < 4; ++e) m.push_back(4 * q + e);
-      for (int q : {qb0, qb1})
-        for (int e = 0; e < 4; ++e) m.push_back(16 + 4 * q + e);
-      return m;
-    };
-    const std::vector<int> lo_ps = in_lanes({0, 4, 1, 5}), hi_ps = in_lanes({2, 6, 3, 7});
-    const std::vector<int> lo_pd = in_lanes({0, 1, 4, 5}), hi_pd = in_lanes({2, 3, 6, 7});
-    std::vector<Value*> t(16), u(16);
-    for (int i = 0; i < 16; i += 2) {
-      t[i] = sh(v[i], v[i + 1], lo_ps);
-      t[i + 1] = sh(v[i], v[i + 1], hi_ps);
-    }
-    // u[4g + j], lane L: column 4L + j of rows 4g .. 4g+3.
-    for (int g = 0; g < 16; g += 4) {
-      u[g] = sh(t[g], t[g + 2], lo_pd);
-      u[g + 1] = sh(t[g], t[g + 2], hi_pd);
-      u[g + 2] = sh(t[g + 1], t[g + 3], lo_pd);
-      u[g + 3] = sh(t[g + 1], t[g + 3], hi_pd);
-    }
-    // Column 4L + j: lane L of u[j], u[4 + j], u[8 + j], u[12 + j].
-    for (int j = 0; j < 4; ++j) {
-      Value* s0 = sh(u[j], u[4 + j], lanes(0, 1, 0, 1));
-      Value* s1 = sh(u[j], u[4 + j], lanes(2, 3, 2, 3));
-      Value* s2 = sh(u[8 + j], u[12 + j], lanes(0, 1, 0, 1));
-      Value* s3 = sh(u[8 + j], u[12 + j], lanes(2, 3, 2, 3));
-      v[j] = sh(s0, s2, lanes(0, 2, 0, 2));
-      v[4 + j] = sh(s0, s2, lanes(1, 3, 1, 3));
-      v[8 + j] = sh(s1, s3, lanes(0, 2, 0, 2));
-      v[12 + j] = sh(s1, s3, lanes(1, 3, 1, 3));
     }
   }
 
