@@ -317,12 +317,22 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   int64_t col_blocks = 1, row_groups = 1;
   int64_t max_row_groups = ceil_div(mm.m, bl.mr), max_col_blocks = ceil_div(mm.n, bl.nr);
   int64_t want = wanted_tasks(mm, t);
+  // B's rows are read in place (below) when their stride spreads them over
+  // the cache sets, however the tasks split. Then only A is packed, and a
+  // task packs all of its rows' A whatever its columns: splitting rows gives
+  // each task its own share of A to pack, where splitting columns would pack
+  // all of A once per task (twice the packing on one thread, the same per
+  // thread on two; the seed's dW1 = dH^T @ x).
+  bool b_rows = mm.plain(1) && mm.b.strides[2] == 1;
+  bool b_spread = (mm.b.strides[1] * elem_bytes) % 128 != 0;
+  bool b_in_place_anyway = b_rows && b_spread;
   while (mm.batch * row_groups * col_blocks < want) {
     bool can_cols = col_blocks < max_col_blocks;
     bool can_rows = row_groups < max_row_groups;
     if (!can_cols && !can_rows) break;
     double cols_per = static_cast<double>(mm.n) / col_blocks;
     double rows_per = static_cast<double>(mm.m) / row_groups;
+    if (b_in_place_anyway) cols_per = 0;  // rows first (see above)
     if (can_cols && (cols_per >= rows_per || !can_rows)) {
       ++col_blocks;
     } else {
@@ -343,10 +353,14 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   // cache sets (not a multiple of 128 bytes: 784 floats, not 1024): the
   // micro-panel then stays cached across the row tiles as a packed one would,
   // and the copy (a fifth of the time of the seed's dX = dH @ W1) is saved.
-  bool b_rows = mm.plain(1) && mm.b.strides[2] == 1;
-  bool b_spread = (mm.b.strides[1] * elem_bytes) % 128 != 0;
   bl.pack_b = !(b_rows && (bl.task_rows <= bl.mr || b_spread));
-  bl.pack_a = !(mm.plain(0) && bl.task_cols <= bl.nr);
+  // A's rows are read in place, like B's, when they are contiguous along k
+  // and their stride spreads them over the cache sets: the MR rows' k range
+  // stays in L1 across the column panels as a packed micro-panel would, and
+  // the transposing copy (3-4% of the seed's x @ W1^T) is saved.
+  bool a_rows_spread =
+      mm.plain(0) && mm.a.strides[2] == 1 && (mm.a.strides[1] * elem_bytes) % 128 != 0;
+  bl.pack_a = !(mm.plain(0) && (bl.task_cols <= bl.nr || a_rows_spread));
   return bl;
 }
 

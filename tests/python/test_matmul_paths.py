@@ -51,6 +51,12 @@ CASES = [
     # of 128 bytes), n not a multiple of the register tile.
     ("b in place, row tiles", 40, 64, 100, False, False, 0),
     ("b in place, k blocked", 45, 700, 100, True, False, 0),
+    # A read in place: rows contiguous along k, a stride spreading them over
+    # the cache sets (784 floats), K blocked, B packed through transposes.
+    ("seed fwd1 x@W1^T", 100, 784, 512, False, True, 0),
+    ("a in place, odd edges", 37, 777, 45, False, True, 0),
+    # B in place with the tasks split along rows (A packed per task's rows).
+    ("seed dW1 dH^T@x", 512, 100, 784, True, False, 0),
 ]
 
 
@@ -191,6 +197,30 @@ def test_the_choice_is_printed_and_skinny_outputs_take_the_dot_path(tmp_path):
     assert "1x64x96x80" in lines[1] and "gemm, tile " in lines[1], lines[1]
     for ln in lines:  # the facts the choice came from
         assert re.search(r"\d+-bit vectors, \d+ registers, (no )?fma, L1d \d+K, L2 \d+K", ln), ln
+
+
+def test_k_contiguous_rows_with_a_spread_stride_are_read_in_place(tmp_path):
+    # x @ W^T with 784-float rows: x's rows (A) are not copied; 1024-float
+    # rows (every one in the same cache sets) are packed.
+    code = ("import numpy as np, flowjit as flow, flowjit.typing as tp\n"
+            "def spread(a: tp.Numpy.Placeholder((100, 784)), b: tp.Numpy.Placeholder((64, 784))"
+            ") -> tp.Numpy:\n"
+            "    return flow.matmul(a, b, transpose_b=True)\n"
+            "def aligned(a: tp.Numpy.Placeholder((100, 1024)), b: tp.Numpy.Placeholder((64, 1024))"
+            ") -> tp.Numpy:\n"
+            "    return flow.matmul(a, b, transpose_b=True)\n"
+            "for f, k in ((spread, 784), (aligned, 1024)):\n"
+            "    got = flow.global_function(type='predict')(f)(np.ones((100, k), np.float32), "
+            "np.ones((64, k), np.float32))\n"
+            "    assert (got == k).all()\n")
+    env = dict(os.environ, FLOWJIT_DEBUG="1", FLOWJIT_CACHE_DIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = [ln for ln in p.stderr.splitlines() if ": matmul " in ln]
+    assert len(lines) == 2, lines
+    assert "A in place, B packed" in lines[0], lines[0]
+    assert "A packed, B packed" in lines[1], lines[1]
 
 
 def test_k_blocks_sum_in_the_output_unless_it_cannot_hold_them(tmp_path):
