@@ -238,7 +238,7 @@ Value* ExprEmitter::eval(int node) {
 }
 
 void add_status_guard(llvm::Function* f,
-                      const std::function<llvm::Value*(llvm::IRBuilderBase&)>& status) {
+                      const std::function<llvm::Value*(llvm::IRBuilderBase&)>& status, int words) {
   llvm::LLVMContext& c = f->getContext();
   llvm::BasicBlock& entry = f->getEntryBlock();
   // The allocas stay in the entry block (mem2reg promotes only those).
@@ -248,7 +248,12 @@ void add_status_guard(llvm::Function* f,
   llvm::IRBuilder<> b(skip);
   b.CreateRetVoid();
   b.SetInsertPoint(&entry);
-  llvm::Value* word = b.CreateAlignedLoad(b.getInt64Ty(), status(b), llvm::Align(8), "status");
+  llvm::Value* ptr = status(b);
+  llvm::Value* word = b.CreateAlignedLoad(b.getInt64Ty(), ptr, llvm::Align(8), "status");
+  for (int w = 1; w < words; ++w)  // one status per device: any failed
+    word = b.CreateOr(
+        word, b.CreateAlignedLoad(b.getInt64Ty(), b.CreateConstGEP1_64(b.getInt64Ty(), ptr, 4 * w),
+                                  llvm::Align(8), "status"));
   llvm::MDBuilder md(c);
   b.CreateCondBr(b.CreateICmpNE(word, b.getInt64(0)), skip, body,
                  md.createBranchWeights(1, 1 << 20));

@@ -47,9 +47,12 @@ llvm::Value* reduce_horizontal(llvm::IRBuilderBase& b, OpKind op, DType t, llvm:
 
 // [harden] Kernel::guard_arg: makes `f` (a finished kernel) return at entry
 // when the int64 at `status` (made by `status` in the entry block) is not
-// zero. One load per call, on a branch marked unlikely.
+// zero; with `words` > 1 (Kernel::guard_words), when any of status[0],
+// status[4], ... status[4 * (words - 1)] is not. One load per word and
+// call, on a branch marked unlikely.
 void add_status_guard(llvm::Function* f,
-                      const std::function<llvm::Value*(llvm::IRBuilderBase&)>& status);
+                      const std::function<llvm::Value*(llvm::IRBuilderBase&)>& status,
+                      int words = 1);
 
 class ExprEmitter {
  public:

@@ -177,7 +177,11 @@ std::string describe_kernel(const Kernel& k) {
     os << "  arg" << i << ": " << ir::dtype_short_name(k.args[i].dtype) << "[" << k.args[i].elements
        << "]" << (k.args[i].read ? " r" : "") << (k.args[i].written ? " w" : "")
        << (static_cast<int>(i) == k.status_arg ? " status" : "")
-       << (static_cast<int>(i) == k.guard_arg ? " guard" : "") << "\n";
+       << (static_cast<int>(i) == k.guard_arg ? " guard" : "")
+       << (static_cast<int>(i) == k.guard_arg && k.guard_words > 1
+               ? "x" + std::to_string(k.guard_words)
+               : "")
+       << "\n";
   if (k.kind == Kernel::Kind::MatMul)
     os << "  mm: batch=" << k.mm.batch << " m=" << k.mm.m << " n=" << k.mm.n << " k=" << k.mm.k
        << " a=" << access_str(k.mm.a) << " b=" << access_str(k.mm.b);

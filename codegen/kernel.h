@@ -175,6 +175,9 @@ struct Kernel {
   // update even where the runtime learns of it only at the end (the GPU,
   // whose launches are queued ahead; the devices of a distributed job).
   int guard_arg = -1;
+  // Several devices: guard_arg is the all-gathered status of every device
+  // (int64[4] each); the kernel returns when any device's word 0 is set.
+  int guard_words = 1;
 
   // What the kernel computes, for plans and dumps: "fused: matmul, add, relu".
   std::string summary;

@@ -371,7 +371,9 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   stop_if_interrupted();
 
   auto t_fuse = std::chrono::steady_clock::now();
-  FusedProgram fp = fuse(opt, job.name, FusionOptions{settings.fuse, settings.check_numerics});
+  FusionOptions fopts{settings.fuse, settings.check_numerics};
+  fopts.devices = std::max(1, job.distribution.parts);
+  FusedProgram fp = fuse(opt, job.name, fopts);
   out.fusion_plan = fp.description;
   for (auto& k : fp.kernels) {
     out.kernels += codegen::describe_kernel(k);

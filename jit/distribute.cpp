@@ -318,6 +318,14 @@ class Distributor {
       FJ_USER_CHECK(false, ErrorKind::NotImplemented, "distribute: ", op_name(op),
                     " has no rule for several devices yet");
     }
+    if (op == OpKind::CheckIndex && v.sbp.kind != Sbp::Broadcast) {
+      // A failure names the position in the logical tensor (runtime::RunCheck).
+      Attrs a = n->attrs();
+      a.set("device_split", static_cast<int64_t>(v.sbp.kind == Sbp::Split   ? v.sbp.axis
+                                                 : v.sbp.kind == Sbp::Local ? -2
+                                                                            : -1));
+      v.local = make_node(op, v.local->inputs(), a, n->loc());
+    }
     values_[n.get()] = v;
   }
 

@@ -52,6 +52,11 @@ struct FusionOptions {
   // kernel stores is checked for NaN and infinity; the first kernel that
   // stores one fails the run, naming the kernel, the op and its source line.
   bool check_numerics = false;
+  // [harden] The devices that run this program (a distributed job's
+  // per-device graph, jit/distribute). Above 1 the devices agree on a
+  // failed check: the status buffers are all-gathered before a variable is
+  // written and at the end, and every device stops or skips alike.
+  int devices = 1;
 };
 
 FusedProgram fuse(const ir::Graph& g, const std::string& job_name, FusionOptions opts = {});

@@ -161,6 +161,7 @@ struct Built {
   std::vector<const Node*> computes;                  // members, for the description
   std::optional<runtime::CollectiveStep> collective;  // a collective's launch: no kernel code
   std::vector<NodeRef> stored;                        // the value of each store, in order
+  bool status_gather = false;  // the all_gather of the devices' status buffers
 };
 
 // One operand of an implicit GEMM while it is being described: its index
@@ -285,6 +286,12 @@ class Fuser {
   int numerics_check_id(const std::string& kernel, const NodeRef& value, const Storage& where);
   const void* status_key() const { return &status_index_; }
   int status_buffer();
+  // Several devices (FusionOptions::devices): the status buffers of all of
+  // them (int64[4] each; an arena buffer live for the whole run), and a
+  // launch that all-gathers them into it.
+  const void* gathered_status_key() const { return &gathered_index_; }
+  int gathered_status_buffer();
+  Built build_status_gather(int n);
 
   // Kahn's algorithm over data and anti dependences (readers of a
   // variable's old value run before the kernel that overwrites it). Ties go
@@ -315,6 +322,8 @@ class Fuser {
   std::unordered_map<std::string, NodeRef> temp_vars_;
   std::vector<BufferLife> temp_lives_;
   int status_index_ = -1;
+  int gathered_index_ = -1;
+  int status_gathers_ = 0;  // status all_gathers made (their names)
   std::unordered_map<const Node*, int> check_ids_;
   std::vector<runtime::RunCheck> checks_;
 };

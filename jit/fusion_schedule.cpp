@@ -1,5 +1,6 @@
 // fusion: launch order, deferred assigns, arena lives and the runtime plan.
 #include <algorithm>
+#include <deque>
 #include <filesystem>
 
 #include "jit/fusion_internal.h"
@@ -44,6 +45,14 @@ void Fuser::build_and_schedule(FusedProgram& out) {
     built.clear();
     std::set<std::string> hazards;
     for (auto& g : groups_) built.push_back(build_group(*g, deferred, hazards));
+    // [harden] A kernel that checks something (check_numerics of the value
+    // it stores, an index it reads) does not write a variable in place: it
+    // would have written before its own check fails, which no guard at
+    // its entry can stop. Its assigns are deferred: it stores into a
+    // temporary, and a copy kernel at the end, guarded like every later
+    // writer, updates the variable.
+    for (const Built& b : built)
+      if (b.k.status_arg >= 0) hazards.insert(b.var_writes.begin(), b.var_writes.end());
     if (!hazards.empty() && attempt == 0) {
       deferred.insert(hazards.begin(), hazards.end());
       continue;
@@ -68,25 +77,68 @@ void Fuser::build_and_schedule(FusedProgram& out) {
   // a variable reads the status buffer first and does nothing when a check
   // failed (codegen::Kernel::guard_arg): a bad label leaves the weights as
   // they were also where the runtime learns of it only after the run.
-  // Not in a distributed program: the checks see each device's own part,
-  // and a device that skipped its update would leave the replicas unequal.
-  bool distributed = std::any_of(launches.begin(), launches.end(),
-                                 [](const Built* b) { return b->collective.has_value(); });
-  bool checked = false;
-  for (Built* b : launches) {
-    if (distributed) break;
-    bool writes_variable = false;
+  // Several devices: each checks only its own part, and a device that
+  // skipped its update alone would leave the replicas unequal. So before
+  // such a kernel the devices all-gather their status buffers, the guards
+  // read every device's status, and the runtime raises on every device
+  // right after the all_gather (runtime::Executable::raise_gathered_check):
+  // all skip, or all stop, at the same launch. A program that checks
+  // anything after its last all_gather ends with one, so that every device
+  // reports a failure (the logical position: runtime::RunCheck).
+  //
+  // First, a kernel that writes a variable but comes before a checking
+  // launch (the step counter's increment, traced first) moves to just after
+  // the last one when nothing up to there touches what it writes, so that a
+  // failed check leaves every variable as it was.
+  auto writes_a_variable = [](const Built* b) {
     for (size_t a = 0; a < b->arg_storage.size(); ++a)
-      writes_variable |= b->arg_storage[a].kind == BufferKind::Variable && b->k.args[a].written;
+      if (b->arg_storage[a].kind == BufferKind::Variable && b->k.args[a].written) return true;
+    return false;
+  };
+  int last_check = -1;
+  for (size_t li = 0; li < launches.size(); ++li)
+    if (launches[li]->k.status_arg >= 0) last_check = static_cast<int>(li);
+  for (int li = last_check - 1; li >= 0; --li) {
+    Built* w = launches[li];
+    if (!writes_a_variable(w)) continue;
+    bool touched = false;
+    for (int lj = li + 1; lj <= last_check && !touched; ++lj)
+      for (size_t a = 0; a < w->arg_storage.size() && !touched; ++a) {
+        if (!w->k.args[a].written) continue;
+        for (const Storage& s : launches[lj]->arg_storage)
+          touched |= s.kind == w->arg_storage[a].kind && s.index == w->arg_storage[a].index;
+      }
+    if (touched) continue;  // (its check is its own: a deferred assign, above)
+    launches.erase(launches.begin() + li);
+    launches.insert(launches.begin() + last_check, w);
+    --last_check;
+  }
+  const int devices = std::max(1, opts_.devices);
+  std::deque<Built> gathers;
+  std::vector<Built*> ordered;
+  bool checked = false;
+  bool unshared = false;   // a launch checked something since the last all_gather
+  size_t after_check = 0;  // in `ordered`: just after the last checking launch
+  for (Built* b : launches) {
+    bool writes_variable = writes_a_variable(b);
+    if (devices > 1 && unshared && writes_variable) {
+      // Right after the check: the all_gather may run on the communication
+      // thread while the backward pass goes on (complete before the first
+      // launch that touches the status again, below).
+      gathers.push_back(build_status_gather(devices));
+      ordered.insert(ordered.begin() + static_cast<std::ptrdiff_t>(after_check), &gathers.back());
+      unshared = false;
+    }
     if (checked && writes_variable) {
-      const void* key = status_key();
+      const void* key = devices > 1 ? gathered_status_key() : status_key();
       auto it = std::find(b->arg_buffers.begin(), b->arg_buffers.end(), key);
       if (it == b->arg_buffers.end()) {
         b->arg_buffers.push_back(key);
-        b->arg_storage.push_back({BufferKind::Arena, status_buffer()});
+        b->arg_storage.push_back(
+            {BufferKind::Arena, devices > 1 ? gathered_status_buffer() : status_buffer()});
         codegen::KernelArg st;
         st.dtype = DType::Int64;
-        st.elements = 4;
+        st.elements = 4 * devices;
         st.read = true;
         b->k.args.push_back(st);
         it = b->arg_buffers.end() - 1;
@@ -94,9 +146,19 @@ void Fuser::build_and_schedule(FusedProgram& out) {
         b->k.args[it - b->arg_buffers.begin()].read = true;
       }
       b->k.guard_arg = static_cast<int>(it - b->arg_buffers.begin());
+      b->k.guard_words = devices;
     }
-    checked |= b->k.status_arg >= 0;
+    ordered.push_back(b);
+    if (b->k.status_arg >= 0) {
+      checked = unshared = true;
+      after_check = ordered.size();
+    }
   }
+  if (devices > 1 && unshared) {
+    gathers.push_back(build_status_gather(devices));
+    ordered.push_back(&gathers.back());
+  }
+  launches = std::move(ordered);
 
   // Arena buffers: intermediates, then the temporaries of deferred assigns
   // (live for the whole run).
@@ -220,6 +282,8 @@ int Fuser::check_id(const NodeRef& check, const std::vector<int64_t>& limits) {
   c.limit = limits.empty() ? 0 : same ? limits[0] : -1;
   if (!same) c.limits = limits;
   c.shape = check->shape();
+  if (check->op() == OpKind::CheckIndex)
+    c.device_split = static_cast<int>(check->attrs().get_int("device_split", -1));
   checks_.push_back(c);
   int id = static_cast<int>(checks_.size()) - 1;
   check_ids_[check.get()] = id;
@@ -237,6 +301,9 @@ int Fuser::numerics_check_id(const std::string& kernel, const NodeRef& value,
   std::string what = std::string(op_name(v->op()));
   if (where.kind == BufferKind::Variable)
     what += ", the new value of variable '" + plan_vars_.at(where.index).first + "'";
+  for (const auto& [name, index] : temp_index_)  // a deferred assign's temporary
+    if (where.kind == BufferKind::Arena && where.index == index)
+      what += ", the new value of variable '" + name + "'";
   c.what = "check_numerics: kernel " + kernel + " stores " + what;
   const ir::SourceLoc& loc = v->loc();
   if (loc.known())
@@ -253,6 +320,46 @@ int Fuser::status_buffer() {
   l.bytes = 4 * sizeof(int64_t);
   temp_lives_.push_back(l);
   return status_index_;
+}
+
+int Fuser::gathered_status_buffer() {
+  if (gathered_index_ >= 0) return gathered_index_;
+  gathered_index_ = arena_base_count() + static_cast<int>(temp_lives_.size());
+  BufferLife l;
+  l.bytes = 4 * sizeof(int64_t) * std::max(1, opts_.devices);
+  temp_lives_.push_back(l);
+  return gathered_index_;
+}
+
+Built Fuser::build_status_gather(int n) {
+  Built b;
+  b.status_gather = true;
+  Kernel& k = b.k;
+  k.kind = Kernel::Kind::Collective;
+  k.domain = {4};
+  k.reduced = {false};
+  auto add_arg = [&](const void* key, int buffer, int64_t elements, bool write) {
+    b.arg_buffers.push_back(key);
+    b.arg_storage.push_back({BufferKind::Arena, buffer});
+    codegen::KernelArg a;
+    a.dtype = DType::Int64;
+    a.elements = elements;
+    (write ? a.written : a.read) = true;
+    k.args.push_back(a);
+  };
+  add_arg(status_key(), status_buffer(), 4, false);
+  add_arg(gathered_status_key(), gathered_status_buffer(), 4 * n, true);
+  k.name = "@status" + std::to_string(status_gathers_++) + ".all_gather.i64.p" + std::to_string(n) +
+           ".o1.i4";
+  k.summary = "all_gather of the run's status over " + std::to_string(n) + " devices";
+  runtime::CollectiveStep step;
+  step.op = runtime::CollectiveStep::Op::AllGather;
+  step.dtype = DType::Int64;
+  step.parts = n;
+  step.outer = 1;
+  step.inner = 4;
+  b.collective = step;
+  return b;
 }
 
 int Fuser::temp_for(const std::string& name, const NodeRef& var) {

@@ -43,6 +43,10 @@ class DeviceWorkers {
     std::function<void(int)> task = [&](int d) {
       try {
         arenas_[d]->execute([&] { fn(d); });
+      } catch (const FailedCheckOnEveryDevice&) {
+        // Every device raises it at the same launch: none waits for this
+        // one, and the communicator stays usable for the next run.
+        errors_[d] = std::current_exception();
       } catch (...) {
         errors_[d] = std::current_exception();
         std::string why = "device " + std::to_string(d) + " failed";
@@ -312,6 +316,21 @@ void DistributedExecutable::run(const void* const* inputs, void* const* outputs)
     }
     p += s.kind == DeviceSlot::PerDevice ? n : 1;
   }
+  // After the run, also a failed one: what the host reads next comes from
+  // the devices (a failed check leaves them as they were, runtime/
+  // executable.h; any other failure may have changed them).
+  std::function<void()> devices_written = [&] {
+    for (VariableStorage* v : host_vars_) {
+      Replicas& r = *v->replicas;
+      r.devices_stale = false;
+      r.host_stale = !(several_processes_ && r.split_axis >= 0);
+      if (writes_variables_ && v->device_copies) v->device_copies->host_written();
+    }
+  };
+  struct Written {
+    std::function<void()>* f;
+    ~Written() { (*f)(); }
+  } written{&devices_written};
   workers_->run_all(
       [&](int d) {
         devices_[d]->run(ins[d].data(), outs[d].data());
@@ -333,12 +352,6 @@ void DistributedExecutable::run(const void* const* inputs, void* const* outputs)
         }
       },
       *comm_);
-  for (VariableStorage* v : host_vars_) {
-    Replicas& r = *v->replicas;
-    r.devices_stale = false;
-    r.host_stale = !(several_processes_ && r.split_axis >= 0);
-    if (writes_variables_ && v->device_copies) v->device_copies->host_written();
-  }
 }
 
 }  // namespace flowjit::runtime

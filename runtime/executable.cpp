@@ -378,7 +378,7 @@ std::shared_ptr<Executable> Executable::instance() const {
 }
 
 std::string describe_failed_check(const std::string& job, const RunCheck& c, int64_t value,
-                                  int64_t position) {
+                                  int64_t position, int rank, int parts) {
   std::ostringstream os;
   os << "job '" << job << "'";
   if (!c.where.empty()) os << ", " << c.where;
@@ -397,9 +397,16 @@ std::string describe_failed_check(const std::string& job, const RunCheck& c, int
     at[d] = rest % e;
     rest /= e;
   }
+  // A piece of a tensor split over the devices: its position in the whole.
+  std::vector<int64_t> logical = at;
+  const bool split =
+      parts > 1 && c.device_split >= 0 && c.device_split < static_cast<int>(logical.size());
+  if (split) logical[c.device_split] += static_cast<int64_t>(rank) * c.shape[c.device_split];
   os << " at [";
-  for (size_t d = 0; d < at.size(); ++d) os << (d ? ", " : "") << at[d];
+  for (size_t d = 0; d < logical.size(); ++d) os << (d ? ", " : "") << logical[d];
   os << "]";
+  if (parts > 1 && (c.device_split == -2 || (c.numerics && !split)))
+    os << " on device " << rank;  // no logical whole (mirrored), or not known
   if (c.numerics) return os.str();
   int64_t limit = c.limit;
   if (limit < 0 && !c.limits.empty())
@@ -416,8 +423,34 @@ void Executable::raise_failed_check() const {
   FJ_CHECK(id >= 0 && id < static_cast<int64_t>(plan_.checks.size()), "job '", plan_.job_name,
            "': a kernel reported check #", id, " which the plan does not have");
   const RunCheck& c = plan_.checks[id];
-  throw_user(c.numerics ? ErrorKind::FloatingPoint : ErrorKind::Index,
-             describe_failed_check(plan_.job_name, c, st[1], st[2]));
+  // A device of a distributed program without collectives (each stops
+  // alone; nothing waits for it): the position in the logical tensor.
+  throw_user(
+      c.numerics ? ErrorKind::FloatingPoint : ErrorKind::Index,
+      describe_failed_check(plan_.job_name, c, st[1], st[2], rank_, comm_ ? comm_->size() : 1));
+}
+
+bool is_status_gather(const Plan& plan, const Launch& l) {
+  return plan.status_offset >= 0 && l.collective &&
+         l.collective->op == CollectiveStep::Op::AllGather && l.args.size() == 2 &&
+         l.args[0].kind == BufferKind::Arena && l.args[0].offset_bytes == plan.status_offset;
+}
+
+void Executable::raise_gathered_check(size_t li, char* const* args) const {
+  const CollectiveStep& s = *plan_.launches[li].collective;
+  const int64_t* all = reinterpret_cast<const int64_t*>(args[1]);
+  for (int64_t r = 0; r < s.parts; ++r) {
+    const int64_t* st = all + r * s.inner;
+    if (st[0] == 0) continue;
+    int64_t id = st[0] - 1;
+    FJ_CHECK(id >= 0 && id < static_cast<int64_t>(plan_.checks.size()), "job '", plan_.job_name,
+             "': rank ", r, " reported check #", id, " which the plan does not have");
+    const RunCheck& c = plan_.checks[id];
+    throw FailedCheckOnEveryDevice(
+        c.numerics ? ErrorKind::FloatingPoint : ErrorKind::Index,
+        describe_failed_check(plan_.job_name, c, st[1], st[2], static_cast<int>(r),
+                              static_cast<int>(s.parts)));
+  }
 }
 
 std::vector<std::vector<size_t>> all_reduce_buckets(const Plan& plan) {
@@ -479,6 +512,7 @@ Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<voi
       checks |= plan_.status_offset >= 0 && r.kind == BufferKind::Arena &&
                 r.offset_bytes == plan_.status_offset;
     checks_.push_back(checks);
+    status_gathers_.push_back(is_status_gather(plan_, l));
     if (l.collective) {
       FJ_USER_CHECK(l.args.size() == 2, ErrorKind::Value, "corrupt compiled plan: collective ",
                     l.symbol, " needs 2 buffers");
@@ -664,9 +698,13 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
     }
   };
   if (plan_.status_offset >= 0) std::memset(arena_.get() + plan_.status_offset, 0, 32);
+  // The newest status all_gather not yet read (launch index, -1: none) and
+  // the launch before which it is complete.
+  int64_t status_gather = -1, status_due = 0;
   for (size_t li = 0; li < plan_.launches.size(); ++li) {
-    // (Devices of a distributed job check at the end: one that stopped
-    // early would leave the others waiting in a collective.)
+    // The devices of a distributed job stop only after a status all_gather,
+    // all at the same launch: one that stopped alone would leave the others
+    // waiting in a collective.
     if (li > 0 && checks_[li - 1] && collective_index_.empty() &&
         *reinterpret_cast<const int64_t*>(arena_.get() + plan_.status_offset) != 0)
       raise_failed_check();
@@ -675,6 +713,18 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
     KernelFn fn = fns_[li];
     const bool prof = profiling_enabled();
     if (!pending.empty()) settle(static_cast<int64_t>(li));
+    if (status_gather >= 0 && static_cast<int64_t>(li) >= status_due) {
+      // Complete on every device: all raise here alike.
+      raise_gathered_check(static_cast<size_t>(status_gather),
+                           argbuf_.data() + arg_start_[status_gather]);
+      status_gather = -1;
+    }
+    if (status_gathers_[li]) {
+      status_gather = static_cast<int64_t>(li);
+      status_due = static_cast<int64_t>(li) + 1;
+      if (overlap && collectives_[collective_index_[li]].complete_before > status_due)
+        status_due = collectives_[collective_index_[li]].complete_before;
+    }
     if (!collective_index_.empty() && collective_index_[li] >= 0) {
       if (bucketed_[li]) continue;  // ran with its bucket
       int64_t before = -1;
@@ -734,9 +784,14 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
         tbb::static_partitioner());
   }
   if (!pending.empty()) settle(std::numeric_limits<int64_t>::max());
-  if (!checks_.empty() && checks_.back() &&
-      *reinterpret_cast<const int64_t*>(arena_.get() + plan_.status_offset) != 0)
+  if (status_gather >= 0)
+    raise_gathered_check(static_cast<size_t>(status_gather),
+                         argbuf_.data() + arg_start_[status_gather]);
+  else if (!checks_.empty() && checks_.back() && collective_index_.empty() &&
+           *reinterpret_cast<const int64_t*>(arena_.get() + plan_.status_offset) != 0)
     raise_failed_check();
+  // (A distributed program ends with a status all_gather when anything
+  // after the last one checks: jit/fusion_schedule.cpp.)
 }
 
 }  // namespace flowjit::runtime

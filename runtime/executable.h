@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "abi/launch.h"
+#include "ir/error.h"
 #include "ir/types.h"
 #include "runtime/collective.h"
 #include "runtime/memory.h"
@@ -51,11 +52,27 @@ struct RunCheck {
   std::vector<int64_t> limits;  // limit -1: the limit of each last-dim index
   std::vector<int64_t> shape;   // of the checked tensor
   bool numerics = false;        // a NaN/infinity check: the value is a double's bits
+  // Several devices: the axis along which each device holds its piece of
+  // the checked tensor (`shape` is the piece's), -1 all of it, -2 its own
+  // (the mirrored view). ir/ops.def, check_index's device_split.
+  int device_split = -1;
 };
 
 // The error a failed check reports (status words 1 and 2: value, position).
+// On device `rank` of `parts`: the position in the logical tensor (a split
+// piece's position plus the rank's offset), or "on device" where there is no
+// logical whole.
 std::string describe_failed_check(const std::string& job, const RunCheck& c, int64_t value,
-                                  int64_t position);
+                                  int64_t position, int rank = 0, int parts = 1);
+
+// [harden] A failed check of a distributed job that every device raises at
+// the same launch, after the status all_gather (jit/fusion_schedule.cpp):
+// the devices stopped together, so their communicator stays usable
+// (runtime/distributed.cpp does not abort it).
+class FailedCheckOnEveryDevice : public UserError {
+ public:
+  using UserError::UserError;
+};
 
 struct Plan {
   std::string job_name;
@@ -80,6 +97,10 @@ struct Plan {
   static Plan deserialize(const std::string& text);
   std::string describe() const;  // launches, one per line
 };
+
+// A launch that all-gathers the run's status buffer (operand: the status
+// buffer, result: one status per rank).
+bool is_status_gather(const Plan& plan, const Launch& l);
 
 // Adjacent all_reduces of one dtype whose buffers do not overlap run as one
 // bucket (Communicator::all_reduce_many): per launch, the launches of the
@@ -148,7 +169,11 @@ class Executable : public Program {
  private:
   char* scratch_for(int thread, int64_t bytes);
   [[noreturn]] void raise_failed_check() const;
-  std::vector<bool> checks_;  // per launch: its kernel reports to the status buffer
+  // After a status all_gather (launch li): raises the failed check of the
+  // first rank that has one, on every device alike.
+  void raise_gathered_check(size_t li, char* const* args) const;
+  std::vector<bool> checks_;          // per launch: its kernel reports to the status buffer
+  std::vector<bool> status_gathers_;  // per launch: is_status_gather
 
   Plan plan_;
   std::vector<KernelFn> fns_;

@@ -490,11 +490,14 @@ EmittedUnit emit_unit(const Kernel& kernel, const std::string& symbol, const Lev
                           ? emit_matmul_kernel(m, k, t, math, e.u->shape)
                           : emit_loop_kernel(m, k, t, math, e.u->shape, seeded_body(k));
   if (k.guard_arg >= 0)  // args[guard_arg] is the status buffer
-    add_status_guard(f, [&](llvm::IRBuilderBase& b) -> llvm::Value* {
-      auto* ptr = llvm::PointerType::getUnqual(*e.ctx);
-      return b.CreateAlignedLoad(ptr, b.CreateConstGEP1_64(ptr, f->getArg(0), k.guard_arg),
-                                 llvm::Align(8), "status_buffer");
-    });
+    add_status_guard(
+        f,
+        [&](llvm::IRBuilderBase& b) -> llvm::Value* {
+          auto* ptr = llvm::PointerType::getUnqual(*e.ctx);
+          return b.CreateAlignedLoad(ptr, b.CreateConstGEP1_64(ptr, f->getArg(0), k.guard_arg),
+                                     llvm::Align(8), "status_buffer");
+        },
+        k.guard_words);
   if (opts.interrupted && opts.interrupted()) throw Interrupted();
   std::string verify_err;
   llvm::raw_string_ostream vos(verify_err);

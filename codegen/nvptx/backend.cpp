@@ -141,9 +141,12 @@ CompiledModule compile(const std::vector<Kernel>& kernels, std::vector<abi::Laun
                             ? emit_matmul_kernel(m, k, target, *math, grid, notes)
                             : emit_loop_kernel(m, k, target, *math, grid, notes);
     if (k.guard_arg >= 0)  // the status buffer is the kernel's parameter guard_arg
-      add_status_guard(f, [&](llvm::IRBuilderBase&) -> llvm::Value* {
-        return f->getArg(static_cast<unsigned>(k.guard_arg));
-      });
+      add_status_guard(
+          f,
+          [&](llvm::IRBuilderBase&) -> llvm::Value* {
+            return f->getArg(static_cast<unsigned>(k.guard_arg));
+          },
+          k.guard_words);
     launches[i].geometry = grid;
     out.notes.push_back(std::move(notes));
   }

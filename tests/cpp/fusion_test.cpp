@@ -7,6 +7,7 @@
 #include "ir/printer.h"
 #include "jit/fusion.h"
 #include "jit/pipeline.h"
+#include "runtime/executable.h"
 
 using namespace flowjit;
 using namespace flowjit::ir;
@@ -101,4 +102,118 @@ TEST(Fusion, AssignIsStoredInPlaceByTheUpdateKernel) {
       "  return\n  effects %4\n}\n");
   ASSERT_EQ(p.lines.size(), 1u) << p.text;
   EXPECT_EQ(p.lines[0], " %2 %3 -> var:w") << p.text;
+}
+
+// [harden] A job on several devices: each device checks its own part of the
+// labels, so before the first kernel that writes a variable after a check,
+// the devices all-gather their status buffers, and that kernel's guard reads
+// every device's status. One device needs neither.
+namespace {
+
+jit::FusedProgram fuse_devices(const std::string& ir_text, int devices, bool numerics = false) {
+  Graph g = parse_graph(ir_text);
+  jit::PassLog log;
+  jit::FusionOptions o;
+  o.devices = devices;
+  o.check_numerics = numerics;
+  return jit::fuse(jit::optimize(g, log), "t", o);
+}
+
+const char* kCheckThenUpdate =
+    "graph t {\n"
+    "  %y = parameter() {dtype=i32, index=0, name=\"y\", shape=[4]} : i32[4]\n"
+    "  %g = parameter() {dtype=f32, index=1, name=\"g\", shape=[3]} : f32[3]\n"
+    "  %0 = check_index(%y) {limit=5, what=\"t: labels\"} : i32[4]\n"
+    "  %1 = cast(%0) {dtype=f32} : f32[4]\n"
+    "  %2 = reduce_sum(%1) {axes=[0], keepdims=false} : f32[]\n"
+    "  %w = variable() {dtype=f32, name=\"w\", shape=[3]} : f32[3]\n"
+    "  %3 = sub(%w, %g) : f32[3]\n"
+    "  %4 = assign(%w, %3) : f32[3]\n"
+    "  return %2\n  effects %4\n}\n";
+
+bool writes_variable(const jit::FusedProgram& p, size_t li) {
+  const codegen::Kernel& k = p.kernels[li];
+  for (size_t a = 0; a < k.args.size(); ++a)
+    if (k.args[a].written && p.plan.launches[li].args[a].kind == flowjit::abi::BufferKind::Variable)
+      return true;
+  return false;
+}
+
+}  // namespace
+
+TEST(Fusion, SeveralDevicesGatherTheirStatusBeforeTheFirstUpdateAfterACheck) {
+  jit::FusedProgram one = fuse_devices(kCheckThenUpdate, 1);
+  for (const auto& l : one.plan.launches) EXPECT_FALSE(l.collective) << one.description;
+  jit::FusedProgram two = fuse_devices(kCheckThenUpdate, 2);
+  const auto& ls = two.plan.launches;
+  ASSERT_GE(two.plan.status_offset, 0);
+  int gather = -1, checker = -1, writer = -1;
+  for (size_t li = 0; li < ls.size(); ++li) {
+    if (runtime::is_status_gather(two.plan, ls[li]) && gather < 0) gather = static_cast<int>(li);
+    if (two.kernels[li].status_arg >= 0) checker = static_cast<int>(li);
+    if (writes_variable(two, li)) writer = static_cast<int>(li);
+  }
+  ASSERT_GE(gather, 0) << two.description;
+  ASSERT_GE(writer, 0) << two.description;
+  EXPECT_EQ(checker + 1, gather) << "right after the check: " << two.description;
+  EXPECT_LT(gather, writer) << two.description;
+  const flowjit::abi::CollectiveStep& c = *ls[gather].collective;
+  EXPECT_EQ(c.dtype, DType::Int64);
+  EXPECT_EQ(c.parts, 2);
+  EXPECT_EQ(c.inner, 4);
+  // On the communication thread until the writer (synchronous if next).
+  EXPECT_EQ(c.complete_before, gather + 1 == writer ? -1 : writer) << two.description;
+  const codegen::Kernel& w = two.kernels[writer];
+  ASSERT_GE(w.guard_arg, 0);
+  EXPECT_EQ(w.guard_words, 2);
+  EXPECT_EQ(ls[writer].args[w.guard_arg], ls[gather].args[1]) << "the guard reads every device's";
+  EXPECT_EQ(w.args[w.guard_arg].elements, 8);
+}
+
+TEST(Fusion, SeveralDevicesEndWithAStatusGatherWhenTheLastCheckIsAfterEveryUpdate) {
+  jit::FusedProgram p = fuse_devices(
+      "graph t {\n"
+      "  %y = parameter() {dtype=i32, index=0, name=\"y\", shape=[4]} : i32[4]\n"
+      "  %0 = check_index(%y) {limit=5, what=\"t: labels\"} : i32[4]\n"
+      "  %1 = cast(%0) {dtype=f32} : f32[4]\n"
+      "  return %1\n}\n",
+      2);
+  ASSERT_FALSE(p.plan.launches.empty());
+  EXPECT_TRUE(runtime::is_status_gather(p.plan, p.plan.launches.back())) << p.description;
+}
+
+// [harden] A kernel that checks what it stores into a variable (here an
+// index it reads) must not write the variable itself: it would have written
+// before its own check fails. It stores a temporary, and a guarded copy
+// kernel updates the variable.
+TEST(Fusion, AKernelThatChecksNeverWritesAVariableItself) {
+  const char* ir =
+      "graph t {\n"
+      "  %y = parameter() {dtype=i32, index=0, name=\"y\", shape=[4]} : i32[4]\n"
+      "  %0 = check_index(%y) {limit=5, what=\"t: labels\"} : i32[4]\n"
+      "  %1 = cast(%0) {dtype=f32} : f32[4]\n"
+      "  %w = variable() {dtype=f32, name=\"w\", shape=[4]} : f32[4]\n"
+      "  %2 = sub(%w, %1) : f32[4]\n"
+      "  %3 = assign(%w, %2) : f32[4]\n"
+      "  return\n  effects %3\n}\n";
+  const char* numerics =
+      "graph t {\n"
+      "  %g = parameter() {dtype=f32, index=0, name=\"g\", shape=[4]} : f32[4]\n"
+      "  %w = variable() {dtype=f32, name=\"w\", shape=[4]} : f32[4]\n"
+      "  %0 = sub(%w, %g) : f32[4]\n"
+      "  %1 = assign(%w, %0) : f32[4]\n"
+      "  return\n  effects %1\n}\n";
+  for (int devices : {1, 2})
+    for (bool num : {false, true}) {
+      jit::FusedProgram p = fuse_devices(num ? numerics : ir, devices, num);
+      int writers = 0;
+      for (size_t li = 0; li < p.kernels.size(); ++li) {
+        if (!writes_variable(p, li)) continue;
+        ++writers;
+        EXPECT_LT(p.kernels[li].status_arg, 0) << p.description;
+        EXPECT_GE(p.kernels[li].guard_arg, 0) << p.description;
+        EXPECT_EQ(p.kernels[li].guard_words, devices);
+      }
+      EXPECT_EQ(writers, 1) << p.description;
+    }
 }

@@ -55,6 +55,21 @@ def main(out, local, mode, steps, exit_after):
             loss = train_job(np.split(x, devices)[mine], np.split(y, devices)[mine])
             losses.append(np.concatenate(loss))
         else:
+            if step == int(os.environ.get("MP_WORKER_BAD_STEP", "-1")):
+                # A label out of range in the last process's rows only: every
+                # process raises, naming its position in the whole batch, and
+                # no variable changes anywhere (tests/python/test_harden_dist.py).
+                before = {k: np.array(v) for k, v in flow.get_all_variables().items()}
+                bad = y.copy()
+                bad[BATCH - 1 - 3] = 10
+                try:
+                    train_job(x, bad)
+                    print("BAD STEP: no error", flush=True)
+                except IndexError as e:
+                    print("BAD STEP:", e, flush=True)
+                after = {k: np.array(v) for k, v in flow.get_all_variables().items()}
+                same = sorted(after) == sorted(before) and all(np.array_equal(after[k], before[k]) for k in before)
+                print("VARIABLES", "UNCHANGED" if same else "CHANGED", flush=True)
             losses.append(train_job(x, y))
     if os.environ.get("MP_WORKER_DUMP"):  # the plan and the last step's launches (FLOWJIT_PROFILE=1)
         import json

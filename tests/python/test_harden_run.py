@@ -373,5 +373,5 @@ def test_index_checks_on_several_devices():
     print(ce(np.ones(8, np.int32), np.zeros((8, 3), np.float32)).shape)
     """, timeout=120)
     assert r.returncode == 0, r.stderr
-    # Each device checks its piece of the batch (the position is in that piece).
-    assert "(8,)\n" in r.stdout and "labels holds -4 at [2], outside the valid range [0, 3)" in r.stdout, r.stdout
+    # Each device checks its piece of the batch; the error names the position in the whole.
+    assert "(8,)\n" in r.stdout and "labels holds -4 at [6], outside the valid range [0, 3)" in r.stdout, r.stdout
