@@ -371,3 +371,51 @@ def print_rows(rows, title=None):
     print("(flowjit x: flowjit's speedup over that row on the same case, from the best figures; "
           "> 1 means flowjit is faster)")
     sys.stdout.flush()
+
+
+# A small train step through torch.compile, run in a child process: inductor's
+# generated code can corrupt the heap on some hosts (seen with torch 2.15 on an
+# AVX-512 Xeon: "malloc(): unaligned tcache chunk detected"), which would abort
+# the whole benchmark rather than raise.
+_TORCH_COMPILE_PROBE = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 10))  # the seed MLP
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+def step(x, y):
+    opt.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(m(x), y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+c = torch.compile(step)
+x, y = torch.randn(100, 784), torch.randint(0, 10, (100,))
+for _ in range(3):
+    float(c(x, y))
+"""
+_torch_compile_verdict = {}
+
+
+def torch_compile_failure(timeout=600):
+    """None when torch.compile survives a small train step in a child process
+    (with this process's environment), else a one-line reason. Computed once."""
+    if "why" in _torch_compile_verdict:
+        return _torch_compile_verdict["why"]
+    try:
+        p = subprocess.run([sys.executable, "-c", _TORCH_COMPILE_PROBE], capture_output=True, text=True,
+                           timeout=timeout)
+        if p.returncode == 0:
+            why = None
+        elif p.returncode < 0:
+            import signal
+            tail = (p.stderr.strip().splitlines() or [""])[-1][:80]
+            why = (f"a probe train step crashed ({signal.Signals(-p.returncode).name}: {tail}); "
+                   "ATEN_CPU_CAPABILITY=avx2 may avoid it")
+        else:
+            why = f"a probe train step failed: {(p.stderr.strip().splitlines() or [''])[-1][:120]}"
+    except subprocess.TimeoutExpired:
+        why = f"a probe train step took more than {timeout} s"
+    if why:
+        print(f"# SKIP torch.compile: {why}", flush=True)
+    _torch_compile_verdict["why"] = why
+    return why

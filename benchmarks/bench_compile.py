@@ -244,15 +244,17 @@ def run(repeat=3, extras=(0, 4, 8), torch_too=True, growth=None):
     as a fraction of the next-to-last model's time."""
     C.print_load("(compile)")
     impls = ["flowjit"]
-    skipped = []
+    skipped = {}  # label -> why
     for name, label in (("jax", "jax.jit"), ("torch", "torch.compile")):
         if name == "torch" and not torch_too:
             continue
-        if _have(name):
+        if name == "torch" and _have(name) and C.torch_compile_failure():
+            skipped[label] = C.torch_compile_failure()
+        elif _have(name):
             impls.append(name)
         else:
             print(f"# SKIP {label}: {name} is not installed (pip install {name})", flush=True)
-            skipped.append(label)
+            skipped[label] = "not installed"
     label = {"flowjit": "flowjit", "jax": "jax.jit", "torch": "torch.compile"}
     res = {}  # (extra, impl, phase) -> [seconds]
     splits = {}  # (extra, phase) -> [split]
@@ -278,8 +280,8 @@ def run(repeat=3, extras=(0, 4, 8), torch_too=True, growth=None):
                 note = f"{kernels[extra]} kernels" if impl == "flowjit" else ""
                 rows.append(C.row("compile", f"{case} {phase}", label[impl], min(v) * 1e3,
                                   statistics.median(v) * 1e3, "ms", note))
-            for s in skipped:
-                rows.append(C.skipped("compile", f"{case} {phase}", s, "not installed"))
+            for s, why in skipped.items():
+                rows.append(C.skipped("compile", f"{case} {phase}", s, why))
     print_split(splits, extras)
     cold = {e: statistics.median(res[(e, "flowjit", "cold")]) for e in extras}
     if len(extras) >= 2:

@@ -172,19 +172,23 @@ def run():
         model, opt = _torch_setup(torch, nthreads)
         fns["torch eager"] = functools.partial(_torch_step_fn(torch, model, opt), tx, ty)
         notes["torch eager"] = f"torch {torch.__version__}, {torch.get_num_threads()} threads"
-        try:
-            import logging
-            logging.getLogger("torch").setLevel(logging.ERROR)  # inductor's CUDA-not-found notes
-            model2, opt2 = _torch_setup(torch, nthreads)
-            cstep = torch.compile(_torch_step_fn(torch, model2, opt2))
-            for _ in range(3):
-                cstep(tx, ty)  # compile (forward+backward graph, then the optimizer step)
-            fns["torch.compile"] = functools.partial(cstep, tx, ty)
-            notes["torch.compile"] = "inductor, default mode, whole step"
-        except Exception as e:  # noqa: BLE001 - report why and go on
-            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
-            print(f"# SKIP torch.compile: it failed on this machine: {why}")
-            rows_skipped.append(C.skipped("train_step", case, "torch.compile", f"failed: {why}"))
+        crash = C.torch_compile_failure()
+        if crash:
+            rows_skipped.append(C.skipped("train_step", case, "torch.compile", crash))
+        else:
+            try:
+                import logging
+                logging.getLogger("torch").setLevel(logging.ERROR)  # inductor's CUDA-not-found notes
+                model2, opt2 = _torch_setup(torch, nthreads)
+                cstep = torch.compile(_torch_step_fn(torch, model2, opt2))
+                for _ in range(3):
+                    cstep(tx, ty)  # compile (forward+backward graph, then the optimizer step)
+                fns["torch.compile"] = functools.partial(cstep, tx, ty)
+                notes["torch.compile"] = "inductor, default mode, whole step"
+            except Exception as e:  # noqa: BLE001 - report why and go on
+                why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+                print(f"# SKIP torch.compile: it failed on this machine: {why}")
+                rows_skipped.append(C.skipped("train_step", case, "torch.compile", f"failed: {why}"))
 
     # jax.jit
     jax = C.peer("jax")

@@ -142,17 +142,21 @@ def run(args):
         fns["torch eager"] = functools.partial(
             _torch_step(torch, lambda p, a, b: loss_fn(p, a, b), P, opt, cfg.clip_norm), tt, ty)
         notes["torch eager"] = f"torch {torch.__version__}, {nthreads} threads, foreach Adam"
-        try:
-            P2, opt2 = setup()
-            compiled = torch.compile(lambda p, a, b: loss_fn(p, a, b))
-            cstep = _torch_step(torch, compiled, P2, opt2, cfg.clip_norm)
-            cstep(tt, ty)
-            fns["torch.compile"] = functools.partial(cstep, tt, ty)
-            notes["torch.compile"] = "inductor, default mode, forward + backward compiled"
-        except Exception as e:  # noqa: BLE001 - a peer's failure is reported, not fatal
-            why = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
-            print(f"# SKIP torch.compile: {why}")
-            skipped.append(C.skipped("transformer", case, "torch.compile", f"failed: {why}"))
+        crash = C.torch_compile_failure()
+        if crash:
+            skipped.append(C.skipped("transformer", case, "torch.compile", crash))
+        else:
+            try:
+                P2, opt2 = setup()
+                compiled = torch.compile(lambda p, a, b: loss_fn(p, a, b))
+                cstep = _torch_step(torch, compiled, P2, opt2, cfg.clip_norm)
+                cstep(tt, ty)
+                fns["torch.compile"] = functools.partial(cstep, tt, ty)
+                notes["torch.compile"] = "inductor, default mode, forward + backward compiled"
+            except Exception as e:  # noqa: BLE001 - a peer's failure is reported, not fatal
+                why = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
+                print(f"# SKIP torch.compile: {why}")
+                skipped.append(C.skipped("transformer", case, "torch.compile", f"failed: {why}"))
 
     jax = C.peer("jax")
     if jax is None:
