@@ -299,6 +299,7 @@ int Fuser::check_id(const NodeRef& check, const std::vector<int64_t>& limits) {
   c.shape = check->shape();
   if (check->op() == OpKind::CheckIndex)
     c.device_split = static_cast<int>(check->attrs().get_int("device_split", -1));
+  c.job = opts_.checks_job;
   checks_.push_back(c);
   int id = static_cast<int>(checks_.size()) - 1;
   check_ids_[check.get()] = id;
@@ -324,6 +325,7 @@ int Fuser::numerics_check_id(const std::string& kernel, const NodeRef& value,
   if (loc.known())
     c.where = std::filesystem::path(loc.file).filename().string() + ":" + std::to_string(loc.line);
   c.shape = value->shape();
+  c.job = opts_.checks_job;
   checks_.push_back(c);
   return static_cast<int>(checks_.size()) - 1;
 }
