@@ -27,11 +27,15 @@
 #include <utility>
 
 #include "ir/error.h"
-#include "jit/sha256.h"
+#include "runtime/sha256.h"
 
 namespace flowjit::jit {
 
 namespace fs = std::filesystem;
+using runtime::constant_time_equal;
+using runtime::hmac_sha256_hex;
+using runtime::Sha256;
+using runtime::sha256_hex;
 
 // ---------------------------------------------------------------- key
 

@@ -283,6 +283,7 @@ void compile_stages(const JobDescription& job, const Graph& opt, const CompileSe
     StageSegmentGraph& sg = parts.segments[i];
     JobDescription seg;
     seg.name = job.name + ".segment" + std::to_string(i);
+    seg.checks_job = job.checks_job.empty() ? job.name : job.checks_job;
     seg.graph = std::move(sg.graph);
     seg.source = job.source;
     seg.signature = job.signature;
@@ -373,6 +374,7 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   auto t_fuse = std::chrono::steady_clock::now();
   FusionOptions fopts{settings.fuse, settings.check_numerics};
   fopts.devices = std::max(1, job.distribution.parts);
+  fopts.checks_job = job.checks_job;
   FusedProgram fp = fuse(opt, job.name, fopts);
   out.fusion_plan = fp.description;
   for (auto& k : fp.kernels) {

@@ -68,6 +68,8 @@ struct JobDescription {
   std::string signature;  // the placeholder signature, for the cache
   // parts > 1: compile the per-device graph of a job spread over devices.
   DistributeOptions distribution;
+  // The job a failed check names, when not `name` (a segment of a staged job).
+  std::string checks_job;
 };
 
 struct CompileSettings {

@@ -57,6 +57,9 @@ struct FusionOptions {
   // failed check: the status buffers are all-gathered before a variable is
   // written and at the end, and every device stops or skips alike.
   int devices = 1;
+  // The job a failed check names ("": the job fused; a segment of a staged
+  // job names its job).
+  std::string checks_job;
 };
 
 FusedProgram fuse(const ir::Graph& g, const std::string& job_name, FusionOptions opts = {});

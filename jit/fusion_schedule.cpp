@@ -41,78 +41,93 @@ void Fuser::build_and_schedule(FusedProgram& out) {
   std::vector<Built> built;
   std::vector<int> order;
   std::set<std::string> deferred;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    built.clear();
-    std::set<std::string> hazards;
-    for (auto& g : groups_) built.push_back(build_group(*g, deferred, hazards));
-    // [harden] A kernel that checks something (check_numerics of the value
-    // it stores, an index it reads) does not write a variable in place: it
-    // would have written before its own check fails, which no guard at
-    // its entry can stop. Its assigns are deferred: it stores into a
-    // temporary, and a copy kernel at the end, guarded like every later
-    // writer, updates the variable.
-    for (const Built& b : built)
-      if (b.k.status_arg >= 0) hazards.insert(b.var_writes.begin(), b.var_writes.end());
-    if (!hazards.empty() && attempt == 0) {
-      deferred.insert(hazards.begin(), hazards.end());
-      continue;
-    }
-    if (schedule(built, order)) break;
-    FJ_CHECK(attempt == 0, "fusion: no schedule even with deferred assigns");
-    for (auto& [val, as] : assigns_)
-      for (auto& a : as) deferred.insert(a->input(0)->attrs().get_str("name"));
-  }
-  // Deferred assigns: copy kernels after everything else.
-  std::vector<Built> copies = build_deferred_copies(deferred);
-
-  // Launch order, arena lives and the plan.
-  runtime::Plan& plan = out.plan;
-  plan.job_name = job_;
-  for (auto& p : g_.params) plan.inputs.push_back(p->type());
-  for (auto& o : g_.outputs) plan.outputs.push_back(o->type());
+  std::vector<Built> copies;
   std::vector<Built*> launches;
-  for (int gi : order) launches.push_back(&built[gi]);
-  for (auto& c : copies) launches.push_back(&c);
-  // [harden] After a launch that checks something, every kernel that writes
-  // a variable reads the status buffer first and does nothing when a check
-  // failed (codegen::Kernel::guard_arg): a bad label leaves the weights as
-  // they were also where the runtime learns of it only after the run.
-  // Several devices: each checks only its own part, and a device that
-  // skipped its update alone would leave the replicas unequal. So before
-  // such a kernel the devices all-gather their status buffers, the guards
-  // read every device's status, and the runtime raises on every device
-  // right after the all_gather (runtime::Executable::raise_gathered_check):
-  // all skip, or all stop, at the same launch. A program that checks
-  // anything after its last all_gather ends with one, so that every device
-  // reports a failure (the logical position: runtime::RunCheck).
-  //
-  // First, a kernel that writes a variable but comes before a checking
-  // launch (the step counter's increment, traced first) moves to just after
-  // the last one when nothing up to there touches what it writes, so that a
-  // failed check leaves every variable as it was.
+  runtime::Plan& plan = out.plan;
   auto writes_a_variable = [](const Built* b) {
     for (size_t a = 0; a < b->arg_storage.size(); ++a)
       if (b->arg_storage[a].kind == BufferKind::Variable && b->k.args[a].written) return true;
     return false;
   };
-  int last_check = -1;
-  for (size_t li = 0; li < launches.size(); ++li)
-    if (launches[li]->k.status_arg >= 0) last_check = static_cast<int>(li);
-  for (int li = last_check - 1; li >= 0; --li) {
-    Built* w = launches[li];
-    if (!writes_a_variable(w)) continue;
-    bool touched = false;
-    for (int lj = li + 1; lj <= last_check && !touched; ++lj)
-      for (size_t a = 0; a < w->arg_storage.size() && !touched; ++a) {
-        if (!w->k.args[a].written) continue;
-        for (const Storage& s : launches[lj]->arg_storage)
-          touched |= s.kind == w->arg_storage[a].kind && s.index == w->arg_storage[a].index;
+  // Rounds: a variable writer that cannot move after the last check (below)
+  // defers its assigns and the kernels are built again.
+  for (bool again = true; again;) {
+    again = false;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      built.clear();
+      std::set<std::string> hazards;
+      for (auto& g : groups_) built.push_back(build_group(*g, deferred, hazards));
+      // [harden] A kernel that checks something (check_numerics of the value
+      // it stores, an index it reads) does not write a variable in place: it
+      // would have written before its own check fails, which no guard at
+      // its entry can stop. Its assigns are deferred: it stores into a
+      // temporary, and a copy kernel at the end, guarded like every later
+      // writer, updates the variable.
+      for (const Built& b : built)
+        if (b.k.status_arg >= 0) hazards.insert(b.var_writes.begin(), b.var_writes.end());
+      if (!hazards.empty() && attempt == 0) {
+        deferred.insert(hazards.begin(), hazards.end());
+        continue;
       }
-    if (touched) continue;  // (its check is its own: a deferred assign, above)
-    launches.erase(launches.begin() + li);
-    launches.insert(launches.begin() + last_check, w);
-    --last_check;
-  }
+      if (schedule(built, order)) break;
+      FJ_CHECK(attempt == 0, "fusion: no schedule even with deferred assigns");
+      for (auto& [val, as] : assigns_)
+        for (auto& a : as) deferred.insert(a->input(0)->attrs().get_str("name"));
+    }
+    // Deferred assigns: copy kernels after everything else.
+    copies = build_deferred_copies(deferred);
+
+    // Launch order, arena lives and the plan.
+    launches.clear();
+    for (int gi : order) launches.push_back(&built[gi]);
+    for (auto& c : copies) launches.push_back(&c);
+    // [harden] After a launch that checks something, every kernel that writes
+    // a variable reads the status buffer first and does nothing when a check
+    // failed (codegen::Kernel::guard_arg): a bad label leaves the weights as
+    // they were also where the runtime learns of it only after the run.
+    // Several devices: each checks only its own part, and a device that
+    // skipped its update alone would leave the replicas unequal. So before
+    // such a kernel the devices all-gather their status buffers, the guards
+    // read every device's status, and the runtime raises on every device
+    // right after the all_gather (runtime::Executable::raise_gathered_check):
+    // all skip, or all stop, at the same launch. A program that checks
+    // anything after its last all_gather ends with one, so that every device
+    // reports a failure (the logical position: runtime::RunCheck).
+    //
+    // First, a kernel that writes a variable but comes before a checking
+    // launch (the step counter's increment, traced first) moves to just after
+    // the last one when nothing up to there touches what it writes, so that a
+    // failed check leaves every variable as it was. One that cannot move (a
+    // launch up to there reads a value it stores besides the variable, e.g.
+    // a gather from the new value) would have written before the check fails
+    // and no guard could stop it: its assigns are deferred like a checking
+    // kernel's (a temporary, then a guarded copy at the end), and the kernels
+    // are built again.
+    int last_check = -1;
+    for (size_t li = 0; li < launches.size(); ++li)
+      if (launches[li]->k.status_arg >= 0) last_check = static_cast<int>(li);
+    for (int li = last_check - 1; li >= 0; --li) {
+      Built* w = launches[li];
+      if (!writes_a_variable(w)) continue;
+      bool touched = false;
+      for (int lj = li + 1; lj <= last_check && !touched; ++lj)
+        for (size_t a = 0; a < w->arg_storage.size() && !touched; ++a) {
+          if (!w->k.args[a].written) continue;
+          for (const Storage& s : launches[lj]->arg_storage)
+            touched |= s.kind == w->arg_storage[a].kind && s.index == w->arg_storage[a].index;
+        }
+      if (touched) {
+        for (const std::string& v : w->var_writes) again |= deferred.insert(v).second;
+        continue;
+      }
+      launches.erase(launches.begin() + li);
+      launches.insert(launches.begin() + last_check, w);
+      --last_check;
+    }
+  }  // rounds
+  plan.job_name = job_;
+  for (auto& p : g_.params) plan.inputs.push_back(p->type());
+  for (auto& o : g_.outputs) plan.outputs.push_back(o->type());
   const int devices = std::max(1, opts_.devices);
   std::deque<Built> gathers;
   std::vector<Built*> ordered;
@@ -284,6 +299,7 @@ int Fuser::check_id(const NodeRef& check, const std::vector<int64_t>& limits) {
   c.shape = check->shape();
   if (check->op() == OpKind::CheckIndex)
     c.device_split = static_cast<int>(check->attrs().get_int("device_split", -1));
+  c.job = opts_.checks_job;
   checks_.push_back(c);
   int id = static_cast<int>(checks_.size()) - 1;
   check_ids_[check.get()] = id;
@@ -309,6 +325,7 @@ int Fuser::numerics_check_id(const std::string& kernel, const NodeRef& value,
   if (loc.known())
     c.where = std::filesystem::path(loc.file).filename().string() + ":" + std::to_string(loc.line);
   c.shape = value->shape();
+  c.job = opts_.checks_job;
   checks_.push_back(c);
   return static_cast<int>(checks_.size()) - 1;
 }

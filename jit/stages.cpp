@@ -34,6 +34,7 @@ class Partitioner {
     levels();
     build();
     check_variables();
+    writers_wait_for_checks();
     std::ostringstream d;
     for (size_t s = 0; s < out_.segments.size(); ++s) {
       const StageSegmentGraph& seg = out_.segments[s];
@@ -113,6 +114,59 @@ class Partitioner {
       for (const Node* u : users_[n.get()])
         l = std::min(l, stage_[u] == stage_[n.get()] ? level_[u] : level_[u] - 1);
       level_[n.get()] = l == (1 << 30) ? 1 : std::max(l, 0);
+    }
+    assigns_after_checks();
+  }
+
+  static bool is_check(const Node* n) {
+    return n->op() == OpKind::CheckIndex || n->op() == OpKind::CheckFinite;
+  }
+
+  // [harden] A failed check stops a staged run at its segment, and the
+  // segments not run yet never run (runtime/staged.cpp); fusion keeps the
+  // writers of one segment after its checks. So an assign that would run in
+  // a segment before (or beside) a segment that checks (the step counter's
+  // increment, traced first, reads nothing but its variable) moves to the
+  // first segment of its placement after every such check, or to a
+  // segment of its own there: a failed check leaves every variable as it
+  // was. (writers_wait_for_checks makes the wait explicit.)
+  void assigns_after_checks() {
+    std::vector<std::pair<int, int>> checks;  // (level, placement)
+    std::set<std::pair<int, int>> occupied;
+    for (const NodeRef& n : order_) {
+      if (is_check(n.get())) checks.emplace_back(level_[n.get()], stage_[n.get()]);
+      if (!is_source(n->op())) occupied.emplace(level_[n.get()], stage_[n.get()]);
+    }
+    for (const NodeRef& n : order_) {
+      if (n->op() != OpKind::Assign) continue;
+      int& l = level_[n.get()];
+      int need = l;
+      for (auto [cl, cs] : checks)
+        if (cl > l || (cl == l && cs != stage_[n.get()])) need = std::max(need, cl + 1);
+      if (need == l) continue;
+      auto at = occupied.lower_bound({need, stage_[n.get()]});
+      int to = need;
+      for (; at != occupied.end(); ++at)
+        if (at->second == stage_[n.get()]) {
+          to = at->first;
+          break;
+        }
+      l = to;
+    }
+  }
+
+  // A segment that assigns waits for every segment that checks at a lower
+  // level, also where no value passes between them.
+  void writers_wait_for_checks() {
+    std::set<int> checking;
+    for (const NodeRef& n : order_)
+      if (is_check(n.get()) && segment_.count(n.get())) checking.insert(segment_.at(n.get()));
+    for (const NodeRef& e : g_.effects) {
+      StageSegmentGraph& w = out_.segments[segment_.at(e.get())];
+      for (int c : checking)
+        if (out_.segments[c].level < w.level &&
+            std::find(w.after.begin(), w.after.end(), c) == w.after.end())
+          w.after.push_back(c);
     }
   }
 

@@ -380,7 +380,7 @@ std::shared_ptr<Executable> Executable::instance() const {
 std::string describe_failed_check(const std::string& job, const RunCheck& c, int64_t value,
                                   int64_t position, int rank, int parts) {
   std::ostringstream os;
-  os << "job '" << job << "'";
+  os << "job '" << (c.job.empty() ? job : c.job) << "'";
   if (!c.where.empty()) os << ", " << c.where;
   if (c.numerics) {
     double d;

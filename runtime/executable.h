@@ -56,6 +56,9 @@ struct RunCheck {
   // the checked tensor (`shape` is the piece's), -1 all of it, -2 its own
   // (the mirrored view). ir/ops.def, check_index's device_split.
   int device_split = -1;
+  // The job the error names, when not the plan's (the segments of a staged
+  // job are programs of their own; their checks name the user's job).
+  std::string job;
 };
 
 // The error a failed check reports (status words 1 and 2: value, position).

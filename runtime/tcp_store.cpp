@@ -2,10 +2,13 @@
 // and the directory store.
 //
 // Wire format of the TCP store, integers little-endian:
-//   hello: 'A' u32 token_len token                   ->  'K'
+//   on connect, the server:  'C' server_nonce[32]
+//   hello: 'A' client_nonce[32] client_mac[32]       ->  'K' server_mac[32]
 //   set:   'S' u32 key_len key u64 value_len value   ->  'K'
 //   get:   'G' u32 key_len key                       ->  'N' | 'V' u64 value_len value
-// The hello comes first on every connection. Any request may instead be
+// client_mac and server_mac: store_proof(token, "client" | "server",
+// server_nonce, client_nonce). The hello comes first on every connection;
+// the client checks server_mac before it sends anything else. Any request may instead be
 // answered 'E' u32 text_len text (a refusal: wrong token, over a cap,
 // malformed), after which the server closes the connection. A get never
 // waits on the server; waiting is polling on the client, which keeps the
@@ -17,6 +20,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -31,6 +35,7 @@
 #include <thread>
 
 #include "ir/error.h"
+#include "runtime/sha256.h"
 
 namespace flowjit::runtime {
 
@@ -211,15 +216,6 @@ std::vector<char> RendezvousStore::get(const std::string& key) {
 
 namespace {
 
-// Whether `presented` equals `expected` (non-empty), in a time that depends
-// only on the length of `presented`, never on where the two differ.
-bool same_token(const std::string& expected, const std::string& presented) {
-  unsigned diff = expected.size() != presented.size();
-  for (size_t i = 0; i < presented.size(); ++i)
-    diff |= static_cast<unsigned char>(presented[i] ^ expected[i % expected.size()]);
-  return diff == 0;
-}
-
 void put_refusal(std::vector<char>* out, const std::string& why) {
   out->push_back('E');
   put_u32(*out, static_cast<uint32_t>(why.size()));
@@ -232,6 +228,39 @@ void put_refusal(std::vector<char>* out, const std::string& why) {
 constexpr size_t kReplyBudget = size_t{1} << 20;
 
 }  // namespace
+
+std::string store_proof(const std::string& token, const char* role, const std::string& server_nonce,
+                        const std::string& client_nonce) {
+  std::string msg = std::string("flowjit-store-v1 ") + role;
+  msg += '\0';
+  msg += server_nonce;
+  msg += client_nonce;
+  auto mac = hmac_sha256(token, msg);
+  return std::string(reinterpret_cast<const char*>(mac.data()), mac.size());
+}
+
+std::string random_bytes(size_t n) {
+  std::string out(n, '\0');
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = ::getrandom(out.data() + got, n - got, 0);
+    if (k < 0 && errno == EINTR) continue;
+    FJ_USER_CHECK(k > 0, ErrorKind::Runtime,
+                  "gloo: no random bytes for the rendezvous store: ", std::strerror(errno));
+    got += static_cast<size_t>(k);
+  }
+  return out;
+}
+
+StoreProtocol::Session::Session(StoreProtocol& store)
+    : store_(store), nonce_(store.nonces_ ? store.nonces_() : random_bytes(kStoreNonceBytes)) {
+  FJ_CHECK(nonce_.size() == kStoreNonceBytes, "a store nonce of ", nonce_.size(), " bytes");
+}
+
+void StoreProtocol::Session::greet(std::vector<char>* out) const {
+  out->push_back('C');
+  out->insert(out->end(), nonce_.begin(), nonce_.end());
+}
 
 bool StoreProtocol::Session::feed(const char* p, size_t n, std::vector<char>* out) {
   if (closed_) return false;
@@ -278,19 +307,18 @@ bool StoreProtocol::Session::step(const char* p, size_t n, std::vector<char>* ou
       put_refusal(out, "present the job's token first");
       return false;
     }
-    if (!r.u32(&len)) return true;
-    if (len > kMaxStoreTokenBytes) {
-      put_refusal(out, str("a token of ", len, " bytes (at most ", kMaxStoreTokenBytes, ")"));
-      return false;
-    }
-    const char* token;
-    if (!r.bytes(len, &token)) return true;
-    if (!same_token(store_.token_, std::string(token, len))) {
+    const char *client_nonce, *mac;
+    if (!r.bytes(kStoreNonceBytes, &client_nonce) || !r.bytes(kStoreMacBytes, &mac)) return true;
+    std::string cn(client_nonce, kStoreNonceBytes);
+    if (!constant_time_equal(std::string_view(mac, kStoreMacBytes),
+                             store_proof(store_.token_, "client", nonce_, cn))) {
       put_refusal(out, "wrong job token");
       return false;
     }
     authenticated_ = true;
     out->push_back('K');
+    std::string proof = store_proof(store_.token_, "server", nonce_, cn);
+    out->insert(out->end(), proof.begin(), proof.end());
     *used = r.consumed();
     return true;
   }
@@ -514,7 +542,15 @@ class TcpStoreServer {
         }
       }
       set_nodelay(fd);
-      conns.push_back(std::make_unique<Conn>(fd, protocol_, Clock::now() + limits_.hello_timeout));
+      std::unique_ptr<Conn> c;
+      try {
+        c = std::make_unique<Conn>(fd, protocol_, Clock::now() + limits_.hello_timeout);
+      } catch (const std::exception&) {  // no nonce (no randomness): not served
+        ::close(fd);
+        continue;
+      }
+      c->session.greet(&c->out);
+      conns.push_back(std::move(c));
     }
   }
 
@@ -680,14 +716,62 @@ void TcpStore::connect_until(Clock::time_point deadline) {
              " within ", seconds_text(timeout()), " (is process 0 running?): ", err);
 }
 
-// Presents the token on a fresh connection. False when the connection broke
-// (the caller retries); a refusal throws.
+// Proves on a fresh connection that this process knows the token, and
+// checks the server's proof. False when the connection broke (the caller
+// retries); a refusal, and a server that does not know the token, throw.
 bool TcpStore::hello(std::string* err) {
+  auto deadline = Clock::now() + timeout();
+  char greeting[1 + kStoreNonceBytes];
+  if (!read_exact(greeting, sizeof greeting, deadline, err)) return false;
+  if (greeting[0] != 'C') {
+    *err = "malformed greeting";
+    return false;
+  }
+  std::string server_nonce(greeting + 1, kStoreNonceBytes);
+  std::string client_nonce = random_bytes(kStoreNonceBytes);
+  std::string mac = store_proof(token_, "client", server_nonce, client_nonce);
   std::vector<char> msg, reply;
   msg.push_back('A');
-  put_u32(msg, static_cast<uint32_t>(token_.size()));
-  msg.insert(msg.end(), token_.begin(), token_.end());
-  return exchange(msg, &reply, err, "connect");
+  msg.insert(msg.end(), client_nonce.begin(), client_nonce.end());
+  msg.insert(msg.end(), mac.begin(), mac.end());
+  if (!exchange(msg, &reply, err, "connect")) return false;
+  if (reply[0] != 'K') {
+    *err = "malformed answer";
+    return false;
+  }
+  char proof[kStoreMacBytes];
+  if (!read_exact(proof, sizeof proof, deadline, err)) return false;
+  if (!constant_time_equal(std::string_view(proof, sizeof proof),
+                           store_proof(token_, "server", server_nonce, client_nonce))) {
+    ::close(fd_);
+    fd_ = -1;
+    throw Refused(str("gloo: the rendezvous store at ", where(),
+                      " does not know this job's token (", kStoreTokenEnv,
+                      " differs from process 0's, or another program listens there)", kTokenHowTo));
+  }
+  return true;
+}
+
+// Reads exactly n bytes before `deadline`; false when the connection is
+// gone, throws when nothing comes in time.
+bool TcpStore::read_exact(char* p, size_t n, Clock::time_point deadline, std::string* err) {
+  while (n > 0) {
+    pollfd pfd{fd_, POLLIN, 0};
+    int pr = ::poll(&pfd, 1, remaining_ms(deadline));
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr == 0)
+      throw_user(ErrorKind::Runtime, "gloo: the rendezvous store at ", where(),
+                 " did not answer within ", seconds_text(timeout()));
+    ssize_t k = pr < 0 ? -1 : ::recv(fd_, p, n, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      *err = k == 0 ? "connection closed" : std::strerror(errno);
+      return false;
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
 }
 
 // Sends `msg` and reads the reply (its first byte, and for 'V' the value).
@@ -696,25 +780,7 @@ bool TcpStore::hello(std::string* err) {
 bool TcpStore::exchange(const std::vector<char>& msg, std::vector<char>* reply, std::string* err,
                         const char* what) {
   auto deadline = Clock::now() + timeout();
-  auto read_exact = [&](char* p, size_t n) {
-    while (n > 0) {
-      pollfd pfd{fd_, POLLIN, 0};
-      int pr = ::poll(&pfd, 1, remaining_ms(deadline));
-      if (pr < 0 && errno == EINTR) continue;
-      if (pr == 0)
-        throw_user(ErrorKind::Runtime, "gloo: the rendezvous store at ", where(),
-                   " did not answer within ", seconds_text(timeout()));
-      ssize_t k = pr < 0 ? -1 : ::recv(fd_, p, n, 0);
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0) {
-        *err = k == 0 ? "connection closed" : std::strerror(errno);
-        return false;
-      }
-      p += k;
-      n -= static_cast<size_t>(k);
-    }
-    return true;
-  };
+  auto read_exact = [&](char* p, size_t n) { return this->read_exact(p, n, deadline, err); };
   // A server that refuses a big request stops reading it: its refusal may be
   // waiting although the send failed.
   bool sent = send_all(fd_, msg.data(), msg.size());

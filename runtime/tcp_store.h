@@ -9,19 +9,30 @@
 // that want to poll and report exactly which keys are missing.
 //
 // The TCP store trusts no one who reaches its port:
-//  * Every connection first presents the job's token (kStoreTokenEnv, the
-//    same secret in every process of a job; `python -m flowjit.launch` makes
-//    one). The server compares it in constant time and serves nothing, not
-//    even a get, before it matches; a wrong or missing token is refused with
-//    a message and the connection closed. The token travels in clear: it
-//    keeps out other users and hosts, not an eavesdropper on the network.
+//  * Every connection first proves that it knows the job's token
+//    (kStoreTokenEnv, the same secret in every process of a job; `python -m
+//    flowjit.launch` makes one) without sending it: the server opens with a
+//    fresh random nonce, the client answers with its own nonce and
+//    HMAC-SHA256(token, "flowjit-store-v1 client" || server nonce || client
+//    nonce), and the server, having compared that in constant time, proves
+//    itself with the same MAC over "flowjit-store-v1 server" (mutual: a
+//    client never talks to a server that does not know the token). The
+//    server serves nothing, not even a get, before the proof matches; a
+//    wrong one is refused with a message and the connection closed. An
+//    answer is bound to its nonces, so a recorded exchange replayed to
+//    another connection is refused, and an eavesdropper learns neither the
+//    token nor anything that lets it connect. What follows the handshake is
+//    neither encrypted nor authenticated per message: the store's keys and
+//    values (the processes' addresses) can be read on the network, and
+//    someone who can alter the TCP stream can alter them (bind to a private
+//    network, docs: README "Several machines").
 //  * Keys, values, the number of keys and the bytes held are capped
 //    (TcpStoreLimits); a request over a cap is refused before its payload
 //    is read, so nothing is allocated for it.
 //  * One thread serves every connection with non-blocking sockets: a client
 //    that sends half a request or never reads its replies delays no one, and
-//    is closed after idle_timeout (hello_timeout before it has presented
-//    the token). A client whose connection was closed reconnects.
+//    is closed after idle_timeout (hello_timeout before it has proved it
+//    knows the token). A client whose connection was closed reconnects.
 //
 // Every failure (no server, lost server, timeout, refusal) throws
 // UserError(Runtime) with a message naming the store's address.
@@ -29,6 +40,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -67,6 +79,17 @@ class RendezvousStore : public gloo::rendezvous::Store {
 inline constexpr const char* kStoreTokenEnv = "FLOWJIT_STORE_TOKEN";
 inline constexpr size_t kMinStoreTokenBytes = 16;
 inline constexpr size_t kMaxStoreTokenBytes = 1024;
+
+// The handshake's nonces and MACs (tcp_store.cpp's wire format).
+inline constexpr size_t kStoreNonceBytes = 32;
+inline constexpr size_t kStoreMacBytes = 32;
+// HMAC-SHA256(token, "flowjit-store-v1 <role>" || server_nonce ||
+// client_nonce): what the client ("client") and then the server ("server")
+// send to prove they know the token.
+std::string store_proof(const std::string& token, const char* role, const std::string& server_nonce,
+                        const std::string& client_nonce);
+// `n` bytes from the kernel's random source (getrandom).
+std::string random_bytes(size_t n);
 
 // `token`, or when empty the value of $FLOWJIT_STORE_TOKEN; throws a
 // UserError(Value) saying how to set one when neither is there or the token
@@ -114,6 +137,8 @@ class TcpStore final : public RendezvousStore {
  private:
   void connect_until(std::chrono::steady_clock::time_point deadline);
   bool hello(std::string* err);
+  bool read_exact(char* p, size_t n, std::chrono::steady_clock::time_point deadline,
+                  std::string* err);
   bool exchange(const std::vector<char>& msg, std::vector<char>* reply, std::string* err,
                 const char* what);
   void request(const std::vector<char>& msg, std::vector<char>* reply, const char* what);
@@ -132,12 +157,18 @@ class TcpStore final : public RendezvousStore {
 // connection of one server. Not thread-safe; the server has one thread.
 class StoreProtocol {
  public:
-  StoreProtocol(std::string token, TcpStoreLimits limits)
-      : token_(std::move(token)), limits_(limits) {}
+  // `nonces`: makes each session's server nonce (random_bytes by default;
+  // the fuzzer's is deterministic).
+  using NonceSource = std::function<std::string()>;
+  StoreProtocol(std::string token, TcpStoreLimits limits, NonceSource nonces = {})
+      : token_(std::move(token)), limits_(limits), nonces_(std::move(nonces)) {}
 
   class Session {
    public:
-    explicit Session(StoreProtocol& store) : store_(store) {}
+    explicit Session(StoreProtocol& store);
+    // The server's opening ('C' and the nonce), to send on connect.
+    void greet(std::vector<char>* out) const;
+    const std::string& nonce() const { return nonce_; }
     // Consumes `n` received bytes and appends the replies to *out. False:
     // close the connection once *out is sent (a refusal, a malformed or
     // oversized request); the session is then spent.
@@ -152,6 +183,7 @@ class StoreProtocol {
    private:
     bool step(const char* p, size_t n, std::vector<char>* out, size_t* used);
     StoreProtocol& store_;
+    std::string nonce_;     // this session's server nonce
     std::vector<char> in_;  // received bytes not yet answered
     bool authenticated_ = false, closed_ = false, backlog_ = false;
   };
@@ -164,6 +196,7 @@ class StoreProtocol {
   friend class Session;
   std::string token_;
   TcpStoreLimits limits_;
+  NonceSource nonces_;
   std::map<std::string, std::vector<char>> data_;
   uint64_t bytes_ = 0;  // keys and values in data_
 };

@@ -20,9 +20,9 @@
 #include "codegen/nvptx/backend.h"
 #include "ir/error.h"
 #include "jit/backends/backends.h"
-#include "jit/sha256.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/executable.h"
+#include "runtime/sha256.h"
 
 namespace flowjit::jit::backends {
 
@@ -47,7 +47,7 @@ std::string libdevice_hash(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;
   ss << in.rdbuf();
-  std::string h = sha256_hex(ss.str()).substr(0, 16);
+  std::string h = runtime::sha256_hex(ss.str()).substr(0, 16);
   hashes[path] = h;
   return h;
 }

@@ -31,8 +31,9 @@ or ``python -m flowjit.launch --nproc-per-node 2 script.py`` (which makes the to
 
 Process 0 hosts the rendezvous at the master address and control port. Every
 process also needs the job's token in FLOWJIT_STORE_TOKEN (STORE_TOKEN_ENV),
-the same secret everywhere: the rendezvous serves no one who does not present
-it. A launcher makes one with new_store_token() and puts it in the
+the same secret everywhere: the rendezvous serves no one who cannot prove
+it knows it (an HMAC over nonces of both sides; the token itself is never
+sent). A launcher makes one with new_store_token() and puts it in the
 environment of every process it starts; by hand:
 
     export FLOWJIT_STORE_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(32))')
@@ -40,7 +41,8 @@ environment of every process it starts; by hand:
 The master address is the one process 0 listens on: 127.0.0.1 (the default)
 when every process is on one machine; otherwise process 0's address on the
 network the machines share (never 0.0.0.0 or a public address: the token
-keeps strangers out, but it travels unencrypted).
+keeps strangers out, but the keys and values after the handshake travel
+unencrypted and unauthenticated).
 """
 import os
 import re

@@ -315,6 +315,12 @@ void CudaExecutable::load_and_allocate(const GpuImage& image) {
     stage_status_ = staged;
     staged += 256;
   }
+  for (size_t li = 0; li < plan_.launches.size(); ++li) {
+    if (!is_status_gather(plan_, plan_.launches[li])) continue;
+    const CollectiveStep& c = *plan_.launches[li].collective;
+    status_gathers_.emplace_back(li, staged);
+    staged += round_up(static_cast<size_t>(c.parts * c.inner) * sizeof(int64_t), 256);
+  }
   staging_ = PinnedBuffer(d_, staged);
   FLOWJIT_CU(api, cuEventCreate, &done_, kEventDisableTiming);
   // Overlap: per collective, its operand is ready (compute stream) and it is
@@ -442,6 +448,10 @@ void CudaExecutable::submit(const void* const* inputs) {
   const size_t kStatusBytes = 4 * sizeof(int64_t);
   if (plan_.status_offset >= 0) {
     std::memset(staging_.data() + stage_status_, 0, kStatusBytes);
+    for (auto& [li, at] : status_gathers_) {
+      const CollectiveStep& c = *plan_.launches[li].collective;
+      std::memset(staging_.data() + at, 0, static_cast<size_t>(c.parts * c.inner) * 8);
+    }
     check(api,
           api.cuMemcpyHtoDAsync(arena_.ptr() + static_cast<CUdeviceptr>(plan_.status_offset),
                                 staging_.data() + stage_status_, kStatusBytes, s),
@@ -469,6 +479,7 @@ void CudaExecutable::submit(const void* const* inputs) {
     if (plan_.launches[li].collective) {
       if (!overlapped_ || !completed_[li]) {
         run_collective(li);  // in place on the compute stream (or a later member of a bucket)
+        stage_gathered_status(li, s);
         continue;
       }
       int64_t before = enqueue_collective(li);
@@ -537,6 +548,26 @@ void CudaExecutable::finish(void* const* outputs) {
     check(api, api.cuEventSynchronize(done_), "cuEventSynchronize",
           "running job '" + plan_.job_name + "' on " + d_->info().str());
   }
+  // [harden] A failed check of a distributed run: the first status
+  // all_gather that holds one, as the CPU devices raise it (runtime/
+  // executable.cpp, raise_gathered_check): every GPU raises the same error,
+  // the position in the whole batch, and the communicator stays usable.
+  for (auto& [li, at] : status_gathers_) {
+    const CollectiveStep& g = *plan_.launches[li].collective;
+    const auto* all = reinterpret_cast<const int64_t*>(staging_.data() + at);
+    for (int64_t r = 0; r < g.parts; ++r) {
+      const int64_t* st = all + r * g.inner;
+      if (st[0] == 0) continue;
+      int64_t id = st[0] - 1;
+      FJ_CHECK(id >= 0 && id < static_cast<int64_t>(plan_.checks.size()), "job '", plan_.job_name,
+               "': rank ", r, " reported check #", id, " which the plan does not have");
+      const RunCheck& c = plan_.checks[id];
+      throw FailedCheckOnEveryDevice(
+          c.numerics ? ErrorKind::FloatingPoint : ErrorKind::Index,
+          describe_failed_check(plan_.job_name, c, st[1], st[2], static_cast<int>(r),
+                                static_cast<int>(g.parts)));
+    }
+  }
   if (plan_.status_offset >= 0) {  // [harden] a failed check of the run
     const auto* st = reinterpret_cast<const int64_t*>(staging_.data() + stage_status_);
     if (st[0] != 0) {
@@ -555,6 +586,18 @@ void CudaExecutable::finish(void* const* outputs) {
 }
 
 // ---------------------------------------------------------------- collectives
+
+void CudaExecutable::stage_gathered_status(size_t li, CUstream s) {
+  for (auto& [gl, at] : status_gathers_) {
+    if (gl != li) continue;
+    const CollectiveStep& c = *plan_.launches[li].collective;
+    const DriverApi& api = d_->api();
+    check(api,
+          api.cuMemcpyDtoHAsync(staging_.data() + at, arg_values_[arg_start_[li] + 1],
+                                static_cast<size_t>(c.parts * c.inner) * sizeof(int64_t), s),
+          "cuMemcpyDtoHAsync", "the gathered status of job '" + plan_.job_name + "'");
+  }
+}
 
 std::shared_ptr<CudaExecutable> CudaExecutable::instance(std::shared_ptr<Device> d) const {
   return std::make_shared<CudaExecutable>(std::move(d), plan_, image_);
@@ -587,6 +630,7 @@ int64_t CudaExecutable::enqueue_collective(size_t li) {
     NcclCommunicator::Enqueued on(*nccl_, rank_, cs);
     run_collective(li);
   }
+  stage_gathered_status(li, cs);
   // ...and complete before its completion point: that of the bucket's first
   // member to need its result; -1 (now) when a member has none.
   check(api, api.cuEventRecord(completed_[li], cs), "cuEventRecord", context);

@@ -190,6 +190,11 @@ class CudaExecutable : public Program {
   PinnedBuffer staging_;
   std::vector<size_t> stage_in_, stage_out_;  // offsets into staging_
   size_t stage_status_ = 0;  // [harden] the status buffer's copy (plan_.status_offset >= 0)
+  // [harden] The status all_gathers of a distributed plan (is_status_gather)
+  // and where each one's result (every rank's status) is copied, on the
+  // stream of the all_gather, right after it: finish() raises from these.
+  std::vector<std::pair<size_t, size_t>> status_gathers_;  // (launch, staging offset)
+  void stage_gathered_status(size_t li, CUstream s);
   std::vector<CUdeviceptr> arg_values_;  // every launch's parameters, concatenated
   std::vector<void*> arg_ptrs_;          // &arg_values_[k], what cuLaunchKernel reads
   std::vector<size_t> arg_start_;

@@ -18,11 +18,12 @@
 #include "jit/compile.h"
 #include "jit/fusion.h"
 #include "jit/pipeline.h"
-#include "jit/sha256.h"
+#include "runtime/sha256.h"
 #include "tests/cpp/test_util.h"
 
 using namespace flowjit;
 using namespace flowjit::jit;
+using namespace flowjit::runtime;
 namespace fs = std::filesystem;
 
 namespace {

@@ -7,7 +7,7 @@
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "jit/cache.h"
-#include "jit/sha256.h"
+#include "runtime/sha256.h"
 #include "tests/cpp/test_util.h"
 
 using namespace flowjit;
@@ -62,12 +62,12 @@ TEST(FuzzRegressions, IrNumbersCutShortOrTooLongAreUserErrors) {
 // cache_entry (UBSan): hashing an empty file passed memcpy a null pointer
 // (an empty vector's data()), which memcpy's contract forbids.
 TEST(FuzzRegressions, HashingNothingIsDefined) {
-  EXPECT_EQ(jit::sha256_hex(std::string_view()),
+  EXPECT_EQ(runtime::sha256_hex(std::string_view()),
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
   std::vector<char> empty;
-  jit::Sha256 h;
+  runtime::Sha256 h;
   h.update(empty.data(), empty.size());
-  EXPECT_EQ(h.hex_digest(), jit::sha256_hex(""));
+  EXPECT_EQ(h.hex_digest(), runtime::sha256_hex(""));
 }
 
 // cache_entry: store() published a plan that was not UTF-8, which lookup()

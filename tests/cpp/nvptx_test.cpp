@@ -2982,7 +2982,9 @@ void emulate_per_device_program(const jit::JobDescription& job) {
   jit::PassLog log;
   Graph opt = jit::optimize(g, log);
   if (job.distribution.parts > 1) opt = jit::distribute(opt, job.distribution).local;
-  jit::FusedProgram fp = jit::fuse(opt, job.name);
+  jit::FusionOptions fo;
+  fo.devices = std::max(1, job.distribution.parts);  // status all_gathers, guards of every device
+  jit::FusedProgram fp = jit::fuse(opt, job.name, fo);
   std::vector<codegen::Kernel> coded;  // the emulator's entry points: kernels with code
   for (auto& k : fp.kernels)
     if (k.kind != codegen::Kernel::Kind::Collective) coded.push_back(k);
@@ -3287,6 +3289,75 @@ TEST(NvptxMultiGpu, ARankFailingStopsEveryRankWithItsError) {
     EXPECT_NE(std::string(e.what()).find("a collective was aborted"), std::string::npos)
         << e.what();
   }
+}
+
+// [harden] A bad label in one GPU's half of the batch: the GPUs all-gather
+// their status words after the last check (jit/fusion_schedule.cpp), the
+// guarded updates skip on every GPU, and every GPU raises the same
+// IndexError from the gathered words, naming the position in the whole
+// batch; the communicator is not aborted and the next step trains on.
+TEST(NvptxMultiGpu, AFailedCheckOnOneGpuIsReportedByEveryGpuWithTheLogicalPosition) {
+  if (emulator_missing()) GTEST_SKIP() << "the SIMT emulator switches stacks with x86-64 code";
+  fake::gpu() = fake::Gpu();
+  fake::gpu().devices = 2;
+  FakeNcclOnThisDriver fake_nccl;
+  TrainGraph t = train_step(jit::OptimizerConfig::Kind::SGD, 8, 56, 6, 10, true);
+  runtime::VariableStore cpu_store, host;
+  fill_store(cpu_store, fuse_graph(t.g, "t"));
+  fill_store(host, fuse_graph(t.g, "t"));
+  jit::JobDescription one = train_job(t);
+  jit::CompiledJob cpu = jit::compile_job(one, jit::CompileSettings{}, cpu_store);
+  jit::JobDescription job = one;
+  job.distribution.parts = 2;
+  emulate_per_device_program(job);
+  {
+    Gpus gpus({0, 1});
+    auto comm = rc::NcclCommunicator::create(gpus.devs, FakeNcclOnThisDriver::options());
+    auto dist = on_gpus(job, gpus, host, comm, 0, false);
+    auto same_loss = [&](int step) {
+      Batch b = batch_of(8, step);
+      std::vector<float> want = train_loss(*cpu.program, b), got = train_loss(*dist, b);
+      for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4) << step;
+    };
+    same_loss(0);
+    std::map<std::string, std::vector<char>> before;
+    for (auto* v : host.all()) {
+      runtime::sync_host(*v);
+      before[v->name] = bytes_of(v->ptr(), static_cast<size_t>(v->type.bytes()));
+    }
+    for (int bad_row : {5, 2}) {  // GPU 1's local row 1, then GPU 0's row 2
+      Batch b = batch_of(8, 1);
+      b.labels[bad_row] = 10;
+      for (int again = 0; again < 2; ++again) {
+        try {
+          train_loss(*dist, b);
+          ADD_FAILURE() << "the label 10 of 10 classes was not reported";
+        } catch (const runtime::FailedCheckOnEveryDevice& e) {
+          EXPECT_EQ(e.kind(), ErrorKind::Index);
+          EXPECT_EQ(std::string(e.what()), "job 't': t: labels holds 10 at [" +
+                                               std::to_string(bad_row) +
+                                               "], outside the valid range [0, 10)");
+        } catch (const UserError& e) {
+          ADD_FAILURE() << "not raised alike on every GPU: " << e.what();
+        }
+      }
+    }
+    {
+      std::lock_guard<std::recursive_mutex> lock(fake::g_mu);
+      EXPECT_TRUE(fake::gpu().aborted_devices.empty()) << "the communicator was aborted";
+    }
+    EXPECT_GT(FakeNcclOnThisDriver::calls("ncclAllGather"), 0);
+    for (auto* v : host.all()) {
+      runtime::sync_host(*v);
+      EXPECT_TRUE(bytes_of(v->ptr(), static_cast<size_t>(v->type.bytes())) == before[v->name])
+          << "variable '" << v->name << "' changed in a failed step";
+    }
+    same_loss(1);  // as on one device that never saw the bad steps
+    same_loss(2);
+    expect_same_variables(host, cpu_store, "after the failed steps");
+  }
+  for (auto& e : fake::gpu().emu_errors) ADD_FAILURE() << e;
+  for (auto& h : fake::gpu().hazards) ADD_FAILURE() << "missing event edge: " << h;
 }
 
 // GPU jobs in a session over several processes: each process (a thread

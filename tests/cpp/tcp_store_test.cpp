@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -42,19 +43,44 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// A client speaking the wire format by hand (tcp_store.cpp's header).
+int connect_loopback(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A listening socket on a free loopback port.
+int listen_loopback(int* port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd, 8) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  *port = ntohs(a.sin_port);
+  return fd;
+}
+
+// A client speaking the wire format by hand (tcp_store.cpp's header). It
+// reads the server's greeting (its nonce) on connect.
 class Raw {
  public:
   explicit Raw(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-      ::close(fd_);
-      fd_ = -1;
-    }
+    fd_ = connect_loopback(port);
+    if (fd_ < 0) return;
+    std::string g = read_n(1 + kStoreNonceBytes, milliseconds(2000));
+    if (g.size() == 1 + kStoreNonceBytes && g[0] == 'C') nonce_ = g.substr(1);
   }
   ~Raw() {
     if (fd_ >= 0) ::close(fd_);
@@ -68,11 +94,16 @@ class Raw {
   static void u64(std::string& m, uint64_t v) {
     for (int i = 0; i < 8; ++i) m += static_cast<char>((v >> (8 * i)) & 0xff);
   }
-  static std::string hello(const std::string& token) {
-    std::string m = "A";
-    u32(m, static_cast<uint32_t>(token.size()));
-    return m + token;
+  // The hello of a client that knows `token`, for this connection's nonce.
+  std::string hello(const std::string& token) const {
+    return "A" + client_nonce() + store_proof(token, "client", nonce_, client_nonce());
   }
+  // The server's answer to it.
+  std::string welcome(const std::string& token) const {
+    return "K" + store_proof(token, "server", nonce_, client_nonce());
+  }
+  static std::string client_nonce() { return std::string(kStoreNonceBytes, 'c'); }
+  const std::string& nonce() const { return nonce_; }
   static std::string get(const std::string& key) {
     std::string m = "G";
     u32(m, static_cast<uint32_t>(key.size()));
@@ -100,6 +131,20 @@ class Raw {
     return done;
   }
 
+  // Up to n bytes, waiting at most `wait` for each.
+  std::string read_n(size_t n, milliseconds wait) {
+    std::string got;
+    char buf[256];
+    while (got.size() < n) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(wait.count())) <= 0) break;
+      ssize_t k = ::recv(fd_, buf, std::min(sizeof(buf), n - got.size()), 0);
+      if (k <= 0) break;
+      got.append(buf, static_cast<size_t>(k));
+    }
+    return got;
+  }
+
   // Everything received until the peer closes or `wait` passes quietly.
   std::string read_all(milliseconds wait, bool* closed = nullptr) {
     std::string got;
@@ -119,6 +164,7 @@ class Raw {
 
  private:
   int fd_ = -1;
+  std::string nonce_;
 };
 
 // A refusal reply: 'E', u32 length, text.
@@ -166,7 +212,7 @@ TEST(TcpStoreHardening, ClientsWithoutOrWithAWrongTokenAreRefused) {
   // A wrong token, then a get in the same packet: refused before the get.
   {
     Raw r(host.port());
-    r.send(Raw::hello(std::string(kToken.size(), 'x')) + Raw::get("secret"));
+    r.send(r.hello(std::string(kToken.size(), 'x')) + Raw::get("secret"));
     bool closed;
     std::string reply = r.read_all(milliseconds(2000), &closed);
     EXPECT_EQ(refusal_text(reply), "wrong job token");
@@ -175,15 +221,15 @@ TEST(TcpStoreHardening, ClientsWithoutOrWithAWrongTokenAreRefused) {
   // A prefix of the token, and the token with a byte more, are wrong too.
   for (const std::string& t : {kToken.substr(0, kToken.size() - 1), kToken + "x", std::string()}) {
     Raw r(host.port());
-    r.send(Raw::hello(t));
+    r.send(r.hello(t));
     EXPECT_EQ(refusal_text(r.read_all(milliseconds(2000))), "wrong job token") << t;
   }
   // The right token is served.
   {
     Raw r(host.port());
-    r.send(Raw::hello(kToken) + Raw::get("secret"));
+    r.send(r.hello(kToken) + Raw::get("secret"));
     std::string reply = r.read_all(milliseconds(300));
-    std::string want = "KV";
+    std::string want = r.welcome(kToken) + "V";
     Raw::u64(want, 2);
     EXPECT_EQ(reply, want + "s3");
   }
@@ -289,15 +335,17 @@ TEST(TcpStoreHardening, AFloodOfBigValuesIsRefusedWithoutGrowingMemory) {
     for (bool with_token : {false, true}) {
       Raw r(host.port());
       ASSERT_TRUE(r.ok());
-      std::string m = (with_token ? Raw::hello(kToken) : std::string()) +
+      std::string m = (with_token ? r.hello(kToken) : std::string()) +
                       Raw::set_header("flood" + std::to_string(i), uint64_t{200} << 20);
       r.send(m);
       r.send(payload);
       r.shut();
       std::string reply = r.read_all(milliseconds(2000));
       if (with_token) {
-        ASSERT_GE(reply.size(), 1u);
-        EXPECT_TRUE(contains(refusal_text(reply.substr(1)), "a value of 209715200 bytes"))
+        ASSERT_GE(reply.size(), 1 + kStoreMacBytes);
+        EXPECT_EQ(reply.substr(0, 1 + kStoreMacBytes), r.welcome(kToken));
+        EXPECT_TRUE(
+            contains(refusal_text(reply.substr(1 + kStoreMacBytes)), "a value of 209715200 bytes"))
             << reply.substr(0, 64);
       } else {
         EXPECT_EQ(refusal_text(reply), "present the job's token first");
@@ -319,11 +367,11 @@ TEST(TcpStoreHardening, StalledClientsBlockNobodyAndAreDroppedAfterTheTimeout) {
   host.set("big", std::vector<char>(1 << 20, 'b'));
 
   Raw half_hello(host.port());  // half the token, then nothing
-  half_hello.send(Raw::hello(kToken).substr(0, 10));
+  half_hello.send(half_hello.hello(kToken).substr(0, 10));
   Raw half_set(host.port());  // the token and half a set, then nothing
-  half_set.send(Raw::hello(kToken) + Raw::set_header("k", 100) + "12345");
+  half_set.send(half_set.hello(kToken) + Raw::set_header("k", 100) + "12345");
   Raw never_reads(host.port());  // asks for a megabyte 64 times and reads none of it
-  std::string gets = Raw::hello(kToken);
+  std::string gets = never_reads.hello(kToken);
   for (int i = 0; i < 64; ++i) gets += Raw::get("big");
   never_reads.send(gets);
   std::vector<Raw*> stalled = {&half_hello, &half_set, &never_reads};
@@ -397,9 +445,138 @@ TEST(TcpStoreHardening, PipelinedRequestsPastTheReplyBudgetAreAllAnswered) {
   TcpStore host("127.0.0.1", 0, true, milliseconds(2000), kToken);
   host.set("big", std::vector<char>(1 << 20, 'b'));
   Raw r(host.port());
-  std::string gets = Raw::hello(kToken);
+  std::string gets = r.hello(kToken);
   for (int i = 0; i < 8; ++i) gets += Raw::get("big");
   r.send(gets);
   std::string reply = r.read_all(milliseconds(1000));
-  EXPECT_EQ(reply.size(), 1 + 8 * (9 + (size_t{1} << 20)));
+  EXPECT_EQ(reply.size(), 1 + kStoreMacBytes + 8 * (9 + (size_t{1} << 20)));
+}
+
+// The token never crosses the wire: the hello is an HMAC over both nonces,
+// bound to this connection's server nonce.
+TEST(TcpStoreHardening, AnAnswerReplayedToAnotherNonceIsRefused) {
+  TcpStore host("127.0.0.1", 0, true, milliseconds(2000), kToken);
+  host.set("secret", {'s', '3'});
+  Raw first(host.port());
+  ASSERT_EQ(first.nonce().size(), kStoreNonceBytes);
+  std::string answer = first.hello(kToken);
+  first.send(answer);
+  EXPECT_EQ(first.read_all(milliseconds(300)), first.welcome(kToken));
+  // The recorded answer on a new connection (another nonce): refused.
+  Raw replay(host.port());
+  ASSERT_NE(replay.nonce(), first.nonce()) << "nonces repeat";
+  replay.send(answer + Raw::get("secret"));
+  bool closed;
+  std::string reply = replay.read_all(milliseconds(2000), &closed);
+  EXPECT_EQ(refusal_text(reply), "wrong job token");
+  EXPECT_FALSE(contains(reply, "s3"));
+  EXPECT_TRUE(closed);
+  // The same at the protocol level, with chosen nonces: an answer made for
+  // nonce A does not open a session whose nonce is B.
+  int n = 0;
+  StoreProtocol p(kToken, {}, [&] { return std::string(kStoreNonceBytes, char('A' + n++)); });
+  StoreProtocol::Session a(p), b(p);
+  std::string cn(kStoreNonceBytes, 'c');
+  std::string for_a = "A" + cn + store_proof(kToken, "client", a.nonce(), cn);
+  std::vector<char> out;
+  EXPECT_FALSE(b.feed(for_a.data(), for_a.size(), &out));
+  EXPECT_FALSE(b.authenticated());
+  out.clear();
+  EXPECT_TRUE(a.feed(for_a.data(), for_a.size(), &out));
+  EXPECT_TRUE(a.authenticated());
+  std::string server = "K" + store_proof(kToken, "server", a.nonce(), cn);
+  EXPECT_EQ(std::string(out.begin(), out.end()), server);
+  // A client's MAC is not a server's: the roles differ.
+  EXPECT_NE(store_proof(kToken, "client", a.nonce(), cn),
+            store_proof(kToken, "server", a.nonce(), cn));
+}
+
+TEST(TcpStoreHardening, ASniffedExchangeHoldsNeitherTheTokenNorAReusableAnswer) {
+  TcpStore host("127.0.0.1", 0, true, milliseconds(2000), kToken);
+  // A forwarding proxy between a client and the server that records every
+  // byte both ways (an eavesdropper on the network).
+  int proxy_port = 0;
+  int lfd = listen_loopback(&proxy_port);
+  ASSERT_GE(lfd, 0);
+  std::string seen;
+  std::atomic<bool> stop{false};
+  std::thread proxy([&] {
+    while (!stop) {
+      pollfd lp{lfd, POLLIN, 0};
+      if (::poll(&lp, 1, 50) <= 0) continue;
+      int c = ::accept(lfd, nullptr, nullptr);
+      int s = connect_loopback(host.port());
+      if (c < 0 || s < 0) break;
+      char buf[4096];
+      for (bool open = true; open && !stop;) {
+        pollfd fds[2] = {{c, POLLIN, 0}, {s, POLLIN, 0}};
+        if (::poll(fds, 2, 50) <= 0) continue;
+        for (int i = 0; i < 2 && open; ++i) {
+          if (!fds[i].revents) continue;
+          ssize_t k = ::recv(fds[i].fd, buf, sizeof(buf), 0);
+          if (k <= 0) {
+            open = false;
+            break;
+          }
+          seen.append(buf, static_cast<size_t>(k));
+          ::send(fds[1 - i].fd, buf, static_cast<size_t>(k), MSG_NOSIGNAL);
+        }
+      }
+      ::close(c);
+      ::close(s);
+    }
+  });
+  {
+    TcpStore c("127.0.0.1", proxy_port, false, milliseconds(2000), kToken);
+    c.set("through-the-proxy", {'v', '1'});
+    EXPECT_EQ(host.get("through-the-proxy"), (std::vector<char>{'v', '1'}));
+  }
+  stop = true;
+  proxy.join();
+  ::close(lfd);
+  EXPECT_TRUE(contains(seen, "through-the-proxy")) << "the proxy saw the exchange";
+  EXPECT_FALSE(contains(seen, kToken));
+  // Nor any 8-byte run of it.
+  for (size_t i = 0; i + 8 <= kToken.size(); ++i)
+    EXPECT_FALSE(contains(seen, kToken.substr(i, 8))) << "token bytes from " << i;
+  // What the eavesdropper saw does not open a connection of its own.
+  size_t hello_at = seen.find('A', 1 + kStoreNonceBytes);
+  ASSERT_NE(hello_at, std::string::npos);
+  Raw replay(host.port());
+  replay.send(seen.substr(hello_at, 1 + kStoreNonceBytes + kStoreMacBytes));
+  EXPECT_EQ(refusal_text(replay.read_all(milliseconds(2000))), "wrong job token");
+}
+
+// Mutual: a server that does not know the token (another program on the
+// port, or one pretending to be the store) is refused by the client.
+TEST(TcpStoreHardening, AServerThatDoesNotKnowTheTokenIsRefusedByTheClient) {
+  int port = 0;
+  int lfd = listen_loopback(&port);
+  ASSERT_GE(lfd, 0);
+  std::thread impostor([&] {
+    int c = ::accept(lfd, nullptr, nullptr);
+    if (c < 0) return;
+    std::string greet = "C" + std::string(kStoreNonceBytes, 'n');
+    ::send(c, greet.data(), greet.size(), MSG_NOSIGNAL);
+    char buf[1 + kStoreNonceBytes + kStoreMacBytes];
+    size_t got = 0;
+    while (got < sizeof(buf)) {
+      ssize_t k = ::recv(c, buf + got, sizeof(buf) - got, 0);
+      if (k <= 0) break;
+      got += static_cast<size_t>(k);
+    }
+    std::string welcome = "K" + std::string(kStoreMacBytes, 'm');  // it cannot make the MAC
+    ::send(c, welcome.data(), welcome.size(), MSG_NOSIGNAL);
+    char ignored;
+    ::recv(c, &ignored, 1, 0);  // until the client closes
+    ::close(c);
+  });
+  try {
+    TcpStore c("127.0.0.1", port, false, milliseconds(2000), kToken);
+    ADD_FAILURE() << "a client accepted a server that does not know the token";
+  } catch (const UserError& e) {
+    EXPECT_TRUE(contains(e.what(), "does not know this job's token")) << e.what();
+  }
+  impostor.join();
+  ::close(lfd);
 }

@@ -89,6 +89,30 @@ def test_train_step_with_a_bad_label_raises_and_leaves_the_variables():
     assert not np.array_equal(flow.get_all_variables()[wname].numpy(), w0)
 
 
+def test_a_writer_whose_value_a_check_reads_defers_its_assign():
+    # The kernel that computes the new value also assigns it, and the gather
+    # that checks reads that value: the writer cannot move after the check,
+    # so its assign goes through a temporary and a guarded copy at the end.
+    name = _name("hr_counter")
+
+    def body(y, m):
+        c = flow.get_variable(name, shape=(4,), dtype=flow.float32, initializer=flow.zeros_initializer())
+        new = c + flow.math.reduce_sum(m, axis=0)
+        flow.assign(c, new)
+        return flow.gather(new, y)
+
+    j = _job(body, ((4,), "int32"), ((5, 4), "float32"))
+    m = np.ones((5, 4), np.float32)
+    np.testing.assert_array_equal(j(np.array([0, 1, 2, 0], np.int32), m), [5, 5, 5, 5])
+    with _err(r"gather: indices holds 7 at \[2\], outside the valid range \[0, 4\)"):
+        j(np.array([0, 1, 7, 0], np.int32), m)
+    np.testing.assert_array_equal(flow.get_all_variables()[name].numpy(), [5, 5, 5, 5])
+    np.testing.assert_array_equal(j(np.array([3, 1, 2, 0], np.int32), m), [10, 10, 10, 10])
+    np.testing.assert_array_equal(flow.get_all_variables()[name].numpy(), [10, 10, 10, 10])
+    (compiled,) = j.compiled_jobs()
+    assert "assign" in compiled.fusion_plan.splitlines()[-1], compiled.fusion_plan
+
+
 def test_one_hot_gather_gather_nd_and_scatters_name_the_op_value_and_position():
     p = np.arange(24, dtype=np.float32).reshape(6, 4)
     cases = [

@@ -2,6 +2,8 @@
 processes (1 or 2 devices each, second layer split) gives the variables of
 one process on one device; a process that dies or disagrees on the world
 size makes the others fail with a clear error within the timeout."""
+import hashlib
+import hmac
 import os
 import socket
 import subprocess
@@ -208,14 +210,34 @@ def test_strangers_on_the_port_get_nothing_and_the_job_runs(tmp_path, one_proces
             time.sleep(0.1)
     key = b"flowjit/session/0/info/0"
     get = b"G" + len(key).to_bytes(4, "little") + key
+
+    def greeting(s):  # the store opens with 'C' and a 32-byte nonce (runtime/tcp_store.cpp)
+        got = b""
+        while len(got) < 33:
+            chunk = s.recv(33 - len(got))
+            assert chunk, got
+            got += chunk
+        assert got[:1] == b"C", got
+        return got[1:]
+
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        greeting(s)
         s.sendall(get)
         reply = s.recv(4096)
         assert reply[:1] == b"E" and b"present the job's token first" in reply, reply
         assert b"num_processes" not in reply
-    stalled = socket.create_connection(("127.0.0.1", port), timeout=5)
-    stalled.sendall(b"A" + (10).to_bytes(4, "little") + b"half")
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        # A stranger that answers the nonce without the token: refused before its get.
+        nonce, mine = greeting(s), b"n" * 32
+        mac = hmac.new(b"not-the-job-token", b"flowjit-store-v1 client\0" + nonce + mine, hashlib.sha256)
+        s.sendall(b"A" + mine + mac.digest() + get)
+        reply = s.recv(4096)
+        assert reply[:1] == b"E" and b"wrong job token" in reply, reply
+    stalled = socket.create_connection(("127.0.0.1", port), timeout=5)
+    greeting(stalled)
+    stalled.sendall(b"A" + b"half")
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        greeting(s)
         s.sendall(b"S" + (5).to_bytes(4, "little") + b"flood" + (200 << 20).to_bytes(8, "little"))
         try:
             s.sendall(b"x" * (1 << 20))

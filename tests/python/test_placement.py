@@ -279,3 +279,37 @@ def test_a_variable_kept_on_a_stage_of_two_devices_is_not_laid_out_again_elsewhe
     with pytest.raises(NotImplementedError, match=r"variable 'layer\d-\w+' is used by jobs spread over "
                        r"different devices .*stages placed on other devices"):
         other_pair(data(1)[0][0])
+
+
+# ---------------------------------------------------------------- failed checks
+
+@pytest.mark.parametrize("places", [["0:0", "0:1"], ["0:0-1", "0:2"], ["0:0", "0:1-2"], ["0:0", "0:1", "0:2"]],
+                         ids=["2-stages", "split-first", "split-loss", "3-stages"])
+def test_a_bad_label_in_a_staged_job_names_the_job_and_changes_no_variable(places):
+    # [harden] The labels are checked in the last stage's segment; the step
+    # counter's increment (and every other assign) runs only after it
+    # (jit/stages.cpp), so a failed check leaves every variable as it was,
+    # on every placement, and the next good steps train as if it had not run.
+    steps = data(3)
+    want_losses, want_vars, _ = train(1, [None] * len(places), steps=3)
+    session(3)
+    job = make_train(places)
+    np.testing.assert_allclose(job(*steps[0]), want_losses[0], **TOL)
+    before = {k: np.array(v) for k, v in flow.get_all_variables().items()}
+    x, y = steps[1]
+    bad = y.copy()
+    bad[6] = 4  # in the second device's rows where the loss stage is split
+    for _ in range(2):
+        with pytest.raises(IndexError, match=r"^job 'train_job', test_placement.py:\d+: "
+                           r"sparse_softmax_cross_entropy_with_logits: labels holds 4 at \[6\], "
+                           r"outside the valid range \[0, 4\)$"):
+            job(x, bad)
+        after = {k: np.array(v) for k, v in flow.get_all_variables().items()}
+        assert sorted(after) == sorted(before)
+        for k in before:
+            np.testing.assert_array_equal(after[k], before[k], err_msg=k)
+    for (x, y), want in zip(steps[1:], want_losses[1:]):
+        np.testing.assert_allclose(job(x, y), want, **TOL)
+    got = {k: np.array(v) for k, v in flow.get_all_variables().items()}
+    for k in want_vars:
+        np.testing.assert_allclose(got[k], want_vars[k], err_msg=k, **TOL)

@@ -1,12 +1,12 @@
 // SHA-256 as specified in FIPS 180-4 (sections 4.1.2, 4.2.2, 5.1.1, 5.3.3, 6.2).
-#include "jit/sha256.h"
+#include "runtime/sha256.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "ir/error.h"
 
-namespace flowjit::jit {
+namespace flowjit::runtime {
 
 namespace {
 
@@ -166,4 +166,4 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
-}  // namespace flowjit::jit
+}  // namespace flowjit::runtime

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-namespace flowjit::jit {
+namespace flowjit::runtime {
 
 // Incremental SHA-256: update() any number of times, then digest() once.
 class Sha256 {
@@ -40,4 +40,4 @@ std::string hmac_sha256_hex(std::string_view key, std::string_view message);
 // MACs and tokens without telling an attacker how many bytes matched).
 bool constant_time_equal(std::string_view a, std::string_view b);
 
-}  // namespace flowjit::jit
+}  // namespace flowjit::runtime
