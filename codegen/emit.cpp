@@ -435,7 +435,9 @@ void ExprEmitter::store(const Store& s, Value* v) {
     b_.CreateAlignedStore(v, b_.CreateGEP(mt, base, off), align);
     return;
   }
-  FJ_CHECK(vs != 0, "kernel ", k_.name, ": vector store along a broadcast dimension");
+  // vs == 0: the stored value is broadcast along the vector dimension (a
+  // (1,) value assigned in a (4, 3) domain), so every lane holds the same
+  // element; the scatter below writes them, in lane order, to one address.
   if (vs == 1) {
     Value* p = b_.CreateGEP(mt, base, off);
     if (mask) {

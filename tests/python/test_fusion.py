@@ -100,3 +100,24 @@ def test_aliasing_inputs_outputs_and_in_place_updates():
     # d/dw sum((w w^T) * a) = (a + a^T) w; the learning rate is a float32 (OneFlow).
     lr = float(np.float32(0.01))
     np.testing.assert_allclose(flow.get_all_variables()["alias_w"], w0 - lr * (x + x.T) @ w0, rtol=1e-12)
+
+
+def test_an_assigned_value_broadcast_in_its_kernels_domain():
+    # `new` has shape (1,) but is computed in the (4, 3) loop of the product
+    # it feeds; its store (for the assign) is broadcast along the vector
+    # dimension. It used to stop the compile with an InternalError ("vector
+    # store along a broadcast dimension").
+    @flow.global_function(type="predict")
+    def job(y: tp.Numpy.Placeholder((4,), dtype=flow.int32)) -> tp.Numpy:
+        c = flow.get_variable("bcast_c", shape=(1,), dtype=flow.float32,
+                              initializer=flow.constant_initializer(2.0))
+        new = c + 1
+        flow.assign(c, new)
+        return flow.one_hot(y, 3) * new
+
+    y = np.array([0, 1, 2, 0], np.int32)
+    out = job(y)
+    np.testing.assert_array_equal(out, np.eye(3, dtype=np.float32)[y] * 3.0)
+    np.testing.assert_array_equal(flow.get_all_variables()["bcast_c"], [3.0])
+    out = job(y)
+    np.testing.assert_array_equal(out, np.eye(3, dtype=np.float32)[y] * 4.0)
