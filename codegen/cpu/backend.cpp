@@ -2,6 +2,7 @@
 // object emission, and loading objects with ORC LLJIT.
 #include "codegen/cpu/backend.h"
 
+#include <llvm/Analysis/VectorUtils.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
@@ -213,15 +214,17 @@ class CpuMath : public MathProvider {
     return result;
   }
 
-  // A splat of one whole register (a float function computed in double
-  // lanes can have vectors of two registers, which an asm operand cannot be).
+  // A splat of one whole register, or of two or four whole registers: a
+  // loop can run two registers per vector for more independent work, and a
+  // float function computed in double lanes doubles its registers. A splat
+  // of several registers is one pinned register repeated.
   static bool pinnable(const llvm::Instruction& user, const llvm::Constant& c, int reg_bits) {
     auto* vt = llvm::dyn_cast<llvm::FixedVectorType>(c.getType());
     if (vt == nullptr || c.getSplatValue() == nullptr || llvm::isa<llvm::UndefValue>(c))
       return false;
     uint64_t bits = vt->getPrimitiveSizeInBits().getFixedValue();
-    if (bits != 128 && bits != 256) return false;
-    if (bits > static_cast<uint64_t>(reg_bits)) return false;
+    uint64_t reg = static_cast<uint64_t>(reg_bits);
+    if (bits != 128 && bits != reg && bits != 2 * reg && bits != 4 * reg) return false;
     if (llvm::isa<llvm::ShuffleVectorInst>(user) || llvm::isa<llvm::ExtractElementInst>(user) ||
         llvm::isa<llvm::InsertElementInst>(user))
       return false;
@@ -236,6 +239,16 @@ class CpuMath : public MathProvider {
   llvm::Value* pin(llvm::Function& f, llvm::Constant* c) {
     llvm::Value*& v = pins_[{&f, c}];
     if (v != nullptr) return v;
+    auto* vt = llvm::cast<llvm::FixedVectorType>(c->getType());
+    unsigned reg_lanes = static_cast<unsigned>(pin_bits_) / vt->getScalarSizeInBits();
+    if (vt->getNumElements() > reg_lanes) {  // one pinned register, repeated
+      llvm::Value* part = pin(f, llvm::ConstantVector::getSplat(
+                                     llvm::ElementCount::getFixed(reg_lanes), c->getSplatValue()));
+      auto* at = llvm::cast<llvm::Instruction>(part);
+      llvm::IRBuilder<> eb(at->getParent(), std::next(at->getIterator()));
+      llvm::SmallVector<llvm::Value*, 4> parts(vt->getNumElements() / reg_lanes, part);
+      return v = llvm::concatenateVectors(eb, parts);
+    }
     llvm::IRBuilder<> eb(&*f.getEntryBlock().getFirstInsertionPt());
     auto* fty = llvm::FunctionType::get(c->getType(), {c->getType()}, false);
     auto* call = eb.CreateCall(fty, llvm::InlineAsm::get(fty, "", "=x,0", false), {c});
