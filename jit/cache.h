@@ -24,9 +24,11 @@
 //                              made on first use; authenticates entries
 //
 // Contracts:
-//  * Publication is one rename(2) of a fully written and fsynced staging
-//    directory onto <dir>/<key[0:2]>/<key>. A rename that finds the key
-//    present fails, and the existing entry is kept (both are equally good).
+//  * Publication is one rename(2) of a fully written staging directory onto
+//    <dir>/<key[0:2]>/<key>. A rename that finds the key present fails, and
+//    the existing entry is kept (both are equally good). Entries are not
+//    fsynced (only hmac.key is): after a crash an entry may be short, which
+//    its checksums catch (damaged: dropped and recompiled).
 //  * Readers trust nothing: every file read is checked against the size and
 //    SHA-256 recorded in meta.json; a mismatch makes the entry "damaged".
 //  * An entry is native code this process will run, so it must also be
@@ -126,8 +128,8 @@ class DiskCache {
   void touch(const std::string& key);
 
   enum class Stored { Published, AlreadyPresent, Failed };
-  // Writes `e` into a private staging directory, fsyncs it and publishes it
-  // with one rename. Failed: the cache cannot be written (`why` says why);
+  // Writes `e` into a private staging directory and publishes it with one
+  // rename. Failed: the cache cannot be written (`why` says why);
   // nothing is left behind.
   Stored store(const CacheEntry& e, std::string& why);
 

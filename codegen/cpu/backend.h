@@ -19,8 +19,8 @@ struct CompileOptions {
   bool want_llvm_ir = false;   // keep the optimized module's text
   bool want_assembly = false;  // also emit assembly text
   bool want_unoptimized_ir = false;
-  // Kernels that run once (initializer jobs): a cheap LLVM pipeline (O1 and
-  // fast instruction selection). The numbers they compute are the same.
+  // Kernels that run once (initializer jobs): a cheap LLVM pipeline (no IR
+  // passes, O0, and fast instruction selection). The numbers they compute are the same.
   bool run_once = false;
   // Polled between kernels and LLVM passes; true: stop with Interrupted
   // (ir/error.h) before the object is emitted. [harden: Ctrl-C]
@@ -43,7 +43,7 @@ struct CompiledObject {
 };
 
 // Lowers each distinct kernel (by structural key, the name aside) into an
-// LLVM module of its own, optimizes it (O3 for the host, O1 for run-once
+// LLVM module of its own, optimizes it (O3 for the host, O0 for run-once
 // kernels) and emits an object, in parallel on the TBB pool; kernels this
 // process compiled before are reused. Loop kernels with Random nodes share a
 // seeded body per code text (their seeds read at run time, passed by a thunk

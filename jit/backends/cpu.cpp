@@ -25,7 +25,7 @@ double since(std::chrono::steady_clock::time_point t) {
 
 // The CPU backend's compile counters, for the log.
 std::string compile_counts(const cg::CompiledObject& obj, bool run_once) {
-  return std::to_string(obj.kernels_compiled) + " kernels compiled (" + (run_once ? "O1" : "O3") +
+  return std::to_string(obj.kernels_compiled) + " kernels compiled (" + (run_once ? "O0" : "O3") +
          ", " + std::to_string(obj.threads) + " threads), " + std::to_string(obj.kernels_shared) +
          " identical to another, " + std::to_string(obj.kernels_reused) +
          " reused from this process";

@@ -1,6 +1,6 @@
 // The CPU backend's compile units: identical kernels compiled once per call
 // and once per process, the object container and its damage checks, and
-// run-once kernels (O1) computing the same bits as O3 ones.
+// run-once kernels (O0) computing the same bits as O3 ones.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -85,7 +85,7 @@ TEST(CompileUnits, IdenticalKernelsAreCompiledOncePerCallAndPerProcess) {
   EXPECT_FALSE(cpu::assembly_from_ir(c.llvm_ir).empty());  // every module of the text parses
 
   // A run-once compile takes the O3 code there is (it computes the same
-  // bits); an O3 compile never takes O1 code.
+  // bits); an O3 compile never takes O0 code.
   cpu::CompileOptions once;
   once.run_once = true;
   EXPECT_EQ(cpu::compile(ks, ls, once).kernels_compiled, 0);
