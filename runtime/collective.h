@@ -75,6 +75,27 @@ class CollectiveQueue {
   std::unique_ptr<State> s_;
 };
 
+// Makes the calling thread, one that communicates, run as soon as it wakes
+// (a peer's message arrived, a bucket was submitted, a delay ended) rather
+// than when a kernel thread holding its core ends its time slice: on a host
+// where every core runs kernel threads, each such wake-up otherwise waits
+// for up to a slice (milliseconds), several per message. It asks Linux for
+// the shortest scheduler slice (0.1 ms; EEVDF, Linux 6.12+, unprivileged),
+// which lets a woken thread preempt, and lowers its nice value by 10 where
+// permitted (CAP_SYS_NICE or RLIMIT_NICE). Whatever is not permitted or not
+// known to this kernel is left as it is, silently; a thread with a real-time,
+// batch or idle policy is left alone. Threads it then creates inherit the
+// setting. FLOWJIT_COMM_PRIORITY=0 turns it off (to measure its effect).
+void prioritize_communication_thread();
+// The calling thread's scheduler slice in ns as the kernel reports it (0
+// where it does not) and its nice value: what
+// prioritize_communication_thread() changes.
+struct ThreadSchedule {
+  uint64_t slice_ns = 0;
+  int nice = 0;
+};
+ThreadSchedule current_thread_schedule();
+
 // The test-only injected delay per message (FLOWJIT_TEST_COMM_DELAY_MS,
 // read once; set_test_delay_ms changes it): every collective a communicator
 // runs sleeps this long after its exchange, before it returns,

@@ -259,6 +259,11 @@ class GlooCommunicator final : public Communicator {
       context->setTimeout(timeout_);
       gloo::transport::tcp::attr attr;
       attr.hostname = local_address_towards(opts_.master_addr);
+      // Its event-loop thread keeps this thread's priority, deliberately not
+      // prioritize_communication_thread()'s: it busy-polls epoll while a
+      // sender holds the pair's lock (Pair::handleEvents try_locks and
+      // returns), and raised it took the core from that sender (measured:
+      // synchronous steps 2-7x slower, benchmarks/README.md).
       auto device = gloo::transport::tcp::CreateDevice(attr);
       gloo::rendezvous::PrefixStore prefixed(base + "gloo", *store);
       ScrubbedAddressStore mesh_store(prefixed);  // gloo's addresses, without its stack bytes

@@ -222,6 +222,23 @@ TEST(Distribute, CollectiveQueueRunsInOrderAndReportsTheFirstError) {
   EXPECT_EQ(seen, (std::vector<int>{1, 4}));
 }
 
+// The communication thread runs with what prioritize_communication_thread()
+// obtains on this host (a short slice, a lower nice value, or neither where
+// the kernel or the permissions refuse), compared with a thread that asks.
+TEST(Distribute, CollectiveQueueThreadIsPrioritized) {
+  runtime::ThreadSchedule plain, granted, queue;
+  std::thread([&] {
+    plain = runtime::current_thread_schedule();
+    runtime::prioritize_communication_thread();
+    granted = runtime::current_thread_schedule();
+  }).join();
+  EXPECT_LE(granted.nice, plain.nice);
+  runtime::CollectiveQueue q;
+  q.wait(q.submit([&] { queue = runtime::current_thread_schedule(); }));
+  EXPECT_EQ(queue.slice_ns, granted.slice_ns);
+  EXPECT_EQ(queue.nice, granted.nice);
+}
+
 // ---------------------------------------------------------------- communicator
 
 namespace {
