@@ -18,12 +18,12 @@
 // Packing zero-fills beyond the edges so the micro-kernel always computes a
 // whole tile; stores are masked. An operand is read in place instead where
 // packing would not pay (a single row tile or column panel per task, or B
-// rows whose stride spreads them over the cache sets). With several KC blocks the C tile is loaded before and stored after
-// the micro-kernel of each block but the first and last, in the output
-// itself when one store can hold the raw sums (else in a per-task scratch
-// buffer); the epilogue runs after the last block. The next tile's C rows
-// are prefetched a K loop ahead. Every extent is a compile-time constant of
-// the kernel.
+// rows whose stride spreads them over the cache sets). With several KC
+// blocks the C tile is loaded before and stored after the micro-kernel of
+// each block but the first and last, in the output itself when one store
+// can hold the raw sums (else in a per-task scratch buffer); the epilogue
+// runs after the last block. The next tile's C rows are prefetched a K loop
+// ahead. Every extent is a compile-time constant of the kernel.
 // Compile time follows the IR emitted, so code is emitted once per kind of
 // work, not once per case: one K block body for equally long blocks (the last
 // picks the epilogue at run time), one transposed-packing block whatever its
