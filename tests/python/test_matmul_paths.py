@@ -47,6 +47,10 @@ CASES = [
     ("k blocked a^T b^T", 29, 1100, 45, True, True, 0),
     ("k blocked b^T, m of tile rows", 100, 1200, 70, False, True, 0),
     ("k blocked batched", 5, 600, 33, False, True, 2),
+    # B packed row by row (rows contiguous along n, a stride of a 128-byte
+    # multiple), K blocked, a partial last row tile (with a 48K L1d the row
+    # tiles go outside the column panels).
+    ("b packed by rows, k blocked", 61, 1000, 128, False, False, 0),
     # B read in place with many row tiles (a row stride that is not a multiple
     # of 128 bytes), n not a multiple of the register tile.
     ("b in place, row tiles", 40, 64, 100, False, False, 0),
