@@ -436,21 +436,25 @@ bool is_status_gather(const Plan& plan, const Launch& l) {
          l.args[0].kind == BufferKind::Arena && l.args[0].offset_bytes == plan.status_offset;
 }
 
-void Executable::raise_gathered_check(size_t li, char* const* args) const {
-  const CollectiveStep& s = *plan_.launches[li].collective;
-  const int64_t* all = reinterpret_cast<const int64_t*>(args[1]);
-  for (int64_t r = 0; r < s.parts; ++r) {
-    const int64_t* st = all + r * s.inner;
+void raise_first_gathered_check(const Plan& plan, const CollectiveStep& step,
+                                const int64_t* words) {
+  for (int64_t r = 0; r < step.parts; ++r) {
+    const int64_t* st = words + r * step.inner;
     if (st[0] == 0) continue;
     int64_t id = st[0] - 1;
-    FJ_CHECK(id >= 0 && id < static_cast<int64_t>(plan_.checks.size()), "job '", plan_.job_name,
+    FJ_CHECK(id >= 0 && id < static_cast<int64_t>(plan.checks.size()), "job '", plan.job_name,
              "': rank ", r, " reported check #", id, " which the plan does not have");
-    const RunCheck& c = plan_.checks[id];
+    const RunCheck& c = plan.checks[id];
     throw FailedCheckOnEveryDevice(
         c.numerics ? ErrorKind::FloatingPoint : ErrorKind::Index,
-        describe_failed_check(plan_.job_name, c, st[1], st[2], static_cast<int>(r),
-                              static_cast<int>(s.parts)));
+        describe_failed_check(plan.job_name, c, st[1], st[2], static_cast<int>(r),
+                              static_cast<int>(step.parts)));
   }
+}
+
+void Executable::raise_gathered_check(size_t li, char* const* args) const {
+  raise_first_gathered_check(plan_, *plan_.launches[li].collective,
+                             reinterpret_cast<const int64_t*>(args[1]));
 }
 
 std::vector<std::vector<size_t>> all_reduce_buckets(const Plan& plan) {

@@ -101,6 +101,12 @@ struct Plan {
   std::string describe() const;  // launches, one per line
 };
 
+// [harden] Raises FailedCheckOnEveryDevice for the first device whose word
+// in a status all_gather's result (`words`: `step.parts` blocks of
+// `step.inner` int64s) holds a failed check; returns when none does. Both
+// executables (CPU and GPU) call it, so every device raises the same error.
+void raise_first_gathered_check(const Plan& plan, const CollectiveStep& step, const int64_t* words);
+
 // A launch that all-gathers the run's status buffer (operand: the status
 // buffer, result: one status per rank).
 bool is_status_gather(const Plan& plan, const Launch& l);

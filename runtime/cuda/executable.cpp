@@ -549,25 +549,12 @@ void CudaExecutable::finish(void* const* outputs) {
           "running job '" + plan_.job_name + "' on " + d_->info().str());
   }
   // [harden] A failed check of a distributed run: the first status
-  // all_gather that holds one, as the CPU devices raise it (runtime/
-  // executable.cpp, raise_gathered_check): every GPU raises the same error,
+  // all_gather that holds one, as the CPU devices raise it
+  // (raise_first_gathered_check): every GPU raises the same error,
   // the position in the whole batch, and the communicator stays usable.
-  for (auto& [li, at] : status_gathers_) {
-    const CollectiveStep& g = *plan_.launches[li].collective;
-    const auto* all = reinterpret_cast<const int64_t*>(staging_.data() + at);
-    for (int64_t r = 0; r < g.parts; ++r) {
-      const int64_t* st = all + r * g.inner;
-      if (st[0] == 0) continue;
-      int64_t id = st[0] - 1;
-      FJ_CHECK(id >= 0 && id < static_cast<int64_t>(plan_.checks.size()), "job '", plan_.job_name,
-               "': rank ", r, " reported check #", id, " which the plan does not have");
-      const RunCheck& c = plan_.checks[id];
-      throw FailedCheckOnEveryDevice(
-          c.numerics ? ErrorKind::FloatingPoint : ErrorKind::Index,
-          describe_failed_check(plan_.job_name, c, st[1], st[2], static_cast<int>(r),
-                                static_cast<int>(g.parts)));
-    }
-  }
+  for (auto& [li, at] : status_gathers_)
+    raise_first_gathered_check(plan_, *plan_.launches[li].collective,
+                               reinterpret_cast<const int64_t*>(staging_.data() + at));
   if (plan_.status_offset >= 0) {  // [harden] a failed check of the run
     const auto* st = reinterpret_cast<const int64_t*>(staging_.data() + stage_status_);
     if (st[0] != 0) {
