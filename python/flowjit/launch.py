@@ -21,10 +21,12 @@ several machines, set the same value on every machine yourself.
 """
 import argparse
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 from .env import STORE_TOKEN_ENV, new_store_token
@@ -153,19 +155,31 @@ def run(a):
             # Own process group: a terminal's Ctrl-C reaches them once, through us.
             procs.append(subprocess.Popen(cmd, env=e, start_new_session=True,
                                           preexec_fn=_set_parent_death_signal))
+        # One waiter thread per process records exits in the order they
+        # happen: a rank that fails makes its peers fail too (a lost
+        # connection) within milliseconds, and the launcher must report the
+        # first, not the lowest-numbered of those that died between two polls.
+        exits = queue.Queue()
+
+        def watch(i, p):
+            exits.put((i, p.wait()))
+
+        for i, p in enumerate(procs):
+            threading.Thread(target=watch, args=(i, p), daemon=True).start()
         failed = None
-        while True:
-            codes = [p.poll() for p in procs]
-            bad = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
-            if bad and failed is None and not received:
-                failed = bad[0]
-                i, c = failed
+        remaining = len(procs)
+        while remaining:
+            try:
+                i, c = exits.get(timeout=0.1)  # a timeout: signals are handled between waits
+            except queue.Empty:
+                continue
+            remaining -= 1
+            if c != 0 and failed is None and not received:
+                failed = (i, c)
                 print(f"flowjit.launch: process {first + i} (local rank {i}) {_describe(c)}; "
                       f"stopping the other {len(procs) - 1}", file=sys.stderr, flush=True)
                 _stop(procs, a.stop_timeout)
-            if all(c is not None for c in codes) or failed is not None:
                 break
-            time.sleep(0.05)
         for p in procs:
             p.wait()
         if failed is not None:
