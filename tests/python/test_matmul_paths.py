@@ -179,6 +179,15 @@ def test_matmul_paths_on_smaller_cpus(cpu, tmp_path):
     assert all(("no fma" in ln) == (cpu == "x86-64-v2") for ln in lines)
 
 
+def _matmul_debug_lines(code, tmp_path):
+    """The FLOWJIT_DEBUG=1 matmul lines of `code` run in a fresh process (an empty cache)."""
+    env = dict(os.environ, FLOWJIT_DEBUG="1", FLOWJIT_CACHE_DIR=str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return [ln for ln in p.stderr.splitlines() if ": matmul " in ln]
+
+
 def test_the_choice_is_printed_and_skinny_outputs_take_the_dot_path(tmp_path):
     code = ("import numpy as np, flowjit as flow, flowjit.typing as tp\n"
             "def mm(a: tp.Numpy.Placeholder((100, 512)), b: tp.Numpy.Placeholder((10, 512))"
@@ -191,11 +200,7 @@ def test_the_choice_is_printed_and_skinny_outputs_take_the_dot_path(tmp_path):
             "np.ones((10, 512), np.float32))\n"
             "flow.global_function(type='predict')(big)(np.ones((64, 96), np.float32), "
             "np.ones((96, 80), np.float32))\n")
-    env = dict(os.environ, FLOWJIT_DEBUG="1", FLOWJIT_CACHE_DIR=str(tmp_path))
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    lines = [ln for ln in p.stderr.splitlines() if ": matmul " in ln]
+    lines = _matmul_debug_lines(code, tmp_path)
     assert len(lines) == 2, lines
     assert "1x100x512x10" in lines[0] and "dot path" in lines[0], lines[0]
     assert "1x64x96x80" in lines[1] and "gemm, tile " in lines[1], lines[1]
@@ -217,11 +222,7 @@ def test_k_contiguous_rows_with_a_spread_stride_are_read_in_place(tmp_path):
             "    got = flow.global_function(type='predict')(f)(np.ones((100, k), np.float32), "
             "np.ones((64, k), np.float32))\n"
             "    assert (got == k).all()\n")
-    env = dict(os.environ, FLOWJIT_DEBUG="1", FLOWJIT_CACHE_DIR=str(tmp_path))
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    lines = [ln for ln in p.stderr.splitlines() if ": matmul " in ln]
+    lines = _matmul_debug_lines(code, tmp_path)
     assert len(lines) == 2, lines
     assert "A in place, B packed" in lines[0], lines[0]
     assert "A packed, B packed" in lines[1], lines[1]
@@ -238,11 +239,7 @@ def test_k_blocks_sum_in_the_output_unless_it_cannot_hold_them(tmp_path):
             "a, b = np.ones((30, 3000), np.float32), np.ones((3000, 40), np.float32)\n"
             "assert (flow.global_function(type='predict')(plain)(a, b) == 3000).all()\n"
             "assert (flow.global_function(type='predict')(wide)(a, b) == 3000).all()\n")
-    env = dict(os.environ, FLOWJIT_DEBUG="1", FLOWJIT_CACHE_DIR=str(tmp_path))
-    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    lines = [ln for ln in p.stderr.splitlines() if ": matmul " in ln]
+    lines = _matmul_debug_lines(code, tmp_path)
     assert len(lines) == 2, lines
     assert "K blocks sum in the output" in lines[0], lines[0]
     assert "K blocks sum in scratch" in lines[1], lines[1]
