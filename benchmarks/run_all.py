@@ -42,8 +42,32 @@ def check_targets(rows):
     add("matmul 1024^3 faster than numpy", None if fj is None or npy is None else fj > npy,
         f"flowjit {fj:.0f} vs numpy {npy:.0f} GFLOP/s" if fj and npy else "no figure")
 
+    # [speed]: every matmul case ahead of numpy and torch measured in the same run.
+    cases = [r["case"] for r in rows if r["bench"] == "matmul" and r["impl"] == "flowjit"]
+    behind = []
+    for c in cases:
+        fj = _val(_find(rows, "matmul", c, "flowjit"))
+        for peer in ("numpy", "torch"):
+            p = _val(_find(rows, "matmul", c, peer))
+            if fj and p and p >= fj:
+                behind.append(f"{c}: {peer} {p:.0f} vs {fj:.0f}")
+    add("matmul ahead of numpy and torch, every case", None if not cases else not behind,
+        "; ".join(behind) if behind else f"{len(cases)} cases")
+
     case = "mlp 784-512-10 b100"
     t_fj = _val(_find(rows, "train_step", case, "flowjit"))
+    t_np = _val(_find(rows, "train_step", case, "numpy"))
+    add("train step >= 1.5x numpy", None if t_fj is None or t_np is None else t_np >= 1.5 * t_fj,
+        f"{t_np / t_fj:.2f}x (flowjit {t_fj:.2f}, numpy {t_np:.2f} ms/step)" if t_fj and t_np else "no figure")
+    peak = _val(_find(rows, "matmul", "FMA peak", "machine"))
+    if t_fj and peak:
+        import bench_train_step
+        limit_ms = bench_train_step.STEP_FLOPS / (peak * 1e9) * 1e3
+        add("train step >= 75% of its FMA-bound limit", limit_ms / t_fj >= 0.75,
+            f"{100 * limit_ms / t_fj:.0f}% (limit {limit_ms:.2f} ms: "
+            f"{bench_train_step.STEP_FLOPS / 1e6:.0f} MFLOP at {peak:.0f} GFLOP/s)")
+    else:
+        add("train step >= 75% of its FMA-bound limit", None, "no figure")
     t_torch = _val(_find(rows, "train_step", case, "torch eager"))
     jax_times = [t for t in (_val(_find(rows, "train_step", case, "jax.jit")),
                              _val(_find(rows, "train_step", case, "jax.jit async"))) if t]
