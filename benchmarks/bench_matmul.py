@@ -5,7 +5,10 @@ backward matmuls, with the operand layouts flowjit's own dense layer and its
 autodiff use (weights stored (out, in), `matmul(x, w, transpose_b=True)`).
 
     python benchmarks/bench_matmul.py
+    python benchmarks/bench_matmul.py --series fwd1   # the host's drift, window by window
 """
+import time
+
 import numpy as np
 
 import _common as C
@@ -129,7 +132,45 @@ def run():
     return rows
 
 
+def series(prefix, windows, seconds=0.1):
+    """Prints flowjit's and numpy's GFLOP/s on one case and the one-thread FMA
+    loop's, window after window, alternating: on a shared host whose speed
+    drifts while the load stays low, this shows whether a difference between
+    two runs is the code or the host."""
+    from flowjit import _C
+    i, (case, ashape, bshape, ta, tb) = next((i, c) for i, c in enumerate(CASES) if c[0].startswith(prefix))
+    m, n, k = _mnk(ashape, bshape, ta, tb)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(ashape, dtype=np.float32)
+    b = rng.standard_normal(bshape, dtype=np.float32)
+    A, B = (a.T if ta else a), (b.T if tb else b)
+    job = _flowjit_job(i, ashape, bshape, ta, tb)
+    job(a, b)
+    fns = {"flowjit": lambda: job(a, b), "numpy": lambda: np.matmul(A, B)}
+    reps = max(1, int(seconds * 1e11 / (2.0 * m * n * k)))
+    print(f"# {case}: GFLOP/s per window of {reps} calls, flowjit / numpy / FMA loop (1 thread)")
+    with C.blas_threads(_C.num_threads()):
+        for _ in range(windows):
+            g = []
+            for fn in fns.values():
+                fn()
+                t = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                g.append(2.0 * m * n * k * reps / (time.perf_counter() - t) / 1e9)
+            fma = _C.measure_fma_peak(0.05)["gflops_per_thread"]
+            print(f"{g[0]:7.1f} {g[1]:7.1f} {fma:7.1f}", flush=True)
+
+
 if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--series", metavar="CASE", help="a case name's start (e.g. fwd1): print a time series instead")
+    ap.add_argument("--windows", type=int, default=30)
+    args = ap.parse_args()
     C.fair_env()
     C.header()
-    C.print_rows(run(), "matmul (float32; best and median of 7 repetitions after warm-up)")
+    if args.series:
+        series(args.series, args.windows)
+    else:
+        C.print_rows(run(), "matmul (float32; best and median of 7 repetitions after warm-up)")
