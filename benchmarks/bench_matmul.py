@@ -44,6 +44,15 @@ def _flowjit_job(i, ashape, bshape, ta, tb):
     return flow.global_function(type="predict")(mm)
 
 
+def _operands(i, rng):
+    """Case i's random operands as flowjit takes them (a, b), as numpy
+    multiplies them (A, B: transposed views where the case says), and its job."""
+    _, ashape, bshape, ta, tb = CASES[i]
+    a = rng.standard_normal(ashape, dtype=np.float32)
+    b = rng.standard_normal(bshape, dtype=np.float32)
+    return a, b, (a.T if ta else a), (b.T if tb else b), _flowjit_job(i, ashape, bshape, ta, tb)
+
+
 def fma_peak():
     """(total GFLOP/s, per-thread dict, threads): the best of 3 measurements
     now (the peak is a property of the machine; load only lowers a sample)."""
@@ -88,13 +97,8 @@ def run():
     for i, (case, ashape, bshape, ta, tb) in enumerate(CASES):
         m, n, k = _mnk(ashape, bshape, ta, tb)
         flops = 2.0 * m * n * k
-        a = rng.standard_normal(ashape, dtype=np.float32)
-        b = rng.standard_normal(bshape, dtype=np.float32)
-        A = a.T if ta else a
-        B = b.T if tb else b
+        a, b, A, B, job = _operands(i, rng)
         ref = A.astype(np.float64) @ B.astype(np.float64)
-
-        job = _flowjit_job(i, ashape, bshape, ta, tb)
         out = job(a, b)  # compiles
         err = float(np.abs(out - ref).max() / (np.abs(ref).max() + 1e-30))
         jk = job.compiled_jobs()[0]
@@ -138,13 +142,13 @@ def series(prefix, windows, seconds=0.1):
     drifts while the load stays low, this shows whether a difference between
     two runs is the code or the host."""
     from flowjit import _C
-    i, (case, ashape, bshape, ta, tb) = next((i, c) for i, c in enumerate(CASES) if c[0].startswith(prefix))
+    found = [i for i, c in enumerate(CASES) if c[0].startswith(prefix)]
+    if not found:
+        raise SystemExit(f"--series: no case starts with {prefix!r}; cases: {', '.join(c[0] for c in CASES)}")
+    i = found[0]
+    case, ashape, bshape, ta, tb = CASES[i]
     m, n, k = _mnk(ashape, bshape, ta, tb)
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal(ashape, dtype=np.float32)
-    b = rng.standard_normal(bshape, dtype=np.float32)
-    A, B = (a.T if ta else a), (b.T if tb else b)
-    job = _flowjit_job(i, ashape, bshape, ta, tb)
+    a, b, A, B, job = _operands(i, np.random.default_rng(0))
     job(a, b)
     fns = {"flowjit": lambda: job(a, b), "numpy": lambda: np.matmul(A, B)}
     reps = max(1, int(seconds * 1e11 / (2.0 * m * n * k)))
