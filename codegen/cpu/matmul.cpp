@@ -956,55 +956,164 @@ class MatMulEmitter {
     std::vector<llvm::Constant*> iota;
     for (int l = 0; l < vl; ++l) iota.push_back(cs(l));
     Value* lanes = llvm::ConstantVector::get(iota);
+    // Index dims {batch..., rows..., cols...}; the lines' are vectors, the
+    // others (batch, k) scalars.
+    const size_t nb = bd.size();
+    const size_t line_dim0 = operand == 0 ? nb : nb + rows.size();
+    const size_t ndims = acc.strides.size();
+    FJ_CHECK(ndims == nb + rows.size() + cols.size(), "kernel ", k_.name, ": operand index dims");
+    auto is_line = [&](size_t d) { return d >= line_dim0 && d < line_dim0 + ldig.size(); };
+    std::vector<std::vector<Value*>> group_digits;
+    for (int g = 0; g < lines; g += vl)
+      group_digits.push_back(
+          digits(b_.CreateAdd(b_.CreateVectorSplat(vl, to_it(b_.CreateAdd(line0, i64(g)))), lanes),
+                 ldig, true));
+    // The element of each lane: a masked gather at the guarded offsets.
+    auto gather = [&](const std::vector<Value*>& kd, int g) {
+      const int n = std::min(vl, lines - g);
+      const std::vector<Value*>& ld = group_digits[static_cast<size_t>(g / vl)];
+      std::vector<Value*> dims;
+      for (Value* v : bd) dims.push_back(b_.CreateVectorSplat(vl, v));
+      const std::vector<Value*>& rd = operand == 0 ? ld : kd;
+      const std::vector<Value*>& cd = operand == 0 ? kd : ld;
+      for (Value* v : rd)
+        dims.push_back(v->getType()->isVectorTy() ? v : b_.CreateVectorSplat(vl, v));
+      for (Value* v : cd)
+        dims.push_back(v->getType()->isVectorTy() ? v : b_.CreateVectorSplat(vl, v));
+      auto affine = [&](const std::vector<int64_t>& coef, int64_t c0) {
+        Value* r = cv(c0);
+        for (size_t d = 0; d < dims.size(); ++d)
+          if (coef[d] != 0)
+            r = b_.CreateAdd(r, coef[d] == 1 ? dims[d] : b_.CreateMul(dims[d], cv(coef[d])));
+        return r;
+      };
+      Value* off = affine(acc.strides, acc.offset);
+      Value* m = b_.CreateAnd(lane_mask(b_.CreateSub(valid, i64(g))), lane_mask(i64(n)));
+      for (const Coord& c : acc.coords) {
+        Value* x = affine(c.coef, c.c0);
+        Value* ok =
+            b_.CreateAnd(b_.CreateICmpSGE(x, cv(0)), b_.CreateICmpSLT(x, cv(c.limit * c.div)));
+        Value* q = b_.CreateSelect(ok, x, cv(0));
+        if (c.div != 1) {
+          ok = b_.CreateAnd(ok, b_.CreateICmpEQ(b_.CreateURem(q, cv(c.div)), cv(0)));
+          q = b_.CreateSelect(ok, b_.CreateUDiv(q, cv(c.div)), cv(0));
+        }
+        off = b_.CreateAdd(off, b_.CreateMul(q, cv(c.stride)));
+        m = b_.CreateAnd(m, ok);
+      }
+      Value* ptrs = b_.CreateGEP(et_, ptrs_.at(acc.arg), off);
+      return static_cast<Value*>(
+          b_.CreateMaskedGather(vt_, ptrs, ealign(), m, llvm::Constant::getNullValue(vt_)));
+    };
+    auto store = [&](Value* x, Value* k, int g) {
+      const int n = std::min(vl, lines - g);
+      Value* d = b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(k, i64(lines)), i64(g)));
+      if (n == vl) {
+        b_.CreateAlignedStore(x, d, ealign());
+      } else {
+        b_.CreateMaskedStore(x, d, ealign(), lane_mask(i64(n)));
+      }
+    };
+    bool affine_coords = acc.indirect.empty();
+    for (const Coord& c : acc.coords) affine_coords &= c.div == 1;
+    if (!affine_coords) {
+      emit_for(
+          b_, i64(0), i64(kc), 1,
+          [&](Value* k) {
+            std::vector<Value*> kd = digits(to_it(b_.CreateAdd(k, k0)), kdig, false);
+            for (int g = 0; g < lines; g += vl) store(gather(kd, g), k, g);
+          },
+          "pg");
+      return;
+    }
+    // Every coordinate and the offset computed from them unguarded are sums
+    // of a part of the scalar dims (batch and k, once per k for all groups)
+    // and a part of the line dims (a vector per group, once for all k).
+    // Where a group's lines are consecutive elements (its offsets' line part
+    // grows by one per lane: a conv's output positions along an input row),
+    // the group is one masked load at lane 0's offset, its mask the lanes
+    // whose coordinates are in range: a few vector operations per k instead
+    // of the gather, which AVX2 hosts that prefer no gather run element by
+    // element. Masked-off lanes are not read, so lane 0's offset may lie
+    // outside the buffer (a left padding column).
+    std::vector<int64_t> raw_coef(acc.strides);
+    int64_t raw_c0 = acc.offset;
+    for (const Coord& c : acc.coords) {
+      raw_c0 += c.stride * c.c0;
+      for (size_t d = 0; d < ndims; ++d) raw_coef[d] += c.stride * c.coef[d];
+    }
+    auto line_part = [&](const std::vector<int64_t>& coef, const std::vector<Value*>& ld) {
+      Value* r = cv(0);
+      for (size_t i = 0; i < ld.size(); ++i)
+        if (int64_t a = coef[line_dim0 + i]; a != 0)
+          r = b_.CreateAdd(r, a == 1 ? ld[i] : b_.CreateMul(ld[i], cv(a)));
+      return r;
+    };
+    struct Group {
+      Value* contiguous;          // i1
+      Value* first;               // lane 0's line part of the raw offset
+      Value* mask;                // the lanes that exist
+      std::vector<Value*> coord;  // each coordinate's line part
+    };
+    std::vector<Group> groups;
+    for (int g = 0; g < lines; g += vl) {
+      const std::vector<Value*>& ld = group_digits[static_cast<size_t>(g / vl)];
+      const int n = std::min(vl, lines - g);
+      Group gr;
+      Value* raw = line_part(raw_coef, ld);
+      gr.first = b_.CreateExtractElement(raw, uint64_t{0});
+      Value* same = b_.CreateICmpEQ(b_.CreateSub(raw, b_.CreateVectorSplat(vl, gr.first)), lanes);
+      if (n < vl) same = b_.CreateOr(same, b_.CreateICmpSGE(lanes, cv(n)));  // lanes never loaded
+      gr.contiguous = b_.CreateAndReduce(same);
+      gr.mask = b_.CreateAnd(lane_mask(b_.CreateSub(valid, i64(g))), lane_mask(i64(n)));
+      for (const Coord& c : acc.coords) gr.coord.push_back(line_part(c.coef, ld));
+      groups.push_back(std::move(gr));
+    }
     emit_for(
         b_, i64(0), i64(kc), 1,
         [&](Value* k) {
           std::vector<Value*> kd = digits(to_it(b_.CreateAdd(k, k0)), kdig, false);
+          std::vector<Value*> sdims(ndims, nullptr);  // the scalar dims' values
+          for (size_t d = 0; d < nb; ++d) sdims[d] = bd[d];
+          for (size_t d = nb, i = 0; d < ndims; ++d)
+            if (!is_line(d)) sdims[d] = kd[i++];
+          auto scalar_part = [&](const std::vector<int64_t>& coef, int64_t c0) {
+            Value* r = cs(c0);
+            for (size_t d = 0; d < ndims; ++d)
+              if (sdims[d] && coef[d] != 0)
+                r = b_.CreateAdd(r, coef[d] == 1 ? sdims[d] : b_.CreateMul(sdims[d], cs(coef[d])));
+            return r;
+          };
+          Value* raw_k = scalar_part(raw_coef, raw_c0);
+          std::vector<Value*> coord_k;
+          for (const Coord& c : acc.coords) coord_k.push_back(scalar_part(c.coef, c.c0));
           for (int g = 0; g < lines; g += vl) {
-            int n = std::min(vl, lines - g);
-            Value* lv =
-                b_.CreateAdd(b_.CreateVectorSplat(vl, to_it(b_.CreateAdd(line0, i64(g)))), lanes);
-            std::vector<Value*> ld = digits(lv, ldig, true);
-            // Index dims {batch..., rows..., cols...}: scalars splat to vectors.
-            std::vector<Value*> dims;
-            for (Value* v : bd) dims.push_back(b_.CreateVectorSplat(vl, v));
-            const std::vector<Value*>& rd = operand == 0 ? ld : kd;
-            const std::vector<Value*>& cd = operand == 0 ? kd : ld;
-            for (Value* v : rd)
-              dims.push_back(v->getType()->isVectorTy() ? v : b_.CreateVectorSplat(vl, v));
-            for (Value* v : cd)
-              dims.push_back(v->getType()->isVectorTy() ? v : b_.CreateVectorSplat(vl, v));
-            FJ_CHECK(dims.size() == acc.strides.size(), "kernel ", k_.name, ": operand index dims");
-            auto affine = [&](const std::vector<int64_t>& coef, int64_t c0) {
-              Value* r = cv(c0);
-              for (size_t d = 0; d < dims.size(); ++d)
-                if (coef[d] != 0)
-                  r = b_.CreateAdd(r, coef[d] == 1 ? dims[d] : b_.CreateMul(dims[d], cv(coef[d])));
-              return r;
-            };
-            Value* off = affine(acc.strides, acc.offset);
-            Value* m = b_.CreateAnd(lane_mask(b_.CreateSub(valid, i64(g))), lane_mask(i64(n)));
-            for (const Coord& c : acc.coords) {
-              Value* x = affine(c.coef, c.c0);
-              Value* ok = b_.CreateAnd(b_.CreateICmpSGE(x, cv(0)),
-                                       b_.CreateICmpSLT(x, cv(c.limit * c.div)));
-              Value* q = b_.CreateSelect(ok, x, cv(0));
-              if (c.div != 1) {
-                ok = b_.CreateAnd(ok, b_.CreateICmpEQ(b_.CreateURem(q, cv(c.div)), cv(0)));
-                q = b_.CreateSelect(ok, b_.CreateUDiv(q, cv(c.div)), cv(0));
-              }
-              off = b_.CreateAdd(off, b_.CreateMul(q, cv(c.stride)));
-              m = b_.CreateAnd(m, ok);
+            const Group& gr = groups[static_cast<size_t>(g / vl)];
+            llvm::LLVMContext& c = m_.getContext();
+            auto* load_bb = llvm::BasicBlock::Create(c, "pg.load", f_);
+            auto* gather_bb = llvm::BasicBlock::Create(c, "pg.gather", f_);
+            auto* done_bb = llvm::BasicBlock::Create(c, "pg.done", f_);
+            b_.CreateCondBr(gr.contiguous, load_bb, gather_bb);
+            b_.SetInsertPoint(load_bb);
+            Value* m = gr.mask;
+            for (size_t i = 0; i < acc.coords.size(); ++i) {
+              Value* x = b_.CreateAdd(gr.coord[i], b_.CreateVectorSplat(vl, coord_k[i]));
+              m = b_.CreateAnd(m, b_.CreateAnd(b_.CreateICmpSGE(x, cv(0)),
+                                               b_.CreateICmpSLT(x, cv(acc.coords[i].limit))));
             }
-            Value* ptrs = b_.CreateGEP(et_, ptrs_.at(acc.arg), off);
-            Value* x =
-                b_.CreateMaskedGather(vt_, ptrs, ealign(), m, llvm::Constant::getNullValue(vt_));
-            Value* d = b_.CreateGEP(et_, dst, b_.CreateAdd(b_.CreateMul(k, i64(lines)), i64(g)));
-            if (n == vl) {
-              b_.CreateAlignedStore(x, d, ealign());
-            } else {
-              b_.CreateMaskedStore(x, d, ealign(), lane_mask(i64(n)));
-            }
+            Value* at = b_.CreateSExt(b_.CreateAdd(raw_k, gr.first), b_.getInt64Ty());
+            Value* loaded = b_.CreateMaskedLoad(vt_, b_.CreateGEP(et_, ptrs_.at(acc.arg), at),
+                                                ealign(), m, llvm::Constant::getNullValue(vt_));
+            b_.CreateBr(done_bb);
+            b_.SetInsertPoint(gather_bb);
+            Value* gathered = gather(kd, g);
+            auto* gather_end = b_.GetInsertBlock();
+            b_.CreateBr(done_bb);
+            b_.SetInsertPoint(done_bb);
+            llvm::PHINode* phi = b_.CreatePHI(vt_, 2);
+            phi->addIncoming(loaded, load_bb);
+            phi->addIncoming(gathered, gather_end);
+            store(phi, k, g);
           }
         },
         "pg");

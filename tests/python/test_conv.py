@@ -130,6 +130,9 @@ GRAD_CASES = {
     "depthwise_same": ((2, 3, 5, 5), (3, 1, 3, 3), 2, "SAME", 1, 3),
     # rows of 8+ elements: packed by contiguous runs, not gathers (forward and data gradient)
     "wide_rows": ((1, 2, 9, 19), (3, 2, 3, 3), 1, "SAME", 1, 1),
+    # rows of a whole number of vectors on every host: each group of lines is
+    # one masked load, the first one's lane 0 before the start of the input
+    "rows_of_16": ((2, 3, 5, 16), (4, 3, 3, 3), 1, "SAME", 1, 1),
 }
 
 
