@@ -188,7 +188,28 @@ struct Blocking {
   // stream), or, with `rows_outer`, row tiles outside (the A micro-panel
   // stays in L1 while the task's B block streams from L2).
   bool rows_outer = false;
+  // A packed once per call of the kernel, every K block of it, for all the
+  // batches of the call's tasks: where A is the same matrix in every batch
+  // (a convolution's filter; x @ W over a batch of x) and a task has all of
+  // its rows, packing it per task would copy the same panels once per batch
+  // (a gather per element for a data gradient's flipped filter).
+  bool a_once = false;
 };
+
+// Whether operand A is the same in every batch: no batch digit of extent > 1
+// moves its offset or any of its coordinates.
+bool a_batch_invariant(const MatMulSpec& mm) {
+  if (!mm.a.indirect.empty()) return false;
+  std::vector<int64_t> batch =
+      mm.batch_digits.empty() ? std::vector<int64_t>{mm.batch} : mm.batch_digits;
+  for (size_t d = 0; d < batch.size(); ++d) {
+    if (batch[d] <= 1) continue;
+    if (mm.a.strides.at(d) != 0) return false;
+    for (const Coord& c : mm.a.coords)
+      if (c.coef.at(d) != 0) return false;
+  }
+  return true;
+}
 
 // The store whose element (m, n) the micro-kernel's C tile maps to, for
 // prefetching C and, when `hold_sums`, for keeping the partial sums of the K
@@ -378,6 +399,11 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   const int64_t b_panel = bl.kc * bl.nr * elem_bytes, a_panel = bl.kc * bl.mr * elem_bytes;
   bl.rows_outer = bl.task_rows > bl.mr && bl.task_cols > bl.nr && b_panel > t.l1d_bytes &&
                   2 * a_panel <= t.l1d_bytes && 2 * bl.kc * bl.task_cols * elem_bytes <= t.l2_bytes;
+  // All of A packed (every K block) must stay in half of L2 across the
+  // batches it serves.
+  bl.a_once = bl.pack_a && mm.batch > 1 && bl.row_groups == 1 && bl.mc >= bl.task_rows &&
+              a_batch_invariant(mm) &&
+              2 * bl.task_rows * bl.num_kb * bl.kc * elem_bytes <= t.l2_bytes;
   return bl;
 }
 
@@ -399,7 +425,8 @@ std::string describe_blocking(const Kernel& k, const Blocking& bl, const CpuTarg
          std::to_string(bl.mr * (bl.nr / bl.vl)) + " accumulators of " + std::to_string(bl.vl) +
          " lanes), kc " + std::to_string(bl.kc) + " x " + std::to_string(bl.num_kb) + ", mc " +
          std::to_string(bl.mc) + ", nc " + std::to_string(bl.nc) + ", A " +
-         (bl.pack_a ? "packed" : "in place") + ", B " + (bl.pack_b ? "packed" : "in place") +
+         (bl.pack_a ? (bl.a_once ? "packed once for all batches" : "packed") : "in place") +
+         ", B " + (bl.pack_b ? "packed" : "in place") +
          (bl.rows_outer ? ", row tiles outside" : ", column panels outside");
     if (bl.num_kb > 1)
       s += bl.acc_out ? ", K blocks sum in the output" : ", K blocks sum in scratch";
@@ -442,7 +469,8 @@ class MatMulEmitter {
 
     // Scratch: Ap (MC x KC), Bp (KC x NC), and partial sums when K is blocked.
     Value* scratch = f_->getArg(3);
-    int64_t ap_elems = bl_.pack_a ? round_up(bl_.mc, bl_.mr) * bl_.kc : 0;
+    int64_t ap_elems =
+        bl_.pack_a ? round_up(bl_.mc, bl_.mr) * bl_.kc * (bl_.a_once ? bl_.num_kb : 1) : 0;
     int64_t bp_elems = bl_.pack_b ? round_up(bl_.nc, bl_.nr) * bl_.kc : 0;
     int64_t cp_elems = bl_.num_kb > 1 && !bl_.acc_out ? bl_.task_rows * bl_.task_cols : 0;
     // Each packed buffer is followed by slack: a vector (store_packed) and
@@ -454,6 +482,7 @@ class MatMulEmitter {
     cp_ = b_.CreateGEP(et_, bp_, b_.getInt64(bp_room));
     shape.scratch_bytes = (ap_room + bp_room + cp_elems) * eb_ + 64;
 
+    if (bl_.a_once) emit_pack_a_once();
     emit_for(
         b_, f_->getArg(1), f_->getArg(2), 1,
         [&](Value* task) {
@@ -639,13 +668,33 @@ class MatMulEmitter {
     return b_.CreateShuffleVector(vecs[0], vecs[0], perm);
   }
 
+  // Every K block of A, each into its own slot of the A buffer (a_once).
+  void emit_pack_a_once() {
+    bi_ = i64(0);  // A is the same in every batch
+    m_lo_ = i64(0);
+    m_hi_ = i64(mm_.m);
+    const int64_t kc = bl_.kc, kc_last = mm_.k - (bl_.num_kb - 1) * kc;
+    auto block = [&](Value* k0, int64_t len) { emit_pack_a(m_lo_, m_hi_, k0, len, a_slot(k0)); };
+    if (bl_.num_kb > 1)
+      emit_for(
+          b_, i64(0), i64(bl_.num_kb - 1), 1,
+          [&](Value* kb) { block(b_.CreateMul(kb, i64(kc)), kc); }, "pak");
+    block(i64((bl_.num_kb - 1) * kc), kc_last);
+  }
+  // The packed A of the K block starting at k0: its own slot with a_once.
+  Value* a_slot(Value* k0) {
+    if (!bl_.a_once) return ap_;
+    return b_.CreateGEP(et_, ap_, b_.CreateMul(k0, i64(round_up(bl_.mc, bl_.mr))));
+  }
+
   void emit_k_block(Value* k0, int64_t kc, Value* first, Value* last) {
     if (bl_.pack_b) emit_pack_b(k0, kc);
+    a_block_ = a_slot(k0);
     emit_for(
         b_, m_lo_, m_hi_, bl_.mc,
         [&](Value* ic) {
           Value* mc_hi = min64(b_.CreateAdd(ic, i64(bl_.mc)), m_hi_);
-          if (bl_.pack_a) emit_pack_a(ic, mc_hi, k0, kc);
+          if (bl_.pack_a && !bl_.a_once) emit_pack_a(ic, mc_hi, k0, kc, ap_);
           auto tile = [&](Value* ir, Value* jr) {
             emit_micro_tile(ic, jr, ir, mc_hi, k0, kc, first, last);
           };
@@ -757,13 +806,13 @@ class MatMulEmitter {
   }
 
   // Ap[p][k][i] = A[ic + p*MR + i, k0 + k], zero beyond mc_hi.
-  void emit_pack_a(Value* ic, Value* mc_hi, Value* k0, int64_t kc) {
+  void emit_pack_a(Value* ic, Value* mc_hi, Value* k0, int64_t kc, Value* dst) {
     const auto& st = mm_.a.strides;  // (batch, m, k)
     emit_for(
         b_, ic, mc_hi, bl_.mr,
         [&](Value* m0) {
           Value* p = b_.CreateSDiv(b_.CreateSub(m0, ic), i64(bl_.mr));
-          Value* panel = b_.CreateGEP(et_, ap_, b_.CreateMul(p, i64(kc * bl_.mr)));
+          Value* panel = b_.CreateGEP(et_, dst, b_.CreateMul(p, i64(kc * bl_.mr)));
           Value* rows = b_.CreateSub(mc_hi, m0);
           auto src = [&](Value* line, Value* k) {
             return a_ptr(b_.CreateAdd(m0, line), b_.CreateAdd(k, k0));
@@ -1049,9 +1098,15 @@ class MatMulEmitter {
           r = b_.CreateAdd(r, a == 1 ? ld[i] : b_.CreateMul(ld[i], cv(a)));
       return r;
     };
+    // A group that crosses the end of an input row (rows not a whole number
+    // of vectors: LeNet's 28 and 14) is two such runs where its lanes before
+    // and from the first break each grow by one: two masked loads.
     struct Group {
-      Value* contiguous;          // i1
+      Value* contiguous;          // i1: one run
+      Value* two_runs;            // i1: two runs, the second from lane `split`
       Value* first;               // lane 0's line part of the raw offset
+      Value* second;              // that of lane `split`, less `split`
+      Value* low;                 // lanes < split
       Value* mask;                // the lanes that exist
       std::vector<Value*> coord;  // each coordinate's line part
     };
@@ -1065,6 +1120,17 @@ class MatMulEmitter {
       Value* same = b_.CreateICmpEQ(b_.CreateSub(raw, b_.CreateVectorSplat(vl, gr.first)), lanes);
       if (n < vl) same = b_.CreateOr(same, b_.CreateICmpSGE(lanes, cv(n)));  // lanes never loaded
       gr.contiguous = b_.CreateAndReduce(same);
+      llvm::Type* bits_t = b_.getIntNTy(static_cast<unsigned>(vl));
+      Value* split = b_.CreateIntCast(
+          b_.CreateBinaryIntrinsic(llvm::Intrinsic::cttz,
+                                   b_.CreateNot(b_.CreateBitCast(same, bits_t)), b_.getFalse()),
+          it, false);  // the leading lanes of the first run (vl: all)
+      gr.low = b_.CreateICmpSLT(lanes, b_.CreateVectorSplat(vl, split));
+      Value* at = b_.CreateSelect(b_.CreateICmpSLT(split, cs(vl)), split, cs(vl - 1));
+      gr.second = b_.CreateSub(b_.CreateExtractElement(raw, at), split);
+      Value* tail = b_.CreateICmpEQ(b_.CreateSub(raw, b_.CreateVectorSplat(vl, gr.second)), lanes);
+      if (n < vl) tail = b_.CreateOr(tail, b_.CreateICmpSGE(lanes, cv(n)));
+      gr.two_runs = b_.CreateAndReduce(b_.CreateOr(gr.low, tail));
       gr.mask = b_.CreateAnd(lane_mask(b_.CreateSub(valid, i64(g))), lane_mask(i64(n)));
       for (const Coord& c : acc.coords) gr.coord.push_back(line_part(c.coef, ld));
       groups.push_back(std::move(gr));
@@ -1091,27 +1157,46 @@ class MatMulEmitter {
             const Group& gr = groups[static_cast<size_t>(g / vl)];
             llvm::LLVMContext& c = m_.getContext();
             auto* load_bb = llvm::BasicBlock::Create(c, "pg.load", f_);
+            auto* not_one_bb = llvm::BasicBlock::Create(c, "pg.runs", f_);
+            auto* two_bb = llvm::BasicBlock::Create(c, "pg.load2", f_);
             auto* gather_bb = llvm::BasicBlock::Create(c, "pg.gather", f_);
             auto* done_bb = llvm::BasicBlock::Create(c, "pg.done", f_);
-            b_.CreateCondBr(gr.contiguous, load_bb, gather_bb);
+            // The lanes that exist and whose coordinates are in range.
+            auto in_range = [&] {
+              Value* m = gr.mask;
+              for (size_t i = 0; i < acc.coords.size(); ++i) {
+                Value* x = b_.CreateAdd(gr.coord[i], b_.CreateVectorSplat(vl, coord_k[i]));
+                m = b_.CreateAnd(m, b_.CreateAnd(b_.CreateICmpSGE(x, cv(0)),
+                                                 b_.CreateICmpSLT(x, cv(acc.coords[i].limit))));
+              }
+              return m;
+            };
+            auto run = [&](Value* line_part, Value* m) {
+              Value* at = b_.CreateSExt(b_.CreateAdd(raw_k, line_part), b_.getInt64Ty());
+              return static_cast<Value*>(
+                  b_.CreateMaskedLoad(vt_, b_.CreateGEP(et_, ptrs_.at(acc.arg), at), ealign(), m,
+                                      llvm::Constant::getNullValue(vt_)));
+            };
+            b_.CreateCondBr(gr.contiguous, load_bb, not_one_bb);
             b_.SetInsertPoint(load_bb);
-            Value* m = gr.mask;
-            for (size_t i = 0; i < acc.coords.size(); ++i) {
-              Value* x = b_.CreateAdd(gr.coord[i], b_.CreateVectorSplat(vl, coord_k[i]));
-              m = b_.CreateAnd(m, b_.CreateAnd(b_.CreateICmpSGE(x, cv(0)),
-                                               b_.CreateICmpSLT(x, cv(acc.coords[i].limit))));
-            }
-            Value* at = b_.CreateSExt(b_.CreateAdd(raw_k, gr.first), b_.getInt64Ty());
-            Value* loaded = b_.CreateMaskedLoad(vt_, b_.CreateGEP(et_, ptrs_.at(acc.arg), at),
-                                                ealign(), m, llvm::Constant::getNullValue(vt_));
+            Value* loaded = run(gr.first, in_range());
+            b_.CreateBr(done_bb);
+            b_.SetInsertPoint(not_one_bb);
+            b_.CreateCondBr(gr.two_runs, two_bb, gather_bb);
+            b_.SetInsertPoint(two_bb);
+            Value* m = in_range();
+            Value* lo = run(gr.first, b_.CreateAnd(m, gr.low));
+            Value* hi = run(gr.second, b_.CreateAnd(m, b_.CreateNot(gr.low)));
+            Value* loaded2 = b_.CreateSelect(gr.low, lo, hi);
             b_.CreateBr(done_bb);
             b_.SetInsertPoint(gather_bb);
             Value* gathered = gather(kd, g);
             auto* gather_end = b_.GetInsertBlock();
             b_.CreateBr(done_bb);
             b_.SetInsertPoint(done_bb);
-            llvm::PHINode* phi = b_.CreatePHI(vt_, 2);
+            llvm::PHINode* phi = b_.CreatePHI(vt_, 3);
             phi->addIncoming(loaded, load_bb);
+            phi->addIncoming(loaded2, two_bb);
             phi->addIncoming(gathered, gather_end);
             store(phi, k, g);
           }
@@ -1161,7 +1246,7 @@ class MatMulEmitter {
     const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
     Value* p = b_.CreateSDiv(b_.CreateSub(ir, ic), i64(mr));
     Value* q = b_.CreateSDiv(b_.CreateSub(jr, n_lo_), i64(bl_.nr));
-    Value* ap = b_.CreateGEP(et_, ap_, b_.CreateMul(p, i64(kc * mr)));
+    Value* ap = b_.CreateGEP(et_, a_block_, b_.CreateMul(p, i64(kc * mr)));
     Value* bp = b_.CreateGEP(et_, bp_, b_.CreateMul(q, i64(kc * bl_.nr)));
     // Accumulators as allocas in the entry block; SROA turns them into registers.
     std::vector<llvm::AllocaInst*> acc(mr * nv);
@@ -1640,6 +1725,7 @@ class MatMulEmitter {
   llvm::Type* et_ = nullptr;
   llvm::Type* vt_ = nullptr;
   Value *ap_ = nullptr, *bp_ = nullptr, *cp_ = nullptr;
+  Value* a_block_ = nullptr;              // the packed A of the current K block
   llvm::AllocaInst* tile_buf_ = nullptr;  // spill_tile
   Value *bi_ = nullptr, *m_lo_ = nullptr, *m_hi_ = nullptr, *n_lo_ = nullptr, *n_hi_ = nullptr;
 };

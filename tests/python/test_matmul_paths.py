@@ -136,6 +136,12 @@ def run_cases():
     got = job(a, b)
     assert got.dtype == np.float64
     out["k blocked f64 result"] = _max_rel_err(got, _reference(a, b, False, False))
+    # One A for every batch (packed once per call for all of them): K blocked
+    # with a shorter last block, rows not a tile multiple.
+    a, b = _operands(rng, 37, 1030, 53, True, False, 0)
+    b = np.stack([b, -b[::-1], b * 0.5])
+    job = _job("a shared by the batches", [a, b], lambda x, y: flow.matmul(x, y, transpose_a=True))
+    out["a shared by the batches"] = _max_rel_err(job(a, b), _reference(a, b, True, False))
     # Other dtypes on the dot path (integer sums are exact).
     for dt in (np.float64, np.int32):
         a, b = _operands(rng, 21, 96, 10, False, True, 0, dtype=dt)
