@@ -1091,6 +1091,19 @@ class MatMulEmitter {
       raw_c0 += c.stride * c.c0;
       for (size_t d = 0; d < ndims; ++d) raw_coef[d] += c.stride * c.coef[d];
     }
+    // Runs along k instead (a filter gradient's operands: consecutive k are
+    // consecutive output positions along a row, and the lines are channels
+    // and taps): each line's VL consecutive k are loaded as one or two runs
+    // and VL lines transposed in registers.
+    const size_t k_dim0 = operand == 0 ? nb + rows.size() : nb;
+    auto run_length = [&](const std::vector<int64_t>& dig, size_t dim0) -> int64_t {
+      return !dig.empty() && raw_coef[dim0 + dig.size() - 1] == 1 ? dig.back() : 0;
+    };
+    if (run_length(kdig, k_dim0) > run_length(ldig, line_dim0)) {
+      emit_pack_general_along_k(acc, kdig, ldig, k_dim0, line_dim0, bd, raw_coef, raw_c0, it, line0,
+                                valid, lines, dst, k0, kc);
+      return;
+    }
     auto line_part = [&](const std::vector<int64_t>& coef, const std::vector<Value*>& ld) {
       Value* r = cv(0);
       for (size_t i = 0; i < ld.size(); ++i)
@@ -1202,6 +1215,161 @@ class MatMulEmitter {
           }
         },
         "pg");
+  }
+
+  // emit_pack_general's runs along k: for each block of VL k (the last one
+  // ending at kc, as in emit_pack_transposed) the k digits' part of every
+  // coordinate and of the unguarded offset is a vector shared by all lines,
+  // each line's part a scalar made once per panel. A block whose offsets
+  // grow by one per k (or do in two runs) is one or two masked loads per
+  // line; another is a gather per line. VL lines are then transposed in
+  // registers into VL rows of the panel.
+  void emit_pack_general_along_k(const Access& acc, const std::vector<int64_t>& kdig,
+                                 const std::vector<int64_t>& ldig, size_t k_dim0, size_t line_dim0,
+                                 const std::vector<Value*>& bd,
+                                 const std::vector<int64_t>& raw_coef, int64_t raw_c0,
+                                 llvm::Type* it, Value* line0, Value* valid, int lines, Value* dst,
+                                 Value* k0, int64_t kc) {
+    const int vl = bl_.vl;
+    const size_t nb = bd.size();
+    auto cs = [&](int64_t v) { return llvm::ConstantInt::get(it, static_cast<uint64_t>(v), true); };
+    auto cv = [&](int64_t v) { return b_.CreateVectorSplat(vl, cs(v)); };
+    auto to_it = [&](Value* v) { return b_.CreateIntCast(v, it, true); };
+    auto digits = [&](Value* flat, const std::vector<int64_t>& ext) {
+      const bool vec = flat->getType()->isVectorTy();
+      std::vector<Value*> d(ext.size());
+      for (size_t i = ext.size(); i-- > 0;) {
+        if (i == 0) {
+          d[0] = flat;
+          break;
+        }
+        Value* e = vec ? cv(ext[i]) : cs(ext[i]);
+        d[i] = b_.CreateURem(flat, e);
+        flat = b_.CreateUDiv(flat, e);
+      }
+      return d;
+    };
+    // A form's part over dims [dim0, dim0 + vals.size()) (vectors or scalars).
+    auto part = [&](const std::vector<int64_t>& coef, size_t dim0, const std::vector<Value*>& vals,
+                    Value* init) {
+      Value* r = init;
+      for (size_t i = 0; i < vals.size(); ++i) {
+        int64_t a = coef[dim0 + i];
+        if (a == 0) continue;
+        Value* f = vals[i]->getType()->isVectorTy() ? cv(a) : cs(a);
+        r = b_.CreateAdd(r, a == 1 ? vals[i] : b_.CreateMul(vals[i], f));
+      }
+      return r;
+    };
+    const size_t nc = acc.coords.size();
+    std::vector<llvm::Constant*> iota;
+    for (int l = 0; l < vl; ++l) iota.push_back(cs(l));
+    Value* lanes = llvm::ConstantVector::get(iota);
+    Value* zero = llvm::Constant::getNullValue(vt_);
+    Value* kmask = kc < vl ? b_.CreateICmpSLT(lanes, cv(kc)) : nullptr;
+    auto group = [&](int g, int n) {
+      // Per line: whether it exists, and its parts (scalars, once per panel).
+      std::vector<Value*> exists(n), raw_l(n);
+      std::vector<std::vector<Value*>> coord_l(n);
+      for (int j = 0; j < n; ++j) {
+        Value* l = b_.CreateAdd(line0, i64(g + j));
+        exists[j] = b_.CreateVectorSplat(vl, b_.CreateICmpSLT(i64(g + j), valid));
+        std::vector<Value*> ld = digits(to_it(l), ldig);
+        raw_l[j] = part(raw_coef, line_dim0, ld, part(raw_coef, 0, bd, cs(raw_c0)));
+        for (const Coord& c : acc.coords)
+          coord_l[j].push_back(part(c.coef, line_dim0, ld, part(c.coef, 0, bd, cs(c.c0))));
+      }
+      emit_for(
+          b_, i64(0), i64(round_up(kc, vl)), vl,
+          [&](Value* kb) {
+            Value* kk = kc > vl && kc % vl != 0 ? min64(kb, i64(kc - vl)) : kb;
+            Value* kv = b_.CreateAdd(b_.CreateVectorSplat(vl, to_it(b_.CreateAdd(kk, k0))), lanes);
+            std::vector<Value*> kd = digits(kv, kdig);
+            Value* raw_k = part(raw_coef, k_dim0, kd, cv(0));
+            std::vector<Value*> coord_k;
+            for (const Coord& c : acc.coords) coord_k.push_back(part(c.coef, k_dim0, kd, cv(0)));
+            // The runs of this block (the same for every line).
+            Value* first = b_.CreateExtractElement(raw_k, uint64_t{0});
+            Value* same =
+                b_.CreateICmpEQ(b_.CreateSub(raw_k, b_.CreateVectorSplat(vl, first)), lanes);
+            if (kmask) same = b_.CreateOr(same, b_.CreateNot(kmask));
+            Value* one_run = b_.CreateAndReduce(same);
+            Value* split = b_.CreateIntCast(
+                b_.CreateBinaryIntrinsic(
+                    llvm::Intrinsic::cttz,
+                    b_.CreateNot(b_.CreateBitCast(same, b_.getIntNTy(static_cast<unsigned>(vl)))),
+                    b_.getFalse()),
+                it, false);
+            Value* low = b_.CreateICmpSLT(lanes, b_.CreateVectorSplat(vl, split));
+            Value* at = b_.CreateSelect(b_.CreateICmpSLT(split, cs(vl)), split, cs(vl - 1));
+            Value* second = b_.CreateSub(b_.CreateExtractElement(raw_k, at), split);
+            Value* tail =
+                b_.CreateICmpEQ(b_.CreateSub(raw_k, b_.CreateVectorSplat(vl, second)), lanes);
+            if (kmask) tail = b_.CreateOr(tail, b_.CreateNot(kmask));
+            Value* two_runs = b_.CreateAndReduce(b_.CreateOr(low, tail));
+            llvm::LLVMContext& c = m_.getContext();
+            std::vector<Value*> v(vl, zero);
+            for (int j = 0; j < n; ++j) {
+              // The k whose coordinates are in range, of a line that exists.
+              Value* m = kmask ? b_.CreateAnd(kmask, exists[j]) : exists[j];
+              std::vector<Value*> x(nc);
+              for (size_t i = 0; i < nc; ++i) {
+                x[i] = b_.CreateAdd(coord_k[i], b_.CreateVectorSplat(vl, coord_l[j][i]));
+                m = b_.CreateAnd(m, b_.CreateAnd(b_.CreateICmpSGE(x[i], cv(0)),
+                                                 b_.CreateICmpSLT(x[i], cv(acc.coords[i].limit))));
+              }
+              auto load = [&](Value* k_part, Value* mask) {
+                Value* off = b_.CreateSExt(b_.CreateAdd(raw_l[j], k_part), b_.getInt64Ty());
+                return static_cast<Value*>(b_.CreateMaskedLoad(
+                    vt_, b_.CreateGEP(et_, ptrs_.at(acc.arg), off), ealign(), mask, zero));
+              };
+              auto* one_bb = llvm::BasicBlock::Create(c, "pk.load", f_);
+              auto* not_one_bb = llvm::BasicBlock::Create(c, "pk.runs", f_);
+              auto* two_bb = llvm::BasicBlock::Create(c, "pk.load2", f_);
+              auto* gather_bb = llvm::BasicBlock::Create(c, "pk.gather", f_);
+              auto* done_bb = llvm::BasicBlock::Create(c, "pk.done", f_);
+              b_.CreateCondBr(one_run, one_bb, not_one_bb);
+              b_.SetInsertPoint(one_bb);
+              Value* v1 = load(first, m);
+              b_.CreateBr(done_bb);
+              b_.SetInsertPoint(not_one_bb);
+              b_.CreateCondBr(two_runs, two_bb, gather_bb);
+              b_.SetInsertPoint(two_bb);
+              Value* v2 = b_.CreateSelect(low, load(first, b_.CreateAnd(m, low)),
+                                          load(second, b_.CreateAnd(m, b_.CreateNot(low))));
+              b_.CreateBr(done_bb);
+              b_.SetInsertPoint(gather_bb);
+              // The offsets with each coordinate clamped into range where
+              // masked off (the raw offset less what it contributed).
+              Value* off = b_.CreateAdd(raw_k, b_.CreateVectorSplat(vl, raw_l[j]));
+              for (size_t i = 0; i < nc; ++i) {
+                Value* ok = b_.CreateAnd(b_.CreateICmpSGE(x[i], cv(0)),
+                                         b_.CreateICmpSLT(x[i], cv(acc.coords[i].limit)));
+                Value* q = b_.CreateSelect(ok, x[i], cv(0));
+                off = b_.CreateAdd(off,
+                                   b_.CreateMul(b_.CreateSub(q, x[i]), cv(acc.coords[i].stride)));
+              }
+              Value* v3 = b_.CreateMaskedGather(vt_, b_.CreateGEP(et_, ptrs_.at(acc.arg), off),
+                                                ealign(), m, zero);
+              b_.CreateBr(done_bb);
+              b_.SetInsertPoint(done_bb);
+              llvm::PHINode* phi = b_.CreatePHI(vt_, 3);
+              phi->addIncoming(v1, one_bb);
+              phi->addIncoming(v2, two_bb);
+              phi->addIncoming(v3, gather_bb);
+              v[j] = phi;
+            }
+            transpose_in_registers(v);
+            for (int t = 0; t < vl; ++t) {
+              Value* d = b_.CreateGEP(
+                  et_, dst,
+                  b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kk, i64(t)), i64(lines)), i64(g)));
+              store_packed(v[t], d, n, lines);
+            }
+          },
+          "pk");
+    };
+    for (int g = 0; g < lines; g += vl) group(g, std::min(vl, lines - g));
   }
 
   // General strides: element by element.

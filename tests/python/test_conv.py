@@ -146,6 +146,45 @@ def test_conv2d_gradients(name):
           lambda a, b: np_conv(a, b, st, lo, hi, dl, groups), [x, w], rtol=1e-5, atol=1e-7)
 
 
+# float32 (8 or 16 lanes): a filter gradient's operands are packed along k,
+# blocks of k covering one output row, two, or three and more (gathers: rows
+# of 3, apart in memory by the vertical stride).
+@pytest.mark.parametrize("xs, ws, sh", [((3, 8, 9, 3), (12, 8, 2, 1), 2), ((2, 4, 9, 14), (16, 4, 3, 3), 1),
+                                        ((1, 3, 4, 40), (16, 3, 1, 3), 1)],
+                         ids=["rows of 3", "rows of 12", "rows of 38"])
+def test_float32_conv_gradients(xs, ws, sh):
+    rng = np.random.default_rng(xs[-1])
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    out = (xs[0], ws[0], (xs[2] - ws[2]) // sh + 1, xs[3] - ws[3] + 1)
+    c = rng.standard_normal(out).astype(np.float32)
+    tag = f"f32grad{xs[-1]}"
+
+    def step(cc):
+        xv = flow.get_variable(f"{tag}_x", shape=xs, initializer=flow.zeros_initializer())
+        wv = flow.get_variable(f"{tag}_w", shape=ws, initializer=flow.zeros_initializer())
+        loss = flow.math.reduce_sum(flow.nn.conv2d(xv, wv, (sh, 1), "VALID") * cc)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [1.0]), momentum=0).minimize(loss)
+        return loss
+    step.__name__ = tag
+    step.__annotations__ = {"cc": tp.Numpy.Placeholder(out), "return": tp.Numpy}
+    train = flow.global_function(type="train")(step)
+    train(c)
+    flow.load_variables({f"{tag}_x": x, f"{tag}_w": w})
+    train(c)
+    got = flow.get_all_variables()
+    x64, w64, c64 = x.astype(np.float64), w.astype(np.float64), c.astype(np.float64)
+    dw, dx = np.zeros(ws), np.zeros(xs)
+    for kh in range(ws[2]):
+        for kw in range(ws[3]):
+            rows = slice(kh, kh + sh * (out[2] - 1) + 1, sh)
+            patch = x64[:, :, rows, kw:kw + out[3]]
+            dw[:, :, kh, kw] = np.einsum("nohw,nchw->oc", c64, patch)
+            dx[:, :, rows, kw:kw + out[3]] += np.einsum("nohw,oc->nchw", c64, w64[:, :, kh, kw])
+    np.testing.assert_allclose(got[f"{tag}_w"], w64 - dw, rtol=1e-4, atol=1e-4 * np.abs(dw).max())
+    np.testing.assert_allclose(got[f"{tag}_x"], x64 - dx, rtol=1e-4, atol=1e-4 * np.abs(dx).max())
+
+
 def test_conv2d_nhwc_gradients():
     rng = np.random.default_rng(3)
     x, w = rng.standard_normal((2, 5, 4, 3)), rng.standard_normal((2, 3, 2, 3))
