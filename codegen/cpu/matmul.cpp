@@ -1231,7 +1231,6 @@ class MatMulEmitter {
                                  llvm::Type* it, Value* line0, Value* valid, int lines, Value* dst,
                                  Value* k0, int64_t kc) {
     const int vl = bl_.vl;
-    const size_t nb = bd.size();
     auto cs = [&](int64_t v) { return llvm::ConstantInt::get(it, static_cast<uint64_t>(v), true); };
     auto cv = [&](int64_t v) { return b_.CreateVectorSplat(vl, cs(v)); };
     auto to_it = [&](Value* v) { return b_.CreateIntCast(v, it, true); };
