@@ -1266,37 +1266,19 @@ class MatMulEmitter {
     Value* lanes = llvm::ConstantVector::get(iota);
     Value* zero = llvm::Constant::getNullValue(vt_);
     Value* kmask = kc < vl ? b_.CreateICmpSLT(lanes, cv(kc)) : nullptr;
-    // Each group's VL lines are runtime loops over a small table of their
-    // scalar parts (one copy of each path's code, whatever VL), storing the
-    // loaded vectors into a stack array that one transpose reads.
-    const size_t width = 1 + nc;  // per line: raw offset part, coordinate parts
-    llvm::Type* vec_arr = llvm::ArrayType::get(vt_, static_cast<uint64_t>(vl));
-    llvm::AllocaInst *line_table, *loaded;
-    {
-      llvm::IRBuilder<> eb(entry_, entry_->begin());
-      line_table = eb.CreateAlloca(it, eb.getInt64(vl * static_cast<int64_t>(width)), "ltab");
-      loaded = eb.CreateAlloca(vec_arr, nullptr, "lvec");
-    }
-    auto slot = [&](Value* j, size_t i) {
-      return b_.CreateGEP(it, line_table, b_.CreateAdd(b_.CreateMul(j, i64(width)), i64(i)));
-    };
-    auto vec_at = [&](Value* j) { return b_.CreateInBoundsGEP(vec_arr, loaded, {i64(0), j}); };
     auto group = [&](Value* g, int n) {
-      // Per line (once per panel): its parts of the raw offset and of each
-      // coordinate, with the batch's and the constants.
-      emit_for(
-          b_, i64(0), i64(n), 1,
-          [&](Value* j) {
-            std::vector<Value*> ld = digits(to_it(b_.CreateAdd(line0, b_.CreateAdd(j, g))), ldig);
-            b_.CreateStore(part(raw_coef, line_dim0, ld, part(raw_coef, 0, bd, cs(raw_c0))),
-                           slot(j, 0));
-            for (size_t i = 0; i < nc; ++i) {
-              const Coord& c = acc.coords[i];
-              b_.CreateStore(part(c.coef, line_dim0, ld, part(c.coef, 0, bd, cs(c.c0))),
-                             slot(j, 1 + i));
-            }
-          },
-          "pkl");
+      // Per line: whether it exists, and its parts (scalars, once per panel).
+      std::vector<Value*> exists(n), raw_l(n);
+      std::vector<std::vector<Value*>> coord_l(n);
+      for (int j = 0; j < n; ++j) {
+        Value* lj = b_.CreateAdd(g, i64(j));
+        Value* l = b_.CreateAdd(line0, lj);
+        exists[j] = b_.CreateVectorSplat(vl, b_.CreateICmpSLT(lj, valid));
+        std::vector<Value*> ld = digits(to_it(l), ldig);
+        raw_l[j] = part(raw_coef, line_dim0, ld, part(raw_coef, 0, bd, cs(raw_c0)));
+        for (const Coord& c : acc.coords)
+          coord_l[j].push_back(part(c.coef, line_dim0, ld, part(c.coef, 0, bd, cs(c.c0))));
+      }
       emit_for(
           b_, i64(0), i64(round_up(kc, vl)), vl,
           [&](Value* kb) {
@@ -1311,6 +1293,7 @@ class MatMulEmitter {
             Value* same =
                 b_.CreateICmpEQ(b_.CreateSub(raw_k, b_.CreateVectorSplat(vl, first)), lanes);
             if (kmask) same = b_.CreateOr(same, b_.CreateNot(kmask));
+            Value* one_run = b_.CreateAndReduce(same);
             Value* split = b_.CreateIntCast(
                 b_.CreateBinaryIntrinsic(
                     llvm::Intrinsic::cttz,
@@ -1324,71 +1307,58 @@ class MatMulEmitter {
                 b_.CreateICmpEQ(b_.CreateSub(raw_k, b_.CreateVectorSplat(vl, second)), lanes);
             if (kmask) tail = b_.CreateOr(tail, b_.CreateNot(kmask));
             Value* two_runs = b_.CreateAndReduce(b_.CreateOr(low, tail));
-            // Line j's k in range (the line exists; each coordinate in range)
-            // and its raw offsets' line part, from the table.
-            auto line_mask = [&](Value* j, std::vector<Value*>* xs) {
-              Value* ok = b_.CreateICmpSLT(b_.CreateAdd(j, g), valid);
-              Value* m = b_.CreateVectorSplat(vl, ok);
-              if (kmask) m = b_.CreateAnd(m, kmask);
-              for (size_t i = 0; i < nc; ++i) {
-                Value* x = b_.CreateAdd(
-                    coord_k[i], b_.CreateVectorSplat(vl, b_.CreateLoad(it, slot(j, 1 + i))));
-                if (xs) xs->push_back(x);
-                m = b_.CreateAnd(m, b_.CreateAnd(b_.CreateICmpSGE(x, cv(0)),
-                                                 b_.CreateICmpSLT(x, cv(acc.coords[i].limit))));
-              }
-              return m;
-            };
-            auto load = [&](Value* j, Value* k_part, Value* mask) {
-              Value* off = b_.CreateSExt(b_.CreateAdd(b_.CreateLoad(it, slot(j, 0)), k_part),
-                                         b_.getInt64Ty());
-              return static_cast<Value*>(b_.CreateMaskedLoad(
-                  vt_, b_.CreateGEP(et_, ptrs_.at(acc.arg), off), ealign(), mask, zero));
-            };
             llvm::LLVMContext& c = m_.getContext();
-            // One run is two with the second empty (split = VL).
-            auto* two_bb = llvm::BasicBlock::Create(c, "pk.load", f_);
-            auto* gather_bb = llvm::BasicBlock::Create(c, "pk.gather", f_);
-            auto* done_bb = llvm::BasicBlock::Create(c, "pk.done", f_);
-            b_.CreateCondBr(two_runs, two_bb, gather_bb);
-            b_.SetInsertPoint(two_bb);
-            emit_for(
-                b_, i64(0), i64(n), 1,
-                [&](Value* j) {
-                  Value* m = line_mask(j, nullptr);
-                  Value* v = b_.CreateSelect(low, load(j, first, b_.CreateAnd(m, low)),
-                                             load(j, second, b_.CreateAnd(m, b_.CreateNot(low))));
-                  b_.CreateStore(v, vec_at(j));
-                },
-                "pk2");
-            b_.CreateBr(done_bb);
-            b_.SetInsertPoint(gather_bb);
-            emit_for(
-                b_, i64(0), i64(n), 1,
-                [&](Value* j) {
-                  std::vector<Value*> x;
-                  Value* m = line_mask(j, &x);
-                  // The offsets with each coordinate clamped into range where
-                  // masked off (the raw offset less what it contributed).
-                  Value* off =
-                      b_.CreateAdd(raw_k, b_.CreateVectorSplat(vl, b_.CreateLoad(it, slot(j, 0))));
-                  for (size_t i = 0; i < nc; ++i) {
-                    Value* ok = b_.CreateAnd(b_.CreateICmpSGE(x[i], cv(0)),
-                                             b_.CreateICmpSLT(x[i], cv(acc.coords[i].limit)));
-                    Value* q = b_.CreateSelect(ok, x[i], cv(0));
-                    off = b_.CreateAdd(
-                        off, b_.CreateMul(b_.CreateSub(q, x[i]), cv(acc.coords[i].stride)));
-                  }
-                  b_.CreateStore(
-                      b_.CreateMaskedGather(vt_, b_.CreateGEP(et_, ptrs_.at(acc.arg), off),
-                                            ealign(), m, zero),
-                      vec_at(j));
-                },
-                "pkg");
-            b_.CreateBr(done_bb);
-            b_.SetInsertPoint(done_bb);
             std::vector<Value*> v(vl, zero);
-            for (int j = 0; j < n; ++j) v[j] = b_.CreateLoad(vt_, vec_at(i64(j)));
+            for (int j = 0; j < n; ++j) {
+              // The k whose coordinates are in range, of a line that exists.
+              Value* m = kmask ? b_.CreateAnd(kmask, exists[j]) : exists[j];
+              std::vector<Value*> x(nc);
+              for (size_t i = 0; i < nc; ++i) {
+                x[i] = b_.CreateAdd(coord_k[i], b_.CreateVectorSplat(vl, coord_l[j][i]));
+                m = b_.CreateAnd(m, b_.CreateAnd(b_.CreateICmpSGE(x[i], cv(0)),
+                                                 b_.CreateICmpSLT(x[i], cv(acc.coords[i].limit))));
+              }
+              auto load = [&](Value* k_part, Value* mask) {
+                Value* off = b_.CreateSExt(b_.CreateAdd(raw_l[j], k_part), b_.getInt64Ty());
+                return static_cast<Value*>(b_.CreateMaskedLoad(
+                    vt_, b_.CreateGEP(et_, ptrs_.at(acc.arg), off), ealign(), mask, zero));
+              };
+              auto* one_bb = llvm::BasicBlock::Create(c, "pk.load", f_);
+              auto* not_one_bb = llvm::BasicBlock::Create(c, "pk.runs", f_);
+              auto* two_bb = llvm::BasicBlock::Create(c, "pk.load2", f_);
+              auto* gather_bb = llvm::BasicBlock::Create(c, "pk.gather", f_);
+              auto* done_bb = llvm::BasicBlock::Create(c, "pk.done", f_);
+              b_.CreateCondBr(one_run, one_bb, not_one_bb);
+              b_.SetInsertPoint(one_bb);
+              Value* v1 = load(first, m);
+              b_.CreateBr(done_bb);
+              b_.SetInsertPoint(not_one_bb);
+              b_.CreateCondBr(two_runs, two_bb, gather_bb);
+              b_.SetInsertPoint(two_bb);
+              Value* v2 = b_.CreateSelect(low, load(first, b_.CreateAnd(m, low)),
+                                          load(second, b_.CreateAnd(m, b_.CreateNot(low))));
+              b_.CreateBr(done_bb);
+              b_.SetInsertPoint(gather_bb);
+              // The offsets with each coordinate clamped into range where
+              // masked off (the raw offset less what it contributed).
+              Value* off = b_.CreateAdd(raw_k, b_.CreateVectorSplat(vl, raw_l[j]));
+              for (size_t i = 0; i < nc; ++i) {
+                Value* ok = b_.CreateAnd(b_.CreateICmpSGE(x[i], cv(0)),
+                                         b_.CreateICmpSLT(x[i], cv(acc.coords[i].limit)));
+                Value* q = b_.CreateSelect(ok, x[i], cv(0));
+                off = b_.CreateAdd(off,
+                                   b_.CreateMul(b_.CreateSub(q, x[i]), cv(acc.coords[i].stride)));
+              }
+              Value* v3 = b_.CreateMaskedGather(vt_, b_.CreateGEP(et_, ptrs_.at(acc.arg), off),
+                                                ealign(), m, zero);
+              b_.CreateBr(done_bb);
+              b_.SetInsertPoint(done_bb);
+              llvm::PHINode* phi = b_.CreatePHI(vt_, 3);
+              phi->addIncoming(v1, one_bb);
+              phi->addIncoming(v2, two_bb);
+              phi->addIncoming(v3, gather_bb);
+              v[j] = phi;
+            }
             transpose_in_registers(v);
             for (int t = 0; t < vl; ++t) {
               Value* d = b_.CreateGEP(
