@@ -18,7 +18,11 @@
 // Packing zero-fills beyond the edges so the micro-kernel always computes a
 // whole tile; stores are masked. An operand is read in place instead where
 // packing would not pay (a single row tile or column panel per task, or B
-// rows whose stride spreads them over the cache sets). With several KC
+// rows whose stride spreads them over the cache sets); an A that is the same
+// in every batch (a conv's filter) is packed once per call for all batches.
+// Implicit GEMM operands (convolutions) are packed by runs of consecutive
+// elements, along the lines or along k, each a masked load; what is not one
+// or two such runs is a masked gather (emit_pack_general). With several KC
 // blocks the C tile is loaded before and stored after the micro-kernel of
 // each block but the first and last, in the output itself when one store
 // can hold the raw sums (else in a per-task scratch buffer); the epilogue
