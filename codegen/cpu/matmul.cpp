@@ -929,24 +929,35 @@ class MatMulEmitter {
               v[j] = j >= n ? static_cast<Value*>(llvm::Constant::getNullValue(vt_))
                             : b_.CreateMaskedLoad(vt_, src(line[j], kk), ealign(), mask[j],
                                                   llvm::Constant::getNullValue(vt_));
-            transpose_in_registers(v);
-            for (int t = 0; t < vl; ++t) {
-              Value* d = b_.CreateGEP(
-                  et_, dst, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kk, i64(t)), i64(lines)), g));
-              store_packed(v[t], d, n, lines);
-            }
+            store_transposed(v, kk, g, n, lines, dst);
           },
           "pt");
     };
-    // Groups of VL lines: the whole ones in a loop (one copy of their code),
-    // then the partial one.
+    for_each_group(lines, group, "ptg");
+  }
+
+  // Groups of VL lines: the whole ones in a loop (one copy of their code),
+  // then the partial one. group(first line, lines in the group).
+  void for_each_group(int lines, const std::function<void(Value*, int)>& group, const char* name) {
+    const int vl = bl_.vl;
     const int whole = lines / vl * vl;
     if (whole == vl) {
       group(i64(0), vl);
     } else if (whole > vl) {
-      emit_for(b_, i64(0), i64(whole), vl, [&](Value* g) { group(g, vl); }, "ptg");
+      emit_for(b_, i64(0), i64(whole), vl, [&](Value* g) { group(g, vl); }, name);
     }
     if (lines > whole) group(i64(whole), lines - whole);
+  }
+
+  // v[j] holds VL consecutive k (from kk) of line g + j: transposed, row t
+  // goes to panel row kk + t, lines g.. (n of them).
+  void store_transposed(std::vector<Value*>& v, Value* kk, Value* g, int n, int lines, Value* dst) {
+    transpose_in_registers(v);
+    for (int t = 0; t < bl_.vl; ++t) {
+      Value* d = b_.CreateGEP(et_, dst,
+                              b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kk, i64(t)), i64(lines)), g));
+      store_packed(v[t], d, n, lines);
+    }
   }
 
   // v[r] holds row r of a VL x VL block; afterwards v[r] holds column r.
@@ -967,6 +978,22 @@ class MatMulEmitter {
         v[r + b] = b_.CreateShuffleVector(x, y, hi);
       }
     }
+  }
+
+  // The row-major digits of `flat` (a scalar or a vector of indices) over
+  // the extents `ext`; the first digit is not reduced.
+  std::vector<Value*> split_digits(Value* flat, const std::vector<int64_t>& ext) {
+    std::vector<Value*> d(ext.size());
+    for (size_t i = ext.size(); i-- > 0;) {
+      if (i == 0) {
+        d[0] = flat;
+        break;
+      }
+      Value* e = llvm::ConstantInt::get(flat->getType(), static_cast<uint64_t>(ext[i]));
+      d[i] = b_.CreateURem(flat, e);
+      flat = b_.CreateUDiv(flat, e);
+    }
+    return d;
   }
 
   // Implicit GEMM operands (kernel.h, MatMulSpec digits): for each k, the
@@ -991,21 +1018,11 @@ class MatMulEmitter {
     llvm::Type* it = narrow ? b_.getInt32Ty() : b_.getInt64Ty();
     auto cs = [&](int64_t v) { return llvm::ConstantInt::get(it, static_cast<uint64_t>(v), true); };
     auto cv = [&](int64_t v) { return b_.CreateVectorSplat(vl, cs(v)); };
-    auto digits = [&](Value* flat, const std::vector<int64_t>& ext, bool vec) {
-      std::vector<Value*> d(ext.size());
-      for (size_t i = ext.size(); i-- > 0;) {
-        if (i == 0) {
-          d[0] = flat;
-          break;
-        }
-        Value* e = vec ? cv(ext[i]) : cs(ext[i]);
-        d[i] = b_.CreateURem(flat, e);
-        flat = b_.CreateUDiv(flat, e);
-      }
-      return d;
+    auto digits = [&](Value* flat, const std::vector<int64_t>& ext) {
+      return split_digits(flat, ext);
     };
     auto to_it = [&](Value* v) { return b_.CreateIntCast(v, it, true); };
-    std::vector<Value*> bd = digits(to_it(bi_), batch, false);
+    std::vector<Value*> bd = digits(to_it(bi_), batch);
     std::vector<llvm::Constant*> iota;
     for (int l = 0; l < vl; ++l) iota.push_back(cs(l));
     Value* lanes = llvm::ConstantVector::get(iota);
@@ -1018,9 +1035,8 @@ class MatMulEmitter {
     auto is_line = [&](size_t d) { return d >= line_dim0 && d < line_dim0 + ldig.size(); };
     std::vector<std::vector<Value*>> group_digits;
     for (int g = 0; g < lines; g += vl)
-      group_digits.push_back(
-          digits(b_.CreateAdd(b_.CreateVectorSplat(vl, to_it(b_.CreateAdd(line0, i64(g)))), lanes),
-                 ldig, true));
+      group_digits.push_back(digits(
+          b_.CreateAdd(b_.CreateVectorSplat(vl, to_it(b_.CreateAdd(line0, i64(g)))), lanes), ldig));
     // The element of each lane: a masked gather at the guarded offsets.
     auto gather = [&](const std::vector<Value*>& kd, int g) {
       const int n = std::min(vl, lines - g);
@@ -1073,7 +1089,7 @@ class MatMulEmitter {
       emit_for(
           b_, i64(0), i64(kc), 1,
           [&](Value* k) {
-            std::vector<Value*> kd = digits(to_it(b_.CreateAdd(k, k0)), kdig, false);
+            std::vector<Value*> kd = digits(to_it(b_.CreateAdd(k, k0)), kdig);
             for (int g = 0; g < lines; g += vl) store(gather(kd, g), k, g);
           },
           "pg");
@@ -1155,7 +1171,7 @@ class MatMulEmitter {
     emit_for(
         b_, i64(0), i64(kc), 1,
         [&](Value* k) {
-          std::vector<Value*> kd = digits(to_it(b_.CreateAdd(k, k0)), kdig, false);
+          std::vector<Value*> kd = digits(to_it(b_.CreateAdd(k, k0)), kdig);
           std::vector<Value*> sdims(ndims, nullptr);  // the scalar dims' values
           for (size_t d = 0; d < nb; ++d) sdims[d] = bd[d];
           for (size_t d = nb, i = 0; d < ndims; ++d)
@@ -1239,18 +1255,7 @@ class MatMulEmitter {
     auto cv = [&](int64_t v) { return b_.CreateVectorSplat(vl, cs(v)); };
     auto to_it = [&](Value* v) { return b_.CreateIntCast(v, it, true); };
     auto digits = [&](Value* flat, const std::vector<int64_t>& ext) {
-      const bool vec = flat->getType()->isVectorTy();
-      std::vector<Value*> d(ext.size());
-      for (size_t i = ext.size(); i-- > 0;) {
-        if (i == 0) {
-          d[0] = flat;
-          break;
-        }
-        Value* e = vec ? cv(ext[i]) : cs(ext[i]);
-        d[i] = b_.CreateURem(flat, e);
-        flat = b_.CreateUDiv(flat, e);
-      }
-      return d;
+      return split_digits(flat, ext);
     };
     // A form's part over dims [dim0, dim0 + vals.size()) (vectors or scalars).
     auto part = [&](const std::vector<int64_t>& coef, size_t dim0, const std::vector<Value*>& vals,
@@ -1363,23 +1368,11 @@ class MatMulEmitter {
               phi->addIncoming(v3, gather_bb);
               v[j] = phi;
             }
-            transpose_in_registers(v);
-            for (int t = 0; t < vl; ++t) {
-              Value* d = b_.CreateGEP(
-                  et_, dst, b_.CreateAdd(b_.CreateMul(b_.CreateAdd(kk, i64(t)), i64(lines)), g));
-              store_packed(v[t], d, n, lines);
-            }
+            store_transposed(v, kk, g, n, lines, dst);
           },
           "pk");
     };
-    // The whole groups in a loop (one copy of their code), then the partial one.
-    const int whole = lines / vl * vl;
-    if (whole == vl) {
-      group(i64(0), vl);
-    } else if (whole > vl) {
-      emit_for(b_, i64(0), i64(whole), vl, [&](Value* g) { group(g, vl); }, "pkgr");
-    }
-    if (lines > whole) group(i64(whole), lines - whole);
+    for_each_group(lines, group, "pkgr");
   }
 
   // General strides: element by element.
