@@ -509,7 +509,12 @@ class JobFunction:
         self._config = config if config is not None else FunctionConfig()
         self._name = fn.__name__
         self._source = f"{os.path.basename(fn.__code__.co_filename)}:{fn.__code__.co_firstlineno}"
+        # The job's parameters as the user wrote them (names, and the tuple
+        # structure of typing.Tuple ones); self._params has one entry per
+        # placeholder, which is what the compiled program takes.
+        self._arg_names, self._arg_trees = [], []
         self._params = self._parse_params(fn)
+        self._has_tuples = any(t is not None for t in self._arg_trees)
         ann = self._annotations(fn).get("return", inspect.Signature.empty)
         self._legacy = ann is inspect.Signature.empty  # OneFlow 0.1-0.2: results via .get()
         self._async = isinstance(ann, tp._Generic) and ann.name == "Callback"
@@ -553,12 +558,66 @@ class JobFunction:
             a = ann.get(p.name)
             if a is None and isinstance(p.default, tp._Placeholder):
                 a = p.default  # OneFlow 0.1-0.2: def job(x=flow.FixedTensorDef((2, 3))):
-            if not isinstance(a, tp._Placeholder):
-                raise TypeError(f"job '{self._name}': parameter '{p.name}' needs a placeholder annotation "
-                                "such as tp.Numpy.Placeholder((100, 784), dtype=flow.float), got "
-                                f"{'no annotation' if a is None else repr(a)}")
-            params.append((p.name, a))
+            self._arg_names.append(p.name)
+            self._arg_trees.append(self._param_tree(p.name, a, a, params))
         return params
+
+    def _param_tree(self, pname, a, whole, params):
+        """Appends the placeholders of annotation `a` (a placeholder, or a
+        typing.Tuple of them, nested at will) to `params`; returns the shape
+        of the argument: None for one placeholder, else a list of subtrees."""
+        if isinstance(a, tp._Placeholder):
+            params.append((pname, a))
+            return None
+        if typing.get_origin(a) is tuple:
+            items = typing.get_args(a)
+            if not items or Ellipsis in items:
+                raise TypeError(f"job '{self._name}': parameter '{pname}' is annotated {whole!r}; a "
+                                "typing.Tuple of placeholders needs one placeholder per element (no "
+                                "empty tuple, no '...')")
+            return [self._param_tree(f"{pname}_{i}", x, whole, params) for i, x in enumerate(items)]
+        raise TypeError(f"job '{self._name}': parameter '{pname}' needs a placeholder annotation "
+                        "such as tp.Numpy.Placeholder((100, 784), dtype=flow.float) or a typing.Tuple "
+                        f"of them, got {'no annotation' if a is None else repr(a)}")
+
+    def _flatten_args(self, args):
+        """The call's arguments with every typing.Tuple parameter's tuple
+        spliced in: one argument per placeholder."""
+        if len(args) != len(self._arg_trees):
+            n = len(self._arg_trees)
+            names = ", ".join(self._arg_names)
+            raise TypeError(f"job '{self._name}' takes {n} argument{'s' if n != 1 else ''} ({names}) "
+                            f"but {len(args)} {'were' if len(args) != 1 else 'was'} given")
+        flat = []
+
+        def walk(tree, a, pname):
+            if tree is None:
+                flat.append(a)
+                return
+            if not isinstance(a, (tuple, list)) or len(a) != len(tree):
+                got = f"a {type(a).__name__} of {len(a)}" if isinstance(a, (tuple, list)) \
+                    else type(a).__name__
+                raise TypeError(f"job '{self._name}': parameter '{pname}' is annotated as a typing.Tuple "
+                                f"of {len(tree)} placeholders, so it takes a tuple of {len(tree)} "
+                                f"arrays; got {got}")
+            for i, (t, x) in enumerate(zip(tree, a)):
+                walk(t, x, f"{pname}[{i}]")
+
+        for tree, a, pname in zip(self._arg_trees, args, self._arg_names):
+            walk(tree, a, pname)
+        return tuple(flat)
+
+    def _group_blobs(self, blobs):
+        """The inverse of _flatten_args on the traced blobs: a tuple of blobs
+        for each typing.Tuple parameter."""
+        it = iter(blobs)
+
+        def build(tree):
+            if tree is None:
+                return next(it)
+            return tuple(build(t) for t in tree)
+
+        return [build(t) for t in self._arg_trees]
 
     @property
     def job_name(self):
@@ -572,6 +631,8 @@ class JobFunction:
     def __call__(self, *args, **kwargs):
         if kwargs:
             args = self._bind_kwargs(args, kwargs)
+        if self._has_tuples:
+            args = self._flatten_args(args)
         fast = self._fast
         if fast is not None and self._generation == _C.session_generation():
             outs = fast.job.try_run(args)
@@ -580,7 +641,7 @@ class JobFunction:
         return self._call_slow(args)
 
     def _bind_kwargs(self, args, kwargs):
-        names = [n for n, _ in self._params]
+        names = list(self._arg_names)
         dup = sorted(set(names[:len(args)]) & set(kwargs))
         if dup:
             raise TypeError(f"job '{self._name}' got multiple values for argument '{dup[0]}'")
@@ -803,6 +864,8 @@ class JobFunction:
                     inner.append(builder.placeholder(index, f"{pname}_{i}", next(it), ph.dtype))
                     index += 1
                 blobs.append(inner)
+        if self._has_tuples:
+            blobs = self._group_blobs(blobs)
         _trace.push(builder)
         try:
             result = self._fn(*blobs)

@@ -8,7 +8,9 @@ Parameters::
 ``ListNumpy.Placeholder`` takes a list with one array per device whose shape
 is within the declared bounds (each new concrete shape compiles once).
 ``ListListNumpy.Placeholder`` takes, per device, a list of such arrays; the
-job body receives a Python list of Blobs.
+job body receives a Python list of Blobs. A parameter annotated
+``typing.Tuple[<placeholder>, ...]`` takes a tuple (or list) of such
+arguments, one per element, and the body receives a tuple of Blobs.
 
 Returns: ``tp.Numpy``, ``tp.ListNumpy`` (one array per device),
 ``tp.ListListNumpy``, ``typing.Tuple[...]``, ``typing.List[...]``,
@@ -16,7 +18,7 @@ Returns: ``tp.Numpy``, ``tp.ListNumpy`` (one array per device),
 ``None``, and ``tp.Callback[T]`` for an asynchronous call delivering T.
 """
 import numbers
-from typing import Sequence
+from typing import Optional, Sequence
 
 from . import _dtypes
 
@@ -24,7 +26,8 @@ from . import _dtypes
 class _Placeholder:
     kind = "?"
 
-    def __init__(self, shape: Sequence[int], dtype: _dtypes.DTypeLike = _dtypes.float32, batch_axis: int = 0):
+    def __init__(self, shape: Sequence[int], dtype: _dtypes.DTypeLike = _dtypes.float32, batch_axis: int = 0,
+                 name: Optional[str] = None):
         if isinstance(shape, list):
             shape = tuple(shape)
         if not isinstance(shape, tuple):
@@ -35,7 +38,14 @@ class _Placeholder:
                                  f"{shape!r} (extent {d!r} is not a positive int)")
         self.shape = tuple(int(d) for d in shape)
         self.dtype = _dtypes.to_dtype(dtype, f"{self._api()} dtype")
+        if batch_axis is not None and (isinstance(batch_axis, bool) or not isinstance(batch_axis, numbers.Integral)
+                                       or not -len(shape) <= batch_axis < max(1, len(shape))):
+            raise ValueError(f"{self._api()}: batch_axis must be None or an axis of the rank-{len(shape)} "
+                             f"shape {shape}, got {batch_axis!r}")
         self.batch_axis = batch_axis
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"{self._api()}: name must be a string, got {name!r}")
+        self.name = name  # accepted for OneFlow's input_blob_def; the parameter's name names the blob
 
     def _api(self):
         return f"tp.{self.kind}.Placeholder"
