@@ -252,18 +252,37 @@ class _Entry:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
+def _open_regular(path, name):
+    """A read-only descriptor of `path`, which must be a regular file reached
+    without following a symbolic link at its last component (a checkpoint may
+    come from someone else: a link in it must not make us read, and later
+    save, one of the reader's own files); a FIFO or device fails at once."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if os.path.islink(path):
+            raise CheckpointError(f"checkpoint variable '{name}': '{path}' is a symbolic link; a "
+                                  "checkpoint's files are read only when they are regular files") from None
+        raise CheckpointError(f"checkpoint variable '{name}': cannot open '{path}': {e.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CheckpointError(f"checkpoint variable '{name}': '{path}' is not a regular file")
+    return fd
+
+
 def _scan_variable(var_dir, name, fallback=None):
     """Validates one variable directory; `fallback(name)` gives (shape, dtype)
     for a directory without `meta` (OneFlow accepts those when loading into a
     session that has the variable)."""
     data_path = os.path.join(var_dir, DATA_FILENAME)
     meta_path = os.path.join(var_dir, META_INFO_FILENAME)
-    if not os.path.isfile(data_path):
+    if not os.path.lexists(data_path):
         raise CheckpointError(f"checkpoint variable '{name}' has no data file '{data_path}'")
-    if os.path.isfile(meta_path):
+    os.close(_open_regular(data_path, name))
+    if os.path.lexists(meta_path):
         try:
-            with open(meta_path, "r", encoding="utf-8") as f:
-                text = f.read()
+            with os.fdopen(_open_regular(meta_path, name), "r", encoding="utf-8") as f:
+                text = f.read(1 << 20)
         except (OSError, UnicodeDecodeError) as e:
             raise CheckpointError(f"checkpoint variable '{name}': cannot read '{meta_path}': {e}") from None
         try:
@@ -278,7 +297,10 @@ def _scan_variable(var_dir, name, fallback=None):
                                   "shape and dtype are unknown")
         shape, dtype = tuple(known[0]), np.dtype(known[1])
     entry = _Entry(name, var_dir, tuple(shape), dtype)
-    size = os.path.getsize(data_path)
+    if int(np.prod([int(d) for d in entry.shape], dtype=object)) * dtype.itemsize >= 1 << 62:
+        raise CheckpointError(f"checkpoint variable '{name}': shape {entry.shape} in '{meta_path}' is too "
+                              "large to be a variable")
+    size = os.lstat(data_path).st_size
     if size != entry.nbytes():
         raise CheckpointError(f"checkpoint variable '{name}': '{data_path}' holds {size} bytes but its "
                               f"shape {entry.shape} and dtype {_FROM_NUMPY.get(dtype, dtype)} need "
@@ -299,6 +321,9 @@ def _scan(path, fallback=None):
     entries = {}
     for d in sorted(os.listdir(path)):
         var_dir = os.path.join(path, d)
+        if os.path.islink(var_dir):
+            raise CheckpointError(f"checkpoint '{path}': '{d}' is a symbolic link; a checkpoint's "
+                                  "variable directories are read only when they are real directories")
         if not os.path.isdir(var_dir):
             continue  # snapshot_done and any stray file
         name = unescape_name(d)
@@ -312,7 +337,7 @@ def _scan(path, fallback=None):
 def _read(entry):
     from ._variables import VariableValue
     arr = np.empty(entry.shape, entry.dtype.newbyteorder("<"))
-    with open(os.path.join(entry.dir, DATA_FILENAME), "rb") as f:
+    with os.fdopen(_open_regular(os.path.join(entry.dir, DATA_FILENAME), entry.name), "rb") as f:
         n = f.readinto(arr.reshape(-1).view(np.uint8)) if arr.size else 0
         if n != arr.nbytes or f.read(1):
             raise CheckpointError(f"checkpoint variable '{entry.name}': its data file changed size "

@@ -20,6 +20,8 @@ import difflib
 import fnmatch
 import json
 import os
+import re
+import stat
 import sys
 import time
 
@@ -194,6 +196,28 @@ def _target_summary(target):
     return f"{parts[0]}, cpu {parts[1]}, {len(enabled)} features enabled (--all lists them){settings}"
 
 
+def _file_stem(job):
+    """A job name as part of a file name in the current directory: no separators,
+    no leading dot, no control characters."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", job).lstrip(".")[:80]
+    return stem or "job"
+
+
+def _write_new_or_own(path, text):
+    """Writes `path` without following a symbolic link at it (a link or a
+    non-regular file there is an error naming it)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise CacheError(f"cannot write {path}: {exc.strerror}"
+                         + (" (it is a symbolic link)" if os.path.islink(path) else "")) from None
+    with os.fdopen(fd, "w") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CacheError(f"cannot write {path}: not a regular file")
+        f.truncate(0)
+        f.write(text)
+
+
 def cmd_show(cache, args, style):
     e = cache.find(args.key)
     if e.meta is None:
@@ -201,12 +225,13 @@ def cmd_show(cache, args, style):
     if args.dot is not None:
         from .graph import kernel_graph_dot
         dot = kernel_graph_dot(e.text("plan.txt"), e.text("kernels.txt"), e.job)
-        path = args.dot or f"{e.job}-{e.key[:12]}.dot"
+        # The default name comes from meta.json's job, which nothing authenticates
+        # yet: only its letters, digits, '_', '-' and '.' are used, never a path.
+        path = args.dot or f"{_file_stem(e.job)}-{e.key[:12]}.dot"
         if path == "-":
             sys.stdout.write(dot)
             return 0
-        with open(path, "w") as f:
-            f.write(dot)
+        _write_new_or_own(path, dot)
         made = [path]
         import shutil
         import subprocess
@@ -245,6 +270,12 @@ def cmd_show(cache, args, style):
             except (OSError, ValueError) as exc:
                 parts.append(_section("PTX", style(f"(unavailable: {exc})", "red"), style))
                 status = 1
+    elif (args.asm or args.all) and not e.authenticated():
+        # Assembly means handing the entry's LLVM IR to LLVM: only IR this
+        # cache's key authenticates, as the compiler would load it.
+        parts.append(_section("assembly", style("(not made: the entry is not authenticated by this cache's "
+                                                "key; `flowjit-cache verify` says why)", "red"), style))
+        status = 1
     elif args.asm or args.all:
         try:
             from flowjit import _C  # the only use of the compiler: LLVM IR -> assembly
@@ -294,8 +325,8 @@ def cmd_stats(cache, args, style):
         return 0
     rows = [("directory", cache.path),
             ("entries", f"{len(entries)}" + (f" ({len(entries) - len(good)} damaged)" if len(good) < len(entries) else "")),
-            ("total size", f"{fmt.human_bytes(total)} of {fmt.human_bytes(limit)} "
-                           f"({100.0 * total / limit:.1f}% of FLOWJIT_CACHE_MAX_BYTES)"),
+            ("total size", f"{fmt.human_bytes(total)} of {fmt.human_bytes(limit)}"
+                           + (f" ({100.0 * total / limit:.1f}% of FLOWJIT_CACHE_MAX_BYTES)" if limit else "")),
             ("hits", str(hits)),
             ("compile time saved", fmt.human_seconds(saved) if saved else "0 s"),
             ("targets", ", ".join(targets) or "-")]
@@ -620,6 +651,8 @@ def main(argv=None):
     err_style = fmt.Style(args.color, sys.stderr)
     cache = Cache(args.dir or default_dir())
     try:
+        if os.path.exists(cache.path) and not os.path.isdir(cache.path):
+            raise CacheError(f"{cache.path} is not a directory (--dir or FLOWJIT_CACHE_DIR names the cache directory)")
         return args.fn(cache, args, style)
     except CacheError as e:
         if getattr(args, "json", False):

@@ -18,13 +18,20 @@ def human_bytes(n):
     return f"{n} B"
 
 
+#: The largest byte size the compiler reads (a signed 64-bit count).
+MAX_BYTES = (1 << 63) - 1
+
+
 def parse_bytes(text):
     """'1073741824', '512M', '2GiB', '64 kb' -> bytes (powers of 1024); ValueError otherwise."""
     m = _SIZE_RE.match(str(text))
     if not m:
         raise ValueError(f"not a byte size: {text!r} (e.g. 1073741824, 512M, 2GiB)")
     scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
-    return int(round(float(m.group(1)) * scale))
+    value = float(m.group(1)) * scale
+    if not value < MAX_BYTES:
+        raise ValueError(f"byte size {text!r} is too large (at most {MAX_BYTES} bytes, 8 EiB)")
+    return int(round(value))
 
 
 def human_seconds(s):

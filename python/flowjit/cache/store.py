@@ -95,8 +95,74 @@ def mac_message(key, files):
     return m.encode("utf-8", "surrogateescape")
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(text):
+    """Untrusted text made safe to print: control characters (terminal escape
+    sequences included) shown as \\xNN; newlines and tabs kept."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+# meta.json's fields as jit/cache.cpp writes them: name -> the JSON types allowed.
+# A field of another type makes the entry damaged (named in its error), so no
+# command meets a list where it reads a string.
+_NUMBER = (int, float)
+_META_TYPES = {
+    "key": (str,), "format": (int,), "mac": (str,), "job": (str,), "source": (str,),
+    "signature": (str,), "target": (str,), "flowjit_version": (str,), "build_id": (str,),
+    "llvm_version": (str,), "num_kernels": (int,), "arena_bytes": (int,), "total_bytes": (int,),
+    "hits": (int,), "compile_seconds": _NUMBER, "codegen_seconds": _NUMBER, "created": _NUMBER,
+    "last_used": _NUMBER, "inputs": (list,), "outputs": (list,), "files": (dict,),
+}
+_JSON_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "an object",
+               bool: "true/false", type(None): "null"}
+
+
+def meta_problem(meta):
+    """Why a parsed meta.json cannot be used (None when every known field has its type)."""
+    if not isinstance(meta, dict):
+        return f"meta.json is {_JSON_NAMES.get(type(meta), type(meta).__name__)}, not an object"
+    for name, types in _META_TYPES.items():
+        if name not in meta:
+            continue
+        v = meta[name]
+        if isinstance(v, bool) or not isinstance(v, types):
+            want = " or ".join(_JSON_NAMES[t] for t in types)
+            return f"meta.json field '{name}' is {_JSON_NAMES.get(type(v), type(v).__name__)}, expected {want}"
+        if isinstance(v, (int, float)) and not (0 <= v < 2**63):
+            return f"meta.json field '{name}' is {v!r}, out of range"
+    for name in ("inputs", "outputs"):
+        if any(not isinstance(x, str) for x in meta.get(name, [])):
+            return f"meta.json field '{name}' holds a non-string"
+    for fname, info in meta.get("files", {}).items():
+        if not isinstance(info, dict) or isinstance(info.get("bytes"), bool) \
+                or not isinstance(info.get("bytes"), int) or not isinstance(info.get("sha256"), str):
+            return f"meta.json lists file {clean(fname)!r} without an integer 'bytes' and a string 'sha256'"
+    return None
+
+
+def _clean_meta(meta):
+    """A copy of a checked meta.json whose strings are safe to print."""
+    def walk(v):
+        if isinstance(v, str):
+            return clean(v)
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        if isinstance(v, dict):
+            return {clean(k): walk(x) for k, x in v.items()}
+        return v
+    out = walk(meta)
+    out["files"] = {k: v for k, v in meta["files"].items()}  # file names are looked up, not printed raw
+    return out
+
+
 class Entry:
-    """One cache entry; `meta` is None and `error` says why when meta.json is unusable."""
+    """One cache entry; `meta` is None and `error` says why when meta.json is unusable.
+
+    meta.json is not authenticated until `problems()` checks its MAC, so it is
+    treated as hostile: its fields are type-checked, its strings are shown with
+    control characters escaped (`clean`), and nothing in it names a path."""
 
     def __init__(self, path, key, cache=None):
         self.path = path
@@ -109,16 +175,21 @@ class Entry:
             raw = read_regular(os.path.join(path, "meta.json"))
             self.meta_bytes = len(raw)
             meta = json.loads(raw)
-            if not isinstance(meta, dict) or not isinstance(meta.get("files"), dict):
+            why = meta_problem(meta)
+            if why:
+                self.error = why
+            elif not isinstance(meta.get("files"), dict):
                 self.error = "meta.json lists no files"
             elif meta.get("key") != key:
                 self.error = "meta.json names another key"
             else:
-                self.meta = meta
+                self.meta = _clean_meta(meta)
         except FileNotFoundError:
             self.error = "meta.json is missing"
+        except RecursionError:
+            self.error = "meta.json does not parse (nested too deeply)"
         except (OSError, ValueError) as e:
-            self.error = f"meta.json does not parse ({e})"
+            self.error = clean(f"meta.json does not parse ({e})")
 
     # ---- metadata with defaults
 
@@ -179,7 +250,16 @@ class Entry:
         return data
 
     def text(self, name, verify=True):
-        return self.read(name, verify).decode("utf-8", errors="backslashreplace")
+        """A listed file as text, control characters escaped (see `clean`)."""
+        return clean(self.read(name, verify).decode("utf-8", errors="backslashreplace"))
+
+    def authenticated(self):
+        """Whether this cache's key authenticates the entry (its MAC), as the compiler requires."""
+        secret = self.cache.secret() if self.cache else None
+        mac = self.meta.get("mac") if self.meta else None
+        return secret is not None and isinstance(mac, str) and hmac.compare_digest(
+            mac.encode("ascii", "replace"),
+            hmac.new(secret, mac_message(self.key, self.meta["files"]), "sha256").hexdigest().encode())
 
     def problems(self):
         """Everything wrong with the entry (empty when it is good)."""
@@ -194,12 +274,9 @@ class Entry:
             if why:
                 out.append(why)
         secret = self.cache.secret() if self.cache else None
-        mac = self.meta.get("mac")
         if secret is None:
             out.append("the cache has no usable key (hmac.key) to authenticate it")
-        elif not isinstance(mac, str) or not hmac.compare_digest(
-                mac.encode("ascii", "replace"),
-                hmac.new(secret, mac_message(self.key, self.meta["files"]), "sha256").hexdigest().encode()):
+        elif not self.authenticated():
             out.append("it is not authenticated by this cache's key (copied from another cache, planted, "
                        "or written by an older flowjit)")
         if self.meta.get("format") != 1:
