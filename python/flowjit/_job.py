@@ -196,8 +196,8 @@ class JobBuilder:
         self.split_vars = {}  # name -> declared split axis (flow.distribute.split)
         self.effects = []     # assign nodes a layer asked for (batch norm's moving statistics)
         self.placements = []  # flow.scope.placement scopes entered while tracing
-        self.watches = []     # (blob, handler) of flow.watch, in trace order
-        self.watch_diffs = []  # (blob, handler) of flow.watch_diff: gradient outputs after the watches
+        self.watches = []     # (blob, handler, form) of flow.watch, in trace order
+        self.watch_diffs = []  # (blob, handler, form) of flow.watch_diff: gradient outputs after the watches
         self.added_losses = []  # flow.losses.add_loss (minimized with function_config().train)
         self.regularizers = {}  # variable name -> (blob, flow.regularizers.Regularizer)
         self.finished = False
@@ -248,13 +248,15 @@ class JobBuilder:
             return blob
         info = _C.variable_info(name)
         if info is not None:
-            vshape, vdt, vtrain, _ = info
+            vshape, vdt, _, _ = info
             if tuple(vshape) != shape or _dtypes.from_c(vdt) is not dtype:
                 _trace.fail(ValueError, f"get_variable: variable '{name}' exists in the session as "
                             f"{_dtypes.from_c(vdt)!r}{tuple(vshape)} but is requested as "
                             f"{dtype!r}{shape}; two jobs or layers use the same name with different "
                             "shapes", loc)
-            trainable = bool(vtrain) and trainable
+            # As in OneFlow, trainable is the requesting job's: a variable an
+            # eval job created with trainable=False is trained by a train job
+            # that asks for it with trainable=True.
         else:
             self.pending[name] = (shape, dtype, initializer, seed, trainable)
         node = _C.make_node(K.variable, [], {"name": name, "shape": list(shape), "dtype": dtype.c},
@@ -483,12 +485,12 @@ class _Compiled:
         self.name = name
 
     def sync_result(self, outs):
-        """On the caller's thread: the result; watch handlers are queued."""
+        """On the caller's thread: the result, once the watch handlers have
+        run on the callback thread (behind the callbacks queued before)."""
         if self.watches:
             watched = list(outs[self.n_user:])
             outs = outs[:self.n_user]
-            _C.post_callback(functools.partial(_async.run_watch_handlers, self.watches, watched,
-                                               self.name), self.name)
+            _async.run_watch_handlers_and_wait(self.watches, watched, self.name)
         return self.build(outs)
 
     def async_result(self, outs):
@@ -881,7 +883,7 @@ class JobFunction:
         for o in outs:
             builder.check_owned(o, "return", _trace.user_location())
         n_user = len(outs)
-        outs.extend(blob for blob, _ in builder.watches)
+        outs.extend(blob for blob, _, _ in builder.watches)
         if builder.type == "train" and builder.minimize is None:
             raise TypeError(f"job '{self._name}' is declared type=\"train\" but never calls an "
                             "optimizer's minimize(loss), e.g. flow.optimizer.SGD(flow.optimizer."
@@ -913,7 +915,7 @@ class JobFunction:
             job = _C.compile_job(self._name, builder.type == "train", builder.params,
                                  [o._node for o in outs], list(builder.effects), losses, lr, step,
                                  trainable, opt, self._source, sig, settings, dist,
-                                 [blob._node for blob, _ in builder.watch_diffs])
+                                 [blob._node for blob, _, _ in builder.watch_diffs])
         t_done = _inspect.now_ns()
         stages.append(_inspect.Stage("compile" + (" (disk cache hit)" if job.from_disk_cache else ""),
                                      t_compile, t_done - t_compile, tid))
@@ -932,7 +934,8 @@ class JobFunction:
         _check_result_groups(self._name, template, list(job.output_groups)[:n_user])
         mode = "callback" if self._async else "legacy" if template[0] != "none" and self._legacy else "sync"
         compiled = _Compiled(job, _builder_for(template, per_device, self._name), mode,
-                             [(blob.name, handler) for blob, handler in builder.watches + builder.watch_diffs],
+                             [(blob.name, handler, form)
+                              for blob, handler, form in builder.watches + builder.watch_diffs],
                              n_user, self._name,
                              _inspect.CompiledJob(job, self._name, sig, stages))
         self._cache[key] = compiled

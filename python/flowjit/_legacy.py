@@ -9,7 +9,7 @@
 
     job(np.ones((2, 3), np.float32)).get().ndarray()
 """
-from . import _dtypes, _trace
+from . import _async, _dtypes, _trace
 from . import typing as tp
 from ._blob import Blob
 
@@ -39,28 +39,40 @@ class MirroredTensorDef(tp.ListNumpy.Placeholder):
 
 
 def watch(blob_watched, handler_or_prompt=None):
-    """Calls `handler(value)` with the blob's value (a numpy array, which also
-    has OneFlow 0.2's .ndarray()) at every call of the job, in call order,
-    on the callback thread. The value becomes one more output of the
-    compiled job; nothing else about the program changes.
+    """Calls `handler(value)` with the blob's value at every call of the job,
+    in call order, on the callback thread. The value becomes one more output
+    of the compiled job; nothing else about the program changes.
 
-    A handler's exception is reported at the next synchronous call or
-    flow.sync_default_session(), like a callback's. Without a handler the
-    value is printed (OneFlow's default)."""
+    As in OneFlow, the annotation of the handler's parameter says what it
+    gets: ``tp.Numpy`` the array, ``tp.ListNumpy`` a list with one array per
+    device, no annotation a local blob (an array with numpy(), ndarray(),
+    numpy_list()). A synchronous call (numpy results) returns after its
+    handlers ran; a handler's exception is reported at the next
+    synchronous call or flow.sync_default_session(), like a callback's.
+    Without a handler the value is printed (OneFlow's default)."""
     b = _trace.require_builder("flow.watch")
     loc = _trace.user_location()
     if not isinstance(blob_watched, Blob):
         _trace.fail(TypeError, f"flow.watch: expected a Blob to watch, got {type(blob_watched).__name__}", loc)
     b.check_owned(blob_watched, "flow.watch", loc)
-    handler = handler_or_prompt
-    if handler is None or isinstance(handler, str):
-        prompt = handler or blob_watched.name
+    b.watches.append((blob_watched,) + _handler_and_form(handler_or_prompt, blob_watched.name, "flow.watch", loc))
 
-        def handler(value):
+
+def _handler_and_form(handler, prompt, api, loc):
+    """The handler to call (a printing one for None or a prompt) and the form
+    of the value it takes (_async.watch_form)."""
+    if handler is None or isinstance(handler, str):
+        prompt = handler or prompt
+
+        def handler(value: tp.Numpy):
             print(f"{prompt}: {value!r}")
     elif not callable(handler):
-        _trace.fail(TypeError, f"flow.watch: the handler must be callable, got {type(handler).__name__}", loc)
-    b.watches.append((blob_watched, handler))
+        _trace.fail(TypeError, f"{api}: the handler must be callable, got {type(handler).__name__}", loc)
+    try:
+        form = _async.watch_form(handler, api)
+    except TypeError as e:
+        _trace.fail(TypeError, str(e), loc)
+    return handler, form
 
 
 def watch_diff(blob_watched, handler_or_prompt=None):
@@ -79,12 +91,5 @@ def watch_diff(blob_watched, handler_or_prompt=None):
     if blob_watched.dtype not in (_dtypes.float32, _dtypes.float64):
         _trace.fail(TypeError, f"flow.watch_diff: blob '{blob_watched.name}' is {blob_watched.dtype!r}; only "
                     "floating-point blobs have gradients", loc)
-    handler = handler_or_prompt
-    if handler is None or isinstance(handler, str):
-        prompt = handler or f"{blob_watched.name} diff"
-
-        def handler(value):
-            print(f"{prompt}: {value!r}")
-    elif not callable(handler):
-        _trace.fail(TypeError, f"flow.watch_diff: the handler must be callable, got {type(handler).__name__}", loc)
-    b.watch_diffs.append((blob_watched, handler))
+    b.watch_diffs.append((blob_watched,) + _handler_and_form(handler_or_prompt, f"{blob_watched.name} diff",
+                                                             "flow.watch_diff", loc))
