@@ -862,6 +862,13 @@ std::string assembly_from_ir(const std::string& llvm_ir) {
     std::unique_ptr<llvm::Module> m = llvm::parseIR(buf->getMemBufferRef(), diag, ctx);
     if (!m)
       throw_user(ErrorKind::Value, "cannot parse the cached LLVM IR: ", diag.getMessage().str());
+    // parseIR does not verify: IR that parses but is malformed (read from a
+    // cache entry someone else may have edited) must not reach the code generator,
+    // which asserts or crashes on it.
+    std::string verify_err;
+    llvm::raw_string_ostream vos(verify_err);
+    if (llvm::verifyModule(*m, &vos))
+      throw_user(ErrorKind::Value, "the cached LLVM IR is not valid: ", vos.str());
     m->setDataLayout(tm->createDataLayout());
     out += emit_file(*m, *tm, llvm::CodeGenFileType::AssemblyFile);
   }

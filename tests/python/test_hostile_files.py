@@ -173,3 +173,11 @@ def test_checkpoint_meta_with_overflowing_dims_names_the_variable(saved):
                                       "data_type: kFloat\n")
     with pytest.raises(flow.checkpoint.CheckpointError, match="'w'.*too large"):
         flow.checkpoint.get(str(saved))
+
+
+def test_assembly_of_ir_that_parses_but_is_invalid_is_an_error_not_a_crash():
+    from flowjit import _C
+    ir = ("define i32 @f(i32 %a) {\nentry:\n  br label %b\nb:\n  ret i32 %x\n"
+          "c:\n  %x = add i32 %a, 1\n  br label %b\n}\n")
+    with pytest.raises(ValueError, match="not valid"):
+        _C.assembly_from_ir(ir)
