@@ -154,12 +154,159 @@ def conv1d(input: Blob, filters: Blob, strides: Union[int, Sequence[int]],
 
 
 def conv2d(input: Blob, filters: Blob, strides: Union[int, Sequence[int]],
-           padding: Union[str, int, Sequence[Any]], data_format: str = "NCHW",
+           padding: Union[str, int, Sequence[Any]], bias: Optional[Blob] = None, data_format: str = "NCHW",
            dilations: Optional[Union[int, Sequence[int]]] = None, groups: int = 1,
            name: Optional[str] = None) -> Blob:
     """2-D convolution: input (N, C, H, W) or NHWC, filters (Co, C/groups, kh, kw)
-    (NHWC: (Co, kh, kw, C/groups)); padding 'SAME', 'VALID' or explicit pairs."""
-    return _conv_nd(2, "conv2d", input, filters, strides, padding, data_format, dilations, groups, name)
+    (NHWC: (Co, kh, kw, C/groups)); padding 'SAME', 'VALID' or explicit pairs.
+    A 1-D `bias` of Co values is added per output channel (OneFlow's fifth
+    argument), inside the convolution's kernel."""
+    if bias is None:
+        return _conv_nd(2, "conv2d", input, filters, strides, padding, data_format, dilations, groups, name)
+    api = "conv2d"
+    _check_blob(bias, api, "bias")
+    y, unflatten = _conv_flat(2, api, input, filters, strides, padding, data_format, dilations, groups)
+    co = filters.shape[0]
+    if tuple(bias.shape) != (co,):
+        _trace.fail(ValueError, f"{api}: bias must have shape ({co},), one value per output channel, "
+                    f"got {tuple(bias.shape)}")
+    y = unflatten(_ops.add(y, _ops.reshape(bias, [1, groups, co // groups, 1])))
+    return _ops.identity(y, name=name) if name else y
+
+
+def compat_conv2d(input: Blob, filters: Blob, strides: Union[int, Sequence[int]], padding: str,
+                  data_format: str = "NCHW", dilations: Optional[Union[int, Sequence[int]]] = None,
+                  groups: int = 1, name: Optional[str] = None) -> Blob:
+    """TensorFlow's conv2d padding rule on :func:`conv2d`: 'SAME' puts the odd
+    padding element after (SAME_UPPER); 'VALID' pads nothing."""
+    if not isinstance(padding, str) or padding.upper() not in ("SAME", "VALID"):
+        _trace.fail(ValueError, f"compat_conv2d: padding must be 'SAME' or 'VALID', got {padding!r}")
+    mode = "SAME_UPPER" if padding.upper() == "SAME" else "VALID"
+    return conv2d(input, filters, strides, mode, None, data_format, dilations, groups, name)
+
+
+# ---------------------------------------------------------------- transposed convolution
+
+def _deconv2d(api, x, w, strides, dilations, data_format, pads_lo, out_spatial, name):
+    """The transposed 2-D convolution of x (N, Ci, h, w) with w (Ci, Co, kh, kw)
+    (both in `data_format`): out[o] = sum over i, k with o = i * s + k * d - pads_lo
+    of x[i] w[k], `out_spatial` long. It is the convolution, at stride 1, of x
+    spread out by s - 1 zeros between elements with the flipped, transposed
+    filter, so its gradients are the convolution's own."""
+    cf = _channels_first(data_format, api)
+    x = _to_channels_first(x, cf)
+    w = _to_channels_first(w, cf)  # NHWC filters are (Ci, kh, kw, Co)
+    if x.shape[1] != w.shape[0]:
+        _trace.fail(ValueError, f"{api}: input has {x.shape[1]} channels but the filters expect "
+                    f"{w.shape[0]} (filters are (in_channels, out_channels, kh, kw))")
+    k = list(w.shape[2:])
+    st, dl = list(strides), list(dilations)
+    up = _ops.make(K.pad, [x], {"pads_lo": [0] * 4, "pads_hi": [0] * 4,
+                                "interior": [0, 0] + [s - 1 for s in st], "pad_value": 0.0}, api=api)
+    lo = [dl[i] * (k[i] - 1) - pads_lo[i] for i in range(2)]
+    hi = [out_spatial[i] - up.shape[2 + i] - lo[i] + dl[i] * (k[i] - 1) for i in range(2)]
+    if min(lo + hi) < 0:  # more padding than the filter reaches: cut the spread input instead
+        begin = [0, 0] + [max(-v, 0) for v in lo]
+        shape = list(up.shape[:2]) + [up.shape[2 + i] - max(-lo[i], 0) - max(-hi[i], 0) for i in range(2)]
+        if min(shape) <= 0:
+            _trace.fail(ValueError, f"{api}: output size {out_spatial} with padding {pads_lo} leaves no "
+                        "input element in reach of the filter")
+        up = _ops.make(K.slice, [up], {"begin": begin, "step": [1] * 4, "shape": shape}, api=api)
+        lo, hi = [max(v, 0) for v in lo], [max(v, 0) for v in hi]
+    flipped = _ops.make(K.slice, [w], {"begin": [0, 0, k[0] - 1, k[1] - 1], "step": [1, 1, -1, -1],
+                                       "shape": list(w.shape)}, api=api)
+    wt = _ops.transpose(flipped, [1, 0, 2, 3])
+    y = _ops.make(K.conv, [up, wt], {"strides": [1, 1], "dilations": dl, "pads_lo": lo, "pads_hi": hi,
+                                     "groups": 1}, api=api)
+    y = _from_channels_first(_ops.reshape(y, [x.shape[0], w.shape[1]] + list(out_spatial)), cf)
+    return _ops.identity(y, name=name) if name else y
+
+
+def _deconv_operands(api, value, filter, input, filters):
+    if (value is None) == (input is None):
+        _trace.fail(TypeError, f"{api}: pass the input as exactly one of `value` and `input`")
+    if (filter is None) == (filters is None):
+        _trace.fail(TypeError, f"{api}: pass the filters as exactly one of `filter` and `filters`")
+    x = value if value is not None else input
+    w = filter if filter is not None else filters
+    _check_blob(x, api, "input")
+    _check_blob(w, api, "filters")
+    _check_rank(x, 2, api)
+    if len(w.shape) != 4:
+        _trace.fail(ValueError, f"{api}: filters must have rank 4, got shape {w.shape}")
+    return x, w
+
+
+def conv2d_transpose(value: Optional[Blob] = None, filter: Optional[Blob] = None,  # noqa: A002 - OneFlow's names
+                     output_shape: Optional[Sequence[int]] = None,
+                     strides: Optional[Union[int, Sequence[int]]] = None, padding: str = "VALID",
+                     data_format: str = "NCHW", name: Optional[str] = None, input: Optional[Blob] = None,  # noqa: A002
+                     filters: Optional[Blob] = None,
+                     dilations: Optional[Union[int, Sequence[int]]] = None) -> Blob:
+    """2-D transposed convolution (the gradient of conv2d with respect to its
+    input), TensorFlow's conv2d_transpose: filters (in, out, kh, kw) for NCHW,
+    (in, kh, kw, out) for NHWC; `output_shape` is the whole 4-D result shape,
+    and 'SAME' or 'VALID' padding is the one of the convolution it transposes."""
+    api = "conv2d_transpose"
+    x, w = _deconv_operands(api, value, filter, input, filters)
+    cf = _channels_first(data_format, api)
+    if output_shape is None or len(output_shape) != 4:
+        _trace.fail(ValueError, f"{api}: output_shape must list 4 extents, got {output_shape!r}")
+    oshape = _ops._int_list(output_shape, api, "output_shape")
+    st = _ints(strides, 2, api, "strides")
+    dl = _ints(1 if dilations is None else dilations, 2, api, "dilations")
+    in_sp = list(x.shape[2:] if cf else x.shape[1:3])
+    k = list(w.shape[2:] if cf else w.shape[1:3])
+    co = w.shape[1] if cf else w.shape[3]
+    out_sp = oshape[2:] if cf else oshape[1:3]
+    if oshape[0] != x.shape[0] or (oshape[1] if cf else oshape[3]) != co:
+        _trace.fail(ValueError, f"{api}: output_shape {oshape} must have the input's batch {x.shape[0]} and "
+                    f"the filters' {co} output channels")
+    if not isinstance(padding, str) or padding.upper() not in ("SAME", "VALID"):
+        _trace.fail(ValueError, f"{api}: padding must be 'SAME' or 'VALID', got {padding!r}")
+    lo = []
+    for i in range(2):
+        eff = (k[i] - 1) * dl[i] + 1
+        if padding.upper() == "VALID":
+            if (out_sp[i] + st[i] - eff) // st[i] != in_sp[i]:
+                _trace.fail(ValueError, f"{api}: a VALID convolution of an output of extent {out_sp[i]} "
+                            f"(spatial dim {i}) gives {(out_sp[i] + st[i] - eff) // st[i]} elements, but the "
+                            f"input has {in_sp[i]}")
+            lo.append(0)
+        else:
+            if (out_sp[i] + st[i] - 1) // st[i] != in_sp[i]:
+                _trace.fail(ValueError, f"{api}: a SAME convolution of an output of extent {out_sp[i]} "
+                            f"(spatial dim {i}) gives {(out_sp[i] + st[i] - 1) // st[i]} elements, but the "
+                            f"input has {in_sp[i]}")
+            lo.append(max(0, (in_sp[i] - 1) * st[i] + eff - out_sp[i]) // 2)
+    return _deconv2d(api, x, w, st, dl, data_format, lo, out_sp, name)
+
+
+def torch_conv2d_transpose(value: Optional[Blob] = None, filter: Optional[Blob] = None,  # noqa: A002
+                           output_padding: Optional[Sequence[int]] = None,
+                           strides: Optional[Union[int, Sequence[int]]] = None,
+                           padding_needed: Optional[Sequence[int]] = None, data_format: str = "NCHW",
+                           name: Optional[str] = None, input: Optional[Blob] = None,  # noqa: A002
+                           filters: Optional[Blob] = None,
+                           dilations: Optional[Union[int, Sequence[int]]] = None) -> Blob:
+    """PyTorch's ConvTranspose2d arithmetic: padding_needed[i] (even) is twice
+    torch's padding, output_padding extends the end; the output extent is
+    (in - 1) * stride - padding_needed + dilation * (k - 1) + 1 + output_padding."""
+    api = "torch_conv2d_transpose"
+    x, w = _deconv_operands(api, value, filter, input, filters)
+    cf = _channels_first(data_format, api)
+    st = _ints(strides, 2, api, "strides")
+    dl = _ints(1 if dilations is None else dilations, 2, api, "dilations")
+    need = _ints([0, 0] if padding_needed is None else padding_needed, 2, api, "padding_needed", 0)
+    if any(p % 2 for p in need):
+        _trace.fail(ValueError, f"{api}: padding_needed must hold even numbers (twice the padding), got {need}")
+    op = _ints([0, 0] if output_padding is None else output_padding, 2, api, "output_padding", 0)
+    in_sp = list(x.shape[2:] if cf else x.shape[1:3])
+    k = list(w.shape[2:] if cf else w.shape[1:3])
+    out_sp = [(in_sp[i] - 1) * st[i] - need[i] + dl[i] * (k[i] - 1) + 1 + op[i] for i in range(2)]
+    if min(out_sp) <= 0:
+        _trace.fail(ValueError, f"{api}: the output would have extents {out_sp}")
+    return _deconv2d(api, x, w, st, dl, data_format, [p // 2 for p in need], out_sp, name)
 
 
 def conv3d(input: Blob, filters: Blob, strides: Union[int, Sequence[int]],
