@@ -1,5 +1,5 @@
 """flowjit's dtypes (flow.float, flow.int32, ...) and their numpy and IR forms."""
-from typing import Union
+from typing import List, Union
 
 import numpy as np
 
@@ -51,6 +51,26 @@ class _Unsupported:
 
 
 float16 = _Unsupported("float16")
+
+
+def dtypes() -> List[Union[DType, _Unsupported]]:
+    """Every dtype object flowjit names (OneFlow's ``flow.dtypes()``): the
+    seven it computes in, and flow.float16, which it only names (a job that
+    uses it raises NotImplementedError). Aliases such as flow.float are the
+    same objects as flow.float32 and are not repeated."""
+    return list(ALL) + [float16]
+
+
+def convert_oneflow_dtype_to_numpy_dtype(dtype: Union[DType, _Unsupported]) -> type:
+    """The numpy scalar type of a flow dtype (``flow.float32`` -> ``np.float32``,
+    ``flow.char`` -> ``np.int8``). flow.float16 maps to ``np.float16`` even
+    though flowjit does not compute in it, so tests can build their inputs."""
+    if isinstance(dtype, DType):
+        return dtype.np.type
+    if dtype is float16:
+        return np.float16
+    raise TypeError(f"convert_oneflow_dtype_to_numpy_dtype: expected a flow dtype such as flow.float32, "
+                    f"got {dtype!r}")
 
 
 def from_name(name):
