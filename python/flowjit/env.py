@@ -44,13 +44,19 @@ network the machines share (never 0.0.0.0 or a public address: the token
 keeps strangers out, but the keys and values after the handshake travel
 unencrypted and unauthenticated).
 """
+import dataclasses
 import os
 import re
 import secrets
 import zlib
+from typing import List, Union
+
+from . import config, scope
 
 __all__ = ["machine", "ctrl_port", "timeout", "get_rank", "get_world_size", "get_local_rank",
-           "STORE_TOKEN_ENV", "new_store_token"]
+           "STORE_TOKEN_ENV", "new_store_token", "init", "current_resource", "all_device_placement",
+           "data_port", "log_dir", "logtostderr", "logbuflevel", "grpc_use_no_signal", "init_bootstrap_confs",
+           "BootstrapConf"]
 
 _state = {"machines": None, "ctrl_port": None, "timeout": None}
 
@@ -60,7 +66,7 @@ _state = {"machines": None, "ctrl_port": None, "timeout": None}
 STORE_TOKEN_ENV = "FLOWJIT_STORE_TOKEN"
 
 
-def new_store_token():
+def new_store_token() -> str:
     """A fresh job token for STORE_TOKEN_ENV: 64 random hex digits."""
     return secrets.token_hex(32)
 
@@ -73,7 +79,7 @@ _SOURCES = (
 )
 
 
-def machine(nodes):
+def machine(nodes: List[Union[str, dict]]) -> None:
     """The machines of the job: a list of {"addr": "host"} (OneFlow's form)
     or of host strings; the first hosts the rendezvous."""
     if not isinstance(nodes, (list, tuple)) or not nodes:
@@ -87,14 +93,17 @@ def machine(nodes):
     _state["machines"] = addrs
 
 
-def ctrl_port(port):
+def ctrl_port(port: int) -> None:
     """The TCP port of the rendezvous on the first machine."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise ValueError(f"env.ctrl_port: expected a port number in 1..65535, got {port!r}")
     _state["ctrl_port"] = port
 
 
-def timeout(seconds):
+_set_ctrl_port = ctrl_port  # for init_bootstrap_confs, whose parameter has the same name
+
+
+def timeout(seconds: float) -> None:
     """How long to wait for the other processes (rendezvous and every
     collective) before failing; 60 s by default."""
     if not isinstance(seconds, (int, float)) or seconds <= 0:
@@ -102,17 +111,17 @@ def timeout(seconds):
     _state["timeout"] = float(seconds)
 
 
-def get_rank():
+def get_rank() -> int:
     """This process's index in the job (0 when it runs alone)."""
     return _process_rank()
 
 
-def get_world_size():
+def get_world_size() -> int:
     """The number of processes of the job."""
     return _process_count()
 
 
-def get_local_rank():
+def get_local_rank() -> int:
     """This process's index among the job's processes on its machine."""
     src = _source()
     if src is None or _process_count() == 1:
@@ -180,7 +189,7 @@ def _process_rank():
     return r
 
 
-def expand_nodelist(text):
+def expand_nodelist(text: str) -> List[str]:
     """Slurm's compressed host list ("node[01-04,07],gpu1") as a list of
     hosts (node01 ... node04, node07, gpu1); several bracket groups in one
     name multiply out ("r[1-2]n[1-2]" -> r1n1, r1n2, r2n1, r2n2)."""
@@ -278,3 +287,120 @@ def _configure_processes(local):
     addr, port = _master()
     t = _state["timeout"] or float(os.environ.get("FLOWJIT_TIMEOUT", "60"))
     _C.configure_processes(local, _process_rank(), n, addr, port, t)
+
+
+# ---------------------------------------------------------------- OneFlow's other env settings
+
+def init() -> bool:
+    """Checks the process settings now (world size, this process's rank, the
+    rendezvous address and port), so a mistake shows before the first job;
+    returns True. The processes connect at the first job call, as before;
+    calling it again, or never, is fine."""
+    if _process_count() > 1:
+        _process_rank()
+        _master()
+    return True
+
+
+def current_resource() -> config.Resource:
+    """The session's resources: same as flow.config.current_resource()."""
+    return config.current_resource()
+
+
+def all_device_placement(device_type: str) -> scope.Placement:
+    """A placement on every device of every machine: ``"cpu"`` (the
+    flow.config.cpu_device_num devices) or ``"gpu"`` / ``"cuda"`` (the
+    flow.config.gpu_device_num GPUs) of each of get_world_size() machines."""
+    if device_type == "cuda":
+        device_type = "gpu"
+    if device_type not in ("cpu", "gpu"):
+        raise ValueError(f"env.all_device_placement: device_type must be \"cpu\" or \"gpu\", got {device_type!r}")
+    n = config._settings["cpu_device_num"] if device_type == "cpu" else config._settings["gpu_device_num"]
+    if n < 1:
+        raise ValueError("env.all_device_placement(\"gpu\"): no GPUs are configured; call "
+                         "flow.config.gpu_device_num(n) first")
+    return scope.placement(device_type, [f"{m}:0-{n - 1}" for m in range(_process_count())])
+
+
+def _said_once(name, value, why):
+    from . import _log
+    _log.configure()
+    said = _state.setdefault("said", set())
+    if name not in said and _log.logger.isEnabledFor(_log.logging.INFO):
+        said.add(name)
+        _log.logger.info("env.%s(%r) is ignored: %s", name, value, why)
+
+
+def data_port(port: int) -> None:
+    """OneFlow's port for data between machines; accepted and ignored:
+    flowjit's processes exchange data over the connections they make at the
+    rendezvous (ctrl_port)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"env.data_port: expected a port number in 1..65535, got {port!r}")
+    _said_once("data_port", port, "data travels over the rendezvous connections (ctrl_port)")
+
+
+_NO_GLOG = "flowjit writes no log files; its diagnostics go to the logging logger 'flowjit' (FLOWJIT_DEBUG)"
+
+
+def log_dir(path: str) -> None:
+    """OneFlow's directory for its glog files; accepted and ignored: flowjit
+    writes no log files. Its diagnostics go through the ``logging`` logger
+    "flowjit" (add a logging.FileHandler to it to keep them in a file)."""
+    if not isinstance(path, str) or not path:
+        raise TypeError(f"env.log_dir: expected a directory path, got {path!r}")
+    _said_once("log_dir", path, _NO_GLOG)
+
+
+def logtostderr(val: int) -> None:
+    """OneFlow's glog setting; accepted and ignored (see :func:`log_dir`)."""
+    if isinstance(val, bool) or not isinstance(val, int):
+        raise TypeError(f"env.logtostderr: expected an int (0 or 1), got {val!r}")
+    _said_once("logtostderr", val, _NO_GLOG)
+
+
+def logbuflevel(val: int) -> None:
+    """OneFlow's glog setting; accepted and ignored (see :func:`log_dir`)."""
+    if isinstance(val, bool) or not isinstance(val, int):
+        raise TypeError(f"env.logbuflevel: expected an int, got {val!r}")
+    _said_once("logbuflevel", val, _NO_GLOG)
+
+
+def grpc_use_no_signal(val: bool = True) -> None:
+    """Deprecated in OneFlow itself and without effect there; accepted and
+    ignored (flowjit uses no gRPC)."""
+    if not isinstance(val, bool):
+        raise TypeError(f"env.grpc_use_no_signal: expected True or False, got {val!r}")
+    _said_once("grpc_use_no_signal", val, "flowjit uses no gRPC")
+
+
+@dataclasses.dataclass(frozen=True)
+class BootstrapConf:
+    """How one process of the job finds the others (init_bootstrap_confs)."""
+
+    rank: int
+    host: str
+    master_addr: str
+    master_port: int
+    world_size: int
+
+
+def init_bootstrap_confs(node_list: Union[str, List[str]], master_port: int, world_size: int = 0,
+                         ctrl_port: int = -1, node_size: int = -1) -> List[BootstrapConf]:
+    """OneFlow's CI helper: one process per host of `node_list` (the first
+    hosts the rendezvous at `master_port`). Sets flow.env.machine(node_list)
+    and flow.env.ctrl_port(master_port) and returns each process's
+    BootstrapConf. flowjit starts no processes: run the script on each host
+    with its rank in FLOWJIT_RANK (or use a launcher). `world_size` must be
+    0 or len(node_list) (several processes per host: use python -m
+    flowjit.launch); `ctrl_port` and `node_size` are accepted and ignored."""
+    if isinstance(node_list, str):
+        node_list = [node_list]
+    if world_size not in (0, len(node_list)):
+        raise NotImplementedError(f"env.init_bootstrap_confs: world_size {world_size} over {len(node_list)} "
+                                  "host(s): flowjit runs one process per listed host here; for several "
+                                  "processes per host use python -m flowjit.launch")
+    machine(list(node_list))
+    _set_ctrl_port(master_port)
+    return [BootstrapConf(rank=r, host=h, master_addr=node_list[0], master_port=master_port,
+                          world_size=len(node_list)) for r, h in enumerate(node_list)]
