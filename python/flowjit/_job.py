@@ -10,7 +10,7 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
-from . import _C, _async, _devices, _dtypes, _inspect, _log, _ops, _trace
+from . import _C, _async, _devices, _dtypes, _function_settings, _inspect, _log, _ops, _trace
 from . import typing as tp
 from ._blob import Blob
 
@@ -20,36 +20,41 @@ K = _C.OpKind
 # ---------------------------------------------------------------- config
 
 class FunctionConfig:
-    """Settings of a job function (OneFlow's flow.function_config())."""
+    """Settings of a job function (OneFlow's flow.function_config()).
+
+    Besides the methods below, OneFlow's tuning settings (enable_inplace,
+    enable_fuse_cast_scale, prune_parallel_cast_ops, concurrency_width,
+    indexed_slices_optimizer_conf, the cudnn_* and all_reduce_* settings, ...;
+    the table is flowjit._function_settings.HINTS) are accepted as hints:
+    checked for type, kept (``function_desc`` shows them) and ignored, each
+    said once at FLOWJIT_DEBUG=1 with the reason. ``function_desc`` is a
+    read-only view of the settings."""
 
     _SETTINGS = ("default_data_type", "default_logical_view", "default_placement_scope",
                  "default_distribute_strategy", "recompile_limit", "allow_cpu_fallback", "train",
-                 "enable_tensor_float_32_compute", "enable_auto_mixed_precision", "enable_inplace",
-                 "enable_fuse_add_to_output", "enable_fuse_model_update_ops", "enable_xla_jit",
-                 "cudnn_conv_heuristic_search_algo", "check_numerics")
+                 "enable_tensor_float_32_compute", "enable_auto_mixed_precision", "check_numerics",
+                 "enable_qat", "qat")
     # OneFlow settings that flowjit does not implement, with the reason.
     _ONEFLOW_ONLY = {
         "enable_tensorrt": "TensorRT is not used",
-    }
-    # OneFlow optimization hints flowjit accepts and ignores, with the reason
-    # (said once per hint with FLOWJIT_DEBUG=1).
-    _IGNORED_HINTS = {
-        "enable_inplace": "flowjit plans memory reuse itself",
-        "enable_fuse_add_to_output": "flowjit fuses elementwise epilogues itself",
-        "enable_fuse_model_update_ops": "flowjit always fuses optimizer updates",
-        "enable_xla_jit": "flowjit is its own JIT",
-        "cudnn_conv_heuristic_search_algo": "flowjit has no cuDNN convolutions",
+        "default_initializer_conf": "a variable without an initializer gets get_variable's default; pass "
+                                    "initializer= to get_variable or the layer",
+        "exp_run_conf": "OneFlow's experiment-runner settings have no counterpart",
+        "static_mem_alloc_policy_white_list": "flowjit plans memory itself and has no allocation policies",
+        "static_mem_alloc_algo_white_list": "flowjit plans memory itself and has no allocation policies",
     }
     _said = set()
 
     def __init__(self):
         object.__setattr__(self, "_values", {"default_data_type": _dtypes.float32})
 
-    def default_data_type(self, dtype):
+    def default_data_type(self, dtype: _dtypes.DTypeLike) -> "FunctionConfig":
+        """The dtype of placeholders and variables that do not name one (flow.float by default)."""
         self._values["default_data_type"] = _dtypes.to_dtype(dtype, "function_config.default_data_type")
         return self
 
-    def default_logical_view(self, view):
+    def default_logical_view(self, view) -> "FunctionConfig":
+        """flow.scope.consistent_view() (the default) or mirrored_view()."""
         from . import scope
         if not isinstance(view, scope.LogicalView):
             raise TypeError("function_config.default_logical_view: expected flow.scope.consistent_view() "
@@ -57,7 +62,8 @@ class FunctionConfig:
         self._values["default_logical_view"] = view
         return self
 
-    def default_placement_scope(self, placement):
+    def default_placement_scope(self, placement) -> "FunctionConfig":
+        """Where the whole job runs: flow.scope.placement(...)."""
         from . import scope
         if not isinstance(placement, scope.Placement):
             raise TypeError("function_config.default_placement_scope: expected flow.scope.placement(...), "
@@ -65,7 +71,7 @@ class FunctionConfig:
         self._values["default_placement_scope"] = placement
         return self
 
-    def default_distribute_strategy(self, strategy):
+    def default_distribute_strategy(self, strategy) -> "FunctionConfig":
         """OneFlow 0.1-0.2's default_logical_view: flow.distribute.consistent_strategy()
         or mirrored_strategy()."""
         from . import scope
@@ -75,13 +81,14 @@ class FunctionConfig:
         self._values["default_logical_view"] = strategy
         return self
 
-    def recompile_limit(self, n):
+    def recompile_limit(self, n: int) -> "FunctionConfig":
+        """How many signatures the job may compile before a new one raises."""
         if not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"function_config.recompile_limit: expected a positive int, got {n!r}")
         self._values["recompile_limit"] = int(n)
         return self
 
-    def allow_cpu_fallback(self, flag=True):
+    def allow_cpu_fallback(self, flag: bool = True) -> "FunctionConfig":
         """A job placed on a GPU runs on the CPU (with one warning) where the GPU
         cannot be used (no CUDA driver, no such GPU), instead of raising."""
         self._values["allow_cpu_fallback"] = self._flag("allow_cpu_fallback", flag)
@@ -97,7 +104,18 @@ class FunctionConfig:
             conf = self._values["train"] = TrainConfig()
         return conf
 
-    def enable_tensor_float_32_compute(self, flag=True):
+    @property
+    def function_desc(self) -> _function_settings.FunctionDesc:
+        """A read-only view of these settings (``.enable_inplace`` and so on:
+        the value set, or OneFlow's default)."""
+        return _function_settings.FunctionDesc(self)
+
+    @property
+    def qat(self) -> _function_settings.QatConfig:
+        """Quantization-aware training settings (kept; see :meth:`enable_qat`)."""
+        return _function_settings.QatConfig(self)
+
+    def enable_tensor_float_32_compute(self, flag: bool = True) -> "FunctionConfig":
         """Lets float32 matmuls of jobs placed on a GPU use TF32 tensor cores
         (FLOWJIT_ALLOW_TF32=1 for this job's config; False turns it off for
         them whatever the environment says). CPU jobs always compute in full
@@ -105,7 +123,7 @@ class FunctionConfig:
         self._values["enable_tensor_float_32_compute"] = self._flag("enable_tensor_float_32_compute", flag)
         return self
 
-    def check_numerics(self, flag=True):
+    def check_numerics(self, flag: bool = True) -> "FunctionConfig":
         """Debugging aid, off by default (like torch.autograd.detect_anomaly):
         every floating-point value a kernel of the job stores is checked, and
         the first kernel that produces a NaN or an infinity stops the run
@@ -116,7 +134,8 @@ class FunctionConfig:
         self._values["check_numerics"] = self._flag("check_numerics", flag)
         return self
 
-    def enable_auto_mixed_precision(self, flag=True):
+    def enable_auto_mixed_precision(self, flag: bool = True) -> "FunctionConfig":
+        """False is accepted; True raises NotImplementedError (flowjit has no mixed precision)."""
         if self._flag("enable_auto_mixed_precision", flag):
             raise NotImplementedError("function_config.enable_auto_mixed_precision(True): flowjit has no "
                                       "mixed precision (it computes float16 nowhere); a job would train "
@@ -124,29 +143,26 @@ class FunctionConfig:
         self._values["enable_auto_mixed_precision"] = False
         return self
 
+    def enable_qat(self, flag: bool = True) -> "FunctionConfig":
+        """False is accepted; True raises NotImplementedError: flowjit has no
+        quantization-aware training (no fake-quantization ops to insert)."""
+        if self._flag("enable_qat", flag):
+            raise NotImplementedError("function_config.enable_qat(True): flowjit has no quantization-aware "
+                                      "training (it inserts no fake quantization), so a job would train "
+                                      "unquantized; this is refused")
+        self._values["enable_quantization_aware_training"] = False
+        return self
+
+    enable_quantization_aware_training = enable_qat
+
     def _hint(self, name, value):
-        self._values[name] = value
+        self._values[name] = _function_settings.check_hint(name, value)
         _log.configure()
         if name not in FunctionConfig._said and _log.logger.isEnabledFor(_log.logging.INFO):
             FunctionConfig._said.add(name)
-            _log.logger.info("function_config.%s(%r) is ignored: %s", name, value, self._IGNORED_HINTS[name])
+            _log.logger.info("function_config.%s(%r) is ignored: %s", name, value,
+                             _function_settings.HINTS[name][3])
         return self
-
-    def enable_inplace(self, flag=True):
-        return self._hint("enable_inplace", self._flag("enable_inplace", flag))
-
-    def enable_fuse_add_to_output(self, flag=True):
-        return self._hint("enable_fuse_add_to_output", self._flag("enable_fuse_add_to_output", flag))
-
-    def enable_fuse_model_update_ops(self, flag=True):
-        return self._hint("enable_fuse_model_update_ops", self._flag("enable_fuse_model_update_ops", flag))
-
-    def enable_xla_jit(self, flag=True):
-        return self._hint("enable_xla_jit", self._flag("enable_xla_jit", flag))
-
-    def cudnn_conv_heuristic_search_algo(self, flag=True):
-        return self._hint("cudnn_conv_heuristic_search_algo",
-                          self._flag("cudnn_conv_heuristic_search_algo", flag))
 
     @staticmethod
     def _flag(name, flag):
@@ -154,23 +170,32 @@ class FunctionConfig:
             raise TypeError(f"function_config.{name}: expected True or False, got {flag!r}")
         return flag
 
-    def get(self, key, default=None):
+    def get(self, key: str, default=None):
+        """The value set for `key`, else `default`."""
         return self._values.get(key, default)
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
+        hint = _function_settings.HINTS.get(name)
+        if hint is not None:
+            default = hint[1]
+            if default is None:
+                return lambda value: self._hint(name, value)
+            return lambda value=default: self._hint(name, value)
         why = self._ONEFLOW_ONLY.get(name)
         if why:
             raise NotImplementedError(f"function_config.{name} is a OneFlow setting that flowjit does not "
                                       f"implement ({why})")
         raise AttributeError(f"function_config has no setting '{name}'; flowjit's settings are: "
-                             + ", ".join(self._SETTINGS))
+                             + ", ".join(self._SETTINGS) + ", and OneFlow's tuning hints: "
+                             + ", ".join(sorted(_function_settings.HINTS)))
 
     def __setattr__(self, name, value):
         raise AttributeError(f"function_config settings are methods: call config.{name}(value)")
 
-    def key(self):
+    def key(self) -> tuple:
+        """The settings as a hashable value (part of a compiled job's signature)."""
         return tuple(sorted((k, repr(v)) for k, v in self._values.items()))
 
 
