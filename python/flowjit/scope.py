@@ -1,9 +1,9 @@
 """flow.scope: placement, logical views (consistent / mirrored) and name spaces."""
 import threading
-from typing import List, Union
+from typing import Dict, List, Optional, Union
 
 __all__ = ["consistent_view", "mirrored_view", "consistent_view_enabled", "mirrored_view_enabled",
-           "placement", "namespace", "LogicalView", "Placement"]
+           "placement", "namespace", "LogicalView", "Placement", "current_scope", "Scope", "ParallelDesc"]
 
 
 class LogicalView:
@@ -172,3 +172,56 @@ class namespace:  # noqa: N801 - OneFlow's name
 
     def __repr__(self):
         return f"flow.scope.namespace({self.name!r})"
+
+
+# ---------------------------------------------------------------- the current scope
+
+class ParallelDesc:
+    """The devices of a scope (OneFlow's ParallelDesc symbol): `device_tag`
+    ("cpu" or "gpu"), `machine_id2device_id_list` ({machine: [devices]})
+    and `parallel_num` (how many devices in all)."""
+
+    def __init__(self, device_tag: str, devices: Dict[int, List[int]]):
+        self.device_tag = device_tag
+        self.machine_id2device_id_list = devices
+        self.parallel_num = sum(len(d) for d in devices.values())
+
+    def __repr__(self):
+        return f"ParallelDesc({self.device_tag!r}, {self.machine_id2device_id_list!r})"
+
+
+class Scope:
+    """Where ops traced now would go (OneFlow's Scope): its devices
+    (`device_parallel_desc_symbol`), whether the logical view is mirrored
+    (`is_mirrored_view`), the name spaces entered (`name_scopes`) and the
+    job being traced (`job_name`, None outside a job body)."""
+
+    def __init__(self, parallel_desc: ParallelDesc, is_mirrored_view: bool, name_scopes: List[str],
+                 job_name: Optional[str]):
+        self.device_parallel_desc_symbol = parallel_desc
+        self.is_mirrored_view = is_mirrored_view
+        self.name_scopes = name_scopes
+        self.job_name = job_name
+
+    def __repr__(self):
+        return (f"Scope(job={self.job_name!r}, {self.device_parallel_desc_symbol!r}, "
+                f"mirrored={self.is_mirrored_view}, name_scopes={self.name_scopes!r})")
+
+
+def current_scope() -> Scope:
+    """The scope ops traced here would get: the innermost
+    flow.scope.placement (else the job's default_placement_scope, else all
+    CPU devices of machine 0), the job's logical view and the name spaces
+    entered."""
+    from . import _trace, config
+    b = _trace.current()
+    p = current_placement()
+    if p is None and b is not None:
+        p = b.config.get("default_placement_scope")
+    if p is None:
+        p = Placement("cpu", f"0:0-{config.device_count() - 1}")
+    devices = {}
+    for m, devs in p.devices:
+        devices.setdefault(m, []).extend(devs)
+    return Scope(ParallelDesc(p.device_tag, devices), mirrored_view_enabled(),
+                 list(getattr(_names, "stack", None) or []), b.job_name if b is not None else None)
