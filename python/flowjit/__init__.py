@@ -108,3 +108,14 @@ def export_chrome_trace(path: str) -> str:
     jobs = [c for j in sorted(_jobmod._defined_jobs, key=lambda j: (j._source, j._name))
             for c in j.compiled_jobs()]
     return _inspect.export_chrome_trace(path, jobs)
+
+# OneFlow's session queries, dtype helpers and support modules (flow.unittest, flow.sysconfig, ...).
+from ._dtypes import convert_oneflow_dtype_to_numpy_dtype, dtypes  # noqa: E402,F401
+from ._session import (Generator, current_global_function_desc, current_machine_id,  # noqa: E402,F401
+                       current_scope, default_generator, eager_execution_enabled, enable_eager_execution,
+                       is_deprecated)
+from .config import current_resource  # noqa: E402,F401
+from . import deprecated, profiler, sysconfig, unittest, util  # noqa: E402,F401
+_PUBLIC_MODULES += ("deprecated", "profiler", "sysconfig", "unittest", "util")
+for _name in ("deprecated", "profiler", "sysconfig", "unittest", "util"):
+    _install_dir(globals()[_name])
