@@ -25,16 +25,32 @@ struct OptimizerConfig {
   double momentum = 0.9;  // SGD and LARS; 0 is plain SGD
   double beta1 = 0.9, beta2 = 0.999, epsilon = 1e-8;
   bool do_bias_correction = false;  // Adam, AdamW (LAMB always corrects)
-  double weight_decay = 0;          // AdamW, LAMB, LARS
+  double weight_decay = 0;          // SGD (SGDW), AdamW, LAMB, LARS
   // Weight decay applies to variables whose names contain one of `includes`
   // (all when empty) and none of `excludes`.
   std::vector<std::string> weight_decay_includes, weight_decay_excludes;
   double decay_rate = 0.99;  // RMSProp
   bool centered = false;     // RMSProp
   double lars_coefficient = 0.0001;
-  double clip_norm = 0;  // grad_clipping.by_global_norm; 0 disables
+  double clip_norm = 0;  // grad_clipping.by_global_norm over this rule's gradients; 0 disables
   double loss_scale_factor = 1;
-  std::vector<std::string> variables;  // restrict updates to these; empty = all trainable
+  std::vector<std::string> variables;  // a group's variables (see `groups`)
+  // A group's own learning rate (rank-0 float); null: the job's `lr`.
+  ir::NodeRef lr;
+  // CombinedOptimizer: one rule per disjoint set of variables, each with its
+  // own rate and clipping; the top-level rule fields are then unused, the
+  // loss scaling and the mirrored view stay top-level.
+  std::vector<OptimizerConfig> groups;
+  // OneFlow's dynamic loss scale policy: the loss is scaled by the float32
+  // variable `loss_scale` and the gradients unscaled by it; a step whose
+  // gradients hold an inf or a nan changes no parameter or optimizer state
+  // and divides the scale by `multiplier` (not below 1); after
+  // `increment_period` good steps in a row (counted in the int64 variable
+  // `good_steps`) the scale is multiplied by `multiplier` (up to FLT_MAX).
+  // Null: the static loss_scale_factor.
+  ir::NodeRef loss_scale, good_steps;
+  int64_t increment_period = 2000;
+  double multiplier = 2.0;
   // The mirrored view over this many devices: each device's gradients are
   // averaged over all devices (all_reduce / parts) before the update, so
   // replicated variables stay equal (PyTorch DDP's rule).

@@ -64,6 +64,19 @@ jit::OptimizerConfig optimizer_from_dict(const py::dict& d) {
     c.weight_decay_includes = d["weight_decay_includes"].cast<std::vector<std::string>>();
   if (d.contains("weight_decay_excludes"))
     c.weight_decay_excludes = d["weight_decay_excludes"].cast<std::vector<std::string>>();
+  // CombinedOptimizer / variables=: one rule per group, each with its rate.
+  if (d.contains("variables")) c.variables = d["variables"].cast<std::vector<std::string>>();
+  if (d.contains("lr") && !d["lr"].is_none()) c.lr = d["lr"].cast<PyNode>().ref;
+  if (d.contains("groups"))
+    for (py::handle g : d["groups"].cast<py::list>())
+      c.groups.push_back(optimizer_from_dict(g.cast<py::dict>()));
+  // optimizer.loss_scale.dynamic_loss_scale: the scale and counter variables.
+  if (d.contains("loss_scale") && !d["loss_scale"].is_none()) {
+    c.loss_scale = d["loss_scale"].cast<PyNode>().ref;
+    c.good_steps = d["good_steps"].cast<PyNode>().ref;
+    c.increment_period = d["increment_period"].cast<int64_t>();
+    c.multiplier = d["multiplier"].cast<double>();
+  }
   return c;
 }
 

@@ -191,13 +191,7 @@ class ModelUpdateConf:
             rate, inc, exc = self.weight_decay
             if self.rule == "adam_conf":
                 cls = _opt.AdamW
-            args.update(weight_decay=rate)
-            if self.rule != "lars_conf":
-                args.update(weight_decay_includes=inc, weight_decay_excludes=exc)
-            elif inc is not None or exc is not None:
-                raise NotImplementedError("function_config.train.model_update_conf: weight_decay_conf "
-                                          "includes/excludes with lars_conf: flowjit's LARS decays "
-                                          "every variable")
+            args.update(weight_decay=rate, weight_decay_includes=inc, weight_decay_excludes=exc)
         return cls(self.scheduler(lr), loss_scale_factor=loss_scale_factor,
                    grad_clipping=self.clip, **args)
 

@@ -9,12 +9,13 @@ scheduler's base rate, and no decay applies; afterwards the decayed rate at the
 """
 import math
 import numbers
-from typing import Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 from . import _C, _dtypes, _ops, _trace
 from ._blob import Blob
 
-__all__ = ["SGD", "Adam", "AdamW", "RMSProp", "LAMB", "LARS", "PiecewiseConstantScheduler",
+__all__ = ["SGD", "SGDW", "Adam", "AdamW", "LazyAdam", "RMSProp", "LAMB", "LARS", "CombinedOptimizer",
+           "CustomScheduler", "loss_scale", "PiecewiseConstantScheduler",
            "PiecewiseScalingScheduler", "CosineScheduler", "LinearCosineScheduler",
            "PolynomialScheduler", "PolynomialSchduler", "ExponentialScheduler",
            "InverseTimeScheduler", "NaturalExpScheduler", "warmup", "grad_clipping"]
@@ -253,6 +254,36 @@ class _Constant(_Scheduler):
         return _c(self.lr)
 
 
+class CustomScheduler(_Scheduler):
+    """The learning rate is a blob the job computes (OneFlow's CustomScheduler).
+
+    OneFlow names that blob by its logical blob name ("op/out"); flowjit
+    takes the Blob itself: a one-element float blob of the job that calls
+    minimize."""
+
+    def __init__(self, lbn: Union[Blob, str]) -> None:
+        super().__init__(None)
+        if isinstance(lbn, str):
+            raise NotImplementedError(
+                f"CustomScheduler({lbn!r}): flowjit cannot find a blob by its logical blob name; pass "
+                "the Blob itself, e.g. CustomScheduler(lr_blob)")
+        if not isinstance(lbn, Blob):
+            raise TypeError(f"CustomScheduler: expected the learning-rate Blob, got {type(lbn).__name__}")
+        if lbn._node.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"CustomScheduler: the learning rate must be a float blob, got {lbn.dtype}")
+        if math.prod(lbn.shape) != 1:
+            raise ValueError(f"CustomScheduler: the learning rate must hold one element, got shape "
+                             f"{tuple(lbn.shape)}")
+        self.blob = lbn
+
+    def learning_rate(self, step):
+        """The rate at `step`: the blob's value (warmup does not apply)."""
+        return _ops.cast(_ops.reshape(self.blob, ()), _dtypes.float64)
+
+    def _base_lr(self):
+        raise NotImplementedError("CustomScheduler has no base rate")
+
+
 # ---------------------------------------------------------------- clipping
 
 class _ByGlobalNorm:
@@ -307,22 +338,189 @@ def _variables_with_gradient(losses):
     return names
 
 
+# ---------------------------------------------------------------- loss scaling
+
+class _LossScalePolicy:
+    """A loss scale policy (OneFlow's LossScalePolicy)."""
+
+
+class _StaticLossScale(_LossScalePolicy):
+    def __init__(self, loss_scale_factor):
+        if isinstance(loss_scale_factor, bool) or not isinstance(loss_scale_factor, numbers.Real) \
+                or not loss_scale_factor > 0:
+            raise ValueError("optimizer.loss_scale.static_loss_scale: loss_scale_factor must be a positive "
+                             f"number, got {loss_scale_factor!r}")
+        self.loss_scale_factor = float(loss_scale_factor)
+
+
+class _DynamicLossScale(_LossScalePolicy):
+    def __init__(self, initial_loss_scale, increment_period, multiplier):
+        if isinstance(initial_loss_scale, bool) or not isinstance(initial_loss_scale, numbers.Real) \
+                or not initial_loss_scale > 0:
+            raise ValueError("optimizer.loss_scale.dynamic_loss_scale: initial_loss_scale must be a positive "
+                             f"number, got {initial_loss_scale!r}")
+        if isinstance(increment_period, bool) or not isinstance(increment_period, numbers.Integral) \
+                or increment_period < 1:
+            raise ValueError("optimizer.loss_scale.dynamic_loss_scale: increment_period must be a positive "
+                             f"int, got {increment_period!r}")
+        if isinstance(multiplier, bool) or not isinstance(multiplier, numbers.Real) or not multiplier > 1:
+            raise ValueError("optimizer.loss_scale.dynamic_loss_scale: multiplier must be a number > 1, got "
+                             f"{multiplier!r}")
+        self.initial_loss_scale = float(initial_loss_scale)
+        self.increment_period, self.multiplier = int(increment_period), float(multiplier)
+
+    def variables(self):
+        """The job's loss scale (float32) and good-step counter (int64)
+        variables, created with the initial scale and 0."""
+        from . import _variables
+        scale = _variables.get_variable(
+            LOSS_SCALE_VARIABLE, shape=(1,), dtype=_dtypes.float32, trainable=False,
+            initializer=_variables.constant_initializer(self.initial_loss_scale, dtype=_dtypes.float32))
+        good = _variables.get_variable(
+            GOOD_STEP_COUNTER_VARIABLE, shape=(1,), dtype=_dtypes.int64, trainable=False,
+            initializer=_variables.constant_initializer(0, dtype=_dtypes.int64))
+        return scale, good
+
+
+LOSS_SCALE_VARIABLE = "System-Train-LossScale"
+GOOD_STEP_COUNTER_VARIABLE = "System-Train-LossScale-GoodStepCounter"
+
+
+class loss_scale:  # noqa: N801 - OneFlow's module-like name
+    """``loss_scale.static_loss_scale(f)``: the loss is multiplied by f and
+    the gradients divided by f before the update.
+
+    ``loss_scale.dynamic_loss_scale(initial_loss_scale=2**30,
+    increment_period=2000, multiplier=2.0)``: the scale is a float32
+    variable (``System-Train-LossScale``); a step whose gradients hold an
+    inf or a nan updates nothing (parameters and optimizer state keep their
+    values; the train step still counts) and divides the scale by
+    `multiplier`, not below 1; after `increment_period` good steps in a row
+    the scale is multiplied by `multiplier`, up to the largest float32."""
+
+    @staticmethod
+    def static_loss_scale(loss_scale_factor: float) -> _LossScalePolicy:
+        """A fixed loss scale."""
+        return _StaticLossScale(loss_scale_factor)
+
+    @staticmethod
+    def dynamic_loss_scale(initial_loss_scale: float = 2.0 ** 30, increment_period: int = 2000,
+                           multiplier: float = 2.0) -> _LossScalePolicy:
+        """A loss scale that shrinks on overflow and grows after good steps."""
+        return _DynamicLossScale(initial_loss_scale, increment_period, multiplier)
+
+
+# ---------------------------------------------------------------- optimizers
+
+# Ops through which no gradient flows (ops.def: grad = Zero); a gradient also
+# stops at any non-float value (jit/autodiff.cpp).
+_NO_GRADIENT_OPS = frozenset(getattr(_C.OpKind, n) for n in (
+    "parameter", "variable", "fill", "iota", "random_uniform", "random_normal", "truncated_normal",
+    "sign", "floor", "ceil", "round", "logical_not", "equal", "not_equal", "less", "less_equal",
+    "greater", "greater_equal", "logical_and", "logical_or", "argmax", "argmin", "one_hot"))
+_FLOAT_DTYPES = frozenset((_C.DType.float32, _C.DType.float64))
+
+
+def _variables_with_gradient(losses):
+    """Names of the variables a gradient of the losses reaches.
+
+    OneFlow updates only the variables that get a gradient ("diff") from the
+    losses: a trainable variable the loss does not depend on keeps its value
+    (no weight decay, no momentum carried over from another job) and gets no
+    optimizer state. The walk deduplicates shared nodes (Node.same), bucketed
+    by op and type so that it stays cheap.
+    """
+    names = set()
+    seen = {}  # (op, shape, dtype) -> [visited nodes]
+    stack = [l._node for l in losses]
+    while stack:
+        n = stack.pop()
+        if n.dtype not in _FLOAT_DTYPES:
+            continue
+        bucket = seen.setdefault((n.op, n.shape, n.dtype), [])
+        if any(n.same(m) for m in bucket):
+            continue
+        bucket.append(n)
+        if n.op == _C.OpKind.variable:
+            names.add(n.attr("name"))
+        elif n.op not in _NO_GRADIENT_OPS:
+            stack.extend(n.inputs)
+    return names
+
+
+VariablesArg = Optional[Union[Sequence[str], Callable[[], Sequence[str]]]]
+
+
+def _check_variables(owner, variables):
+    """None, a callable, or a list of variable names (OneFlow's `variables=`)."""
+    if variables is None or callable(variables):
+        return variables
+    if isinstance(variables, str):
+        return [variables]
+    try:
+        names = list(variables)
+    except TypeError:
+        raise TypeError(f"{owner}: variables must be a list of variable names or a callable returning "
+                        f"one, got {variables!r}") from None
+    for n in names:
+        if not isinstance(n, str):
+            raise TypeError(f"{owner}: variables must be variable names (str), got {n!r}")
+    return names
+
+
+def _loss_scale_policy(owner, loss_scale_factor, policy):
+    if policy is not None and not isinstance(policy, _LossScalePolicy):
+        raise TypeError(f"{owner}: loss_scale_policy must come from flow.optimizer.loss_scale."
+                        f"static_loss_scale(...) or dynamic_loss_scale(...), got {policy!r}")
+    if loss_scale_factor is not None:
+        if policy is not None:
+            raise ValueError(f"{owner}: give loss_scale_factor or loss_scale_policy, not both")
+        policy = _StaticLossScale(loss_scale_factor)
+    return policy
+
+
 class Optimizer:
+    """The base of flow.optimizer's optimizers: `minimize(loss)` trains the
+    job's trainable variables (or the `variables=` given) to reduce loss."""
+
     kind = "?"
 
     def __init__(self, lr_scheduler: Union[_Scheduler, float], loss_scale_factor: Optional[float] = None,
-                 grad_clipping: Optional[_ByGlobalNorm] = None) -> None:
+                 grad_clipping: Optional[_ByGlobalNorm] = None, train_step_lbn: Optional[str] = None,
+                 loss_scale_policy: Optional[_LossScalePolicy] = None,
+                 variables: VariablesArg = None) -> None:
+        name = type(self).__name__
         if isinstance(lr_scheduler, numbers.Real) and not isinstance(lr_scheduler, bool):
             lr_scheduler = _Constant(lr_scheduler)
         if not isinstance(lr_scheduler, _Scheduler):
-            raise TypeError(f"{type(self).__name__}: lr_scheduler must be a flow.optimizer scheduler "
+            raise TypeError(f"{name}: lr_scheduler must be a flow.optimizer scheduler "
                             f"(e.g. PiecewiseConstantScheduler([], [0.1])) or a number, got {lr_scheduler!r}")
         if grad_clipping is not None and not isinstance(grad_clipping, _ByGlobalNorm):
-            raise TypeError(f"{type(self).__name__}: grad_clipping must come from "
+            raise TypeError(f"{name}: grad_clipping must come from "
                             "flow.optimizer.grad_clipping.by_global_norm(c)")
+        if train_step_lbn is not None:
+            raise NotImplementedError(f"{name}: train_step_lbn: flowjit counts the train step in its own "
+                                      "variable and cannot take it from a blob")
         self.lr_scheduler = lr_scheduler
-        self.loss_scale_factor = 1.0 if loss_scale_factor is None else float(loss_scale_factor)
+        self.loss_scale_policy = _loss_scale_policy(name, loss_scale_factor, loss_scale_policy)
         self.grad_clipping = grad_clipping
+        self.variables = _check_variables(name, variables)
+
+    @property
+    def loss_scale_factor(self) -> float:
+        """The static loss scale (1 without one)."""
+        p = self.loss_scale_policy
+        return p.loss_scale_factor if isinstance(p, _StaticLossScale) else 1.0
+
+    def Variables(self) -> List[str]:  # noqa: N802 - OneFlow's name
+        """The names of the variables this optimizer is given (`variables=`;
+        all trainable variables of the job being traced by default)."""
+        if callable(self.variables):
+            return list(self.variables())
+        if self.variables is not None:
+            return list(self.variables)
+        b = _trace.require_builder(f"{type(self).__name__}.Variables")
+        return sorted(n for n, (_, trainable) in b.variables.items() if trainable)
 
     def minimize(self, loss: Union[Blob, Sequence[Blob]]) -> None:
         """Trains the job's trainable variables to reduce `loss` (a blob or a
@@ -340,23 +538,55 @@ class Optimizer:
         if b.minimize is not None:
             _trace.fail(ValueError, f"{type(self).__name__}.minimize: job '{b.job_name}' already "
                         "called minimize; pass a list of losses to one minimize call instead")
-        self._trained = _variables_with_gradient(losses)
+        reached = _variables_with_gradient(losses)
         step = b.train_step()
         step64 = _ops.cast(step, _dtypes.float64)
+        self._prepare(b, reached, step64)
+        self._scale_vars = None
+        if isinstance(self.loss_scale_policy, _DynamicLossScale):
+            self._scale_vars = self.loss_scale_policy.variables()
+        b.minimize = (self, losses, self._lr, step)
+
+    def _prepare(self, builder, reached, step64):
+        """Sets the variables this optimizer updates and its rate blob."""
+        given = self.variables
+        if given is None:
+            self._trained = reached
+        else:
+            names = set(self.Variables())
+            unknown = sorted(n for n in names if n not in builder.variables)
+            if unknown:
+                _trace.fail(ValueError, f"{type(self).__name__}: variables= names {unknown[0]!r}, which job "
+                            f"'{builder.job_name}' has not defined (it has "
+                            f"{', '.join(sorted(builder.variables)) or 'none'})")
+            self._trained = reached & names
         # As in OneFlow, the learning rate is a float32 value.
-        lr = _ops.cast(self._adjust_lr(self.lr_scheduler.learning_rate(step64), step64), _dtypes.float32)
-        b.minimize = (self, losses, lr, step)
+        self._lr = _ops.cast(self._adjust_lr(self.lr_scheduler.learning_rate(step64), step64),
+                             _dtypes.float32)
 
     def _adjust_lr(self, lr, step):
         """The scheduled rate (float64 blob) as the update formula uses it."""
         return lr
 
-    def _config(self):
-        c = {"kind": self.kind, "loss_scale_factor": self.loss_scale_factor}
+    def _rule(self):
+        c = {"kind": self.kind}
         if self.grad_clipping is not None:
             c["clip_norm"] = self.grad_clipping.clip_norm
         c.update(self._extra())
         return c
+
+    def _config(self):
+        c = self._rule()
+        c["loss_scale_factor"] = self.loss_scale_factor
+        self._add_loss_scale(c)
+        return c
+
+    def _add_loss_scale(self, c):
+        if getattr(self, "_scale_vars", None) is not None:
+            p = self.loss_scale_policy
+            scale, good = self._scale_vars
+            c.update(loss_scale=scale._node, good_steps=good._node, increment_period=p.increment_period,
+                     multiplier=p.multiplier)
 
     def _extra(self):
         return {}
@@ -366,6 +596,12 @@ class Optimizer:
         return getattr(self, "_trained", None)
 
 
+def _check_unit(owner, name, v):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < 1:
+        raise ValueError(f"{owner}: {name} must be in [0, 1), got {v!r}")
+    return float(v)
+
+
 class SGD(Optimizer):
     """w += v, v = momentum * v - lr * g (momentum=0: w -= lr * g)."""
 
@@ -373,14 +609,55 @@ class SGD(Optimizer):
 
     def __init__(self, lr_scheduler: Union[_Scheduler, float], loss_scale_factor: Optional[float] = None,
                  momentum: float = 0.9, grad_clipping: Optional[_ByGlobalNorm] = None,
-                 train_step_lbn: Optional[str] = None) -> None:
-        super().__init__(lr_scheduler, loss_scale_factor, grad_clipping)
-        if not 0 <= momentum < 1:
-            raise ValueError(f"SGD: momentum must be in [0, 1), got {momentum}")
-        self.momentum = float(momentum)
+                 train_step_lbn: Optional[str] = None, loss_scale_policy: Optional[_LossScalePolicy] = None,
+                 variables: VariablesArg = None) -> None:
+        super().__init__(lr_scheduler, loss_scale_factor, grad_clipping, train_step_lbn, loss_scale_policy,
+                         variables)
+        self.momentum = _check_unit(type(self).__name__, "momentum", momentum)
 
     def _extra(self):
         return {"momentum": self.momentum}
+
+
+class SGDW(SGD):
+    """SGD with decoupled weight decay (OneFlow's SGDW):
+    w -= lr * (g + weight_decay * w); with momentum v = momentum * v - lr * g,
+    w += v - lr * weight_decay * w. weight_decay_includes / _excludes select
+    the decayed variables by name (substrings)."""
+
+    kind = "SGD"
+
+    def __init__(self, lr_scheduler: Union[_Scheduler, float], loss_scale_factor: Optional[float] = None,
+                 momentum: float = 0.9, weight_decay: Optional[float] = None,
+                 weight_decay_includes: Optional[Union[Sequence[str], str]] = None,
+                 weight_decay_excludes: Optional[Union[Sequence[str], str]] = None,
+                 grad_clipping: Optional[_ByGlobalNorm] = None, train_step_lbn: Optional[str] = None,
+                 loss_scale_policy: Optional[_LossScalePolicy] = None,
+                 variables: VariablesArg = None) -> None:
+        super().__init__(lr_scheduler, loss_scale_factor, momentum, grad_clipping, train_step_lbn,
+                         loss_scale_policy, variables)
+        _set_weight_decay(self, weight_decay, weight_decay_includes, weight_decay_excludes)
+
+    def _extra(self):
+        d = super()._extra()
+        d.update(_weight_decay_conf(self))
+        return d
+
+
+def _set_weight_decay(opt, weight_decay, includes, excludes):
+    owner = type(opt).__name__
+    if includes is not None and excludes is not None:
+        raise ValueError(f"{owner}: give weight_decay_includes or weight_decay_excludes, not both")
+    if weight_decay is not None and (isinstance(weight_decay, bool) or not isinstance(weight_decay, numbers.Real)
+                                     or weight_decay < 0):
+        raise ValueError(f"{owner}: weight_decay must be a non-negative number, got {weight_decay!r}")
+    opt.weight_decay = float(weight_decay or 0.0)
+    opt.includes, opt.excludes = _names(includes), _names(excludes)
+
+
+def _weight_decay_conf(opt):
+    return {"weight_decay": opt.weight_decay, "weight_decay_includes": opt.includes,
+            "weight_decay_excludes": opt.excludes}
 
 
 class Adam(Optimizer):
@@ -394,12 +671,13 @@ class Adam(Optimizer):
     def __init__(self, lr_scheduler: Union[_Scheduler, float], beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-8, do_bias_correction: bool = False,
                  loss_scale_factor: Optional[float] = None, grad_clipping: Optional[_ByGlobalNorm] = None,
-                 train_step_lbn: Optional[str] = None) -> None:
-        super().__init__(lr_scheduler, loss_scale_factor, grad_clipping)
-        for n, v in (("beta1", beta1), ("beta2", beta2)):
-            if not 0 <= v < 1:
-                raise ValueError(f"{type(self).__name__}: {n} must be in [0, 1), got {v}")
-        self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
+                 train_step_lbn: Optional[str] = None, loss_scale_policy: Optional[_LossScalePolicy] = None,
+                 variables: VariablesArg = None) -> None:
+        super().__init__(lr_scheduler, loss_scale_factor, grad_clipping, train_step_lbn, loss_scale_policy,
+                         variables)
+        owner = type(self).__name__
+        self.beta1, self.beta2 = _check_unit(owner, "beta1", beta1), _check_unit(owner, "beta2", beta2)
+        self.epsilon = float(epsilon)
         self.do_bias_correction = bool(do_bias_correction)
 
     def _adjust_lr(self, lr, step):
@@ -423,6 +701,21 @@ class Adam(Optimizer):
                 "do_bias_correction": False}
 
 
+class LazyAdam(Adam):
+    """OneFlow's LazyAdam: Adam with bias correction that, with sparse
+    (indexed-slices) gradients, updates only the rows present. flowjit's
+    gradients are dense, where LazyAdam computes what Adam with
+    do_bias_correction=True computes."""
+
+    def __init__(self, lr_scheduler: Union[_Scheduler, float], beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-8, loss_scale_factor: Optional[float] = None,
+                 grad_clipping: Optional[_ByGlobalNorm] = None, train_step_lbn: Optional[str] = None,
+                 loss_scale_policy: Optional[_LossScalePolicy] = None,
+                 variables: VariablesArg = None) -> None:
+        super().__init__(lr_scheduler, beta1, beta2, epsilon, True, loss_scale_factor, grad_clipping,
+                         train_step_lbn, loss_scale_policy, variables)
+
+
 class AdamW(Adam):
     """Adam with decoupled weight decay: w -= lr * (update + weight_decay * w)."""
 
@@ -431,21 +724,18 @@ class AdamW(Adam):
     def __init__(self, lr_scheduler: Union[_Scheduler, float], beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-8, do_bias_correction: bool = False,
                  loss_scale_factor: Optional[float] = None, weight_decay: Optional[float] = None,
-                 weight_decay_includes: Optional[Sequence[str]] = None,
-                 weight_decay_excludes: Optional[Sequence[str]] = None,
-                 grad_clipping: Optional[_ByGlobalNorm] = None, train_step_lbn: Optional[str] = None) -> None:
+                 weight_decay_includes: Optional[Union[Sequence[str], str]] = None,
+                 weight_decay_excludes: Optional[Union[Sequence[str], str]] = None,
+                 grad_clipping: Optional[_ByGlobalNorm] = None, train_step_lbn: Optional[str] = None,
+                 loss_scale_policy: Optional[_LossScalePolicy] = None,
+                 variables: VariablesArg = None) -> None:
         super().__init__(lr_scheduler, beta1, beta2, epsilon, do_bias_correction, loss_scale_factor,
-                         grad_clipping)
-        if weight_decay_includes is not None and weight_decay_excludes is not None:
-            raise ValueError("AdamW: give weight_decay_includes or weight_decay_excludes, not both")
-        self.weight_decay = float(weight_decay or 0.0)
-        self.includes = _names(weight_decay_includes)
-        self.excludes = _names(weight_decay_excludes)
+                         grad_clipping, train_step_lbn, loss_scale_policy, variables)
+        _set_weight_decay(self, weight_decay, weight_decay_includes, weight_decay_excludes)
 
     def _extra(self):
         d = super()._extra()
-        d.update(weight_decay=self.weight_decay, weight_decay_includes=self.includes,
-                 weight_decay_excludes=self.excludes)
+        d.update(_weight_decay_conf(self))
         return d
 
 
@@ -465,8 +755,11 @@ class RMSProp(Optimizer):
 
     def __init__(self, lr_scheduler: Union[_Scheduler, float], decay_rate: float = 0.99,
                  epsilon: float = 1e-8, centered: bool = False, loss_scale_factor: Optional[float] = None,
-                 grad_clipping: Optional[_ByGlobalNorm] = None, train_step_lbn: Optional[str] = None) -> None:
-        super().__init__(lr_scheduler, loss_scale_factor, grad_clipping)
+                 grad_clipping: Optional[_ByGlobalNorm] = None, train_step_lbn: Optional[str] = None,
+                 loss_scale_policy: Optional[_LossScalePolicy] = None,
+                 variables: VariablesArg = None) -> None:
+        super().__init__(lr_scheduler, loss_scale_factor, grad_clipping, train_step_lbn, loss_scale_policy,
+                         variables)
         self.decay_rate, self.epsilon, self.centered = float(decay_rate), float(epsilon), bool(centered)
 
     def _extra(self):
@@ -480,34 +773,100 @@ class LAMB(Optimizer):
 
     def __init__(self, lr_scheduler: Union[_Scheduler, float], beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-6, loss_scale_factor: Optional[float] = None,
+                 weight_decay: Optional[float] = None,
+                 weight_decay_includes: Optional[Union[Sequence[str], str]] = None,
+                 weight_decay_excludes: Optional[Union[Sequence[str], str]] = None,
                  grad_clipping: Optional[_ByGlobalNorm] = None, train_step_lbn: Optional[str] = None,
-                 weight_decay: Optional[float] = None, weight_decay_includes: Optional[Sequence[str]] = None,
-                 weight_decay_excludes: Optional[Sequence[str]] = None) -> None:
-        super().__init__(lr_scheduler, loss_scale_factor, grad_clipping)
+                 loss_scale_policy: Optional[_LossScalePolicy] = None,
+                 variables: VariablesArg = None) -> None:
+        super().__init__(lr_scheduler, loss_scale_factor, grad_clipping, train_step_lbn, loss_scale_policy,
+                         variables)
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
-        self.weight_decay = float(weight_decay or 0.0)
-        self.includes, self.excludes = _names(weight_decay_includes), _names(weight_decay_excludes)
+        _set_weight_decay(self, weight_decay, weight_decay_includes, weight_decay_excludes)
 
     def _extra(self):
-        return {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon,
-                "weight_decay": self.weight_decay, "weight_decay_includes": self.includes,
-                "weight_decay_excludes": self.excludes}
+        d = {"beta1": self.beta1, "beta2": self.beta2, "epsilon": self.epsilon}
+        d.update(_weight_decay_conf(self))
+        return d
 
 
 class LARS(Optimizer):
-    """Momentum SGD with a layer-wise rate lr * coeff * ||w|| / (||g|| + wd ||w|| + eps)."""
+    """Momentum SGD with a layer-wise rate (OneFlow's LARS kernel):
+    local = lr * coeff * ||w|| / (epsilon + ||g|| + wd * ||w||) (lr when a
+    norm is 0), v = momentum_beta * v - local * g, w += v - local * wd * w."""
 
     kind = "LARS"
 
     def __init__(self, lr_scheduler: Union[_Scheduler, float], momentum_beta: float = 0.9,
                  epsilon: float = 1e-9, lars_coefficient: float = 0.0001,
-                 loss_scale_factor: Optional[float] = None, grad_clipping: Optional[_ByGlobalNorm] = None,
-                 train_step_lbn: Optional[str] = None, weight_decay: Optional[float] = None) -> None:
-        super().__init__(lr_scheduler, loss_scale_factor, grad_clipping)
-        self.momentum, self.epsilon = float(momentum_beta), float(epsilon)
+                 loss_scale_factor: Optional[float] = None, weight_decay: Optional[float] = None,
+                 weight_decay_includes: Optional[Union[Sequence[str], str]] = None,
+                 weight_decay_excludes: Optional[Union[Sequence[str], str]] = None,
+                 grad_clipping: Optional[_ByGlobalNorm] = None, train_step_lbn: Optional[str] = None,
+                 loss_scale_policy: Optional[_LossScalePolicy] = None,
+                 variables: VariablesArg = None) -> None:
+        super().__init__(lr_scheduler, loss_scale_factor, grad_clipping, train_step_lbn, loss_scale_policy,
+                         variables)
+        self.momentum = _check_unit("LARS", "momentum_beta", momentum_beta)
+        self.epsilon = float(epsilon)
         self.lars_coefficient = float(lars_coefficient)
-        self.weight_decay = float(weight_decay or 0.0)
+        _set_weight_decay(self, weight_decay, weight_decay_includes, weight_decay_excludes)
 
     def _extra(self):
-        return {"momentum": self.momentum, "epsilon": self.epsilon,
-                "lars_coefficient": self.lars_coefficient, "weight_decay": self.weight_decay}
+        d = {"momentum": self.momentum, "epsilon": self.epsilon, "lars_coefficient": self.lars_coefficient}
+        d.update(_weight_decay_conf(self))
+        return d
+
+
+class CombinedOptimizer(Optimizer):
+    """Several optimizers in one job, each updating its own `variables=`
+    with its own rule, schedule and clipping (OneFlow's CombinedOptimizer).
+    The loss scale policy belongs to the combination, not to its parts; no
+    variable may be given to two optimizers."""
+
+    kind = "SGD"
+
+    def __init__(self, optimizers: Sequence[Optimizer], loss_scale_factor: Optional[float] = None,
+                 train_step_lbn: Optional[str] = None,
+                 loss_scale_policy: Optional[_LossScalePolicy] = None) -> None:
+        optimizers = list(optimizers)
+        if not optimizers:
+            raise ValueError("CombinedOptimizer: needs at least one optimizer")
+        for o in optimizers:
+            if isinstance(o, CombinedOptimizer):
+                raise TypeError("CombinedOptimizer: a CombinedOptimizer cannot contain another")
+            if not isinstance(o, Optimizer):
+                raise TypeError(f"CombinedOptimizer: expected flow.optimizer optimizers, got {o!r}")
+            if o.loss_scale_policy is not None:
+                raise ValueError(f"CombinedOptimizer: {type(o).__name__} has its own loss scale; give the "
+                                 "loss_scale_factor or loss_scale_policy to the CombinedOptimizer instead")
+        super().__init__(optimizers[0].lr_scheduler, loss_scale_factor, None, train_step_lbn,
+                         loss_scale_policy, None)
+        self.optimizers = optimizers
+
+    def Variables(self) -> List[List[str]]:  # noqa: N802 - OneFlow's name
+        """Each optimizer's variables."""
+        return [o.Variables() for o in self.optimizers]
+
+    def _prepare(self, builder, reached, step64):
+        owner = {}
+        for o in self.optimizers:
+            o._prepare(builder, reached, step64)
+            for n in o.Variables():
+                if n in owner and owner[n] is not o:
+                    _trace.fail(ValueError, f"CombinedOptimizer: variable '{n}' is given to both "
+                                f"{type(owner[n]).__name__} and {type(o).__name__}; each variable may "
+                                "have one optimizer")
+                owner[n] = o
+        self._trained = set().union(*(o._trained for o in self.optimizers))
+        self._lr = self.optimizers[0]._lr
+
+    def _config(self):
+        groups = []
+        for o in self.optimizers:
+            g = o._rule()
+            g.update(variables=sorted(o._trained), lr=o._lr._node)
+            groups.append(g)
+        c = {"kind": "SGD", "loss_scale_factor": self.loss_scale_factor, "groups": groups}
+        self._add_loss_scale(c)
+        return c

@@ -285,19 +285,17 @@ def test_lamb_epsilon_and_weight_decay_as_oneflow():
 # ---------------------------------------------------------------- LARS
 
 def lars_update(lr, beta, eps, coeff, wd=0.0):
-    """OneFlow's LarsUpdateKernelUtil: RMS norms (sqrt(sum x^2 / n)); weight
-    decay in the denominator from the second step on; no zero-norm fallback."""
+    """OneFlow's LarsUpdateKernelUtil at 5119226d (2021): L2 norms; lars = 1
+    when a norm is zero; the weight decay in the denominator and as a
+    decoupled term of the parameter update, not in the momentum."""
     def update(p, s, g, t):
         for k in p:
-            n = p[k].size
-            wn = np.sqrt(np.sum(p[k] ** 2) / n)
-            gn = np.sqrt(np.sum(g[k] ** 2) / n)
-            if t == 0:
-                local = f32(lr) * coeff * wn / (eps + gn)
-            else:
-                local = f32(lr) * coeff * wn / (eps + gn + wd * wn)
-            mom = s[f"{k}-momentum"] = beta * s[f"{k}-momentum"] - local * (g[k] + wd * p[k])
-            p[k] = p[k] + mom
+            wn = np.sqrt(np.sum(p[k] ** 2))
+            gn = np.sqrt(np.sum(g[k] ** 2))
+            lars = coeff * wn / (eps + gn + wd * wn) if wn > 0 and gn > 0 else 1.0
+            local = f32(lr) * lars
+            mom = s[f"{k}-momentum"] = beta * s[f"{k}-momentum"] - local * g[k]
+            p[k] = p[k] + mom - local * wd * p[k]
     return update
 
 
