@@ -146,3 +146,84 @@ def sparse_cross_entropy(labels: Blob, prediction: Blob, name: Optional[str] = N
     hit = _ops.equal(classes, _ops.reshape(labels, list(ls) + [1]))
     picked = _ops.reduce_sum(_ops.where(hit, prediction, _const(prediction, 0.0)), axis=-1)
     return _ops.negative(_ops.log(picked), name=name)
+
+
+def margin_ranking_loss(input1: Blob, input2: Blob, target: Blob, margin: float = 0.0,
+                        reduction: str = "mean", name: Optional[str] = None) -> Blob:
+    """max(0, margin - target * (input1 - input2)), reduced; target holds 1 where
+    input1 should rank higher and -1 where input2 should (it broadcasts)."""
+    api = "MarginRankingLoss"
+    _check(api, input1, input2, reduction, ("input1", "input2"))
+    floating(target, api, "target")
+    m = number(margin, api, "margin")
+    loss = _ops.maximum(_ops.add(_ops.multiply(target, _ops.subtract(input2, input1)), m), 0.0)
+    return _reduce(loss, reduction, api, name)
+
+
+def _p_distance(x, y, p, eps):
+    """The p-norm of x - y + eps along the last axis."""
+    d = _ops.abs(_ops.add(_ops.subtract(x, y), eps))
+    if p == 2.0:
+        return _ops.sqrt(_ops.reduce_sum(_ops.square(d), axis=-1))
+    if p == 1.0:
+        return _ops.reduce_sum(d, axis=-1)
+    return _ops.pow(_ops.reduce_sum(_ops.pow(d, p), axis=-1), 1.0 / p)
+
+
+def triplet_margin_loss(anchor: Blob, positive: Blob, negative: Blob, margin: float = 1.0, p: float = 2.0,
+                        eps: float = 1e-6, swap: bool = False, reduction: str = "mean",
+                        name: Optional[str] = None) -> Blob:
+    """max(0, margin + d(anchor, positive) - d(anchor, negative)) per sample,
+    reduced, where d(a, b) is the p-norm of a - b + eps along the last axis;
+    with swap, d(anchor, negative) is replaced by the smaller of it and
+    d(positive, negative)."""
+    api = "TripletMarginLoss"
+    _check(api, anchor, positive, reduction, ("anchor", "positive"))
+    _check(api, anchor, negative, reduction, ("anchor", "negative"))
+    if not anchor.shape:
+        _trace.fail(ValueError, f"{api}: inputs must have rank >= 1 (features last), got a scalar")
+    pp = number(p, api, "p")
+    if pp <= 0:
+        _trace.fail(ValueError, f"{api}: p must be > 0, got {p}")
+    e, m = number(eps, api, "eps"), number(margin, api, "margin")
+    d_pos = _p_distance(anchor, positive, pp, e)
+    d_neg = _p_distance(anchor, negative, pp, e)
+    if swap:
+        d_neg = _ops.minimum(d_neg, _p_distance(positive, negative, pp, e))
+    loss = _ops.maximum(_ops.add(_ops.subtract(d_pos, d_neg), m), 0.0)
+    return _reduce(loss, reduction, api, name)
+
+
+def softmax_cross_entropy_with_logits(labels: Blob, logits: Blob, name: Optional[str] = None) -> Blob:
+    """Per-sample cross entropy -sum(labels * log_softmax(logits)) over the last
+    axis, with OneFlow's and TensorFlow's gradient softmax(logits) - labels with
+    respect to the logits (the exact one when each row of labels sums to 1),
+    and -log_softmax(logits) with respect to the labels. Logits holding inf or
+    NaN fail the run."""
+    api = "softmax_cross_entropy_with_logits"
+    floating(labels, api, "labels")
+    floating(logits, api, "logits")
+    if not logits.shape or tuple(labels.shape) != tuple(logits.shape):
+        _trace.fail(ValueError, f"{api}: labels of shape {tuple(labels.shape)} must match logits of shape "
+                    f"{tuple(logits.shape)} (rank >= 1, classes last)")
+    if labels.dtype is not logits.dtype:
+        _trace.fail(TypeError, f"{api}: labels are {labels.dtype.name} but logits are {logits.dtype.name}")
+    # loss = lse(x) - sum(l * x) + (sum(l) - 1) * lse(x), the last lse held
+    # constant for the gradient (a check_finite node passes no gradient), so
+    # that d loss / dx = softmax(x) - l.
+    m = _ops.reduce_max(logits, axis=-1, keepdims=True)
+    lse = _ops.add(_ops.log(_ops.reduce_sum(_ops.exp(_ops.subtract(logits, m)), axis=-1)),
+                   _ops.reshape(m, list(logits.shape[:-1])))
+    held = _ops.make(_ops.K.check_finite, [lse], {"what": f"{api}: logsumexp of the logits"}, api=api)
+    total = _ops.reduce_sum(labels, axis=-1)
+    dot = _ops.reduce_sum(_ops.multiply(labels, logits), axis=-1)
+    loss = _ops.add(_ops.subtract(lse, dot), _ops.multiply(_ops.subtract(total, 1.0), held))
+    return loss if name is None else _ops.identity(loss, name=name)
+
+
+def distributed_sparse_softmax_cross_entropy_with_logits(labels: Blob, logits: Blob,
+                                                         name: Optional[str] = None) -> Blob:
+    """:func:`flowjit.nn.sparse_softmax_cross_entropy_with_logits` (OneFlow's form
+    for logits split over devices along the classes; flowjit places the split
+    itself, so the result and gradient are the same)."""
+    return _ops.sparse_softmax_cross_entropy_with_logits(labels, logits, name=name)

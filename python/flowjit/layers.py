@@ -87,3 +87,8 @@ from . import _activations, _variables  # noqa: E402
 from ._conv import (average_pooling1d, average_pooling2d, average_pooling3d,  # noqa: E402,F401
                     batch_normalization, layer_norm, max_pooling1d, max_pooling2d, max_pooling3d)
 from ._conv import layer_conv1d as conv1d, layer_conv2d as conv2d, layer_conv3d as conv3d  # noqa: E402,F401
+
+# Fused batch-norm layers, the explicit layer-norm gradients and upsampling.
+from ._norm import (batch_normalization_add_relu, batch_normalization_relu,  # noqa: E402,F401
+                    layer_norm_grad, layer_norm_param_grad)
+from ._resample import upsample_2d  # noqa: E402,F401

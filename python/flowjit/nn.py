@@ -3,7 +3,7 @@ from typing import Optional
 
 from . import _ops, _trace
 from ._blob import Blob
-from ._ops import (log_softmax, relu, sigmoid, softmax, softmax_cross_entropy_with_logits,  # noqa: F401
+from ._ops import (log_softmax, relu, sigmoid, softmax,  # noqa: F401
                    sparse_softmax_cross_entropy_with_logits, tanh)
 
 
@@ -38,11 +38,27 @@ logsoftmax = log_softmax  # the name the OneFlow docs use
 from ._activations import (elu, gelu, hardsigmoid, hardswish, hardtanh, leaky_relu, mish,  # noqa: E402,F401
                            relu6, silu, softsign, swish)
 from ._composite import moments, tril  # noqa: E402,F401
-from ._losses import (bce_loss, bce_with_logits_loss, kldiv_loss, l1_loss, mse_loss,  # noqa: E402,F401
-                      smooth_l1_loss, sparse_cross_entropy)
+from ._losses import (bce_loss, bce_with_logits_loss,  # noqa: E402,F401
+                      distributed_sparse_softmax_cross_entropy_with_logits, kldiv_loss, l1_loss,
+                      margin_ranking_loss, mse_loss, smooth_l1_loss, softmax_cross_entropy_with_logits,
+                      sparse_cross_entropy, triplet_margin_loss)
 BCELoss, BCEWithLogitsLoss, KLDivLoss, L1Loss, MSELoss = (
     bce_loss, bce_with_logits_loss, kldiv_loss, l1_loss, mse_loss)
+MarginRankingLoss, TripletMarginLoss = margin_ranking_loss, triplet_margin_loss
 
 # Convolutions, pooling and dropout (issue #11).
-from ._conv import (avg_pool1d, avg_pool2d, avg_pool3d, conv1d, conv2d, conv3d, dropout,  # noqa: E402,F401
-                    max_pool1d, max_pool2d, max_pool3d)
+from ._conv import (avg_pool1d, avg_pool2d, avg_pool3d, compat_conv2d, conv1d, conv2d,  # noqa: E402,F401
+                    conv2d_transpose, conv3d, dropout, max_pool1d, max_pool2d, max_pool3d,
+                    torch_conv2d_transpose)
+
+# OneFlow's remaining lazy nn names: functional normalizations, resampling,
+# the fused ops and softmax_grad.
+from ._fused import (fused_bias_add_dropout, fused_bias_add_gelu, fused_scale_tril,  # noqa: E402,F401
+                     fused_scale_tril_softmax_dropout, fused_self_attention_query_mul_key_and_value,
+                     random_mask_like, softmax_grad)
+from ._norm import (batch_normalization, group_normalization, instance_normalization1d,  # noqa: E402,F401
+                    instance_normalization2d, instance_normalization3d, layer_norm)
+from ._resample import pixel_shuffle, pixel_shufflev2  # noqa: E402,F401
+GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d = (
+    group_normalization, instance_normalization1d, instance_normalization2d, instance_normalization3d)
+PixelShuffle, PixelShufflev2 = pixel_shuffle, pixel_shufflev2

@@ -1,0 +1,135 @@
+"""OneFlow's fused nn ops (bias_add + dropout, bias_add + gelu, scale + tril,
+scale + tril + softmax + dropout, the self-attention query x key product),
+random_mask_like and softmax_grad. Each is written as the composition it
+stands for: fusion in the compiler merges the pieces into one kernel, and
+their gradients come from autodiff."""
+import numbers
+from typing import Optional, Sequence, Tuple, Union
+
+from . import _C, _dtypes, _ops, _trace
+from ._activations import gelu
+from ._blob import Blob
+from ._composite import _triangle, floating, number
+from ._conv import dropout
+
+K = _C.OpKind
+
+
+def _bias_add(value, bias, data_format, api):
+    from .nn import bias_add
+    floating(value, api, "value")
+    floating(bias, api, "bias")
+    return bias_add(value, bias, data_format=data_format)
+
+
+def fused_bias_add_gelu(a: Blob, b: Blob, data_format: str = "NCHW", name: Optional[str] = None) -> Blob:
+    """gelu(bias_add(a, b, data_format))."""
+    return gelu(_bias_add(a, b, data_format, "fused_bias_add_gelu"), name=name)
+
+
+def fused_bias_add_dropout(a: Blob, b: Blob, data_format: str = "NCHW", rate: float = 0.0,
+                           noise_shape: Optional[Sequence[int]] = None, seed: Optional[int] = None,
+                           name: Optional[str] = None) -> Blob:
+    """dropout(bias_add(a, b, data_format), rate, noise_shape, seed): with the
+    same seed, the same mask as flow.nn.dropout."""
+    return dropout(_bias_add(a, b, data_format, "fused_bias_add_dropout"), rate, noise_shape, seed, name)
+
+
+def fused_scale_tril(x: Blob, diagonal: int = 0, fill_value: Union[int, float] = 0, scale: Union[int, float] = 1,
+                     name: Optional[str] = None) -> Blob:
+    """x * scale on and below the `diagonal`-th diagonal of the last two axes,
+    fill_value (not scaled) above it."""
+    api = "fused_scale_tril"
+    floating(x, api, "x")
+    s = number(scale, api, "scale")
+    y = _triangle(_ops.multiply(x, s) if s != 1.0 else x, diagonal, fill_value, api, True)
+    return y if name is None else _ops.identity(y, name=name)
+
+
+def fused_scale_tril_softmax_dropout(x: Blob, diagonal: int = 0, fill_value: Union[int, float] = 0,
+                                     scale: Union[int, float] = 1, rate: float = 0.0,
+                                     noise_shape: Optional[Sequence[int]] = None, seed: Optional[int] = None,
+                                     name: Optional[str] = None) -> Blob:
+    """dropout(softmax(fused_scale_tril(x, diagonal, fill_value, scale)), rate,
+    noise_shape, seed) over the last axis (a causal attention mask)."""
+    y = _ops.softmax(fused_scale_tril(x, diagonal, fill_value, scale))
+    return dropout(y, rate, noise_shape, seed, name)
+
+
+def random_mask_like(like: Blob, rate: float, seed: Optional[int] = None,
+                     noise_shape: Optional[Sequence[int]] = None, name: Optional[str] = None) -> Blob:
+    """An int8 blob of like's shape (or `noise_shape`): 1 with probability
+    1 - rate, else 0; new numbers at every run of the job, reproducible from
+    `seed` (in train jobs, the mask flow.nn.dropout draws with that seed)."""
+    api = "random_mask_like"
+    if not isinstance(like, Blob):
+        _trace.fail(TypeError, f"{api}: like must be a Blob, got {type(like).__name__}")
+    if not isinstance(rate, numbers.Real) or isinstance(rate, bool) or not 0.0 <= float(rate) < 1.0:
+        _trace.fail(ValueError, f"{api}: rate must be a number in [0, 1), got {rate!r}")
+    b = _trace.require_builder(f"flow.nn.{api}")
+    shape = list(like.shape) if noise_shape is None else _ops._int_list(noise_shape, api, "noise_shape")
+    count = b._counts.get("dropout_seed", 0)
+    b._counts["dropout_seed"] = count + 1
+    if seed is None:
+        seed = 0x5EED0000 + count
+    numel = 1
+    for d in shape:
+        numel *= d
+    if b.type == "train":
+        step = b.train_step()
+    else:
+        # A predict job counts its own runs, so each run draws new numbers.
+        from ._variables import ConstantInitializer
+        step = b.variable(f"System-RandomMask-Step-{b.job_name}", (), _dtypes.int64, ConstantInitializer(0),
+                          False, 0, _trace.user_location())
+        if not b._counts.get("random_mask_step"):
+            b._counts["random_mask_step"] = 1
+            b.effects.append(_C.make_node(K.assign, [step._node, _ops.add(step, 1)._node], {}))
+    offset = _ops.multiply(step, _ops.constant(numel, dtype=_dtypes.int64))
+    u = _ops.make(K.random_uniform_at, [offset], {"shape": shape, "dtype": _dtypes.float32.c, "seed": int(seed)},
+                  api=api)
+    return _ops.cast(_ops.greater_equal(u, float(rate)), _dtypes.int8, name=name)
+
+
+def softmax_grad(y: Blob, dy: Blob, axis: Optional[int] = None, name: Optional[str] = None) -> Blob:
+    """The gradient of softmax with respect to its logits, from its output y
+    and output gradient dy: y * (dy - sum(dy * y)) along `axis` (the last when
+    None)."""
+    api = "softmax_grad"
+    floating(y, api, "y")
+    floating(dy, api, "dy")
+    if tuple(y.shape) != tuple(dy.shape):
+        _trace.fail(ValueError, f"{api}: y has shape {tuple(y.shape)} but dy has {tuple(dy.shape)}")
+    ax = -1 if axis is None else axis
+    if not isinstance(ax, numbers.Integral) or not -len(y.shape) <= ax < len(y.shape):
+        _trace.fail(ValueError, f"{api}: axis must be an int in [{-len(y.shape)}, {len(y.shape)}), got {axis!r}")
+    dot = _ops.reduce_sum(_ops.multiply(dy, y), axis=int(ax), keepdims=True)
+    return _ops.multiply(y, _ops.subtract(dy, dot), name=name)
+
+
+def fused_self_attention_query_mul_key_and_value(x: Blob, head_size: int, alpha: float = 1.0,
+                                                 name: Optional[str] = None) -> Tuple[Blob, Blob]:
+    """From x (seq, batch, heads * 3 * head_size), each head's [q | k | v]
+    side by side: (alpha * q @ k^T of shape (batch, heads, seq, seq),
+    v of shape (batch, heads, seq, head_size))."""
+    api = "fused_self_attention_query_mul_key_and_value"
+    floating(x, api, "x")
+    if not isinstance(head_size, numbers.Integral) or isinstance(head_size, bool) or head_size < 1:
+        _trace.fail(ValueError, f"{api}: head_size must be a positive int, got {head_size!r}")
+    if len(x.shape) != 3 or x.shape[2] % (3 * head_size):
+        _trace.fail(ValueError, f"{api}: x must be (seq, batch, heads * 3 * head_size) with head_size "
+                    f"{head_size}, got shape {tuple(x.shape)}")
+    s, n = x.shape[0], x.shape[1]
+    heads = x.shape[2] // (3 * head_size)
+    h = _ops.reshape(x, [s, n, heads, 3 * head_size])
+
+    def part(i):
+        p = _ops.make(K.slice, [h], {"begin": [0, 0, 0, i * head_size], "step": [1, 1, 1, 1],
+                                     "shape": [s, n, heads, head_size]}, api=api)
+        return _ops.transpose(p, [1, 2, 0, 3])
+    q, k, v = part(0), part(1), part(2)
+    qmk = _ops.matmul(q, k, transpose_b=True, alpha=number(alpha, api, "alpha"))
+    if name is not None:
+        qmk = _ops.identity(qmk, name=f"{name}_query_mul_key")
+        v = _ops.identity(v, name=f"{name}_value")
+    return qmk, v
