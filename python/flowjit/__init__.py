@@ -109,6 +109,14 @@ def export_chrome_trace(path: str) -> str:
             for c in j.compiled_jobs()]
     return _inspect.export_chrome_trace(path, jobs)
 
+# Logical views, layout casts and shapes (OneFlow's advanced/distribute_ops, flow.Size).
+from ._views import (cast_to_current_logical_view, cast_to_static_shape,  # noqa: E402,F401
+                     hierarchical_parallel_cast, parallel_cast, sync_dynamic_resize)
+from ._blob import Size  # noqa: E402,F401
+from . import advanced  # noqa: E402,F401
+_PUBLIC_MODULES += ("advanced",)
+_install_dir(advanced)
+
 # OneFlow's session queries, dtype helpers and support modules (flow.unittest, flow.sysconfig, ...).
 from ._dtypes import convert_oneflow_dtype_to_numpy_dtype, dtypes  # noqa: E402,F401
 from ._session import (Generator, current_global_function_desc, current_machine_id,  # noqa: E402,F401

@@ -256,15 +256,7 @@ class JobBuilder:
                 _trace.fail(TypeError, f"get_variable: distribute of '{name}' must be flow.distribute."
                             f"split(axis), broadcast() or auto(), got {distribute!r}", loc)
             if distribute.kind == "split":
-                axis = distribute.axis + len(shape) if distribute.axis < 0 else distribute.axis
-                if not 0 <= axis < len(shape):
-                    _trace.fail(ValueError, f"get_variable: '{name}' has shape {shape} but is declared "
-                                f"{distribute!r}", loc)
-                prev = self.split_vars.get(name)
-                if prev is not None and prev != axis:
-                    _trace.fail(ValueError, f"get_variable: '{name}' is declared split({prev}) and "
-                                f"split({axis}) in the same job", loc)
-                self.split_vars[name] = axis
+                self.declare_split(name, shape, distribute, loc)
         if name in self.variables:
             blob, _ = self.variables[name]
             if blob.shape != shape or blob.dtype is not dtype:
@@ -289,6 +281,18 @@ class JobBuilder:
         blob = Blob(node, self, name)
         self.variables[name] = (blob, trainable)
         return blob
+
+    def declare_split(self, name, shape, distribute, loc, api="get_variable"):
+        """Variable `name` lies split over the job's devices along distribute.axis."""
+        axis = distribute.axis + len(shape) if distribute.axis < 0 else distribute.axis
+        if not 0 <= axis < len(shape):
+            _trace.fail(ValueError, f"{api}: '{name}' has shape {shape} but is declared "
+                        f"{distribute!r}", loc)
+        prev = self.split_vars.get(name)
+        if prev is not None and prev != axis:
+            _trace.fail(ValueError, f"{api}: '{name}' is declared split({prev}) and "
+                        f"split({axis}) in the same job", loc)
+        self.split_vars[name] = axis
 
     def train_step(self):
         from ._variables import ConstantInitializer

@@ -2,7 +2,8 @@
 OneFlow 0.1-0.2's distribute strategies (the logical views of later releases)."""
 
 __all__ = ["split", "broadcast", "auto", "consistent_strategy", "mirrored_strategy",
-           "consistent_strategy_enabled", "mirrored_strategy_enabled", "Distribute"]
+           "consistent_strategy_enabled", "mirrored_strategy_enabled", "Distribute",
+           "assert_is_valid_distribute"]
 
 
 class Distribute:
@@ -62,3 +63,11 @@ def mirrored_strategy_enabled():
     """= flow.scope.mirrored_view_enabled()."""
     from . import scope
     return scope.mirrored_view_enabled()
+
+
+def assert_is_valid_distribute(distribute: Distribute) -> None:
+    """Raises TypeError unless `distribute` is flow.distribute.split(axis),
+    broadcast() or auto()."""
+    if not isinstance(distribute, Distribute):
+        raise TypeError("not a valid distribute: expected flow.distribute.split(axis), broadcast() or "
+                        f"auto(), got {distribute!r}")

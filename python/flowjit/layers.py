@@ -9,16 +9,33 @@ from .distribute import Distribute
 from .regularizers import Regularizer
 
 
+def _layer_name(api, title, name):
+    """`name`, or for an unnamed layer `<title>_<n>`: the n-th unnamed layer
+    of this kind in the job being traced (as the convolution layers)."""
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            _trace.fail(TypeError, f"{api}: name must be a non-empty string, got {name!r}",
+                        _trace.user_location())
+        return name
+    b = _trace.require_builder(f"flow.layers.{api}")
+    n = b._counts.get(f"layer:{api}", 0)
+    b._counts[f"layer:{api}"] = n + 1
+    return f"{title}_{n}"
+
+
 def dense(inputs: Blob, units: int, activation: Optional[Callable[[Blob], Blob]] = None, use_bias: bool = True,
           kernel_initializer: Optional[Initializer] = None, bias_initializer: Optional[Initializer] = None,
           kernel_regularizer: Optional[Regularizer] = None, bias_regularizer: Optional[Regularizer] = None,
-          trainable: bool = True, name: str = "Dense", model_distribute: Optional[Distribute] = None) -> Blob:
+          trainable: bool = True, name: Optional[str] = None, model_distribute: Optional[Distribute] = None) -> Blob:
     """A fully connected layer: activation(inputs @ weight^T + bias).
 
     OneFlow's conventions: the weight is a variable `<name>-weight` of shape
     (units, in_features), the bias `<name>-bias` of shape (units,); inputs of
-    rank > 2 are flattened to (-1, in_features) and reshaped back.
+    rank > 2 are flattened to (-1, in_features) and reshaped back. Without a
+    name the layers of a job are Dense_0, Dense_1, ... in trace order (so a
+    train and an eval job building the same layers share their variables).
     """
+    name = _layer_name("dense", "Dense", name)
     loc = _trace.user_location()
     if not isinstance(inputs, Blob):
         _trace.fail(TypeError, f"dense '{name}': inputs must be a Blob, got {type(inputs).__name__}", loc)
@@ -57,10 +74,12 @@ def dense(inputs: Blob, units: int, activation: Optional[Callable[[Blob], Blob]]
 
 def prelu(inputs: Blob, alpha_initializer: Optional[Initializer] = None,
           alpha_regularizer: Optional[Regularizer] = None, shared_axes: Optional[Sequence[int]] = None,
-          trainable: bool = True, name: str = "PRelu", model_distribute: Optional[Distribute] = None) -> Blob:
+          trainable: bool = True, name: Optional[str] = None, model_distribute: Optional[Distribute] = None) -> Blob:
     """max(x, 0) + alpha * min(x, 0) with a learned alpha: the variable
     `<name>-alpha` of shape inputs.shape[1:], extent 1 along `shared_axes`
-    (axes of inputs, >= 1); zeros unless alpha_initializer says otherwise."""
+    (axes of inputs, >= 1); zeros unless alpha_initializer says otherwise.
+    Without a name the layers of a job are PRelu_0, PRelu_1, ..."""
+    name = _layer_name("prelu", "PRelu", name)
     loc = _trace.user_location()
     if not isinstance(inputs, Blob):
         _trace.fail(TypeError, f"prelu '{name}': inputs must be a Blob, got {type(inputs).__name__}", loc)
