@@ -180,9 +180,14 @@ class FunctionConfig:
         hint = _function_settings.HINTS.get(name)
         if hint is not None:
             default = hint[1]
-            if default is None:
-                return lambda value: self._hint(name, value)
-            return lambda value=default: self._hint(name, value)
+
+            def setter(*value):
+                if len(value) > 1 or (not value and default is None):
+                    raise TypeError(f"function_config.{name}: expected one value, got {len(value)}")
+                return self._hint(name, value[0] if value else default)
+            setter.__name__ = setter.__qualname__ = name
+            setter.__doc__ = f"OneFlow's {name}, accepted as a hint and ignored: {hint[3]}."
+            return setter
         why = self._ONEFLOW_ONLY.get(name)
         if why:
             raise NotImplementedError(f"function_config.{name} is a OneFlow setting that flowjit does not "

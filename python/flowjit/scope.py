@@ -23,12 +23,12 @@ class LogicalView:
         return hash(self.kind)
 
 
-def consistent_view():
+def consistent_view() -> LogicalView:
     """Placeholders are the whole logical batch; flowjit splits it over devices."""
     return LogicalView("consistent")
 
 
-def mirrored_view():
+def mirrored_view() -> LogicalView:
     """Each device gets its own array (tp.ListNumpy placeholders)."""
     return LogicalView("mirrored")
 
@@ -102,7 +102,8 @@ def parse_device_ids(s):
     return machine, devs
 
 
-def placement(device_tag: str, machine_device_ids: Union[str, List[str]], hierarchy=None) -> Placement:
+def placement(device_tag: str, machine_device_ids: Union[str, List[str]],
+              hierarchy: Optional[List[int]] = None) -> Placement:
     """Where the ops traced inside ``with flow.scope.placement(...)`` run:
     `device_tag` "cpu" or "gpu", `machine_device_ids` such as "0:0" or "0:0-3"
     (machine 0, devices 0 to 3), or a list of those. `hierarchy` is accepted
@@ -128,12 +129,12 @@ def _current_view():
     return view if view is not None else consistent_view()
 
 
-def consistent_view_enabled():
+def consistent_view_enabled() -> bool:
     """True where the job being traced (or, outside one, the default) uses the consistent view."""
     return _current_view() == consistent_view()
 
 
-def mirrored_view_enabled():
+def mirrored_view_enabled() -> bool:
     """True where the job being traced uses the mirrored view."""
     return _current_view() == mirrored_view()
 
@@ -154,7 +155,7 @@ class namespace:  # noqa: N801 - OneFlow's name
     variables (get_variable and layers) and ops traced inside with
     "encoder-", as OneFlow does; name spaces nest ("a-b-w")."""
 
-    def __init__(self, name):
+    def __init__(self, name: str):
         if not isinstance(name, str) or not name:
             raise TypeError(f"scope.namespace: name must be a non-empty string, got {name!r}")
         self.name = name
