@@ -127,3 +127,7 @@ from . import deprecated, profiler, sysconfig, unittest, util  # noqa: E402,F401
 _PUBLIC_MODULES += ("deprecated", "profiler", "sysconfig", "unittest", "util")
 for _name in ("deprecated", "profiler", "sysconfig", "unittest", "util"):
     _install_dir(globals()[_name])
+
+# flow.user_op_builder: OneFlow's generic op builder over flowjit's ops (issue [conformance]).
+from ._user_op import (consistent_user_op_builder, consistent_user_op_module_builder,  # noqa: E402,F401
+                       user_op_builder, user_op_module_builder, user_op_types)
