@@ -112,7 +112,7 @@ def export_chrome_trace(path: str) -> str:
 # Logical views, layout casts and shapes (OneFlow's advanced/distribute_ops, flow.Size).
 from ._views import (cast_to_current_logical_view, cast_to_static_shape,  # noqa: E402,F401
                      hierarchical_parallel_cast, parallel_cast, sync_dynamic_resize)
-from ._blob import Size  # noqa: E402,F401
+from ._blob import INVALID_SPLIT_AXIS, Size  # noqa: E402,F401
 from . import advanced  # noqa: E402,F401
 _PUBLIC_MODULES += ("advanced",)
 _install_dir(advanced)

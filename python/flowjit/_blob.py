@@ -3,7 +3,10 @@
 import numbers
 from typing import Any, Iterable, List, Optional
 
-from . import _dtypes, scope
+from . import _C, _dtypes, scope
+
+# OneFlow's value of split_axis for a blob that is not split.
+INVALID_SPLIT_AXIS = -22
 
 
 class Size(tuple):
@@ -71,10 +74,10 @@ class Blob:
     """A symbolic tensor inside a job function: it has a shape, a dtype and a
     name, but no data. Operators build IR nodes.
 
-    Layout attributes (OneFlow's): ``distribute`` / ``split_axis`` are what
-    was declared (flow.distribute.split on a variable, ``with_distribute``);
-    flowjit's compiler chooses the layout of every other blob itself, so
-    they say auto / None there. Shapes are static (``is_dynamic`` False)."""
+    Layout attributes (OneFlow's): ``distribute`` is what was declared
+    (flow.distribute.split on a variable, ``with_distribute``), auto where
+    nothing was; ``split_axis`` adds what is known while tracing (see there).
+    Shapes are static (``is_dynamic`` False)."""
 
     __slots__ = ("_node", "_builder", "_name", "_placement", "_distribute", "__weakref__")
 
@@ -171,10 +174,25 @@ class Blob:
         return _dist.split(axis) if axis is not None else _dist.auto()
 
     @property
-    def split_axis(self) -> Optional[int]:
-        """The axis of the declared split layout, None if none was declared."""
+    def split_axis(self) -> int:
+        """The axis along which the blob lies split over the job's devices, as
+        far as it is known while tracing (OneFlow's split_axis): a declared
+        split (a variable's distribute=, with_distribute, parallel_cast), a
+        placeholder of a consistent job on several devices (split along axis
+        0 where its first extent divides, see jit/distribute.h). Else
+        flow.INVALID_SPLIT_AXIS: not split, or laid out by the compiler after
+        tracing."""
         d = self.distribute
-        return d.axis if d.kind == "split" else None
+        if d.kind == "split":
+            return d.axis
+        if d.kind == "auto" and self._node.op == _C.OpKind.parameter and self.ndim > 0 \
+                and self._builder is not None \
+                and self._builder.config.get("default_logical_view", scope.consistent_view()) \
+                == scope.consistent_view():
+            parts = self.parallel_size
+            if parts > 1 and self.shape[0] % parts == 0:
+                return 0
+        return INVALID_SPLIT_AXIS
 
     def _is_variable(self):
         entry = self._builder.variables.get(self._name) if self._builder is not None else None

@@ -111,7 +111,7 @@ def test_blob_layout_attributes_say_what_was_declared():
 
     np.testing.assert_array_equal(f(np.zeros((4, 6), np.float32)), np.zeros((4, 6), np.float32))
     assert seen["dynamic"] is False and seen["tensor_list"] is False
-    assert seen["split"] is None and seen["dist"] == flow.distribute.auto()
+    assert seen["split"] == flow.INVALID_SPLIT_AXIS and seen["dist"] == flow.distribute.auto()
     assert seen["wsplit"] == 1 and seen["zsplit"] == 1 and seen["zs"] == 0
     assert seen["zb"] == flow.distribute.broadcast() and seen["same"]
     assert seen["lbn"] == f"{seen['op']}/out" and seen["tag"] == "cpu" and seen["size"] == 1
@@ -132,12 +132,15 @@ def test_parallel_conf_follows_the_placement_and_device_count():
     flow.config.cpu_device_num(2)
 
     @flow.global_function()
-    def f(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
-        seen.append((x.parallel_size, x.parallel_conf.device_name()))
+    def f(x: tp.Numpy.Placeholder((4,)), odd: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        y = flow.math.reduce_sum(x)
+        seen.append((x.parallel_size, x.parallel_conf.device_name(), x.split_axis, odd.split_axis,
+                     y.split_axis))
         return x + 1
 
-    f(np.zeros(4, np.float32))
-    assert seen == [(2, ["0:0-1"])]
+    f(np.zeros(4, np.float32), np.zeros(3, np.float32))
+    # A placeholder is split along axis 0 where its first extent divides (jit/distribute.h).
+    assert seen == [(2, ["0:0-1"], 0, flow.INVALID_SPLIT_AXIS, flow.INVALID_SPLIT_AXIS)]
 
 
 def test_size():
