@@ -523,23 +523,36 @@ def argsort(input: Blob, axis: int = -1, direction: str = "ASCENDING", name: Opt
     return _ops.identity(out, name=name) if name else out
 
 
-def top_k(input: Blob, k: int = 1, sorted: bool = True, name: Optional[str] = None) -> Blob:
-    """int32 indices of the k largest entries along the last dim, largest
-    first (OneFlow's top_k returns the indices)."""
+def top_k(input: Blob, axis: int = -1, k: int = 1, sorted: bool = True,  # noqa: A002 - OneFlow's names
+          name: Optional[str] = None) -> Blob:
+    """int32 indices of the k largest entries along `axis`, largest first, ties
+    in index order (OneFlow's top_k returns the indices); a k larger than the
+    axis gives all of them. Note OneFlow's argument order: top_k(x, axis, k)."""
     _blob(input, "top_k")
     if not input.shape:
         _trace.fail(ValueError, "top_k: input must have rank >= 1")
-    n = input.shape[-1]
-    if not _ops._is_int(k) or not 0 <= k <= n:
-        _trace.fail(ValueError, f"top_k: k must be an int in [0, {n}] (the last dim), got {k!r}")
-    idx = _sorted(input, -1, "DESCENDING", "top_k", False)
-    out = _slice_dim(idx, len(input.shape) - 1, 0, int(k), 1, "top_k")
+    if not _ops._is_int(axis):
+        _trace.fail(TypeError, f"top_k: axis must be an int, got {axis!r}")
+    r = len(input.shape)
+    if not -r <= axis < r:
+        _trace.fail(ValueError, f"top_k: axis {axis} is out of range for a rank-{r} input (expected {-r} <= "
+                    f"axis < {r}; the signature is top_k(input, axis=-1, k=1, sorted=True))")
+    if not _ops._is_int(k) or k < 0:
+        _trace.fail(ValueError, f"top_k: k must be an int >= 0, got {k!r}")
+    ax = axis % r
+    y, inv = _last(input, ax, "top_k")
+    idx = _sorted(y, -1, "DESCENDING", "top_k", False)
+    out = _slice_dim(idx, r - 1, 0, _b.min(int(k), y.shape[-1]), 1, "top_k")
+    if inv is not None:
+        out = _ops.transpose(out, inv)
     return _ops.identity(out, name=name) if name else out
 
 
 def in_top_k(targets: Blob, predictions: Blob, k: int, name: Optional[str] = None) -> Blob:
     """Whether predictions[i, targets[i]] is among the k largest of row i
-    (ties with the k-th count as in), bool [N]."""
+    (ties with the k-th count as in), bool [N]. As in OneFlow and TensorFlow,
+    a row with a non-finite prediction (NaN or infinity) or a target outside
+    [0, C) gives False."""
     _check_index(targets, "in_top_k", "targets")
     _blob(predictions, "in_top_k", "predictions")
     if len(predictions.shape) != 2 or list(targets.shape) != [predictions.shape[0]]:
@@ -550,6 +563,9 @@ def in_top_k(targets: Blob, predictions: Blob, k: int, name: Optional[str] = Non
     c = predictions.shape[1]
     valid = _ops.logical_and(_ops.greater_equal(targets, _ops._scalar(0, targets.dtype, "in_top_k")),
                              _ops.less(targets, _ops._scalar(c, targets.dtype, "in_top_k")))
+    # NaN < inf is false: a row is finite where every |prediction| < inf.
+    finite = _ops.reduce_min(_ops.cast(_ops.less(_ops.abs(predictions), float("inf")), _dtypes.int32), [1])
+    valid = _ops.logical_and(valid, _ops.equal(finite, _ops._scalar(1, _dtypes.int32, "in_top_k")))
     # Targets outside [0, C) are documented as "not in the top k" (valid is
     # false there): this gather reads them clamped instead of checking them.
     t = _ops.make(K.gather, [predictions, targets], {"axis": 1, "batch_dims": 1}, api="in_top_k")
@@ -578,3 +594,317 @@ def assign(ref: Blob, value: Blob, dtype: Optional[DTypeLike] = None, name: Opti
         b.effects.append(_C.make_node(K.assign, [ref._node, value._node], {}))
     except (TypeError, ValueError) as e:
         _trace.fail(type(e), str(e))
+
+
+# ---------------------------------------------------------------- OneFlow's other array ops
+#
+# Compositions of the views and elementwise ops above, so each gets its
+# gradient, fusion and distribution from its parts.
+
+def broadcast_to_compatible_with(x: Blob, compatible: Sequence[Blob], name: Optional[str] = None) -> Blob:
+    """x broadcast (numpy rules) to the shape that x and every blob of
+    `compatible` broadcast to together (only their shapes are read)."""
+    api = "broadcast_to_compatible_with"
+    _blob(x, api, "x")
+    if isinstance(compatible, Blob) or not isinstance(compatible, (list, tuple)):
+        _trace.fail(TypeError, f"{api}: compatible must be a list of Blobs, got {type(compatible).__name__}")
+    shape = list(x.shape)
+    for i, c in enumerate(compatible):
+        _blob(c, api, f"compatible[{i}]")
+        other = list(c.shape)
+        r = max(len(shape), len(other))
+        a, b = [1] * (r - len(shape)) + shape, [1] * (r - len(other)) + other
+        out = []
+        for d, (p, q) in enumerate(zip(a, b)):
+            if p != q and 1 not in (p, q):
+                _trace.fail(ValueError, f"{api}: shape {tuple(shape)} and compatible[{i}]'s shape {tuple(other)} "
+                            f"do not broadcast (dim {d}: {p} vs {q})")
+            out.append(q if p == 1 else p)
+        shape = out
+    if shape == list(x.shape):
+        return _ops.identity(x, name=name)
+    return _ops.broadcast_to(x, shape, name=name)
+
+
+def _scatter_checks(params, indices, updates, api):
+    _blob(params, api, "params")
+    _check_index(indices, api)
+    _blob(updates, api, "updates")
+    if updates.dtype is not params.dtype:
+        _trace.fail(TypeError, f"{api}: updates are {updates.dtype.name} but params are {params.dtype.name}")
+
+
+def tensor_scatter_nd_add(params: Blob, indices: Blob, updates: Blob, name: Optional[str] = None) -> Blob:
+    """params with updates[j...] added at position indices[j...] (shape
+    [..., K]); duplicate indices add up; an out-of-range index is an error
+    of the run."""
+    api = "tensor_scatter_nd_add"
+    _scatter_checks(params, indices, updates, api)
+    s = scatter_nd(indices, updates, list(params.shape))
+    return _ops.add(params, s, name=name)
+
+
+def tensor_scatter_nd_update(params: Blob, indices: Blob, updates: Blob, name: Optional[str] = None) -> Blob:
+    """params with the slice at indices[j...] replaced by updates[j...]
+    (indices of shape [..., K]); where an index repeats, the last of its
+    updates (in row-major order of indices) is written. The gradient goes to
+    params where nothing was written and to each written update."""
+    api = "tensor_scatter_nd_update"
+    _scatter_checks(params, indices, updates, api)
+    ishape = list(indices.shape)
+    if not ishape:
+        _trace.fail(ValueError, f"{api}: indices must have rank >= 1")
+    k = ishape[-1]
+    n = 1
+    for d in ishape[:-1]:
+        n *= d
+    flat = _ops.reshape(indices, [n, k])
+    if n > 1:
+        # keep[j]: no later row j' > j has the same index (so the last one wins)
+        same = _ops.reduce_min(_ops.cast(_ops.equal(_ops.expand_dims(flat, 1), _ops.expand_dims(flat, 0)),
+                                         _dtypes.int32), [2])                    # [j, j']
+        later = _ops.greater(_iota([n, n], 1, _dtypes.int32), _iota([n, n], 0, _dtypes.int32))
+        shadowed = _ops.reduce_max(_ops.cast(_ops.logical_and(_ops.equal(same, 1), later), _dtypes.int32), [1])
+        keep = _ops.reshape(_ops.equal(shadowed, 0), ishape[:-1])
+    else:
+        keep = _ops.constant(True, _dtypes.bool_, ishape[:-1])
+    ushape = list(updates.shape)
+    keep_u = _ops.reshape(keep, ishape[:-1] + [1] * (len(ushape) - len(ishape) + 1))
+    zero = _ops._scalar(0, updates.dtype, api)
+    written = scatter_nd(indices, _ops.where(keep_u, updates, zero), list(params.shape))
+    hit = scatter_nd(indices, _ops.broadcast_to(_ops.cast(keep_u, _dtypes.int32), ushape), list(params.shape))
+    return _ops.where(_ops.greater(hit, 0), written, params, name=name)
+
+
+def zero_pad2d(x: Blob, padding: Union[int, Sequence[int]], name: Optional[str] = None) -> Blob:
+    """NCHW x padded with zeros by padding = [left, right, top, bottom] (an
+    int pads all four sides)."""
+    return pad(x, _pad2d(x, padding, "zero_pad2d"), 0, "constant", name)
+
+
+def same_padding(x: Blob, padding: str, data_format: str, kernel_size: Sequence[int], strides: Sequence[int],
+                 dilation_rate: Sequence[int], name: Optional[str] = None) -> Blob:
+    """x zero-padded so that a convolution with these kernel sizes, strides
+    and dilations gives ceil(in / stride) outputs per spatial dim; the odd
+    pixel goes after ("SAME_UPPER") or before ("SAME_LOWER")."""
+    api = "same_padding"
+    _blob(x, api, "x")
+    mode = str(padding).upper()
+    if mode not in ("SAME_UPPER", "SAME_LOWER"):
+        _trace.fail(ValueError, f"{api}: padding must be 'SAME_UPPER' or 'SAME_LOWER', got {padding!r}")
+    nsp = len(x.shape) - 2
+    if nsp < 1:
+        _trace.fail(ValueError, f"{api}: x must have a batch, a channel and spatial dims, got shape {tuple(x.shape)}")
+    lists = {}
+    for what, v in (("kernel_size", kernel_size), ("strides", strides), ("dilation_rate", dilation_rate)):
+        v = _ops._int_list(v, api, what)
+        if len(v) != nsp or any(e < 1 for e in v):
+            _trace.fail(ValueError, f"{api}: {what} must be {nsp} positive ints (one per spatial dim), got {v}")
+        lists[what] = v
+    first = 2 if str(data_format).upper().startswith("NC") else 1
+    pairs = [(0, 0)] * len(x.shape)
+    for i in _b.range(nsp):
+        n = x.shape[first + i]
+        k, s, d = lists["kernel_size"][i], lists["strides"][i], lists["dilation_rate"][i]
+        out = (n + s - 1) // s
+        total = max((out - 1) * s + (k - 1) * d + 1 - n, 0)
+        lo = total // 2 if mode == "SAME_UPPER" else total - total // 2
+        pairs[first + i] = (lo, total - lo)
+    return pad(x, pairs, 0, "constant", name)
+
+
+def reshape_like(x: Blob, like: Blob, name: Optional[str] = None) -> Blob:
+    """x reshaped to like's shape (the sizes must agree; like's values are not read)."""
+    _blob(x, "reshape_like", "x")
+    _blob(like, "reshape_like", "like")
+    return _ops.reshape(x, list(like.shape), name=name)
+
+
+def reverse(input: Blob, axis: Union[int, Sequence[int]], name: Optional[str] = None) -> Blob:
+    """input with the order of its elements reversed along each axis of `axis`."""
+    x = _blob(input, "reverse")
+    axes = _ops._int_list(axis, "reverse", "axis")
+    tups = [(None, None, None)] * len(x.shape)
+    for a in axes:
+        tups[_axis(x, a, "reverse")] = (None, None, -1)
+    return slice_v2(x, tups, name=name)
+
+
+def dim_gather(input: Blob, dim: int, index: Blob, name: Optional[str] = None) -> Blob:
+    """out[i...] = input[i...] with coordinate `dim` replaced by index[i...]
+    (numpy.take_along_axis; index has input's rank and extents no larger
+    than input's); an index outside input's dim is an error of the run."""
+    api = "dim_gather"
+    x = _blob(input, api)
+    _check_index(index, api, "index")
+    r = len(x.shape)
+    dim = _axis(x, dim, api, what="dim")
+    ishape = list(index.shape)
+    if len(ishape) != r or any(ishape[d] > x.shape[d] for d in _b.range(r) if d != dim):
+        _trace.fail(ValueError, f"{api}: index of shape {tuple(ishape)} must have the rank of input "
+                    f"{tuple(x.shape)} and no larger extents outside dim {dim}")
+    idx = _ops.checked_index(index, x.shape[dim], f"{api}: index", api)
+    coords = [idx if d == dim else _iota(ishape, d, index.dtype) for d in _b.range(r)]
+    return _ops.make(K.gather_nd, [x, stack(coords, axis=r)], name=name, api=api)
+
+
+def identity_n(inputs: Sequence[Blob], name: Optional[str] = None) -> List[Blob]:
+    """A copy of each blob of `inputs`, as a list."""
+    if isinstance(inputs, Blob) or not isinstance(inputs, (list, tuple)):
+        _trace.fail(TypeError, f"identity_n: inputs must be a list of Blobs, got {type(inputs).__name__}")
+    return [_ops.identity(_blob(x, "identity_n", f"inputs[{i}]")) for i, x in enumerate(inputs)]
+
+
+def amp_white_identity(x: Blob, name: Optional[str] = None) -> Blob:
+    """x unchanged (OneFlow marks with it what mixed precision may run in
+    float16; flowjit computes in the blob's own dtype)."""
+    return _ops.identity(_blob(x, "amp_white_identity", "x"), name=name)
+
+
+def elem_cnt(inputs: Blob, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
+    """The number of elements of `inputs`, a shape (1,) blob (int32 unless
+    dtype is given)."""
+    return reduced_shape_elem_cnt(inputs, None, dtype, name)
+
+
+def reduced_shape_elem_cnt(input_blob: Blob, axis: Optional[Sequence[int]] = None,
+                           dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
+    """The product of input_blob's extents along `axis` (all when None), a
+    shape (1,) blob (int32 unless dtype is given)."""
+    x = _blob(input_blob, "reduced_shape_elem_cnt", "input_blob")
+    axes = _b.range(len(x.shape)) if axis is None else \
+        [_axis(x, a, "reduced_shape_elem_cnt") for a in _ops._int_list(axis, "reduced_shape_elem_cnt", "axis")]
+    n = 1
+    for a in set(axes):
+        n *= x.shape[a]
+    d = _ops._dtype(dtype, "elem_cnt") if dtype is not None else _dtypes.int32
+    return _ops.constant(n, d, [1], name)
+
+
+def _not_finite(x, api):
+    _blob(x, api, "x")
+    if x.dtype not in (_dtypes.float32, _dtypes.float64):
+        _trace.fail(TypeError, f"{api}: x must be a floating-point blob, got {x.dtype.name}")
+    # NaN < inf is false, so this counts NaNs and both infinities.
+    bad = _ops.logical_not(_ops.less(_ops.abs(x), float("inf")))
+    return _ops.reduce_sum(_ops.cast(bad, _dtypes.int64), list(_b.range(len(x.shape))), keepdims=False)
+
+
+def count_not_finite(x: Blob, name: Optional[str] = None) -> Blob:
+    """The number of NaNs and infinities in x, an int64 blob of shape (1,)."""
+    out = _ops.reshape(_not_finite(x, "count_not_finite"), [1])
+    return _ops.identity(out, name=name) if name else out
+
+
+def multi_count_not_finite(x: Optional[Sequence[Blob]] = None, name: Optional[str] = None) -> Blob:
+    """The number of NaNs and infinities in all the blobs of x together, an
+    int64 blob of shape (1,)."""
+    if isinstance(x, Blob) or not isinstance(x, (list, tuple)) or not x:
+        _trace.fail(TypeError, "multi_count_not_finite: x must be a non-empty list of Blobs")
+    total = None
+    for i, v in enumerate(x):
+        c = _ops.reshape(_not_finite(_blob(v, "multi_count_not_finite", f"x[{i}]"), "multi_count_not_finite"), [1])
+        total = c if total is None else _ops.add(total, c)
+    return _ops.identity(total, name=name) if name else total
+
+
+def diag(input: Blob, diagonal: int = 0, name: Optional[str] = None) -> Blob:
+    """For a vector: the square matrix with input on its `diagonal`-th
+    diagonal (above the main one when > 0) and zeros elsewhere. For a
+    matrix: the vector of its `diagonal`-th diagonal."""
+    x = _blob(input, "diag")
+    if not _ops._is_int(diagonal):
+        _trace.fail(TypeError, f"diag: diagonal must be an int, got {diagonal!r}")
+    d = int(diagonal)
+    if len(x.shape) == 1:
+        n = x.shape[0]
+        m = n + _b.abs(d)
+        col = _raw_pad(x, [0], [m - n], 0, "diag")
+        # d >= 0: out[i, i + d] = x[i] (x along rows); d < 0: out[j - d, j] = x[j] (along columns)
+        src = _ops.reshape(col, [m, 1] if d >= 0 else [1, m])
+        on = _ops.equal(_ops.subtract(_iota([m, m], 1, _dtypes.int64), _iota([m, m], 0, _dtypes.int64)), d)
+        zero = _ops._scalar(0, x.dtype, "diag")
+        return _ops.where(on, _ops.broadcast_to(src, [m, m]), zero, name=name)
+    if len(x.shape) == 2:
+        r, c = x.shape
+        n = _b.max(0, _b.min(r, c - d) if d >= 0 else _b.min(r + d, c))
+        flat = _ops.reshape(x, [r * c])
+        begin = d if d >= 0 else -d * c
+        if n == 0:
+            return _ops.zeros([0], x.dtype, name=name)
+        return _raw_slice(flat, [begin], [c + 1], [n], "diag") if name is None else \
+            _ops.identity(_raw_slice(flat, [begin], [c + 1], [n], "diag"), name=name)
+    _trace.fail(ValueError, f"diag: input must be a vector or a matrix, got shape {tuple(x.shape)}")
+
+
+def _dynamic_shape(api):
+    _trace.fail(NotImplementedError, f"{api}: the result's shape depends on the values of the input "
+                "(a dynamic blob in OneFlow); flowjit compiles every blob with a static shape and "
+                "has no dynamic blobs")
+
+
+def argwhere(condition: Blob, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
+    """Not supported: the coordinates of condition's nonzero elements form a
+    blob whose shape depends on the data, which flowjit cannot compile."""
+    _dynamic_shape("argwhere")
+
+
+def nonzero(a: Blob, name: Optional[str] = None) -> Blob:
+    """Not supported: the indices of a's nonzero elements form a blob whose
+    shape depends on the data, which flowjit cannot compile."""
+    _dynamic_shape("nonzero")
+
+
+def _micro_batches(api):
+    _trace.fail(NotImplementedError, f"{api}: OneFlow runs it across the micro-batches of a pipelined "
+                "job (several executions of parts of the job per call); a flowjit job runs once per "
+                "call and has no micro-batches")
+
+
+def repeat(input: Blob, repeat_num: int, name: Optional[str] = None) -> Blob:
+    """Not supported: OneFlow's repeat hands its input to `repeat_num`
+    micro-batch executions of the rest of the job, which flowjit does not have."""
+    _micro_batches("repeat")
+
+
+def acc(one: Blob, max_acc_num: int, name: Optional[str] = None) -> Blob:
+    """Not supported: OneFlow's acc sums its input over `max_acc_num`
+    micro-batch executions, which flowjit does not have."""
+    _micro_batches("acc")
+
+
+def pack(input: Blob, pack_num: int, name: Optional[str] = None) -> Blob:
+    """Not supported: OneFlow's pack joins `pack_num` micro-batch executions'
+    pieces, which flowjit does not have."""
+    _micro_batches("pack")
+
+
+def unpack(input: Blob, unpack_num: int, name: Optional[str] = None) -> Blob:
+    """Not supported: OneFlow's unpack splits its input over `unpack_num`
+    micro-batch executions, which flowjit does not have."""
+    _micro_batches("unpack")
+
+
+def unsorted_batch_segment_sum(data: Blob, segment_ids: Blob, num_segments: int,
+                               name: Optional[str] = None) -> Blob:
+    """unsorted_segment_sum within each batch: segment_ids of shape [B..., N]
+    index the axis after data's batch axes [B...]; the result is
+    [B..., num_segments, rest...]. An id outside [0, num_segments) is an
+    error of the run."""
+    api = "unsorted_batch_segment_sum"
+    _blob(data, api, "data")
+    _check_index(segment_ids, api, "segment_ids")
+    ids, ds = list(segment_ids.shape), list(data.shape)
+    k = len(ids)
+    if k < 1 or ds[:k] != ids:
+        _trace.fail(ValueError, f"{api}: segment_ids of shape {tuple(ids)} must match the leading dims of "
+                    f"data {tuple(ds)}")
+    if not _ops._is_int(num_segments) or num_segments < 0:
+        _trace.fail(ValueError, f"{api}: num_segments must be an int >= 0, got {num_segments!r}")
+    batch, n, rest = ids[:-1], ids[-1], ds[k:]
+    t = batch + [n, int(num_segments)] + rest
+    segment_ids = _ops.checked_index(segment_ids, int(num_segments), f"{api}: segment_ids", api)
+    hit = _ops.equal(_ops.reshape(segment_ids, ids + [1] + [1] * len(rest)), _iota(t, k, segment_ids.dtype))
+    d = _ops.broadcast_to(_ops.reshape(data, ids + [1] + rest), t)
+    out = _masked_sum(hit, d, [k - 1], api)
+    return _ops.identity(out, name=name) if name else out

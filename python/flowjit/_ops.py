@@ -257,18 +257,24 @@ def reduce_mean(input_tensor: Blob, axis: Axis = None, keepdims: bool = False, n
     return multiply(s, 1.0 / n if n else float("nan"), name=name)
 
 
-def argmax(input: Blob, axis: int = -1, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
+def _arg_reduce(op, api, input, axis, dtype, name):
+    d = _dtype(dtype or _dtypes.int32, api)
+    ax = -1 if axis is None else axis
+    if not _is_int(ax):
+        _trace.fail(TypeError, f"{api}: axis must be an int, got {axis!r}")
+    return make(op, [input], {"axes": [int(ax)], "keepdims": False, "dtype": d.c}, name=name, api=api)
+
+
+def argmax(input: Blob, axis: Optional[int] = -1, dtype: Optional[DTypeLike] = None,
+           name: Optional[str] = None) -> Blob:
     """Index of the largest element along `axis` (int32 unless dtype is given)."""
-    d = _dtype(dtype or _dtypes.int32, "argmax")
-    return make(K.argmax, [input], {"axes": [int(axis)], "keepdims": False, "dtype": d.c},
-                name=name, api="argmax")
+    return _arg_reduce(K.argmax, "argmax", input, axis, dtype, name)
 
 
-def argmin(input: Blob, axis: int = -1, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
+def argmin(input: Blob, axis: Optional[int] = -1, dtype: Optional[DTypeLike] = None,
+           name: Optional[str] = None) -> Blob:
     """Index of the smallest element along `axis` (int32 unless dtype is given)."""
-    d = _dtype(dtype or _dtypes.int32, "argmin")
-    return make(K.argmin, [input], {"axes": [int(axis)], "keepdims": False, "dtype": d.c},
-                name=name, api="argmin")
+    return _arg_reduce(K.argmin, "argmin", input, axis, dtype, name)
 
 
 # ---------------------------------------------------------------- shapes
@@ -434,15 +440,27 @@ def softmax_cross_entropy_with_logits(labels: Blob, logits: Blob, name: Optional
 
 def one_hot(indices: Blob, depth: int, on_value: float = 1, off_value: float = 0, axis: int = -1,
             dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
-    """One-hot encoding of integer `indices` along a new last axis."""
-    if axis != -1:
-        _trace.fail(NotImplementedError, "one_hot: only axis=-1 is supported")
+    """One-hot encoding of integer `indices` along a new axis (`axis`, the
+    last when -1): on_value where the position equals the index, else
+    off_value."""
     d = _dtype(dtype or _dtypes.float32, "one_hot")
+    if not _is_int(axis):
+        _trace.fail(TypeError, f"one_hot: axis must be an int, got {axis!r}")
+    r = len(indices.shape) + 1 if isinstance(indices, Blob) else 1
+    if not -r <= axis < r:
+        _trace.fail(ValueError, f"one_hot: axis {axis} is out of range for a rank-{r} result "
+                    f"(expected {-r} <= axis < {r})")
     if isinstance(depth, numbers.Integral):
         indices = checked_index(indices, depth, "one_hot: indices", "one_hot")
-    return make(K.one_hot, [indices], {"depth": int(depth), "dtype": d.c,
-                                       "on_value": float(on_value), "off_value": float(off_value)},
-                name=name, api="one_hot")
+    last = axis % r == r - 1
+    out = make(K.one_hot, [indices], {"depth": int(depth), "dtype": d.c,
+                                      "on_value": float(on_value), "off_value": float(off_value)},
+               name=name if last else None, api="one_hot")
+    if last:
+        return out
+    perm = list(range(r - 1))
+    perm.insert(axis % r, r - 1)
+    return transpose(out, perm, name=name)
 
 
 # ---------------------------------------------------------------- constants
@@ -483,6 +501,23 @@ def zeros_like(like: Blob, dtype: Optional[DTypeLike] = None, name: Optional[str
 def ones_like(like: Blob, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
     """Ones of like's shape (and dtype unless `dtype` is given)."""
     return constant(1.0, dtype or like.dtype, list(like.shape), name)
+
+
+def constant_like(like: Blob, value: Union[int, float], dtype: Optional[DTypeLike] = None,
+                  name: Optional[str] = None) -> Blob:
+    """A blob of like's shape filled with `value`, of like's dtype unless
+    `dtype` is given (like's values are not read)."""
+    if not isinstance(like, Blob):
+        _trace.fail(TypeError, f"constant_like: like must be a Blob, got {type(like).__name__}")
+    if not isinstance(value, (numbers.Real, np.bool_)):
+        _trace.fail(TypeError, f"constant_like: value must be an int or a float, got {type(value).__name__}")
+    return constant(value, dtype or like.dtype, list(like.shape), name)
+
+
+def constant_scalar(value: Union[int, float], dtype: Optional[DTypeLike] = None,
+                    name: Optional[str] = None) -> Blob:
+    """A blob of shape (1,) holding `value` (OneFlow's scalar constant)."""
+    return constant(value, dtype, [1], name)
 
 
 def _random(op, shape, dtype, seed):
