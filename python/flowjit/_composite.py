@@ -322,16 +322,14 @@ def clamp(input: Blob, min: Optional[float] = None, max: Optional[float] = None,
 
 
 def masked_fill(x: Blob, mask: Blob, value: float, name: Optional[str] = None) -> Blob:
-    """x with `value` where mask is true (nonzero); mask broadcasts against x."""
+    """x with `value` where mask is true (nonzero). x and mask broadcast
+    against each other (numpy rules), so the result has their common shape,
+    as in OneFlow (where(mask, value, x))."""
     blob(x, "masked_fill", "x")
     blob(mask, "masked_fill", "mask")
     v = number(value, "masked_fill", "value")
     fill = _ops._scalar(value if x.dtype in _INTS and v.is_integer() else v, x.dtype, "masked_fill")
-    out = _ops.where(mask, fill, x, name=name)
-    if tuple(out.shape) != tuple(x.shape):
-        _trace.fail(ValueError, f"masked_fill: mask of shape {tuple(mask.shape)} broadcasts x of shape "
-                    f"{tuple(x.shape)} to {tuple(out.shape)}; it must not change x's shape")
-    return out
+    return _ops.where(mask, fill, x, name=name)
 
 
 def _triangle(x, diagonal, fill_value, api, lower):
@@ -463,3 +461,151 @@ def l2_normalize(input: Blob, axis: Optional[int] = None, epsilon: float = 1e-12
     eps = number(epsilon, "l2_normalize", "epsilon")
     ss = _ops.reduce_sum(_ops.square(x), ax, keepdims=True)
     return _ops.multiply(x, _ops.rsqrt(_ops.maximum(ss, eps)), name=name)
+
+
+# ---------------------------------------------------------------- more of OneFlow's flow.math
+
+def xdivy(x: BlobOrScalar, y: BlobOrScalar, name: Optional[str] = None) -> Blob:
+    """x / y, and 0 where x == 0 (even where y is 0)."""
+    x, y = _ops._lift_pair(x, y, "xdivy")
+    floating(x, "xdivy", "x")
+    floating(y, "xdivy", "y")
+    zero = _ops.equal(x, 0.0)
+    y_safe = _ops.where(zero, _const(y, 1.0), y)
+    return _ops.where(zero, _const(x, 0.0), _ops.divide(x, y_safe), name=name)
+
+
+def reciprocal_no_nan(x: Blob, name: Optional[str] = None) -> Blob:
+    """1 / x, and 0 where x == 0."""
+    floating(x, "reciprocal_no_nan")
+    zero = _ops.equal(x, 0.0)
+    return _ops.where(zero, _const(x, 0.0), _ops.reciprocal(_ops.where(zero, _const(x, 1.0), x)), name=name)
+
+
+def rint(x: Blob, name: Optional[str] = None) -> Blob:
+    """x rounded to the nearest integer, halves to even (numpy.rint)."""
+    floating(x, "rint")
+    return _ops.round(x, name=name)
+
+
+def polyval(coeffs: Sequence[float], x: Blob, name: Optional[str] = None) -> Blob:
+    """coeffs[0] * x^(n-1) + ... + coeffs[n-1], by Horner's rule (numpy.polyval);
+    zeros for an empty coeffs."""
+    blob(x, "polyval")
+    if not isinstance(coeffs, (list, tuple)):
+        _trace.fail(TypeError, f"polyval: coeffs must be a list or tuple of numbers, got {type(coeffs).__name__}")
+    cs = [number(c, "polyval", f"coeffs[{i}]") for i, c in enumerate(coeffs)]
+    if not cs:
+        return _ops.zeros_like(x, name=name)
+    p = _ops.add(_ops.zeros_like(x), cs[0], name=name if len(cs) == 1 else None)
+    for i, c in enumerate(cs[1:], 1):
+        p = _ops.add(_ops.multiply(p, x), c, name=name if i == len(cs) - 1 else None)
+    return p
+
+
+def reduce_euclidean_norm(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
+                          name: Optional[str] = None) -> Blob:
+    """sqrt(sum(x^2)) along `axis` (all axes when None)."""
+    x = floating(input_tensor, "reduce_euclidean_norm", "input_tensor")
+    ax = axes(x, axis, "reduce_euclidean_norm")
+    return _ops.sqrt(_ops.reduce_sum(_ops.square(x), ax, keepdims=keepdims), name=name)
+
+
+def two_stage_reduce_max(x: Blob, axis: Axis = None, keepdims: bool = False,
+                         name: Optional[str] = None) -> Blob:
+    """reduce_max (OneFlow splits it in two stages across devices; flowjit's
+    distribution pass does that itself)."""
+    blob(x, "two_stage_reduce_max")
+    return _ops.reduce_max(x, axes(x, axis, "two_stage_reduce_max"), keepdims, name=name)
+
+
+def two_stage_reduce_min(x: Blob, axis: Axis = None, keepdims: bool = False,
+                         name: Optional[str] = None) -> Blob:
+    """reduce_min (OneFlow splits it in two stages across devices; flowjit's
+    distribution pass does that itself)."""
+    blob(x, "two_stage_reduce_min")
+    return _ops.reduce_min(x, axes(x, axis, "two_stage_reduce_min"), keepdims, name=name)
+
+
+def sigmoid_v2(x: Blob, name: Optional[str] = None) -> Blob:
+    """1 / (1 + exp(-x)), the same function as flow.math.sigmoid."""
+    return _ops.sigmoid(blob(x, "sigmoid_v2"), name=name)
+
+
+def tanh_v2(x: Blob, name: Optional[str] = None) -> Blob:
+    """The hyperbolic tangent, the same function as flow.math.tanh."""
+    return _ops.tanh(blob(x, "tanh_v2"), name=name)
+
+
+def sigmoid_grad(y: Blob, dy: Blob, name: Optional[str] = None) -> Blob:
+    """The gradient through a sigmoid from its output y: dy * y * (1 - y)."""
+    floating(y, "sigmoid_grad", "y")
+    floating(dy, "sigmoid_grad", "dy")
+    return _ops.multiply(dy, _ops.multiply(y, _ops.subtract(1.0, y)), name=name)
+
+
+_INV_SQRT2 = 1.0 / _pymath.sqrt(2.0)
+_INV_SQRT2PI = 1.0 / _pymath.sqrt(2.0 * _pymath.pi)
+
+
+def gelu_grad(x: Blob, dy: Blob, name: Optional[str] = None) -> Blob:
+    """The gradient through gelu(x) = x Phi(x): dy * (Phi(x) + x phi(x)),
+    Phi and phi the standard normal CDF and density."""
+    floating(x, "gelu_grad", "x")
+    floating(dy, "gelu_grad", "dy")
+    cdf = _ops.multiply(_ops.add(_ops.erf(_ops.multiply(x, _INV_SQRT2)), 1.0), 0.5)
+    pdf = _ops.multiply(_ops.exp(_ops.multiply(_ops.square(x), -0.5)), _INV_SQRT2PI)
+    return _ops.multiply(dy, _ops.add(cdf, _ops.multiply(x, pdf)), name=name)
+
+
+# Stirling's series for log Gamma(y), y >= 15, whose next term is below 4e-18.
+_STIRLING = (1 / 12, -1 / 360, 1 / 1260, -1 / 1680, 1 / 1188, -691 / 360360, 1 / 156)
+_HALF_LOG_2PI = 0.5 * _pymath.log(2.0 * _pymath.pi)
+_SHIFT = 15
+
+
+def _stirling(y):
+    """log Gamma(y) for y >= 15."""
+    head = _ops.add(_ops.subtract(_ops.multiply(_ops.subtract(y, 0.5), _ops.log(y)), y), _HALF_LOG_2PI)
+    z = _ops.reciprocal(y)
+    z2 = _ops.square(z)
+    series = _const(y, _STIRLING[-1])
+    for c in reversed(_STIRLING[:-1]):
+        series = _ops.add(_ops.multiply(series, z2), c)
+    return _ops.add(head, _ops.multiply(series, z))
+
+
+def _lgamma_right(x):
+    """log Gamma(x) for x >= 0.5: Stirling at x, or below 15 at x + 15 less
+    log(x (x + 1) ... (x + 14)) (Gamma(x + n) = Gamma(x) x ... (x + n - 1))."""
+    small = _ops.less(x, float(_SHIFT))
+    xs = _ops.where(small, x, _const(x, 1.0))
+    prod = xs
+    for k in range(1, _SHIFT):
+        prod = _ops.multiply(prod, _ops.add(xs, float(k)))
+    near = _ops.subtract(_stirling(_ops.add(xs, float(_SHIFT))), _ops.log(prod))
+    far = _stirling(_ops.maximum(x, float(_SHIFT)))
+    return _ops.where(small, near, far)
+
+
+def lgamma(x: Blob, name: Optional[str] = None) -> Blob:
+    """log |Gamma(x)|: Stirling's series (shifted up past 15) for x >= 0.5,
+    the reflection log(pi / |sin(pi x)|) - lgamma(1 - x) below; inf at 0 and
+    the negative integers."""
+    floating(x, "lgamma")
+    left = _ops.less(x, 0.5)
+    lg = _lgamma_right(_ops.where(left, _ops.subtract(1.0, x), x))   # >= 0.5 on both branches
+    s = _ops.abs(_ops.sin(_ops.multiply(_ops.where(left, x, _const(x, 0.25)), _pymath.pi)))
+    refl = _ops.subtract(_ops.subtract(_pymath.log(_pymath.pi), _ops.log(s)), lg)
+    pole = _ops.logical_and(left, _ops.equal(_ops.floor(x), x))  # sin(pi x) rounds to ~1e-16 there
+    return _ops.where(pole, _const(x, float("inf")), _ops.where(left, refl, lg), name=name)
+
+
+def fused_scale_tril(x: Blob, diagonal: int = 0, fill_value: float = 0, scale: float = 1,
+                     name: Optional[str] = None) -> Blob:
+    """tril(x * scale, diagonal, fill_value): x times `scale` on and below the
+    `diagonal`-th diagonal of its last two axes, fill_value above it."""
+    blob(x, "fused_scale_tril", "x")
+    sc = number(scale, "fused_scale_tril", "scale")
+    scaled = _ops.multiply(x, _int_if(scale, x) if sc.is_integer() else sc)
+    return _ops.identity(_triangle(scaled, diagonal, fill_value, "fused_scale_tril", True), name=name)

@@ -34,3 +34,10 @@ from ._array import in_top_k, top_k, unsorted_segment_sum, unsorted_segment_sum_
 
 # GELU is flow.math.gelu in OneFlow; flow.nn.gelu is the same function.
 from ._activations import gelu  # noqa: E402,F401
+
+# More of OneFlow's flow.math (issue [conformance]).
+from ._composite import (fused_scale_tril, gelu_grad, lgamma, polyval, reciprocal_no_nan,  # noqa: E402,F401
+                         reduce_euclidean_norm, rint, sigmoid_grad, sigmoid_v2, tanh_v2,
+                         two_stage_reduce_max, two_stage_reduce_min, xdivy)
+from ._array import (broadcast_to_compatible_with, reduced_shape_elem_cnt,  # noqa: E402,F401
+                     unsorted_batch_segment_sum)
