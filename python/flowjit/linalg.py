@@ -1,0 +1,5 @@
+"""flow.linalg: linear algebra under OneFlow's flow.linalg names."""
+from ._ops import matmul
+
+__all__ = ["matmul"]
+
