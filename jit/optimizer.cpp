@@ -70,7 +70,9 @@ class Lowering {
   // A parameter or state update; under dynamic loss scaling it keeps the
   // old value on a step whose gradients are not all finite.
   void assign(const NodeRef& var, const NodeRef& value) {
-    NodeRef v = all_finite_ ? where(all_finite_, value, var) : value;
+    NodeRef v = value;
+    if (rows_touched_) v = where(rows_touched_, v, var);
+    if (all_finite_) v = where(all_finite_, v, var);
     out_.effects.push_back(make_node(OpKind::Assign, {var, v}, {}, var->loc()));
   }
 
@@ -222,6 +224,23 @@ class Lowering {
     return binary(OpKind::Equal, count, k(0, count));
   }
 
+  bool sparse(const NodeRef& param) const {
+    const std::string& name = param->attrs().get_str("name");
+    for (const std::string& s : cfg_.sparse_variables)
+      if (s == name) return param->rank() > 0;
+    return false;
+  }
+
+  // Per row (axis 0) of g, whether any element is non-zero, shaped to
+  // broadcast against g: (rows, 1, ..., 1).
+  NodeRef touched_rows(const NodeRef& g) {
+    IntList rest;
+    for (int i = 1; i < g->rank(); ++i) rest.push_back(i);
+    NodeRef m = unary(OpKind::Abs, g);
+    if (!rest.empty()) m = reduce(OpKind::ReduceMax, m, rest, true);
+    return binary(OpKind::Greater, m, k(0, m));
+  }
+
   // OneFlow's dynamic_loss_scale_schedule, in float64 as its kernel.
   void schedule_loss_scale(const NodeRef& finite) {
     const NodeRef& var = cfg_.loss_scale;
@@ -313,6 +332,7 @@ class Lowering {
       if (rule_of[i] == nullptr) continue;  // no optimizer of the combined set names it
       rule_ = rule_of[i];
       group_lr_ = rule_->lr;
+      rows_touched_ = sparse(params[i]) ? touched_rows(grads[i]) : nullptr;
       PlacementScope placed(params[i]->loc().placement);  // a variable is updated where it lives
       update(params[i], grads[i]);
     }
@@ -328,6 +348,7 @@ class Lowering {
   NodeRef lr_, step_;
   NodeRef group_lr_;    // that rule's own rate, or null
   NodeRef all_finite_;  // dynamic loss scaling: the step's gradients are finite
+  NodeRef rows_touched_;  // a sparse variable: the rows its gradient touches
   OptimizerLowering out_;
 };
 

@@ -51,6 +51,13 @@ struct OptimizerConfig {
   ir::NodeRef loss_scale, good_steps;
   int64_t increment_period = 2000;
   double multiplier = 2.0;
+  // OneFlow's indexed_slices_optimizer_conf: these variables (embedding
+  // tables) are updated as by a sparse gradient, only in the rows (along
+  // axis 0) the step's gradient touches: a row whose gradient is all zero
+  // keeps its value and its optimizer state (no weight decay, no momentum
+  // step). OneFlow updates the rows gathered; a gathered row whose
+  // gradient sums to exactly zero is the one difference.
+  std::vector<std::string> sparse_variables;
   // The mirrored view over this many devices: each device's gradients are
   // averaged over all devices (all_reduce / parts) before the update, so
   // replicated variables stay equal (PyTorch DDP's rule).

@@ -66,6 +66,8 @@ jit::OptimizerConfig optimizer_from_dict(const py::dict& d) {
     c.weight_decay_excludes = d["weight_decay_excludes"].cast<std::vector<std::string>>();
   // CombinedOptimizer / variables=: one rule per group, each with its rate.
   if (d.contains("variables")) c.variables = d["variables"].cast<std::vector<std::string>>();
+  if (d.contains("sparse_variables"))
+    c.sparse_variables = d["sparse_variables"].cast<std::vector<std::string>>();
   if (d.contains("lr") && !d["lr"].is_none()) c.lr = d["lr"].cast<PyNode>().ref;
   if (d.contains("groups"))
     for (py::handle g : d["groups"].cast<py::list>())

@@ -448,6 +448,17 @@ def _variables_with_gradient(losses):
     return names
 
 
+def _sparse_variables(builder):
+    """The variables function_config().indexed_slices_optimizer_conf names:
+    OneFlow updates them as by sparse gradients, only in the rows a step
+    touches (jit/optimizer.h: sparse_variables)."""
+    conf = builder.config.get("indexed_slices_optimizer_conf")
+    if not conf or not conf.get("enable", True):
+        return []
+    names = conf.get("include_op_names", {}).get("op_name", [])
+    return sorted(n for n in names if n in builder.variables)
+
+
 VariablesArg = Optional[Union[Sequence[str], Callable[[], Sequence[str]]]]
 
 
@@ -542,6 +553,7 @@ class Optimizer:
         step = b.train_step()
         step64 = _ops.cast(step, _dtypes.float64)
         self._prepare(b, reached, step64)
+        self._sparse = _sparse_variables(b)
         self._scale_vars = None
         if isinstance(self.loss_scale_policy, _DynamicLossScale):
             self._scale_vars = self.loss_scale_policy.variables()
@@ -582,6 +594,8 @@ class Optimizer:
         return c
 
     def _add_loss_scale(self, c):
+        if getattr(self, "_sparse", None):
+            c["sparse_variables"] = self._sparse
         if getattr(self, "_scale_vars", None) is not None:
             p = self.loss_scale_policy
             scale, good = self._scale_vars
