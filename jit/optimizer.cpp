@@ -127,9 +127,10 @@ class Lowering {
           vh = div(v2, one_minus_pow(rule_->beta2, w));
         }
         if (rule_->kind == K::LAMB) {
-          // OneFlow's LAMB: d = m_hat / sqrt(v_hat + eps); trust = ||w|| / ||d||
-          // (1 when either norm is zero); w -= lr * trust * (d + wd * w).
-          NodeRef d = div(mh, sqrt(add(vh, k(rule_->epsilon, w))));
+          // OneFlow's LAMB (LambGradFunctor, 2021): d = m_hat / (sqrt(v_hat) + eps);
+          // trust = ||w|| / ||d|| (1 when either norm is zero);
+          // w -= lr * trust * (d + wd * w).
+          NodeRef d = div(mh, add(sqrt(vh), k(rule_->epsilon, w)));
           NodeRef wn = norm(w), dn = norm(d);
           NodeRef zero = k(0, wn);
           NodeRef ok = binary(OpKind::LogicalAnd, binary(OpKind::Greater, wn, zero),

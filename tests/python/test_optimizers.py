@@ -254,14 +254,14 @@ def test_rmsprop_centered():
 # ---------------------------------------------------------------- LAMB
 
 def lamb_update(lr, b1, b2, eps, wd=0.0):
-    """OneFlow: adam_diff = (m / (1 - b1^t)) / sqrt(v / (1 - b2^t) + eps);
+    """OneFlow (LambGradFunctor at 5119226d, 2021): adam_diff = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps);
     trust = ||w|| / ||adam_diff|| (1 if a norm is 0);
     w -= lr * trust * (adam_diff + wd * w)."""
     def update(p, s, g, t):
         for k in p:
             m = s[f"{k}-m"] = b1 * s[f"{k}-m"] + (1 - b1) * g[k]
             v = s[f"{k}-v"] = b2 * s[f"{k}-v"] + (1 - b2) * g[k] * g[k]
-            diff = (m / (1 - b1 ** (t + 1))) / np.sqrt(v / (1 - b2 ** (t + 1)) + eps)
+            diff = (m / (1 - b1 ** (t + 1))) / (np.sqrt(v / (1 - b2 ** (t + 1))) + eps)
             wn, gn = np.linalg.norm(p[k]), np.linalg.norm(diff)
             trust = wn / gn if wn > 0 and gn > 0 else 1.0
             p[k] = p[k] - f32(lr) * trust * (diff + wd * p[k])
