@@ -435,21 +435,24 @@ def _describe(v):
     return type(v).__name__
 
 
-def _check_result_groups(job, template, groups):
-    """Per-device results (mirrored view) must be annotated tp.ListNumpy."""
-    it = iter(groups)
+def _check_result_groups(job, template, groups, ranks):
+    """A per-device result (mirrored view) annotated tp.Numpy is the devices'
+    arrays joined along axis 0, as in OneFlow; a 0-d one has no axis 0."""
+    it = iter(zip(groups, ranks))
 
     def walk(t):
         k = t[0]
         if k == "one":
-            if next(it):
+            per_device, rank = next(it)
+            if per_device and rank == 0:
                 raise TypeError(f"job '{job}': in the mirrored view a result computed from per-device "
-                                "inputs has one value per device; annotate it tp.ListNumpy")
+                                "inputs has one value per device, and a 0-d one cannot be joined into "
+                                "one array along axis 0; annotate it tp.ListNumpy")
         elif k in ("list1", "local"):
             next(it)
         elif k == "listlist":
             for _ in range(t[1]):
-                if next(it):
+                if next(it)[0]:
                     raise NotImplementedError(f"job '{job}': tp.ListListNumpy results in the mirrored "
                                               "view with several devices are not supported yet")
         elif k in ("tuple", "list"):
@@ -462,19 +465,24 @@ def _check_result_groups(job, template, groups):
     walk(template)
 
 
+def _joined(v):
+    """A tp.Numpy result: per-device arrays (a list) joined along axis 0."""
+    return v if not isinstance(v, list) else v[0] if len(v) == 1 else np.concatenate(v, axis=0)
+
+
 def _builder_for(template, devices=1, job="?"):
     """A function from the list of results (an array, or a list of one array
     per device) to the result structure."""
     kind = template[0]
     if kind == "one":
-        return lambda outs: outs[0]
+        return lambda outs: _joined(outs[0])
     if kind == "none":
         return lambda outs: None
 
     def build(t, it):
         k = t[0]
         if k == "one":
-            return next(it)
+            return _joined(next(it))
         if k == "list1":
             v = next(it)
             # A value that does not depend on per-device inputs is the same on
@@ -699,9 +707,15 @@ class JobFunction:
             raise TypeError(f"job '{self._name}' takes {n} argument{'s' if n != 1 else ''} ({names}) "
                             f"but {len(args)} {'were' if len(args) != 1 else 'was'} given")
         key, flat = [], []
+        split = self._mirrored_parts()
         for (pname, ph), a in zip(self._params, args):
             if ph.kind == "Numpy":
                 a = self._check_array(pname, ph, a, exact=True)
+                if split:
+                    parts = self._split_rows(pname, a, split)
+                    key.append(tuple(x.shape for x in parts))
+                    flat.extend(parts)
+                    continue
                 key.append(a.shape)
                 flat.append(a)
             elif ph.kind == "ListNumpy":
@@ -722,6 +736,24 @@ class JobFunction:
                     shapes.append(tuple(x.shape for x in lst))
                 key.append(tuple(shapes))
         return tuple(key), flat
+
+    def _mirrored_parts(self):
+        """In the mirrored view over several devices, how many: a tp.Numpy
+        argument is then cut along axis 0 into one part per device (OneFlow's
+        consistent input seen from the mirrored view). Else 0."""
+        from . import scope
+        if self._config.get("default_logical_view") != scope.mirrored_view():
+            return 0
+        n = _devices.list_arrays(self._name, self._config)
+        return n if n > 1 else 0
+
+    def _split_rows(self, pname, a, parts):
+        if a.ndim == 0 or a.shape[0] % parts:
+            raise ValueError(f"job '{self._name}': parameter '{pname}' is a tp.Numpy placeholder in the "
+                             f"mirrored view over {parts} devices, so its array is cut along axis 0 into "
+                             f"{parts} equal parts, one per device; shape {a.shape} cannot be (use "
+                             "tp.ListNumpy.Placeholder to give each device its own array)")
+        return np.split(a, parts)
 
     def _check_list(self, pname, ph, a):
         ndev = _devices.list_arrays(self._name, self._config)
@@ -828,8 +860,15 @@ class JobFunction:
                 self.shape = shape
 
         key, flat = [], []
+        split = self._mirrored_parts()
         for name, ph in self._params:
-            if ph.kind == "Numpy":
+            if ph.kind == "Numpy" and split:
+                if not ph.shape or ph.shape[0] % split:
+                    return  # the call will say why
+                part = (ph.shape[0] // split,) + ph.shape[1:]
+                key.append(tuple(part for _ in range(split)))
+                flat.extend(_Shape(part) for _ in range(split))
+            elif ph.kind == "Numpy":
                 key.append(ph.shape)
                 flat.append(_Shape(ph.shape))
             elif ph.kind == "ListNumpy":
@@ -877,10 +916,10 @@ class JobFunction:
         it = iter(flat_shapes)
         index = 0
         for (pname, ph), k in zip(self._params, key):
-            if ph.kind == "Numpy":
+            if ph.kind == "Numpy" and not _is_split_key(k):
                 blobs.append(builder.placeholder(index, pname, next(it), ph.dtype))
                 index += 1
-            elif ph.kind == "ListNumpy":
+            elif ph.kind in ("Numpy", "ListNumpy"):
                 shapes = [next(it) for _ in k]
                 if len(set(shapes)) != 1:
                     raise NotImplementedError(
@@ -938,12 +977,15 @@ class JobFunction:
             trainable = [b._node for n, (b, t) in sorted(builder.variables.items())
                          if t and (names is None or n in names)]
         sig = ";".join(f"{ph.kind}:{ph.dtype.name}{k}" for (_, ph), k in zip(self._params, key))
-        dist = _devices.distribution(self._name, self._config, builder, self._params)
+        # A tp.Numpy parameter cut into per-device parts is a per-device input.
+        params = [(n, tp.ListNumpy.Placeholder(ph.shape, ph.dtype)) if ph.kind == "Numpy" and _is_split_key(k)
+                  else (n, ph) for (n, ph), k in zip(self._params, key)]
+        dist = _devices.distribution(self._name, self._config, builder, params)
         settings = {"keep_text": keep_text or bool(os.environ.get("FLOWJIT_KEEP_TEXT")),
                     "check_numerics": bool(self._config.get("check_numerics", False)),
                     # Ctrl-C stops a compile on the main thread (signals go there).
                     "interruptible": threading.current_thread() is threading.main_thread()}
-        settings.update(_devices.job_target(self._name, self._config, builder, self._params))
+        settings.update(_devices.job_target(self._name, self._config, builder, params))
         t_compile = _inspect.now_ns()
         with _tf32_for(self._config, settings):
             job = _C.compile_job(self._name, builder.type == "train", builder.params,
@@ -965,7 +1007,7 @@ class JobFunction:
         if not job.from_disk_cache and _log.debug_level() >= 1:
             _log_cache_miss(job, self._name, sig, self._source)
         per_device = _devices.list_arrays(self._name, self._config) if dist and dist["mirrored"] else 1
-        _check_result_groups(self._name, template, list(job.output_groups)[:n_user])
+        _check_result_groups(self._name, template, list(job.output_groups)[:n_user], [o.ndim for o in outs[:n_user]])
         mode = "callback" if self._async else "legacy" if template[0] != "none" and self._legacy else "sync"
         compiled = _Compiled(job, _builder_for(template, per_device, self._name), mode,
                              [(blob.name, handler, form)
@@ -973,7 +1015,7 @@ class JobFunction:
                              n_user, self._name,
                              _inspect.CompiledJob(job, self._name, sig, stages))
         self._cache[key] = compiled
-        if self._numpy_only and mode == "sync":
+        if self._numpy_only and mode == "sync" and not any(_is_split_key(k) for k in key):
             self._fast = compiled
         return compiled
 
@@ -1065,6 +1107,12 @@ class JobFunction:
         """Writes this job's compile stages and kernel launches (FLOWJIT_PROFILE=1)
         as a Chrome/Perfetto trace JSON file; returns the path."""
         return _inspect.export_chrome_trace(path, self.compiled_jobs())
+
+
+def _is_split_key(k):
+    """Whether a tp.Numpy parameter's signature entry is per-device parts
+    (a tuple of shapes) rather than one shape (a tuple of ints)."""
+    return bool(k) and isinstance(k[0], tuple)
 
 
 def _interop_array(job, pname, a):

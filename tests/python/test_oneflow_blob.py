@@ -345,3 +345,44 @@ def test_trainable_is_the_requesting_jobs():
     train(np.array([1, 2, 3], np.float32))
     # d(sum(v * x) / 3)/dv = x / 3 (OneFlow scales by the number of loss elements).
     np.testing.assert_allclose(read(), 1 - 0.1 * np.array([1, 2, 3]) / 3, rtol=1e-6)
+
+
+# ---------------------------------------------------------------- tp.Numpy in the mirrored view
+
+def test_a_numpy_argument_in_the_mirrored_view_is_cut_into_one_part_per_device():
+    """OneFlow: a consistent input seen from the mirrored view over 2 devices
+    is its rows cut in two; a tp.Numpy result joins the devices' rows."""
+    flow.config.cpu_device_num(2)
+    cfg = flow.FunctionConfig()
+    cfg.default_logical_view(flow.scope.mirrored_view())
+    shapes = []
+
+    @flow.global_function(function_config=cfg)
+    def f(x: tp.Numpy.Placeholder((4, 3))) -> Tuple[tp.Numpy, tp.ListNumpy]:
+        y = flow.identity(x)
+        shapes.append(y.shape)
+        return y * 2.0, flow.math.reduce_sum(y, axis=[0], keepdims=True)
+
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    whole, per_device = f(x)
+    assert shapes == [(2, 3)]
+    np.testing.assert_array_equal(whole, x * 2)
+    np.testing.assert_array_equal(per_device[0], x[:2].sum(0, keepdims=True))
+    np.testing.assert_array_equal(per_device[1], x[2:].sum(0, keepdims=True))
+
+    @flow.global_function(function_config=cfg)
+    def odd(x: tp.Numpy.Placeholder((3,))) -> tp.ListNumpy:
+        return x + 1
+
+    with pytest.raises(ValueError, match=r"^job 'odd': parameter 'x' is a tp.Numpy placeholder in the mirrored "
+                                         r"view over 2 devices, so its array is cut along axis 0 into 2 equal "
+                                         r"parts, one per device; shape \(3,\) cannot be"):
+        odd(np.zeros(3, np.float32))
+
+    @flow.global_function(function_config=cfg)
+    def scalar(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        return flow.math.reduce_sum(x)
+
+    with pytest.raises(TypeError, match=r"a 0-d one cannot be joined into one array along axis 0; annotate "
+                                        r"it tp.ListNumpy"):
+        scalar(np.zeros(4, np.float32))
