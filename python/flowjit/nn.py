@@ -62,3 +62,4 @@ from ._resample import pixel_shuffle, pixel_shufflev2  # noqa: E402,F401
 GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d = (
     group_normalization, instance_normalization1d, instance_normalization2d, instance_normalization3d)
 PixelShuffle, PixelShufflev2 = pixel_shuffle, pixel_shufflev2
+from ._ctc import ctc_greedy_decoder  # noqa: E402,F401

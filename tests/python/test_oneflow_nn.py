@@ -398,3 +398,115 @@ def test_errors(fn, exc, text):
     with pytest.raises(exc, match=None) as info:
         predict64(fn, np.zeros((2, 3, 4, 4)))
     assert text in str(info.value)
+
+
+# ---------------------------------------------------------------- CTC
+
+def np_ctc(lp, targets, in_len, tgt_len, blank):
+    """-log p(target | lp) per sample, by the alpha recursion over probabilities."""
+    losses = []
+    for b in range(lp.shape[1]):
+        ext = [blank]
+        for t in targets[b, :tgt_len[b]]:
+            ext += [int(t), blank]
+        p = np.exp(lp[:in_len[b], b])
+        a = np.zeros(len(ext))
+        a[0] = p[0, ext[0]]
+        if len(ext) > 1:
+            a[1] = p[0, ext[1]]
+        for t in range(1, in_len[b]):
+            prev = a.copy()
+            for s in range(len(ext)):
+                v = prev[s] + (prev[s - 1] if s > 0 else 0)
+                if s > 1 and ext[s] != ext[s - 2]:
+                    v += prev[s - 2]
+                a[s] = v * p[t, ext[s]]
+        total = a[-1] + (a[-2] if len(ext) > 1 else 0)
+        losses.append(-np.log(total) if total > 0 else np.inf)
+    return np.array(losses)
+
+
+def _ctc_job(name, shape, n, s, fn):
+    cfg = flow.function_config()
+    cfg.default_data_type(flow.float64)
+    grads = {}
+
+    def body(x, t, a, b):
+        v = flow.get_variable(f"{name}_v", shape=shape, dtype=flow.float64, initializer=flow.zeros_initializer())
+        xv = x + v
+        flow.watch_diff(xv, lambda g: grads.setdefault("g", np.array(g)))
+        loss = fn(xv, t, a, b)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.0]), momentum=0).minimize(loss)
+        return loss
+    job = _make_job(name, "train", [("x", shape, flow.float64), ("t", (n, s), flow.int32),
+                                    ("a", (n,), flow.int32), ("b", (n,), flow.int32)], body)
+    return job, grads
+
+
+@pytest.mark.parametrize("reduction,zero_infinity", [("none", False), ("mean", True), ("sum", False)])
+def test_ctc_loss_matches_numpy_with_oneflows_gradient(reduction, zero_infinity):
+    r = rng(18)
+    T, n, c, s = 7, 3, 4, 3
+    logits = r.standard_normal((T, n, c))
+    lp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    targets = np.array([[1, 2, 2], [3, 1, 0], [1, 1, 1]], np.int32)
+    in_len = np.array([7, 5, 4], np.int32)
+    tgt_len = np.array([3, 2, 3], np.int32)  # sample 2 needs 5 steps for 1 _ 1 _ 1: impossible in 4
+    job, grads = _ctc_job(f"ctc_{reduction}", lp.shape, n, s,
+                          lambda x, t, a, b: flow.ctc_loss(x, t, a, b, blank=0, reduction=reduction,
+                                                           zero_infinity=zero_infinity))
+    out = np.asarray(job(lp, targets, in_len, tgt_len)).ravel()
+    ref = np_ctc(lp, targets, in_len, tgt_len, 0)
+    assert np.isinf(ref[2])
+    if zero_infinity:
+        ref[2] = 0.0
+    weights = np.ones(n) if reduction != "mean" else 1.0 / np.maximum(tgt_len, 1) / n
+    want = {"none": ref, "mean": [np.sum(ref * weights)], "sum": [ref.sum()]}[reduction]
+    np.testing.assert_allclose(out, want, rtol=1e-9)
+    g = grads["g"]
+    # OneFlow's gradient: exp(log_probs) - posterior over a sample's steps (the
+    # gradient with respect to logits under log_softmax), 0 after its end.
+    h = 1e-6
+    for b in (0, 1):
+        fd = np.zeros((T, c))
+        for t in range(T):
+            for k in range(c):
+                lpp, lpm = lp.copy(), lp.copy()
+                lpp[t, b, k] += h
+                lpm[t, b, k] -= h
+                fd[t, k] = (np_ctc(lpp, targets, in_len, tgt_len, 0)[b] - np_ctc(lpm, targets, in_len, tgt_len, 0)[b]) / (2 * h)
+        want_g = (fd + np.exp(lp[:, b]) * (np.arange(T) < in_len[b])[:, None]) * weights[b]
+        np.testing.assert_allclose(g[:, b], want_g, rtol=1e-5, atol=1e-7)
+    if zero_infinity:
+        assert np.all(g[:, 2] == 0)
+    else:
+        assert np.all(np.isnan(g[:4, 2])) and np.all(g[4:, 2] == 0)
+
+
+def test_ctc_greedy_decoder():
+    lp = np.log(np.full((6, 2, 4), 0.1))
+    best = np.array([[1, 1, 3, 1, 2, 2], [3, 2, 2, 0, 3, 1]])  # class 3 is the blank
+    for t in range(6):
+        for b in range(2):
+            lp[t, b, best[b, t]] = np.log(0.7)
+    cfg = flow.function_config()
+    cfg.default_data_type(flow.float64)
+
+    @flow.global_function(function_config=cfg)
+    def greedy(x: tp.Numpy.Placeholder((6, 2, 4), dtype=flow.float64),
+               n: tp.Numpy.Placeholder((2,), dtype=flow.int64)) -> tp.Numpy:
+        return flow.concat(list(flow.nn.ctc_greedy_decoder(x, n, merge_repeated=True)[:1]), axis=0)
+
+    dec = greedy(lp, np.array([6, 4], np.int64))
+    assert dec.dtype == np.int64
+    np.testing.assert_array_equal(dec, [[1, 1, 2, 0, 0, 0], [2, 0, 0, 0, 0, 0]])
+
+    @flow.global_function(function_config=cfg)
+    def greedy_all(x: tp.Numpy.Placeholder((6, 2, 4), dtype=flow.float64),
+                   n: tp.Numpy.Placeholder((2,), dtype=flow.int64)) -> tp.Numpy:
+        d, s = flow.nn.ctc_greedy_decoder(x, n, merge_repeated=False)
+        return flow.concat([flow.cast(d, flow.float64), s], axis=1)
+
+    out = greedy_all(lp, np.array([6, 4], np.int64))
+    np.testing.assert_array_equal(out[:, :6], [[1, 1, 1, 2, 2, 0], [2, 2, 0, 0, 0, 0]])
+    np.testing.assert_allclose(out[:, 6], [-6 * np.log(0.7), -4 * np.log(0.7)], rtol=1e-12)
