@@ -137,12 +137,14 @@ from ._ops import constant_like, constant_scalar  # noqa: E402,F401
 from ._array import (acc, amp_white_identity, argwhere, broadcast_to_compatible_with, diag,  # noqa: E402,F401
                      dim_gather, elem_cnt, count_not_finite, identity_n, multi_count_not_finite,
                      nonzero, pack, repeat, reshape_like, reverse, same_padding, tensor_scatter_nd_add,
-                     tensor_scatter_nd_update, unpack, unsorted_batch_segment_sum, zero_pad2d)
+                     tensor_scatter_nd_update, unpack, unsorted_batch_segment_sum, zero_pad2d,
+                     dynamic_reshape, pad_grad, unsorted_segment_sum, unsorted_segment_sum_like)
 from . import linalg, random  # noqa: E402,F401
 _PUBLIC_MODULES += ("linalg", "random")
 for _name in ("linalg", "random"):
     _install_dir(globals()[_name])
 in_top_k = math.in_top_k
+clip_by_scalar = clip_by_value
 
 # flow.ctc_loss (OneFlow's top-level name; nn holds ctc_greedy_decoder).
 from ._ctc import ctc_loss  # noqa: E402,F401

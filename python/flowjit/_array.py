@@ -908,3 +908,25 @@ def unsorted_batch_segment_sum(data: Blob, segment_ids: Blob, num_segments: int,
     d = _ops.broadcast_to(_ops.reshape(data, ids + [1] + rest), t)
     out = _masked_sum(hit, d, [k - 1], api)
     return _ops.identity(out, name=name) if name else out
+
+
+def pad_grad(x: Blob, paddings: Sequence[Any], constant_value: float = 0, name: Optional[str] = None) -> Blob:
+    """The gradient of pad: x (the padded blob's gradient) with
+    paddings[d] = (before, after) elements cut off each dim d."""
+    x = _blob(x, "pad_grad")
+    pairs = _pairs(paddings, len(x.shape), "pad_grad")
+    begin, shape = [], []
+    for d, (lo, hi) in enumerate(pairs):
+        if lo + hi > x.shape[d]:
+            _trace.fail(ValueError, f"pad_grad: paddings ({lo}, {hi}) of dim {d} exceed its extent {x.shape[d]}")
+        begin.append(lo)
+        shape.append(x.shape[d] - lo - hi)
+    return _ops.make(K.slice, [x], {"begin": begin, "step": [1] * len(shape), "shape": shape}, name=name,
+                     api="pad_grad")
+
+
+def dynamic_reshape(x: Blob, shape: Sequence[int], name: Optional[str] = None) -> Blob:
+    """x reshaped to `shape` (one extent may be -1). OneFlow's dynamic blobs
+    take their concrete shape here: a job compiles once per concrete input
+    shape, so this is reshape."""
+    return _ops.reshape(_blob(x, "dynamic_reshape", "x"), shape, name=name)

@@ -599,13 +599,3 @@ def lgamma(x: Blob, name: Optional[str] = None) -> Blob:
     refl = _ops.subtract(_ops.subtract(_pymath.log(_pymath.pi), _ops.log(s)), lg)
     pole = _ops.logical_and(left, _ops.equal(_ops.floor(x), x))  # sin(pi x) rounds to ~1e-16 there
     return _ops.where(pole, _const(x, float("inf")), _ops.where(left, refl, lg), name=name)
-
-
-def fused_scale_tril(x: Blob, diagonal: int = 0, fill_value: float = 0, scale: float = 1,
-                     name: Optional[str] = None) -> Blob:
-    """tril(x * scale, diagonal, fill_value): x times `scale` on and below the
-    `diagonal`-th diagonal of its last two axes, fill_value above it."""
-    blob(x, "fused_scale_tril", "x")
-    sc = number(scale, "fused_scale_tril", "scale")
-    scaled = _ops.multiply(x, _int_if(scale, x) if sc.is_integer() else sc)
-    return _ops.identity(_triangle(scaled, diagonal, fill_value, "fused_scale_tril", True), name=name)

@@ -36,8 +36,9 @@ from ._array import in_top_k, top_k, unsorted_segment_sum, unsorted_segment_sum_
 from ._activations import gelu  # noqa: E402,F401
 
 # More of OneFlow's flow.math (issue [conformance]).
-from ._composite import (fused_scale_tril, gelu_grad, lgamma, polyval, reciprocal_no_nan,  # noqa: E402,F401
+from ._composite import (gelu_grad, lgamma, polyval, reciprocal_no_nan,  # noqa: E402,F401
                          reduce_euclidean_norm, rint, sigmoid_grad, sigmoid_v2, tanh_v2,
                          two_stage_reduce_max, two_stage_reduce_min, xdivy)
 from ._array import (broadcast_to_compatible_with, reduced_shape_elem_cnt,  # noqa: E402,F401
                      unsorted_batch_segment_sum)
+from ._fused import fused_scale_tril, fused_scale_tril_softmax_dropout  # noqa: E402,F401 - also flow.nn's

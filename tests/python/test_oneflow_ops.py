@@ -320,3 +320,15 @@ def test_gather_large_axis1():
     p = np.random.default_rng(3).random((30, 150, 100), dtype=np.float32)
     i = np.random.default_rng(4).integers(0, 150, 800).astype(np.int32)
     np.testing.assert_array_equal(run(lambda a, b: flow.gather(a, b, axis=1), p, i), np.take(p, i, axis=1))
+
+
+def test_pad_grad_dynamic_reshape_and_aliases():
+    x = rnd(4, 5)
+    g, r, c = run(lambda a: (flow.pad_grad(a, [(1, 2), (0, 3)]), flow.dynamic_reshape(a, [-1, 2]),
+                             flow.clip_by_scalar(a, -0.5, 0.5)), x)
+    np.testing.assert_array_equal(g, x[1:2, 0:2])
+    np.testing.assert_array_equal(r, x.reshape(-1, 2))
+    np.testing.assert_array_equal(c, np.clip(x, -0.5, 0.5))
+    ids = np.array([1, 0, 1, 2], np.int32)
+    np.testing.assert_allclose(run(lambda a, i: flow.unsorted_segment_sum(a, i, 3), x, ids),
+                               np.stack([x[1], x[0] + x[2], x[3]]), rtol=1e-6)
