@@ -262,18 +262,23 @@ def _arg_reduce(op, api, input, axis, dtype, name):
     ax = -1 if axis is None else axis
     if not _is_int(ax):
         _trace.fail(TypeError, f"{api}: axis must be an int, got {axis!r}")
+    if isinstance(input, Blob) and len(input.shape) == 1:  # OneFlow: shape (1,), not ()
+        out = make(op, [input], {"axes": [int(ax)], "keepdims": False, "dtype": d.c}, api=api)
+        return reshape(out, [1], name=name)
     return make(op, [input], {"axes": [int(ax)], "keepdims": False, "dtype": d.c}, name=name, api=api)
 
 
 def argmax(input: Blob, axis: Optional[int] = -1, dtype: Optional[DTypeLike] = None,
            name: Optional[str] = None) -> Blob:
-    """Index of the largest element along `axis` (int32 unless dtype is given)."""
+    """Index of the largest element along `axis` (int32 unless dtype is given);
+    a 1-D input gives shape (1,), as in OneFlow."""
     return _arg_reduce(K.argmax, "argmax", input, axis, dtype, name)
 
 
 def argmin(input: Blob, axis: Optional[int] = -1, dtype: Optional[DTypeLike] = None,
            name: Optional[str] = None) -> Blob:
-    """Index of the smallest element along `axis` (int32 unless dtype is given)."""
+    """Index of the smallest element along `axis` (int32 unless dtype is given);
+    a 1-D input gives shape (1,), as in OneFlow."""
     return _arg_reduce(K.argmin, "argmin", input, axis, dtype, name)
 
 
@@ -322,7 +327,8 @@ def expand_dims(input: Blob, axis: int, name: Optional[str] = None) -> Blob:
 
 
 def squeeze(input: Blob, axis: Axis = None, name: Optional[str] = None) -> Blob:
-    """input without extent-1 axes (only those in `axis` when given)."""
+    """input without extent-1 axes (only those in `axis` when given); when
+    that would leave no axis the result has shape (1,), as in OneFlow."""
     shape = list(input.shape)
     r = len(shape)
     if axis is None:
@@ -338,6 +344,8 @@ def squeeze(input: Blob, axis: Axis = None, name: Optional[str] = None) -> Blob:
         if axis is not None and shape[a] != 1:
             _trace.fail(ValueError, f"squeeze: axis {a} has extent {shape[a]}, not 1")
     keep = [d for i, d in enumerate(shape) if not (i in axes and d == 1)]
+    if not keep and shape:
+        keep = [1]  # OneFlow keeps one axis when every axis is squeezed away
     return reshape(input, keep, name=name)
 
 

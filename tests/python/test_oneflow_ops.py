@@ -332,3 +332,11 @@ def test_pad_grad_dynamic_reshape_and_aliases():
     ids = np.array([1, 0, 1, 2], np.int32)
     np.testing.assert_allclose(run(lambda a, i: flow.unsorted_segment_sum(a, i, 3), x, ids),
                                np.stack([x[1], x[0] + x[2], x[3]]), rtol=1e-6)
+
+
+def test_argmax_of_a_vector_and_squeeze_to_nothing_give_shape_1():
+    v = rnd(7)
+    am, an, sq = run(lambda a: (flow.math.argmax(a), flow.math.argmin(a), flow.squeeze(flow.reshape(flow.slice(a, [0], [1]), [1, 1]))),
+                     v)
+    assert am.shape == an.shape == sq.shape == (1,)
+    assert am.tolist() == [int(np.argmax(v))] and an.tolist() == [int(np.argmin(v))] and sq.tolist() == [v[0]]
