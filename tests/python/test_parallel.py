@@ -238,17 +238,19 @@ def test_async_callbacks_on_several_devices():
 
 # ---------------------------------------------------------------- errors
 
-def test_mirrored_view_needs_list_placeholders():
+def test_mirrored_view_cuts_a_numpy_argument_by_rows_per_device():
+    # OneFlow: a tp.Numpy placeholder of a mirrored job is split along axis 0,
+    # one part per device, and a tp.Numpy result joins the devices' rows.
     flow.config.cpu_device_num(2)
     cfg = flow.function_config()
     cfg.default_logical_view(flow.scope.mirrored_view())
 
     @flow.global_function(type="predict", function_config=cfg)
     def job(x: tp.Numpy.Placeholder((4,), dtype=flow.float)) -> tp.Numpy:
-        return x + 1
+        return x * 2.0 + 1
 
-    with pytest.raises(NotImplementedError, match="use tp.ListNumpy.Placeholder"):
-        job(np.zeros(4, np.float32))
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_allclose(job(x), x * 2 + 1)
 
 
 def test_mirrored_view_wants_one_array_per_device():
@@ -267,7 +269,7 @@ def test_mirrored_view_wants_one_array_per_device():
     np.testing.assert_allclose(out[1], np.full(4, 2.0))
 
 
-def test_mirrored_result_must_be_list_numpy():
+def test_mirrored_numpy_result_joins_the_devices_rows():
     flow.config.cpu_device_num(2)
     cfg = flow.function_config()
     cfg.default_logical_view(flow.scope.mirrored_view())
@@ -276,8 +278,8 @@ def test_mirrored_result_must_be_list_numpy():
     def job(x: tp.ListNumpy.Placeholder((4,), dtype=flow.float)) -> tp.Numpy:
         return x + 1
 
-    with pytest.raises(TypeError, match="annotate it tp.ListNumpy"):
-        job([np.zeros(4, np.float32)] * 2)
+    out = job([np.zeros(4, np.float32), np.full(4, 5.0, np.float32)])
+    np.testing.assert_allclose(out, np.concatenate([np.ones(4), np.full(4, 6.0)]))
 
 
 def test_placement_on_a_subset_of_devices_is_refused():
