@@ -1,6 +1,7 @@
 // optimizer: minimize(loss) to gradient and update IR.
 #include "jit/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -80,6 +81,9 @@ class Lowering {
     const OptimizerConfig& c = *rule_;
     if (c.weight_decay == 0) return false;
     const std::string& name = param->attrs().get_str("name");
+    if (c.weight_decay_by_name)
+      return std::find(c.weight_decay_variables.begin(), c.weight_decay_variables.end(), name) !=
+             c.weight_decay_variables.end();
     bool inc = c.weight_decay_includes.empty();
     for (auto& s : c.weight_decay_includes) inc |= name.find(s) != std::string::npos;
     for (auto& s : c.weight_decay_excludes) inc &= name.find(s) == std::string::npos;

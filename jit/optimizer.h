@@ -27,8 +27,13 @@ struct OptimizerConfig {
   bool do_bias_correction = false;  // Adam, AdamW (LAMB always corrects)
   double weight_decay = 0;          // SGD (SGDW), AdamW, LAMB, LARS
   // Weight decay applies to variables whose names contain one of `includes`
-  // (all when empty) and none of `excludes`.
+  // (all when empty) and none of `excludes`; or, when
+  // `weight_decay_by_name` is set, to exactly the variables named in
+  // `weight_decay_variables` (the Python API matches OneFlow's regular
+  // expressions and sends the result).
   std::vector<std::string> weight_decay_includes, weight_decay_excludes;
+  bool weight_decay_by_name = false;
+  std::vector<std::string> weight_decay_variables;
   double decay_rate = 0.99;  // RMSProp
   bool centered = false;     // RMSProp
   double lars_coefficient = 0.0001;

@@ -66,6 +66,10 @@ jit::OptimizerConfig optimizer_from_dict(const py::dict& d) {
     c.weight_decay_excludes = d["weight_decay_excludes"].cast<std::vector<std::string>>();
   // CombinedOptimizer / variables=: one rule per group, each with its rate.
   if (d.contains("variables")) c.variables = d["variables"].cast<std::vector<std::string>>();
+  if (d.contains("weight_decay_variables")) {
+    c.weight_decay_by_name = true;
+    c.weight_decay_variables = d["weight_decay_variables"].cast<std::vector<std::string>>();
+  }
   if (d.contains("sparse_variables"))
     c.sparse_variables = d["sparse_variables"].cast<std::vector<std::string>>();
   if (d.contains("lr") && !d["lr"].is_none()) c.lr = d["lr"].cast<PyNode>().ref;

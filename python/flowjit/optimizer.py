@@ -9,6 +9,7 @@ scheduler's base rate, and no decay applies; afterwards the decayed rate at the
 """
 import math
 import numbers
+import re
 from typing import Callable, List, Optional, Sequence, Union
 
 from . import _C, _dtypes, _ops, _trace
@@ -666,12 +667,39 @@ def _set_weight_decay(opt, weight_decay, includes, excludes):
                                      or weight_decay < 0):
         raise ValueError(f"{owner}: weight_decay must be a non-negative number, got {weight_decay!r}")
     opt.weight_decay = float(weight_decay or 0.0)
-    opt.includes, opt.excludes = _names(includes), _names(excludes)
+    opt.includes, opt.excludes = _patterns(owner, includes), _patterns(owner, excludes)
+
+
+def _patterns(owner, v):
+    """None, or the regular expressions of weight_decay_includes/_excludes."""
+    if v is None:
+        return None
+    v = [v] if isinstance(v, str) else list(v)
+    for p in v:
+        if not isinstance(p, str):
+            raise TypeError(f"{owner}: weight decay patterns must be str, got {p!r}")
+        try:
+            re.compile(p)
+        except re.error as e:
+            raise ValueError(f"{owner}: weight decay pattern {p!r} is not a regular expression: {e}") from None
+    return v
+
+
+def _decays(name, includes, excludes):
+    """OneFlow's rule: with includes, a variable decays when one of them
+    matches part of its name (re.search); else with excludes, when none
+    does; else always."""
+    if includes is not None:
+        return any(re.search(p, name) for p in includes)
+    if excludes is not None:
+        return not any(re.search(p, name) for p in excludes)
+    return True
 
 
 def _weight_decay_conf(opt):
-    return {"weight_decay": opt.weight_decay, "weight_decay_includes": opt.includes,
-            "weight_decay_excludes": opt.excludes}
+    names = sorted(getattr(opt, "_trained", None) or ())
+    return {"weight_decay": opt.weight_decay,
+            "weight_decay_variables": [n for n in names if _decays(n, opt.includes, opt.excludes)]}
 
 
 class Adam(Optimizer):
@@ -751,14 +779,6 @@ class AdamW(Adam):
         d = super()._extra()
         d.update(_weight_decay_conf(self))
         return d
-
-
-def _names(v):
-    if v is None:
-        return []
-    if isinstance(v, str):
-        return [v]
-    return [str(x) for x in v]
 
 
 class RMSProp(Optimizer):

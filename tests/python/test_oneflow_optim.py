@@ -359,3 +359,20 @@ def test_indexed_slices_variables_update_only_touched_rows():
         np.testing.assert_allclose(v["emb"].numpy(), t, rtol=1e-5)
         np.testing.assert_allclose(v["emb-momentum"].numpy(), tm, rtol=1e-5)
         np.testing.assert_allclose(v["dense"].numpy(), d, rtol=1e-5)
+
+
+def test_weight_decay_patterns_are_regular_expressions():
+    """OneFlow matches weight_decay_includes/_excludes as regular expressions
+    against part of the variable name (RE2::PartialMatch)."""
+    inits = {"dense_bias": _init(0), "bias_scale": _init(1)}
+    masks = _masks(3)
+    got = _train(lambda: opt.SGDW(0.5, momentum=0.0, weight_decay=0.3, weight_decay_excludes=["bias$"]),
+                 ["dense_bias", "bias_scale"], masks, inits)[-1]
+    np.testing.assert_allclose(got["dense_bias"], sgd_ref(inits["dense_bias"], masks, 0.5, 0.0, 0.0), rtol=1e-5)
+    np.testing.assert_allclose(got["bias_scale"], sgd_ref(inits["bias_scale"], masks, 0.5, 0.0, 0.3), rtol=1e-5)
+    got = _train(lambda: opt.SGDW(0.5, momentum=0.0, weight_decay=0.3, weight_decay_includes=["^dense"]),
+                 ["dense_bias", "bias_scale"], masks, inits)[-1]
+    np.testing.assert_allclose(got["dense_bias"], sgd_ref(inits["dense_bias"], masks, 0.5, 0.0, 0.3), rtol=1e-5)
+    np.testing.assert_allclose(got["bias_scale"], sgd_ref(inits["bias_scale"], masks, 0.5, 0.0, 0.0), rtol=1e-5)
+    with pytest.raises(ValueError, match="not a regular expression"):
+        opt.SGDW(0.5, weight_decay=0.1, weight_decay_includes=["("])
