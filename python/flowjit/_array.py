@@ -856,21 +856,66 @@ def nonzero(a: Blob, name: Optional[str] = None) -> Blob:
 
 
 def _micro_batches(api):
-    _trace.fail(NotImplementedError, f"{api}: OneFlow runs it across the micro-batches of a pipelined "
-                "job (several executions of parts of the job per call); a flowjit job runs once per "
-                "call and has no micro-batches")
+    _trace.fail(NotImplementedError, f"{api}: OneFlow runs the ops after it once per micro-batch (a "
+                "piece of the batch axis); flowjit would need to evaluate that part of the job once "
+                "per piece, which it cannot yet")
+
+
+# repeat/acc: OneFlow runs the ops between them once per micro-batch step
+# (repeat_num steps, each seeing the same input) and acc sums the steps. With
+# deterministic ops in between every step computes the same value, so the
+# sum is acc_num times one step; a random op in between would draw anew at
+# each step, which one evaluation cannot reproduce, so acc refuses it.
+_RANDOM_OPS = (K.random_uniform, K.random_normal, K.truncated_normal, K.random_uniform_at)
+
+
+def _repeats(b):
+    """The job's repeat outputs: a list of (node, repeat_num)."""
+    return b._counts.setdefault("repeat_nodes", [])
 
 
 def repeat(input: Blob, repeat_num: int, name: Optional[str] = None) -> Blob:
-    """Not supported: OneFlow's repeat hands its input to `repeat_num`
-    micro-batch executions of the rest of the job, which flowjit does not have."""
-    _micro_batches("repeat")
+    """input handed to `repeat_num` micro-batch steps of the ops that follow,
+    up to an acc(..., repeat_num), which sums them (OneFlow's time axis)."""
+    x = _blob(input, "repeat")
+    if not _ops._is_int(repeat_num) or repeat_num < 1:
+        _trace.fail(ValueError, f"repeat: repeat_num must be an int >= 1, got {repeat_num!r}")
+    out = _ops.identity(x, name=name)
+    _repeats(_trace.require_builder("flow.repeat")).append((out._node, int(repeat_num)))
+    return out
 
 
 def acc(one: Blob, max_acc_num: int, name: Optional[str] = None) -> Blob:
-    """Not supported: OneFlow's acc sums its input over `max_acc_num`
-    micro-batch executions, which flowjit does not have."""
-    _micro_batches("acc")
+    """The sum of `one` over the max_acc_num micro-batch steps that a
+    repeat(..., max_acc_num) upstream of it started: max_acc_num times one
+    step's value, since the ops in between are deterministic (a random op
+    between repeat and acc raises NotImplementedError)."""
+    x = _blob(one, "acc", "one")
+    if not _ops._is_int(max_acc_num) or max_acc_num < 1:
+        _trace.fail(ValueError, f"acc: max_acc_num must be an int >= 1, got {max_acc_num!r}")
+    reps = _repeats(_trace.require_builder("flow.acc"))
+    found, seen, todo = set(), [], [x._node]
+    while todo:
+        node = todo.pop()
+        if any(node.same(s) for s in seen):
+            continue
+        seen.append(node)
+        hit = [n for r, n in reps if node.same(r)]
+        if hit:
+            found.update(hit)
+            continue
+        if node.op in _RANDOM_OPS:
+            _trace.fail(NotImplementedError, f"acc: a random op ({node.op_name}) lies between repeat and "
+                        "acc; OneFlow draws it anew at each micro-batch step, and flowjit evaluates the "
+                        "steps once")
+        todo.extend(node.inputs)
+    if not found:
+        _trace.fail(ValueError, "acc: its input does not come from a flow.repeat, so there are no "
+                    "micro-batch steps to accumulate")
+    if found != {int(max_acc_num)}:
+        _trace.fail(ValueError, f"acc: max_acc_num {max_acc_num} differs from the repeat_num "
+                    f"{sorted(found)} of the repeat upstream")
+    return _ops.multiply(x, _ops._scalar(int(max_acc_num), x.dtype, "acc"), name=name)
 
 
 def pack(input: Blob, pack_num: int, name: Optional[str] = None) -> Blob:

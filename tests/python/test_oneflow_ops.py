@@ -306,8 +306,8 @@ def test_coin_flip_and_gen_seed():
 
 @pytest.mark.parametrize("f,what", [(lambda a: flow.argwhere(a), "argwhere"),
                                     (lambda a: flow.nonzero(a), "nonzero"),
-                                    (lambda a: flow.repeat(a, 2), "repeat"),
-                                    (lambda a: flow.acc(a, 2), "acc")])
+                                    (lambda a: flow.unpack(a, 3), "unpack"),
+                                    (lambda a: flow.pack(a, 3), "pack")])
 def test_unsupported_ops_say_why(f, what):
     with pytest.raises(NotImplementedError, match=f"{what}: "):
         run(f, rnd(3))
@@ -340,3 +340,15 @@ def test_argmax_of_a_vector_and_squeeze_to_nothing_give_shape_1():
                      v)
     assert am.shape == an.shape == sq.shape == (1,)
     assert am.tolist() == [int(np.argmax(v))] and an.tolist() == [int(np.argmin(v))] and sq.tolist() == [v[0]]
+
+
+def test_repeat_acc():
+    x = rnd(4, 3)
+    y = run(lambda a: flow.acc(flow.math.square(flow.repeat(a, 5)) + 1.0, 5), x)
+    np.testing.assert_allclose(y, (x * x + 1) * 5, rtol=1e-6)
+    with pytest.raises(ValueError, match="acc: max_acc_num 3 differs from the repeat_num"):
+        run(lambda a: flow.acc(flow.repeat(a, 5), 3), x)
+    with pytest.raises(ValueError, match="does not come from a flow.repeat"):
+        run(lambda a: flow.acc(a, 2), x)
+    with pytest.raises(NotImplementedError, match=r"acc: a random op \(random_uniform_at\)"):
+        run(lambda a: flow.acc(flow.random.bernoulli(flow.math.sigmoid(flow.repeat(a, 2))), 2), x)
