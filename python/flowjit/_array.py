@@ -975,3 +975,12 @@ def dynamic_reshape(x: Blob, shape: Sequence[int], name: Optional[str] = None) -
     take their concrete shape here: a job compiles once per concrete input
     shape, so this is reshape."""
     return _ops.reshape(_blob(x, "dynamic_reshape", "x"), shape, name=name)
+
+
+def categorical_ordinal_encode(table: Blob, size: Blob, input_tensor: Blob, hash_precomputed: bool = True,
+                               name: Optional[str] = None) -> Blob:
+    """Not supported: OneFlow's encoder inserts unseen values into a hash
+    table variable while the job runs; flowjit has no hash-table kernel, and
+    a composition would compare every input with every table slot."""
+    _trace.fail(NotImplementedError, "categorical_ordinal_encode: needs a hash table that the kernel "
+                "updates in place (OneFlow's CPU/GPU hash-table kernel); flowjit has none yet")
