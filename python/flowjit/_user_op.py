@@ -19,7 +19,8 @@ from . import _dtypes
 from ._blob import Blob
 
 __all__ = ["user_op_builder", "consistent_user_op_builder", "user_op_module_builder",
-           "consistent_user_op_module_builder", "user_op_types", "UserOpConfBuilder", "UserOp"]
+           "consistent_user_op_module_builder", "find_or_create_module", "user_op_types", "UserOpConfBuilder",
+           "UserOpModuleBuilder", "UserOp"]
 
 # OneFlow's attribute type names (the deprecated third argument of Attr).
 _TYPE_NAMES = {"AttrTypeInt32": "int", "AttrTypeInt64": "int", "AttrTypeBool": "bool",
@@ -411,13 +412,19 @@ class UserOp:
         self._results: Optional[Dict[str, List[Blob]]] = None
 
     def InferAndTryRun(self) -> "UserOp":  # noqa: N802 - OneFlow's name
-        """Traces the op into the job being built (once)."""
+        """Traces the op into the job being built (once). Its output blobs
+        are named after the op (within the current flow.scope.namespace)."""
         if self._results is None:
+            from . import _trace, scope
+            _trace.require_builder(f"user op '{self.op_name}' ({self.op_type_name})")
             res = self._spec.fn(self._inputs, self._attrs, self._outputs)
             for k, blobs in res.items():
                 if k in self._outputs and len(blobs) != self._outputs[k]:
                     raise ValueError(f"user op '{self.op_name}' ({self.op_type_name}): Output({k!r}, "
                                      f"{self._outputs[k]}) but the op makes {len(blobs)}")
+                for b in blobs:
+                    if not any(b is x for xs in self._inputs.values() for x in xs):
+                        b._name = scope.namespace_prefix() + self.op_name
             self._results = res
         return self
 
@@ -457,6 +464,7 @@ class UserOpConfBuilder:
         self._type: Optional[str] = None
         self._spec: Optional[_Spec] = None
         self._inputs: Dict[str, List[Blob]] = {}
+        self._input_sizes: Dict[str, int] = {}
         self._outputs: Dict[str, int] = {}
         self._attrs: Dict[str, Any] = {}
 
@@ -517,10 +525,17 @@ class UserOpConfBuilder:
         return self
 
     def InputSize(self, input_name: str, input_blob_size: int) -> "UserOpConfBuilder":  # noqa: N802
-        """Declares an input's size without blobs (OneFlow's source ops);
-        flowjit ops always take their blobs."""
-        raise NotImplementedError(f"{self._where()}.InputSize: flowjit's user ops take their input blobs "
-                                  "with Input(name, blobs)")
+        """Declares how many blobs input `input_name` will take (an op
+        module's blobs come with each call's Input)."""
+        spec = self._need_op("InputSize")
+        if input_name not in spec.inputs:
+            raise ValueError(f"{self._where()}.InputSize({input_name!r}): op '{self._type}' has inputs "
+                             f"{', '.join(spec.inputs) or '(none)'}")
+        if not _is_int(input_blob_size) or input_blob_size < 1:
+            raise ValueError(f"{self._where()}.InputSize({input_name!r}, n): n must be a positive int, got "
+                             f"{input_blob_size!r}")
+        self._input_sizes[input_name] = int(input_blob_size)
+        return self
 
     def Output(self, output_name: str, num: int = 1) -> "UserOpConfBuilder":  # noqa: N802
         """Asks for `num` blobs of output `output_name`."""
@@ -560,6 +575,10 @@ class UserOpConfBuilder:
         missing = [k for k, how in spec.inputs.items() if how != "opt" and k not in self._inputs]
         if missing:
             raise ValueError(f"{self._where()}.Build: input {missing[0]!r} is not given (Input(name, blobs))")
+        for k, size in self._input_sizes.items():
+            if len(self._inputs[k]) != size:
+                raise ValueError(f"{self._where()}.Build: InputSize({k!r}, {size}) but Input({k!r}) got "
+                                 f"{len(self._inputs[k])} blobs")
         attrs = {}
         for k, (kind, default) in spec.attrs.items():
             if k in self._attrs:
@@ -582,16 +601,71 @@ def consistent_user_op_builder(op_name: str) -> UserOpConfBuilder:
     return UserOpConfBuilder(op_name, "consistent_user_op_builder")
 
 
-def user_op_module_builder(op_type_name: str) -> Any:
-    """OneFlow's stateful op modules (eager mode) are not supported."""
-    raise NotImplementedError(f"flow.user_op_module_builder({op_type_name!r}): flowjit has no stateful "
-                              "user op modules (OneFlow uses them in eager mode)")
+class UserOpModule:
+    """A lazy-mode op module's kernel state: OneFlow keeps none in lazy mode."""
+
+    def __init__(self) -> None:
+        self.opkernel_object = None
+
+    def InitOpKernel(self) -> None:  # noqa: N802 - OneFlow's name
+        """Lazy mode: the op has no kernel object to create (as OneFlow's
+        LazyUserOpModule)."""
+        self.opkernel_object = None
 
 
-def consistent_user_op_module_builder(op_type_name: str) -> Any:
-    """OneFlow's stateful op modules (eager mode) are not supported."""
-    raise NotImplementedError(f"flow.consistent_user_op_module_builder({op_type_name!r}): flowjit has no "
-                              "stateful user op modules (OneFlow uses them in eager mode)")
+class UserOpModuleBuilder(UserOpConfBuilder):
+    """A builder whose op type is fixed, reused by a flow.deprecated.nn.Module
+    for each of its calls: OpName(...).Input(...).Build().InferAndTryRun()."""
+
+    def __init__(self, op_type_name: str, api: str) -> None:
+        super().__init__(op_type_name, api)
+        super().Op(op_type_name)
+        self._module = UserOpModule()
+
+    @property
+    def user_op_module(self) -> UserOpModule:
+        """The module's kernel state (InitOpKernel())."""
+        return self._module
+
+    def Op(self, op_type_name: str) -> "UserOpConfBuilder":  # noqa: N802
+        """An op module's type is fixed when it is made."""
+        raise ValueError(f"{self._where()}: a user op module builder cannot change its op type "
+                         f"(.Op({op_type_name!r}))")
+
+
+def user_op_module_builder(op_type_name: str) -> UserOpModuleBuilder:
+    """OneFlow's op module builder, lazy mode: a reusable builder of one op type."""
+    return UserOpModuleBuilder(op_type_name, "user_op_module_builder")
+
+
+def consistent_user_op_module_builder(op_type_name: str) -> UserOpModuleBuilder:
+    """As user_op_module_builder (flowjit's ops have one meaning in either view)."""
+    return UserOpModuleBuilder(op_type_name, "consistent_user_op_module_builder")
+
+
+def find_or_create_module(module_name: str, create: Any, reuse: bool = False) -> Any:
+    """The job's module named `module_name` (within the current namespace),
+    made by `create()` the first time; asking twice for one name needs
+    reuse=True (OneFlow's flow.find_or_create_module)."""
+    from . import _trace, deprecated, scope
+    b = _trace.require_builder("flow.find_or_create_module")
+    if not isinstance(module_name, str) or not module_name:
+        raise TypeError(f"flow.find_or_create_module: module_name must be a non-empty str, got {module_name!r}")
+    if not callable(create):
+        raise TypeError(f"flow.find_or_create_module: create must be callable, got {create!r}")
+    modules = b.__dict__.setdefault("_user_op_modules", {})
+    key = scope.namespace_prefix() + module_name
+    if key in modules:
+        if not reuse:
+            raise ValueError(f"flow.find_or_create_module: module '{key}' already exists in job "
+                             f"'{b.job_name}'; pass reuse=True to use it again")
+        return modules[key]
+    module = create()
+    if not isinstance(module, deprecated.nn.Module):
+        raise TypeError(f"flow.find_or_create_module: create() must return a flow.deprecated.nn.Module, got "
+                        f"{type(module).__name__}")
+    modules[key] = module
+    return module
 
 
 def user_op_types() -> List[str]:

@@ -118,8 +118,8 @@ def test_unknown_and_test_only_op_types():
         flow.user_op_builder("x").Op("ccrelu")
     with pytest.raises(NotImplementedError, match="does not map the OneFlow op type 'no_such_op'"):
         flow.user_op_builder("x").Op("no_such_op")
-    with pytest.raises(NotImplementedError, match="user_op_module_builder"):
-        flow.user_op_module_builder("relu")
+    with pytest.raises(NotImplementedError, match="'ccrelu' is a test-only"):
+        flow.user_op_module_builder("ccrelu")
 
 
 def test_bad_builder_calls():
@@ -150,3 +150,36 @@ def test_user_op_types_lists_the_mapping():
     for t in ("relu", "matmul", "reshape", "transpose", "cast", "add_n", "scalar_mul", "broadcast_add",
               "identity", "split_like", "dynamic_loss_scale_schedule"):
         assert t in names
+
+
+class _Adder(flow.deprecated.nn.Module):
+    def __init__(self):
+        flow.deprecated.nn.Module.__init__(self)
+        self.builder = flow.user_op_module_builder("add_n")
+        self.builder.InputSize("in", 2).Output("out")
+        self.builder.user_op_module.InitOpKernel()
+
+    def forward(self, x, y):
+        return (self.builder.OpName(f"Add_{self.call_seq_no}").Input("in", [x, y]).Build()
+                .InferAndTryRun().RemoteBlobList()[0])
+
+
+def test_user_op_module_and_find_or_create_module():
+    names = []
+
+    def body(x, y):
+        with flow.scope.namespace("ns"):
+            adder = flow.find_or_create_module("adder", _Adder)
+            z = adder(x, y)
+            w = flow.find_or_create_module("adder", _Adder, reuse=True)(z, x)
+            names.extend([z.op_name, w.op_name])
+            with pytest.raises(ValueError, match="module 'ns-adder' already exists"):
+                flow.find_or_create_module("adder", _Adder)
+            with pytest.raises(ValueError, match="InputSize\\('in', 2\\) but Input\\('in'\\) got 3"):
+                adder.builder.Input("in", [x, x, x]).Build()
+            with pytest.raises(ValueError, match="cannot change its op type"):
+                adder.builder.Op("relu")
+        return w
+    got = _run(body, X, X * 3)
+    np.testing.assert_allclose(got, X + 3 * X + X, rtol=1e-6)
+    assert names == ["ns-Add_0", "ns-Add_1"]
