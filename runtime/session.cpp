@@ -24,8 +24,30 @@ Session::~Session() = default;  // the queues finish their tasks, then join
 void Session::ensure_threads() {
   std::lock_guard<std::mutex> lock(threads_mu_);
   if (shut_down_) throw_user(ErrorKind::Runtime, "the flowjit session has shut down");
-  if (!worker_) worker_ = std::make_unique<WorkQueue>("flowjit-worker", 64);
-  if (!callbacks_) callbacks_ = std::make_unique<WorkQueue>("flowjit-callbacks", 1u << 30);
+  if (!worker_) worker_ = std::make_shared<WorkQueue>("flowjit-worker", 64);
+  if (!callbacks_) callbacks_ = std::make_shared<WorkQueue>("flowjit-callbacks", 1u << 30);
+}
+
+Session::Lease Session::live_queue(bool callbacks) {
+  ensure_threads();
+  std::lock_guard<std::mutex> lock(threads_mu_);
+  if (shut_down_) throw_user(ErrorKind::Runtime, "the flowjit session has shut down");
+  ++leases_;
+  return Lease(this, callbacks ? callbacks_ : worker_);
+}
+
+Session::Lease::~Lease() {
+  queue.reset();  // never the last reference: shutdown() keeps its own until leases end
+  {
+    std::lock_guard<std::mutex> lock(session->threads_mu_);
+    --session->leases_;
+  }
+  session->leases_cv_.notify_all();
+}
+
+std::shared_ptr<WorkQueue> Session::current_queue(bool callbacks) {
+  std::lock_guard<std::mutex> lock(threads_mu_);
+  return callbacks ? callbacks_ : worker_;
 }
 
 bool Session::on_callback_thread() {
@@ -82,9 +104,15 @@ void Session::take_slot() {
 
 void Session::submit(WorkQueue::Task task) {
   ensure_threads();
-  take_slot();
+  take_slot();  // may wait, while another thread shuts the session down
   try {
-    block_([&] { return worker_->push_for(task, 50ms); });
+    // The lease is held only within a step: a step runs without the GIL and
+    // returns, while a thread parked at interpreter exit parks after its step
+    // (python/csrc GilRelease), so shutdown() never waits for a parked thread.
+    block_([&] {
+      Lease worker = live_queue(false);
+      return worker->push_for(task, 50ms);
+    });
   } catch (...) {
     release_slot();
     throw;
@@ -117,7 +145,8 @@ void Session::enqueue_callback(WorkQueue::Task task) {
     task = nullptr;  // drops what the task kept alive before it counts as done
     release_slot();
   };
-  bool ok = callbacks_->push_for(wrapped, std::chrono::milliseconds::max());
+  Lease callbacks = live_queue(true);
+  bool ok = callbacks->push_for(wrapped, std::chrono::milliseconds::max());
   FJ_CHECK(ok, "callback queue refused a task");
 }
 
@@ -132,12 +161,12 @@ bool Session::has_pending_work() {
 }
 
 void Session::wait_jobs() {
-  if (worker_) wait(*worker_);
+  if (auto w = current_queue(false)) wait(*w);
 }
 
 void Session::wait_all() {
-  if (worker_) wait(*worker_);
-  if (callbacks_) wait(*callbacks_);
+  if (auto w = current_queue(false)) wait(*w);
+  if (auto c = current_queue(true)) wait(*c);
 }
 
 void Session::configure_devices(int local, std::shared_ptr<Communicator> comm, int first_rank,
@@ -185,16 +214,22 @@ bool Session::shutdown() {
     wait_all();
   } catch (...) {
     // Interrupted: drop what has not started.
-    if (worker_) worker_->cancel_pending();
-    if (callbacks_) callbacks_->cancel_pending();
+    if (auto w = current_queue(false)) w->cancel_pending();
+    if (auto c = current_queue(true)) c->cancel_pending();
   }
-  std::unique_ptr<WorkQueue> w, c;
+  std::shared_ptr<WorkQueue> w, c;
   {
     std::lock_guard<std::mutex> lock(threads_mu_);
     shut_down_ = true;
     w = std::move(worker_);
     c = std::move(callbacks_);
   }
+  // A thread that leased a queue before the shutdown (a daemon thread calling a
+  // job at interpreter exit) finishes its push first; then the queues go.
+  block_([&] {
+    std::unique_lock<std::mutex> lock(threads_mu_);
+    return leases_cv_.wait_for(lock, 50ms, [&] { return leases_ == 0; });
+  });
   block_([&] {
     w.reset();  // runs what is left, then joins
     c.reset();
@@ -204,15 +239,18 @@ bool Session::shutdown() {
 }
 
 void Session::before_fork() {
+  std::shared_ptr<WorkQueue> w, c;
   {
     std::lock_guard<std::mutex> lock(threads_mu_);
     if (shut_down_ || !worker_ || worker_->on_worker_thread() ||
         (callbacks_ && callbacks_->on_worker_thread()))
       return;  // (a fork from a callback cannot wait for callbacks)
+    w = worker_;
+    c = callbacks_;
   }
   try {
-    wait(*worker_);
-    if (callbacks_) wait(*callbacks_);
+    wait(*w);
+    if (c) wait(*c);
   } catch (const std::exception&) {
     // Interrupted: fork without waiting; the child starts afresh anyway.
   }
@@ -221,13 +259,15 @@ void Session::before_fork() {
 void Session::after_fork_in_child() {
   // The threads of these queues exist only in the parent: destroying the
   // queues would join them. Leaked on purpose (the parent still owns its).
-  (void)worker_.release();
-  (void)callbacks_.release();
+  new std::shared_ptr<WorkQueue>(std::move(worker_));
+  new std::shared_ptr<WorkQueue>(std::move(callbacks_));
   // Locks another parent thread may have held at the fork.
   new (&threads_mu_) std::mutex();
   new (&slots_mu_) std::mutex();
   new (&slots_cv_) std::condition_variable();
   new (&run_mu_) std::mutex();
+  new (&leases_cv_) std::condition_variable();
+  leases_ = 0;
   outstanding_ = 0;
 }
 

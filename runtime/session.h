@@ -100,6 +100,23 @@ class Session {
 
  private:
   void ensure_threads();
+  // The worker or callback queue, started if need be; UserError(Runtime) once
+  // shut down. Callers keep the reference while they use the queue, so a
+  // shutdown on another thread (interpreter exit while daemon threads still
+  // call jobs) never destroys a queue under them.
+  // The reference is a Lease: until it is dropped, shutdown() waits before it
+  // destroys the queues.
+  struct Lease {
+    Session* session = nullptr;
+    std::shared_ptr<WorkQueue> queue;
+    Lease(Session* s, std::shared_ptr<WorkQueue> q) : session(s), queue(std::move(q)) {}
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease();
+    WorkQueue* operator->() const { return queue.get(); }
+  };
+  Lease live_queue(bool callbacks);
+  std::shared_ptr<WorkQueue> current_queue(bool callbacks);  // null when none
   void wait(WorkQueue& q);
   void take_slot();  // waits for room unless on the callback thread
   void acquire_slot();
@@ -115,9 +132,11 @@ class Session {
   std::mutex run_mu_;
   std::atomic<uint64_t> generation_{1};
   std::mutex threads_mu_;
-  std::unique_ptr<WorkQueue> worker_;
-  std::unique_ptr<WorkQueue> callbacks_;
+  std::shared_ptr<WorkQueue> worker_;
+  std::shared_ptr<WorkQueue> callbacks_;
   bool shut_down_ = false;
+  int leases_ = 0;  // under threads_mu_
+  std::condition_variable leases_cv_;
   // Never held while blocking (the callback thread releases slots).
   std::mutex slots_mu_;
   std::condition_variable slots_cv_;

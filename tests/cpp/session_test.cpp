@@ -190,6 +190,42 @@ TEST(Session, ShutdownFinishesQueuedWorkThenRefusesMore) {
   }
 }
 
+TEST(Session, ASubmitThatMeetsAShutdownOnAnotherThreadIsRefusedNotACrash) {
+  // Interpreter exit with daemon threads still calling a job: the submitter
+  // passed its checks and is about to push when the main thread shuts the
+  // session down and destroys the queues. The push must see the shutdown
+  // (a UserError), never a queue that is gone (it dereferenced a moved-from
+  // pointer before).
+  std::atomic<std::thread::id> submitter{};
+  std::atomic<bool> in_step{false};
+  std::promise<void> shut;
+  std::shared_future<void> shut_done = shut.get_future().share();
+  Session s([&](const std::function<bool()>& step) {
+    if (std::this_thread::get_id() == submitter.load()) {
+      in_step = true;
+      shut_done.wait();  // the shutdown completes between the checks and the push
+    }
+    while (!step()) {
+    }
+  });
+  s.submit([] {});
+  s.wait_all();  // the queues exist
+  std::atomic<bool> refused{false};
+  std::thread t([&] {
+    submitter = std::this_thread::get_id();
+    try {
+      s.submit([] {});
+    } catch (const UserError& e) {
+      refused = std::string(e.what()).find("shut down") != std::string::npos;
+    }
+  });
+  while (!in_step) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(s.shutdown());
+  shut.set_value();
+  t.join();
+  EXPECT_TRUE(refused);
+}
+
 TEST(Session, WaitsGoThroughTheEmbeddingsBlockHook) {
   // The hook decides how waits are spent (Python: GIL released, Ctrl-C
   // polled); an exception from it ends the wait and reaches the caller.
