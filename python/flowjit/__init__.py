@@ -128,10 +128,6 @@ _PUBLIC_MODULES += ("deprecated", "profiler", "sysconfig", "unittest", "util")
 for _name in ("deprecated", "profiler", "sysconfig", "unittest", "util"):
     _install_dir(globals()[_name])
 
-# flow.user_op_builder: OneFlow's generic op builder over flowjit's ops (issue [conformance]).
-from ._user_op import (consistent_user_op_builder, consistent_user_op_module_builder,  # noqa: E402,F401
-                       find_or_create_module, user_op_builder, user_op_module_builder, user_op_types)
-
 # OneFlow's other top-level ops, flow.random and flow.linalg (issue [conformance]).
 from ._ops import constant_like, constant_scalar  # noqa: E402,F401
 from ._array import (acc, amp_white_identity, argwhere, broadcast_to_compatible_with, diag,  # noqa: E402,F401
@@ -153,6 +149,3 @@ from ._ctc import ctc_loss  # noqa: E402,F401
 # flow.user_op_builder: OneFlow's generic op builder over flowjit's ops (issue [conformance]).
 from ._user_op import (consistent_user_op_builder, consistent_user_op_module_builder,  # noqa: E402,F401
                        find_or_create_module, user_op_builder, user_op_module_builder, user_op_types)
-
-# flow.ctc_loss (OneFlow's top-level name; nn holds ctc_greedy_decoder).
-from ._ctc import ctc_loss  # noqa: E402,F401
