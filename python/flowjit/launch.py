@@ -138,9 +138,12 @@ def run(a):
     envs = process_environments(a)
     first = a.node_rank * a.nproc_per_node
     received = []
+    first_signal_at = []  # monotonic time of the first forwarded signal
 
     def forward(signum, _frame):
         received.append(signum)
+        if not first_signal_at:
+            first_signal_at.append(time.monotonic())
         for p in procs:
             if p.poll() is None:
                 try:
@@ -172,6 +175,19 @@ def run(a):
             try:
                 i, c = exits.get(timeout=0.1)  # a timeout: signals are handled between waits
             except queue.Empty:
+                # Processes that ignore a forwarded signal get --stop-timeout
+                # seconds, then SIGKILL: the launcher itself always ends.
+                if first_signal_at and time.monotonic() - first_signal_at[0] > a.stop_timeout:
+                    late = [first + j for j, p in enumerate(procs) if p.poll() is None]
+                    if late:
+                        print(f"flowjit.launch: process(es) {late} still running {a.stop_timeout:g} s "
+                              f"after {signal.Signals(received[0]).name}; killing them",
+                              file=sys.stderr, flush=True)
+                        for p in procs:
+                            if p.poll() is None:
+                                p.kill()
+                    first_signal_at.clear()
+                    first_signal_at.append(float("inf"))  # killed once
                 continue
             remaining -= 1
             if c != 0 and failed is None and not received:

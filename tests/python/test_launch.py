@@ -180,6 +180,37 @@ def test_signals_are_forwarded(tmp_path):
         assert (tmp_path / f"got{r}").read_text() == str(int(signal.SIGTERM))
 
 
+STUBBORN = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(os.path.join(sys.argv[1], os.environ["RANK"]), "w").write(str(os.getpid()))
+time.sleep(120)
+"""
+
+
+def test_processes_that_ignore_the_signal_are_killed_after_the_stop_timeout(tmp_path):
+    # Before: the launcher forwarded SIGTERM and then waited for processes
+    # that ignore it forever (no deadline).
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    p = subprocess.Popen([sys.executable, "-m", "flowjit.launch", "--nproc-per-node", "2", "--stop-timeout",
+                          "1", str(script), str(tmp_path)], env=clean_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / str(r)).exists() for r in range(2)):
+        assert time.monotonic() < deadline and p.poll() is None
+        time.sleep(0.05)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    assert time.monotonic() - t0 < 15
+    assert "killing them" in p.stderr.read()
+    for r in range(2):
+        pid = int((tmp_path / str(r)).read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 def test_launcher_environment():
     a = launch._parser().parse_args(["--nproc-per-node", "2", "--nnodes", "3", "--node-rank", "1",
                                      "--master-addr", "host0", "--master-port", "1234", "x.py", "--lr", "1"])
