@@ -38,8 +38,14 @@ TensorType infer_pad(const TensorType& x, Attrs& a) {
   for (int d = 0; d < x.rank(); ++d) {
     FJ_USER_CHECK(lo[d] >= 0 && hi[d] >= 0 && interior[d] >= 0, kValue, "pad: padding of dim ", d,
                   " must be >= 0, got ", lo[d], ", ", hi[d], " (interior ", interior[d], ")");
-    int64_t n = x.shape[d];
-    out.push_back(lo[d] + hi[d] + (n > 0 ? n + (n - 1) * interior[d] : 0));
+    int64_t n = x.shape[d], ext = 0;
+    FJ_USER_CHECK(!__builtin_mul_overflow(n > 0 ? n - 1 : 0, interior[d], &ext) &&
+                      !__builtin_add_overflow(ext, n, &ext) &&
+                      !__builtin_add_overflow(ext, lo[d], &ext) &&
+                      !__builtin_add_overflow(ext, hi[d], &ext),
+                  kValue, "pad: the padded extent of dim ", d, " (", n, " + ", lo[d], " + ", hi[d],
+                  ", interior ", interior[d], ") overflows int64");
+    out.push_back(ext);
   }
   a.set("pads_lo", lo);
   a.set("pads_hi", hi);

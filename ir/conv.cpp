@@ -57,8 +57,17 @@ ConvGeometry conv_geometry(std::string_view op, const Attrs& a, const std::vecto
     FJ_USER_CHECK(g.pads_lo[i] >= 0 && g.pads_hi[i] >= 0, kValue, op,
                   ": padding must be >= 0, got ", g.pads_lo[i], " and ", g.pads_hi[i]);
     FJ_USER_CHECK(kernel[i] >= 1, kValue, op, ": kernel extent must be >= 1, got ", kernel[i]);
-    int64_t span = g.dilations[i] * (kernel[i] - 1) + 1;
-    int64_t padded = in[i] + g.pads_lo[i] + g.pads_hi[i];
+    // Attributes come from the user: a padding or dilation near 2^62 must be
+    // refused by name, never wrap into a negative extent.
+    int64_t span = 0, padded = 0;
+    FJ_USER_CHECK(!__builtin_mul_overflow(g.dilations[i], kernel[i] - 1, &span) &&
+                      !__builtin_add_overflow(span, 1, &span),
+                  kValue, op, ": the kernel span along spatial dim ", i, " (extent ", kernel[i],
+                  ", dilation ", g.dilations[i], ") overflows int64");
+    FJ_USER_CHECK(!__builtin_add_overflow(in[i], g.pads_lo[i], &padded) &&
+                      !__builtin_add_overflow(padded, g.pads_hi[i], &padded),
+                  kValue, op, ": the padded input along spatial dim ", i, " (", in[i],
+                  " + padding ", g.pads_lo[i], " + ", g.pads_hi[i], ") overflows int64");
     FJ_USER_CHECK(span <= padded, kValue, op, ": the kernel spans ", span,
                   " positions along spatial dim ", i, " (extent ", kernel[i], ", dilation ",
                   g.dilations[i], ") but the padded input has only ", padded, " (", in[i],
