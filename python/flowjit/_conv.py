@@ -334,6 +334,14 @@ def _pool_nd(s, kind, api, input, ksize, strides, padding, data_format, name):
         if k[i] > spatial[i] + lo[i] + hi[i]:
             _trace.fail(ValueError, f"{api}: ksize {k[i]} is larger than the padded input "
                         f"({spatial[i]} + padding {lo[i]} + {hi[i]}) along spatial dim {i}")
+        # A window wholly inside the padding has no input element: max pooling
+        # would give -inf and average pooling 0/0. PyTorch and OneFlow refuse
+        # such padding (theirs must be at most half the window), so do we.
+        last = (spatial[i] + lo[i] + hi[i] - k[i]) // st[i] * st[i]
+        if spatial[i] == 0 or lo[i] >= k[i] or last - lo[i] >= spatial[i]:
+            _trace.fail(ValueError, f"{api}: padding ({lo[i]}, {hi[i]}) along spatial dim {i} leaves a "
+                        f"window of ksize {k[i]} (stride {st[i]}) with no input element (extent "
+                        f"{spatial[i]}); the padding before and after must each be smaller than ksize")
     attrs = {"window": k, "strides": st, "dilations": [1] * s, "pads_lo": lo, "pads_hi": hi,
              "pad_value": float("-inf") if kind == "max" else 0.0}
     if st == k and max(lo + hi) == 0 and all(spatial[i] % k[i] == 0 for i in range(s)):
@@ -639,13 +647,13 @@ def batch_normalization(inputs: Blob, axis: int = -1, momentum: float = 0.99, ep
 
     mm = var("moving_mean", moving_mean_initializer, 0.0, train=False)
     mv = var("moving_variance", moving_variance_initializer, 1.0, train=False)
-    if b.type == "train" and training:
+    n = 1
+    for d in axes:
+        n *= x.shape[d]
+    if b.type == "train" and training and n > 0:
         mean = _ops.reduce_mean(x, axes, keepdims=True)
         centered = _ops.subtract(x, mean)
         variance = _ops.reduce_mean(_ops.square(centered), axes, keepdims=True)
-        n = 1
-        for d in axes:
-            n *= x.shape[d]
         m = float(momentum)
         flat_mean = _ops.reshape(mean, [c])
         flat_var = _ops.reshape(variance, [c])
@@ -655,6 +663,9 @@ def batch_normalization(inputs: Blob, axis: int = -1, momentum: float = 0.99, ep
         b.effects.append(_C.make_node(K.assign, [mm._node, new_mm._node], {}))
         b.effects.append(_C.make_node(K.assign, [mv._node, new_mv._node], {}))
     else:
+        # (A train step on an empty batch, such as an empty ListNumpy, has no
+        # statistics: it normalizes with the moving ones and leaves them as
+        # they are, where the batch's mean of nothing would make them NaN.)
         centered = _ops.subtract(x, _ops.reshape(mm, bshape))
         variance = _ops.reshape(mv, bshape)
     y = _ops.multiply(centered, _ops.rsqrt(_ops.add(variance, float(epsilon))))
