@@ -198,7 +198,49 @@ Value* ExprEmitter::splat(Value* scalar, int w) {
   return b_.CreateVectorSplat(w, scalar);
 }
 
+namespace {
+struct DepthGuard {
+  int& depth;
+  explicit DepthGuard(int& d) : depth(d) { ++depth; }
+  ~DepthGuard() { --depth; }
+};
+}  // namespace
+
 Value* ExprEmitter::eval(int node) {
+  if (Value* v = lookup(node, width)) return v;
+  if (eval_depth_ == 0) eval_operands_first(node);
+  DepthGuard guard{eval_depth_};
+  return eval_memoized(node);
+}
+
+// The operands of `node` that are not yet evaluated at this width, in the
+// order the recursion would evaluate them (depth first, operands left to
+// right, each after its own operands), each evaluated when its operands are:
+// the same IR as the recursion, without its depth.
+void ExprEmitter::eval_operands_first(int node) {
+  auto operands_of = [&](int i) -> const std::vector<int>* {
+    const KNode& n = k_.nodes[i];
+    return n.kind == KOp::Compute || n.kind == KOp::Random ? &n.operands : nullptr;
+  };
+  std::vector<std::pair<int, size_t>> stack{{node, 0}};
+  while (!stack.empty()) {
+    auto& [i, next] = stack.back();
+    const std::vector<int>* ops = operands_of(i);
+    if (ops && next < ops->size()) {
+      int o = (*ops)[next++];
+      if (!lookup(o, width)) stack.push_back({o, 0});
+      continue;
+    }
+    int done = i;
+    stack.pop_back();
+    if (done != node && !lookup(done, width)) {
+      DepthGuard guard{eval_depth_};
+      eval_memoized(done);
+    }
+  }
+}
+
+Value* ExprEmitter::eval_memoized(int node) {
   if (Value* v = lookup(node, width)) return v;
   const KNode& n = k_.nodes[node];
   if (kept_bb_ && n.kept_space && !in_kept_eval_ && k_.has_reduction()) {

@@ -120,6 +120,12 @@ class ExprEmitter {
   int kept_width_ = 1;
   int kept_scope_ = 0;
   bool in_kept_eval_ = false;
+  // eval() nesting: the outermost call evaluates the operand DAG bottom-up
+  // with an explicit stack first, so a chain of 10,000 fused ops does not
+  // recurse 10,000 frames deep (a stack overflow before).
+  int eval_depth_ = 0;
+  void eval_operands_first(int node);
+  llvm::Value* eval_memoized(int node);
 };
 
 }  // namespace flowjit::codegen

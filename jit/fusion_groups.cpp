@@ -159,7 +159,10 @@ void Fuser::new_group(const NodeRef& root) {
 
 void Fuser::add_member(Group& g, const NodeRef& n, const DimMap& m) {
   auto& ms = g.maps[n.get()];
-  if (ms.empty()) g.members.push_back(n);
+  if (ms.empty()) {
+    g.members.push_back(n);
+    if (!is_duplicable(n)) ++g.computes;
+  }
   if (std::find(ms.begin(), ms.end(), m) == ms.end()) ms.push_back(m);
   if (!is_duplicable(n)) group_of_[n.get()] = g.id;
 }
@@ -215,6 +218,7 @@ bool Fuser::try_absorb(Group& g, const NodeRef& p, std::vector<DimMap>& maps) {
   if (!is_compute(p) || group_of_.count(p.get())) return false;
   if (!opts_.fuse) return false;
   if (output_of_.count(p.get()) || must_store_.count(p.get())) return false;
+  if (g.computes >= kMaxKernelComputes) return false;
   std::vector<const Node*> eff;
   effective_users(p, eff);
   for (const Node* u : eff)

@@ -81,8 +81,15 @@ struct Group {
   std::vector<int> remap;  // set when absorbing a reduction renumbered the domain
   std::unordered_map<const Node*, std::vector<DimMap>> maps;  // members and their maps
   std::vector<NodeRef> members;                               // in absorption order
+  int computes = 0;  // members that are computed here (not duplicated views or constants)
   bool member(const NodeRef& n) const { return maps.count(n.get()) > 0; }
 };
+
+// The most computed ops one kernel takes: a longer chain is cut into several
+// kernels. LLVM's time on one function grows faster than its size (a chain of
+// 10,000 fused ops compiled for over 10 minutes as one kernel); past a few
+// hundred ops per element, a stored intermediate costs little.
+constexpr int kMaxKernelComputes = 512;
 
 // Where a materialized value lives: the runtime's buffer kinds, with an
 // arena *buffer* index (its offset comes from memory planning).
