@@ -9,7 +9,30 @@ kernel with LLVM::
         return x * 2
 """
 
-from . import _C, _process
+def _load_core():
+    """Imports the C++ core. Another library of the process may bring its own
+    LLVM (TensorFlow's libtensorflow_framework does): loaded first, its symbols
+    would win over libLLVM's for _C and crash in the first compile. RTLD_DEEPBIND
+    makes _C and what it loads prefer their own dependencies. (Not under
+    AddressSanitizer, which refuses DEEPBIND; wheels link LLVM statically with
+    hidden symbols and need none of this.)"""
+    import os as _os
+    import sys as _sys
+    deep = getattr(_os, "RTLD_DEEPBIND", 0)
+    if not deep or "asan" in _os.environ.get("LD_PRELOAD", "") or "flowjit._C" in _sys.modules:
+        from . import _C as core
+        return core
+    old = _sys.getdlopenflags()
+    _sys.setdlopenflags(old | deep)
+    try:
+        from . import _C as core
+    finally:
+        _sys.setdlopenflags(old)
+    return core
+
+
+_C = _load_core()
+from . import _process  # noqa: E402
 from ._dtypes import (bool_, float16, float32, float64, int8, int32, int64, uint8)  # noqa: F401
 from . import typing  # noqa: F401
 from ._blob import Blob  # noqa: F401
