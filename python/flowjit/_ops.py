@@ -226,16 +226,27 @@ def _axes(x, axis, api):
     _trace.fail(TypeError, f"{api}: axis must be None, an int or a list of ints, got {axis!r}")
 
 
+def _reduces_all(x, axes, keepdims):
+    """Whether a reduction over `axes` leaves no axis of x: OneFlow gives such
+    a result the shape (1,), not (), when keepdims is false."""
+    r = len(x.shape) if isinstance(x, Blob) else 0
+    return not keepdims and r > 0 and len({a % r for a in axes if -r <= a < r}) == r
+
+
 def _reduce(op, api):
     def f(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
           name: Optional[str] = None) -> Blob:
-        return make(op, [input_tensor], {"axes": _axes(input_tensor, axis, api),
-                                         "keepdims": bool(keepdims)}, name=name, api=api)
+        axes = _axes(input_tensor, axis, api)
+        if _reduces_all(input_tensor, axes, keepdims):
+            out = make(op, [input_tensor], {"axes": axes, "keepdims": False}, api=api)
+            return reshape(out, [1], name=name)
+        return make(op, [input_tensor], {"axes": axes, "keepdims": bool(keepdims)}, name=name, api=api)
     what = {"reduce_sum": "The sum", "reduce_max": "The largest element",
             "reduce_min": "The smallest element", "reduce_prod": "The product"}[api]
     return _named(f, api, f"{what} of input_tensor's elements over `axis` (an int or a list; "
                   "all axes when None).\n\nThe reduced axes are dropped unless keepdims, which "
-                  "keeps them with extent 1.")
+                  "keeps them with extent 1; with every axis dropped the result has shape (1,), "
+                  "as in OneFlow.")
 
 
 reduce_sum = _reduce(K.reduce_sum, "reduce_sum")

@@ -3,8 +3,8 @@
 Technique, per case: a train job whose variables are loaded with
 flow.load_variables, loss = reduce_sum(f(vars..., consts...) * c) with a fixed
 random c (a placeholder), SGD with learning rate 1 and momentum 0: one step
-gives the gradient as w_before - w_after (the loss is a scalar, so the 1/N
-loss-instance scaling is 1). A predict job computes the same loss from
+gives the gradient as w_before - w_after (the loss has one element, shape
+(1,) as OneFlow gives a full reduction, so the 1/N loss-instance scaling is 1). A predict job computes the same loss from
 placeholders; its central differences are the reference. The forward value is
 checked against numpy as well.
 """
@@ -75,7 +75,7 @@ def autodiff_gradients(name, f, inputs, consts, c, wrt=None):
     flow.load_variables({var_names[i]: inputs[i] for i in wrt})
     loss = train(*args)
     after = flow.get_all_variables()
-    return float(loss), {i: inputs[i] - np.asarray(after[var_names[i]]) for i in wrt}
+    return np.asarray(loss).item(), {i: inputs[i] - np.asarray(after[var_names[i]]) for i in wrt}
 
 
 def finite_differences(name, f, inputs, consts, c, h):
@@ -87,7 +87,7 @@ def finite_differences(name, f, inputs, consts, c, h):
         return flow.math.reduce_sum(f(*args[:n], *args[n:-1]) * args[-1])
 
     loss_job = _make_job(f"loss_{name}", "predict", specs, body)
-    base = float(loss_job(*inputs, *consts, c))
+    base = np.asarray(loss_job(*inputs, *consts, c)).item()
     grads = []
     for i, x in enumerate(inputs):
         g = np.zeros_like(x)
@@ -99,7 +99,8 @@ def finite_differences(name, f, inputs, consts, c, h):
             args_p[i] = xp
             args_m = list(inputs)
             args_m[i] = xm
-            g[j] = (float(loss_job(*args_p, *consts, c)) - float(loss_job(*args_m, *consts, c))) / (2 * h)
+            g[j] = (np.asarray(loss_job(*args_p, *consts, c)).item()
+                    - np.asarray(loss_job(*args_m, *consts, c)).item()) / (2 * h)
         grads.append(g)
     return base, grads
 
