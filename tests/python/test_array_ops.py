@@ -196,8 +196,13 @@ def test_sort_argsort(axis):
 
 def test_top_k_and_in_top_k():
     x = rnd(5, 9)
-    np.testing.assert_array_equal(run(lambda a: flow.math.top_k(a, 3), x), np.argsort(-x, axis=-1)[:, :3])
-    np.testing.assert_array_equal(run(lambda a: flow.math.top_k(a, 1), rnd(1)), [0])
+    # OneFlow's signature: top_k(input, axis=-1, k=1, sorted=True)
+    np.testing.assert_array_equal(run(lambda a: flow.math.top_k(a, k=3), x), np.argsort(-x, axis=-1)[:, :3])
+    np.testing.assert_array_equal(run(lambda a: flow.math.top_k(a, k=1), rnd(1)), [0])
+    np.testing.assert_array_equal(run(lambda a: flow.math.top_k(a), x), np.argsort(-x, axis=-1)[:, :1])
+    np.testing.assert_array_equal(run(lambda a: flow.math.top_k(a, 0, 2), x), np.argsort(-x, axis=0)[:2, :])
+    # a k larger than the axis gives all of its indices
+    np.testing.assert_array_equal(run(lambda a: flow.math.top_k(a, k=20), x), np.argsort(-x, axis=-1))
     t = np.array([0, 4, 8, 2, 100], np.int32)
     order = np.argsort(-x, axis=-1)
     want = np.array([t[i] in order[i, :4] for i in range(5)])
@@ -393,7 +398,10 @@ def test_bad_arguments():
            r"gather_nd: the last dim of indices i32\[1,4\] indexes 4 dims, but params f32\[2,3,5\] have 3")
     _fails(lambda a, j: flow.scatter_nd(flow.reshape(j, [2, 1]), a, [4, 4, 5]), [x, i], ValueError,
            r"scatter_nd: updates have shape \(2, 3, 5\) but indices \(2, 1\) into shape \(4, 4, 5\) need updates of shape \(2, 4, 5\)")
-    _fails(lambda a: flow.math.top_k(a, 6), [x], ValueError, r"top_k: k must be an int in \[0, 5\]")
+    _fails(lambda a: flow.math.top_k(a, k=-1), [x], ValueError, r"top_k: k must be an int >= 0, got -1")
+    # the old positional top_k(x, k) now passes k as OneFlow's axis: the error names the signature
+    _fails(lambda a: flow.math.top_k(a, 6), [x], ValueError,
+           r"top_k: axis 6 is out of range for a rank-3 input .*top_k\(input, axis=-1, k=1, sorted=True\)")
     _fails(lambda a: flow.sort(a, direction="UP"), [x], ValueError, r"sort: direction must be")
     _fails(lambda a: flow.expand(a, [2, 4, 5]), [x], ValueError, r"expand: dim 1 of the input")
     _fails(lambda a, b: flow.matmul(a, b), [rnd(2, 3, 4), rnd(3, 4, 2)], ValueError,
