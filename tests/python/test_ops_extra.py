@@ -183,6 +183,7 @@ def test_clip_masks_triangles_add_n(rng):
     imask = (rng.random((2, 3, 5)) < 0.5).astype(np.int32)
     sq = sample(rng, (4, 4), -3, 3, np.float64)
     one = sample(rng, (1, 7), -3, 3, np.float32)
+    row, col = sample(rng, (5,), -3, 3, np.float32), sample(rng, (3, 1), -3, 3, np.float32)
     cases = [
         ("clip_by_value", lambda a: flow.clip_by_value(a, -1, 2.5), lambda a: np.clip(a, -1, 2.5), [x]),
         ("clip_min_only", lambda a: m.clip_by_value(a, min_value=0.5), lambda a: np.maximum(a, 0.5), [x]),
@@ -191,6 +192,10 @@ def test_clip_masks_triangles_add_n(rng):
         ("masked_fill", lambda a, k: flow.masked_fill(a, k, 7.5), lambda a, k: np.where(k, 7.5, a), [x, mask]),
         ("masked_fill_int_mask", lambda a, k: flow.masked_fill(a, k, -1), lambda a, k: np.where(k != 0, -1, a),
          [x, imask]),
+        # x broadcasts against the mask (OneFlow's where(mask, value, x)): the result has their common shape
+        ("masked_fill_x_row", lambda a, k: flow.masked_fill(a, k, 7.5), lambda a, k: np.where(k, 7.5, a), [row, mask]),
+        ("masked_fill_x_col", lambda a, k: flow.masked_fill(a, k, -2.0), lambda a, k: np.where(k != 0, -2.0, a),
+         [col, imask]),
         ("tril", m.tril, np.tril, [x]),
         ("tril_1_fill", lambda a: nn.tril(a, 1, fill_value=-9.0), lambda a: np.where(np.tri(3, 5, 1, bool), a, -9.0),
          [x]),
@@ -211,23 +216,29 @@ def _lse(x, axis=None, keepdims=False):
     return out if keepdims else np.squeeze(out, axis=axis)
 
 
+def _full(ref):
+    """numpy's reduction `ref` of every axis in OneFlow's shape: without keepdims
+    the result has shape (1,), not ()."""
+    return lambda *a: np.reshape(ref(*a), (1,))
+
+
 def test_reductions(rng):
     x = sample(rng, (3, 1, 7), -3, 3, np.float32)
     big = np.array([[1000, 999, -5], [-np.inf, -np.inf, -np.inf], [-np.inf, 2, 3]], np.float64)
     b = rng.random((4, 1, 5)) < 0.7
     ints = rng.integers(-1, 2, (4, 5)).astype(np.int32)
     cases = [
-        ("any", m.reduce_any, np.any, [b]),
+        ("any", m.reduce_any, _full(np.any), [b]),
         ("any_axis", lambda a: m.reduce_any(a, axis=[0, -1]), lambda a: np.any(a, axis=(0, 2)), [b]),
         ("all_keep", lambda a: m.reduce_all(a, axis=-1, keepdims=True), lambda a: np.all(a, -1, keepdims=True), [b]),
         ("all_int", lambda a: m.reduce_all(a, axis=0), lambda a: np.all(a != 0, axis=0), [ints]),
         ("any_int", lambda a: m.reduce_any(a, axis=1), lambda a: np.any(a != 0, axis=1), [ints]),
-        ("lse", m.reduce_logsumexp, _lse, [x]),
+        ("lse", m.reduce_logsumexp, _full(_lse), [x]),
         ("lse_axis", lambda a: m.reduce_logsumexp(a, axis=-1, keepdims=True), lambda a: _lse(a, -1, True), [x]),
         ("lse_inf", lambda a: m.reduce_logsumexp(a, axis=1), lambda a: _lse(a, 1), [big]),
         ("variance", lambda a: m.reduce_variance(a, axis=[0, 2]), lambda a: np.var(a, axis=(0, 2)), [x]),
         ("std", lambda a: m.reduce_std(a, axis=-1, keepdims=True), lambda a: np.std(a, -1, keepdims=True), [x]),
-        ("std_all", m.reduce_std, np.std, [x]),
+        ("std_all", m.reduce_std, _full(np.std), [x]),
         ("moments_mean", lambda a: nn.moments(a, [0, 2])[0], lambda a: np.mean(a, axis=(0, 2)), [x]),
         ("moments_var", lambda a: nn.moments(a, axes=[1], keepdims=True)[1], lambda a: np.var(a, 1, keepdims=True),
          [x]),
@@ -248,7 +259,8 @@ def _np_bce_logits(x, t, w=None, pw=None):
 
 
 def _red(v, r):
-    return {"none": v, "mean": np.mean(v), "sum": np.sum(v)}[r]
+    # a mean or sum over every axis has shape (1,), as OneFlow's full reductions
+    return {"none": v, "mean": np.reshape(np.mean(v), (1,)), "sum": np.reshape(np.sum(v), (1,))}[r]
 
 
 def _np_smooth_l1(p, t, beta):
@@ -292,15 +304,15 @@ def test_losses(rng):
              lambda a, b, r=r: _red(_np_kl(a, b, False), r), [logp, dist]),
         ]
     cases += [
-        ("mse_default_mean", nn.MSELoss, lambda a, b: np.mean((a - b) ** 2), [p, t]),
+        ("mse_default_mean", nn.MSELoss, _full(lambda a, b: np.mean((a - b) ** 2)), [p, t]),
         ("smooth_l1_default", flow.smooth_l1_loss, lambda a, b: _np_smooth_l1(a, b, 1.0), [p, t]),
         ("smooth_l1_beta0", lambda a, b: nn.smooth_l1_loss(a, b, 0.0), lambda a, b: np.abs(a - b), [p, t]),
         ("bce_weight", lambda a, b, c: nn.BCELoss(a, b, weight=c, reduction="sum"),
-         lambda a, b, c: np.sum(-(b * np.log(a) + (1 - b) * np.log(1 - a)) * c), [prob, tgt, w]),
+         _full(lambda a, b, c: np.sum(-(b * np.log(a) + (1 - b) * np.log(1 - a)) * c)), [prob, tgt, w]),
         ("bce_logits_weights", lambda a, b, c, d: nn.BCEWithLogitsLoss(a, b, c, d, reduction="none"),
          lambda a, b, c, d: _np_bce_logits(a, b, c, d), [p, tgt, w, pw]),
         ("bce_logits_large", lambda a, b: nn.bce_with_logits_loss(a * 100, b),
-         lambda a, b: np.mean(_np_bce_logits(a * 100, b)), [p, tgt]),
+         _full(lambda a, b: np.mean(_np_bce_logits(a * 100, b))), [p, tgt]),
         ("kldiv_log_target", lambda a, b: nn.KLDivLoss(a, b, log_target=True, reduction="none"),
          lambda a, b: _np_kl(a, b, True), [logp, np.log(dist + 0.1)]),
         ("sparse_ce", nn.sparse_cross_entropy,
@@ -535,8 +547,10 @@ ERRORS = [
     ("moments_axes", [F], lambda a: nn.moments(a, None), TypeError, r"moments: axes must be an int or a list"),
     ("mod_dtypes", [F, I], lambda a, b: m.mod(a, b), TypeError,
      r"mod: x and y must have the same dtype, got float32 and int32"),
-    ("masked_fill_shape", [np.zeros(3, np.float32), F], lambda a, b: flow.masked_fill(a, b, 1.0), ValueError,
-     r"masked_fill: mask of shape \(2, 3\) broadcasts x of shape \(3,\) to \(2, 3\)"),
+    # x broadcasts against the mask as in OneFlow; shapes that do not broadcast are refused by its where
+    ("masked_fill_shape", [np.zeros(3, np.float32), np.zeros((2, 2), np.int32)],
+     lambda a, b: flow.masked_fill(a, b, 1.0), ValueError,
+     r"where: shapes \[2,2\] and \[3\] cannot be broadcast together \(numpy rules"),
     ("prelu_axes", [F], lambda a: flow.layers.prelu(a, shared_axes=[0], name="p"), ValueError,
      r"prelu 'p': shared_axes must hold axes 1..1 of the rank-2 inputs, got \[0\]"),
     ("not_a_blob", [F], lambda a: m.atan(np.ones(3)), TypeError, r"atan: x must be a Blob, got ndarray"),
