@@ -91,7 +91,11 @@ def test_train_job_gradients_with_every_layout(split_axis):
             w = flow.get_variable("w", shape=(C, C), initializer=flow.random_normal_initializer(stddev=0.3),
                                   distribute=dist)
             h = flow.math.tanh(flow.matmul(x, w))
-            logits = flow.layers.dense(h, 4, name="out")
+            # A random (not zero) kernel: with equal logits a class holding R/4 of the labels has an
+            # exactly-zero bias gradient whose rounding residue (~1e-8, summed in another order on 2
+            # devices) LAMB's m / (sqrt(v) + eps) (OneFlow's LambGradFunctor: eps outside the root)
+            # scales up to about lr, so the two runs would differ by far more than rounding.
+            logits = flow.layers.dense(h, 4, name="out", kernel_initializer=flow.random_normal_initializer(stddev=0.3))
             loss = flow.nn.sparse_softmax_cross_entropy_with_logits(y, logits)
             flow.optimizer.LAMB(flow.optimizer.PiecewiseConstantScheduler([], [0.01]),
                                 grad_clipping=flow.optimizer.grad_clipping.by_global_norm(0.5)).minimize(loss)
