@@ -7,7 +7,8 @@
 #   tools/dev.sh docs    build the documentation (Sphinx, warnings are errors)
 #                        into build/docs/html
 #   tools/dev.sh sanitize [pytest args]   ctest and pytest under ASan+UBSan (build/asan)
-#   tools/dev.sh fuzz [targets]           build and run the libFuzzer targets (build/fuzz)
+#   tools/dev.sh fuzz [targets]           build and run the libFuzzer targets (build/fuzz);
+#                                         `fuzz programs`: the differential program fuzzer
 # Python packages go into a virtual environment in the checkout
 # ($FLOWJIT_VENV, default .venv), never into the system Python (PEP 668).
 # Runs as root or as a user with sudo (for apt-get). openmpi-bin is for the
@@ -73,7 +74,7 @@ install_pip() {
   log "installing Python build and test requirements into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
   "$PY" -m pip install -q --disable-pip-version-check "numpy>=1.22" "pybind11>=2.12" \
-    "scikit-build-core>=0.10" pytest "ruff==0.17.*"
+    "scikit-build-core>=0.10" pytest "ruff==0.17.*" hypothesis
 }
 
 build() {
@@ -233,22 +234,38 @@ FUZZ_TARGETS="ir_parser cache_entry plan_text store_protocol"
 # build/fuzz/corpus/<target>, crashes to build/fuzz/artifacts/. Arguments:
 # the targets to run (default all). The checkpoint `meta` parser is Python:
 # its fuzzer (tests/fuzz/checkpoint_meta.py) runs under atheris when it
-# can be installed.
+# can be installed. `programs` is the differential program fuzzer
+# (tests/fuzz/programs.py, Hypothesis): random jobs of the public API against
+# a numpy reference, for FLOWJIT_FUZZ_SECONDS from seed FLOWJIT_FUZZ_SEED
+# (default: random, printed); each finding is printed as a minimal pytest test.
 fuzz() {
-  command -v clang++-19 >/dev/null 2>&1 && [ -d /usr/lib/llvm-19/lib/clang/19/lib/linux ] ||
-    apt_install clang-19 libclang-rt-19-dev
+  local targets="${*:-$FUZZ_TARGETS checkpoint_meta programs}" t secs="${FLOWJIT_FUZZ_SECONDS:-150}"
+  local native=()
+  for t in $targets; do
+    case "$t" in checkpoint_meta | programs) ;; *) native+=("$t") ;; esac
+  done
+  if [ ${#native[@]} -gt 0 ]; then
+    command -v clang++-19 >/dev/null 2>&1 && [ -d /usr/lib/llvm-19/lib/clang/19/lib/linux ] ||
+      apt_install clang-19 libclang-rt-19-dev
+  fi
   install_apt
   make_venv
   install_pip
-  log "fuzz: building the targets with clang-19 in $FUZZ_DIR"
-  cmake -S "$ROOT/tests/fuzz" -B "$FUZZ_DIR" -G Ninja -DCMAKE_CXX_COMPILER=clang++-19 \
-    -DCMAKE_BUILD_TYPE=Fuzz >/dev/null
-  local targets="${*:-$FUZZ_TARGETS checkpoint_meta}" t secs="${FLOWJIT_FUZZ_SECONDS:-150}"
-  local native=()
-  for t in $targets; do [ "$t" = checkpoint_meta ] || native+=("$t"); done
-  [ ${#native[@]} -eq 0 ] || cmake --build "$FUZZ_DIR" --target "${native[@]}" -j "$JOBS"
+  if [ ${#native[@]} -gt 0 ]; then
+    log "fuzz: building the targets with clang-19 in $FUZZ_DIR"
+    cmake -S "$ROOT/tests/fuzz" -B "$FUZZ_DIR" -G Ninja -DCMAKE_CXX_COMPILER=clang++-19 \
+      -DCMAKE_BUILD_TYPE=Fuzz >/dev/null
+    cmake --build "$FUZZ_DIR" --target "${native[@]}" -j "$JOBS"
+  fi
   mkdir -p "$FUZZ_DIR/artifacts"
   for t in $targets; do
+    if [ "$t" = programs ]; then
+      [ -f "$FLOWJIT_BUILD_DIR/CMakeCache.txt" ] || build
+      local seed="${FLOWJIT_FUZZ_SEED:-$RANDOM}"
+      run_suite "fuzz programs (${secs} s, seed $seed)" "$PY" "$ROOT/tests/fuzz/programs.py" \
+        --seconds "$secs" --seed "$seed"
+      continue
+    fi
     mkdir -p "$FUZZ_DIR/corpus/$t"
     if [ "$t" = checkpoint_meta ]; then
       if ! "$PY" -c 'import atheris' 2>/dev/null; then
