@@ -160,7 +160,8 @@ def optimizer(cfg):
 
 def make_jobs(cfg):
     """(train_job, eval_job): both take int32 tokens and targets [B, T] and
-    return the mean loss; they share the model's variables by name."""
+    return the mean loss (shape (1,), as OneFlow's full reductions: read it
+    with .item()); they share the model's variables by name."""
     shape = (cfg.batch, cfg.context)
 
     @flow.global_function(type="train")
@@ -208,11 +209,11 @@ def main():
     tokens_per_step = cfg.batch * cfg.context
 
     t0 = time.perf_counter()
-    loss = float(train_job(*batches(train, cfg, rng)))
+    loss = train_job(*batches(train, cfg, rng)).item()
     print(f"step    1  loss {loss:.4f}  (trace + compile + first step {time.perf_counter() - t0:.1f} s)")
     t_start, last_t, last_step = time.perf_counter(), time.perf_counter(), 1
     for step in range(2, cfg.steps + 1):
-        loss = float(train_job(*batches(train, cfg, rng)))
+        loss = train_job(*batches(train, cfg, rng)).item()
         if step % args.log_every == 0 or step == cfg.steps:
             now = time.perf_counter()
             tps = (step - last_step) * tokens_per_step / (now - last_t)
@@ -221,7 +222,7 @@ def main():
     train_s = time.perf_counter() - t_start
 
     vrng = np.random.default_rng(1)
-    vals = [float(eval_job(*batches(val, cfg, vrng))) for _ in range(args.eval_batches)]
+    vals = [eval_job(*batches(val, cfg, vrng)).item() for _ in range(args.eval_batches)]
     print(f"trained {cfg.steps} steps in {train_s:.1f} s after the first "
           f"({(cfg.steps - 1) * tokens_per_step / max(train_s, 1e-9):,.0f} tokens/s); "
           f"validation loss {np.mean(vals):.4f} over {args.eval_batches} batches "

@@ -94,7 +94,7 @@ def test_loss_curve_matches_pytorch():
 
     flow.clear_default_session()
     train_job, eval_job = lm.make_jobs(cfg)
-    first = float(eval_job(*batches[0]))  # creates and initializes the variables
+    first = eval_job(*batches[0]).item()  # creates and initializes the variables
     init = flow.get_all_variables()
     names = [n for n in init if not n.startswith("System-")]
     assert "wte" in names and "h1-mlp-fc-weight" in names, sorted(init)
@@ -103,7 +103,7 @@ def test_loss_curve_matches_pytorch():
         t0, y0 = (torch.from_numpy(a.astype(np.int64)) for a in batches[0])
         assert float(torch_loss(P, t0, y0, cfg)) == pytest.approx(first, rel=1e-5)
 
-    flow_losses = [float(train_job(*b)) for b in batches]
+    flow_losses = [train_job(*b).item() for b in batches]
     state = {}
     torch_losses = []
     for step, (tok, tgt) in enumerate(batches):
