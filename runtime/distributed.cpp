@@ -331,8 +331,11 @@ void DistributedExecutable::run(const void* const* inputs, void* const* outputs)
     std::function<void()>* f;
     ~Written() { (*f)(); }
   } written{&devices_written};
+  const bool check_first = several_processes_ && !fingerprint_checked_ &&
+                           host_devices().size() == devices_.size();  // Gloo: host memory
   workers_->run_all(
       [&](int d) {
+        if (check_first) check_same_program(d);
         devices_[d]->run(ins[d].data(), outs[d].data());
         if (!several_processes_) return;
         // Split variables: every process needs every piece on the host.
@@ -352,6 +355,51 @@ void DistributedExecutable::run(const void* const* inputs, void* const* outputs)
         }
       },
       *comm_);
+  if (check_first) fingerprint_checked_ = true;
+}
+
+namespace {
+uint64_t fnv1a(uint64_t h, int64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xff;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+}  // namespace
+
+void DistributedExecutable::check_same_program(int device) {
+  const Plan& plan = devices_[0]->plan();
+  int64_t collectives = 0;
+  uint64_t h = 14695981039346656037ull;
+  for (const Launch& l : plan.launches) {
+    if (!l.collective) continue;
+    const CollectiveStep& c = *l.collective;
+    ++collectives;
+    for (int64_t v : {static_cast<int64_t>(c.op), static_cast<int64_t>(c.dtype), c.parts, c.outer,
+                      c.inner})
+      h = fnv1a(h, v);
+  }
+  for (VariableStorage* v : host_vars_) {
+    h = fnv1a(h, v->type.bytes());
+    h = fnv1a(h, v->replicas ? v->replicas->split_axis : -1);
+  }
+  const int64_t mine[2] = {collectives, static_cast<int64_t>(h)};
+  const int ranks = comm_->size();
+  std::vector<int64_t> all(2 * static_cast<size_t>(ranks));
+  comm_->all_gather(first_rank_ + device, mine, all.data(), 1, sizeof(mine));
+  for (int r = 0; r < ranks; ++r) {
+    if (all[2 * r] == all[0] && all[2 * r + 1] == all[1]) continue;
+    throw FailedCheckOnEveryDevice(
+        ErrorKind::Runtime,
+        "job '" + plan.job_name + "': the processes compiled different programs: rank 0's " +
+            std::to_string(all[0]) + " collective(s) and variables differ from rank " +
+            std::to_string(r) + "'s " + std::to_string(all[2 * r]) +
+            " (fingerprints " + std::to_string(static_cast<uint64_t>(all[1])) + " and " +
+            std::to_string(static_cast<uint64_t>(all[2 * r + 1])) +
+            "). Every process must trace the same job with the same placeholder shapes, "
+            "variable shapes and devices; nothing ran.");
+  }
 }
 
 }  // namespace flowjit::runtime

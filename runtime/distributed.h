@@ -93,6 +93,14 @@ class DistributedExecutable : public Program {
   bool writes_variables_ = true;
   std::vector<std::vector<AlignedBuffer>> discard_;  // per device: outputs nobody reads
   std::unique_ptr<DeviceWorkers> workers_;
+  // Several processes: before the first run every device all_gathers a
+  // fixed-size fingerprint of what the program exchanges (each collective's
+  // kind and sizes, the split variables), so processes that traced different
+  // programs (a variable of another shape) get a clear error on every rank
+  // instead of collectives of different sizes, which Gloo's own thread
+  // answers with std::terminate.
+  bool fingerprint_checked_ = false;
+  void check_same_program(int device);
 };
 
 // Creates (or checks) the device copies of `host` for a distributed job.

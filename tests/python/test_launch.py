@@ -305,3 +305,35 @@ def test_rank_errors_name_the_variable(no_launcher):
     mp.setenv("RANK", "1")
     with pytest.raises(ValueError, match="rendezvous port"):
         fenv._master()
+
+
+MISMATCHED = """
+import numpy as np, flowjit as flow, flowjit.typing as tp
+rank = flow.env.get_rank()
+n = 4 if rank == 0 else 6  # the processes disagree on a variable's shape
+@flow.global_function(type="train")
+def step(x: tp.Numpy.Placeholder((8, n))) -> tp.Numpy:
+    w = flow.get_variable("w", shape=(n, 3), initializer=flow.constant_initializer(0.1))
+    loss = flow.math.reduce_mean(flow.matmul(x, w), axis=1)
+    flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(loss)
+    return loss
+try:
+    step(np.ones((8, n), np.float32))
+except RuntimeError as e:
+    import os
+    os.write(1, f"rank {rank} refused: {e}\n".encode())  # one write: the ranks share the pipe
+"""
+
+
+def test_processes_that_traced_different_programs_get_an_error_not_a_terminate(tmp_path):
+    # Before: collectives of different sizes, and Gloo's transport thread
+    # answered with gloo::EnforceNotMet -> std::terminate (SIGABRT, no Python error).
+    script = tmp_path / "mismatched.py"
+    script.write_text(MISMATCHED)
+    p = subprocess.run([sys.executable, "-m", "flowjit.launch", "--nproc-per-node", "2", str(script)],
+                       env=clean_env(FLOWJIT_DISABLE_CACHE="1"), capture_output=True, text=True, timeout=180)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert "terminate called" not in out
+    for r in range(2):
+        assert f"rank {r} refused: job 'step': the processes compiled different programs" in out, out[-3000:]
