@@ -321,7 +321,7 @@ try:
     step(np.ones((8, n), np.float32))
 except RuntimeError as e:
     import os
-    os.write(1, f"rank {rank} refused: {e}\n".encode())  # one write: the ranks share the pipe
+    os.write(1, f"rank {rank} refused: {e}\\n".encode())  # one write: the ranks share the pipe
 """
 
 
