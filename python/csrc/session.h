@@ -54,7 +54,8 @@ class Session : public runtime::Session {
   // Records an error (Python exception object) for the next sync point.
   // Requires the GIL.
   void record_error(py::object exc);
-  // Raises and clears the first recorded error, if any. Requires the GIL.
+  // Raises the first recorded error, if any, with the count of the others
+  // in its notes, and clears them all. Requires the GIL.
   void raise_pending();
 
   void clear();     // sync(), then drops variables and bumps the generation

@@ -91,8 +91,24 @@ void Session::record_error(py::object exc) { errors_.push_back(std::move(exc)); 
 
 void Session::raise_pending() {
   if (errors_.empty()) return;
+  // One sync point reports every error recorded before it: the first is
+  // raised, the others are counted in its notes (5,000 failed callbacks
+  // took 5,000 sync_default_session() calls to clear before).
   py::object e = errors_.front();
-  errors_.erase(errors_.begin());
+  if (errors_.size() > 1) {
+    try {
+      py::object next = errors_[1];
+      std::string note = std::to_string(errors_.size() - 1) +
+                         " more error(s) of asynchronous jobs or callbacks were recorded before "
+                         "this sync point and are cleared with it; the next was " +
+                         py::str(py::type::handle_of(next).attr("__name__")).cast<std::string>() +
+                         ": " + py::str(next).cast<std::string>();
+      if (py::hasattr(e, "add_note")) e.attr("add_note")(note);
+    } catch (py::error_already_set&) {
+      // A note that cannot be made must not lose the error itself.
+    }
+  }
+  errors_.clear();
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(e.ptr())), e.ptr());
   throw py::error_already_set();
 }
