@@ -380,8 +380,16 @@ def test_a_numpy_argument_in_the_mirrored_view_is_cut_into_one_part_per_device()
         odd(np.zeros(3, np.float32))
 
     @flow.global_function(function_config=cfg)
-    def scalar(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+    def total(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
         return flow.math.reduce_sum(x)
+
+    # each device's full reduction has shape (1,) (OneFlow's shape rule), so they join into one per device
+    v = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(total(v), [v[:2].sum(), v[2:].sum()])
+
+    @flow.global_function(function_config=cfg)
+    def scalar(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        return flow.reshape(flow.math.reduce_sum(x), [])
 
     with pytest.raises(TypeError, match=r"a 0-d one cannot be joined into one array along axis 0; annotate "
                                         r"it tp.ListNumpy"):
