@@ -15,7 +15,7 @@ namespace flowjit {
 
 // Index: a run found an index outside its range (Python IndexError);
 // FloatingPoint: check_numerics found a NaN or infinity (FloatingPointError).
-enum class ErrorKind { Type, Value, NotImplemented, Runtime, Index, FloatingPoint };
+enum class ErrorKind { Type, Value, NotImplemented, Runtime, Index, FloatingPoint, Memory };
 
 // A compile stopped because the user asked (Ctrl-C): the caller that asked
 // knows why (the bindings re-raise Python's KeyboardInterrupt).

@@ -9,6 +9,7 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -23,6 +24,21 @@
 #include "runtime/distributed.h"
 
 namespace flowjit::runtime {
+
+namespace {
+// A job's buffer, or a MemoryError that names the job, the buffer and its
+// size (std::bad_alloc reached Python as "MemoryError: std::bad_alloc").
+AlignedBuffer allocate_or_explain(const std::string& job, const char* what, int64_t bytes) {
+  try {
+    return allocate_aligned(static_cast<size_t>(bytes));
+  } catch (const std::bad_alloc&) {
+    char size[64];
+    std::snprintf(size, sizeof size, "%.3g GiB", static_cast<double>(bytes) / (1 << 30));
+    throw_user(ErrorKind::Memory, "job '", job, "': cannot allocate ", what, " of ", bytes,
+               " bytes (", size, ")");
+  }
+}
+}  // namespace
 
 // ---------------------------------------------------------------- threads
 
@@ -532,7 +548,7 @@ Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<voi
   bucketed_.assign(bucket_.size(), false);
   for (const std::vector<size_t>& b : bucket_)
     for (size_t k = 1; k < b.size(); ++k) bucketed_[b[k]] = true;
-  arena_ = allocate_aligned(static_cast<size_t>(plan_.arena_bytes));
+  arena_ = allocate_or_explain(plan_.job_name, "its arena (the intermediate values)", plan_.arena_bytes);
   size_t total = 0;
   for (auto& l : plan_.launches) {
     arg_start_.push_back(total);
@@ -670,7 +686,7 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
     scratch_.clear();
     scratch_size_.clear();
     for (int t = 0; t < threads; ++t) {
-      scratch_.push_back(allocate_aligned(static_cast<size_t>(need)));
+      scratch_.push_back(allocate_or_explain(plan_.job_name, "a thread's scratch memory", need));
       scratch_size_.push_back(need);
     }
   }

@@ -38,6 +38,9 @@ void translate(std::exception_ptr p) {
       case ErrorKind::FloatingPoint:
         PyErr_SetString(PyExc_FloatingPointError, what.c_str());
         break;
+      case ErrorKind::Memory:
+        PyErr_SetString(PyExc_MemoryError, what.c_str());
+        break;
     }
   } catch (const InternalError& e) {
     PyErr_SetString(g_internal_error.ptr(), jit::printable_text(e.what()).c_str());

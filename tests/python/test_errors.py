@@ -549,3 +549,14 @@ def test_process_survives_many_errors():
             with pytest.raises((TypeError, ValueError)):
                 job(b)
             np.testing.assert_array_equal(job(good), good * 2)
+
+
+def test_an_arena_too_large_to_allocate_is_a_memory_error_naming_the_job_and_size():
+    # Before: "MemoryError: std::bad_alloc", naming no job, buffer or size.
+    @flow.global_function(type="predict")
+    def needs_two_tib(x: tp.Numpy.Placeholder((1, 4)), w: tp.Numpy.Placeholder((4, 4))) -> tp.Numpy:
+        big = flow.broadcast_to(x, (1 << 36, 4)) + 1.0  # 1 TiB, stored for the matmul
+        return flow.math.reduce_sum(flow.matmul(big, w), axis=0)
+
+    with pytest.raises(MemoryError, match=r"job 'needs_two_tib': cannot allocate its arena .* of \d+ bytes"):
+        needs_two_tib(np.ones((1, 4), np.float32), np.ones((4, 4), np.float32))
