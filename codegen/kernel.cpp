@@ -58,6 +58,13 @@ void Kernel::finalize() {
                    [&](int a, int b) { return nodes[a].phase < nodes[b].phase; });
 }
 
+bool Kernel::store_per_kept_point(const Store& s) const {
+  if (!nodes.at(s.node).kept_space) return false;
+  for (size_t d = 0; d < s.where.strides.size() && d < reduced.size(); ++d)
+    if (reduced[d] && s.where.strides[d] != 0) return false;
+  return true;
+}
+
 int Kernel::parallel_dim() const {
   for (int d = 0; d < rank(); ++d)
     if (d >= static_cast<int>(reduced.size()) || !reduced[d]) return d;

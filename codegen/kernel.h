@@ -186,6 +186,11 @@ struct Kernel {
   // reduce_order (Reduce nodes sorted by phase).
   std::vector<int> reduce_order;
   void finalize();
+  // Whether a store happens once per kept point: its value is kept-space and
+  // its destination does not move along a reduced dim. (A kept-space value
+  // stored to a full-domain destination, e.g. softmax of a broadcast view whose
+  // reduced axis has stride 0, is written at every reduced point.)
+  bool store_per_kept_point(const Store& s) const;
 
   bool has_reduction() const { return !reduce_order.empty(); }
   int rank() const { return static_cast<int>(domain.size()); }

@@ -245,7 +245,7 @@ class LoopKernelEmitter {
     // Kept-space stores, then the full-domain stores in one pass over R.
     std::vector<const Store*> full;
     for (const Store& s : k_.stores) {
-      if (k_.nodes[s.node].kept_space || red_.empty()) {
+      if (k_.store_per_kept_point(s) || red_.empty()) {
         e_->store(s, e_->eval(s.node));
       } else {
         full.push_back(&s);

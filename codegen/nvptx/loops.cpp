@@ -246,7 +246,7 @@ class LoopEmitter {
     std::vector<std::pair<const Store*, Value*>> kept_stores;
     std::vector<const Store*> full;
     for (const Store& s : k_.stores) {
-      if (k_.nodes[s.node].kept_space) {
+      if (k_.store_per_kept_point(s)) {
         kept_stores.emplace_back(&s, e_->eval(s.node));
       } else {
         full.push_back(&s);
