@@ -261,9 +261,13 @@ fuzz() {
   for t in $targets; do
     if [ "$t" = programs ]; then
       [ -f "$FLOWJIT_BUILD_DIR/CMakeCache.txt" ] || build
-      local seed="${FLOWJIT_FUZZ_SEED:-$RANDOM}"
+      # on the host's ISA and on the other vector width (as `dev.sh test` does)
+      local seed="${FLOWJIT_FUZZ_SEED:-$RANDOM}" other=x86-64-v3
+      grep -qw avx512f /proc/cpuinfo || other=x86-64-v2
       run_suite "fuzz programs (${secs} s, seed $seed)" "$PY" "$ROOT/tests/fuzz/programs.py" \
         --seconds "$secs" --seed "$seed"
+      run_suite "fuzz programs (${secs} s, seed $((seed + 1)), FLOWJIT_CPU=$other)" "$PY" \
+        "$ROOT/tests/fuzz/programs.py" --seconds "$secs" --seed "$((seed + 1))" --cpu "$other"
       continue
     fi
     mkdir -p "$FUZZ_DIR/corpus/$t"

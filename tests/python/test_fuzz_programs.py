@@ -19,15 +19,20 @@ import flowjit as flow
 import flowjit.typing as tp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "fuzz"))
-import programs  # noqa: E402
-
-pytest.importorskip("hypothesis")
+try:
+    import programs  # noqa: E402 - needs hypothesis (tools/dev.sh installs it)
+except ImportError:
+    programs = None
+needs_hypothesis = pytest.mark.skipif(programs is None, reason="hypothesis is not installed "
+                                      "(pip install hypothesis; tools/dev.sh setup does)")
 
 SLICE_EXAMPLES = 700   # about 30 s on two shared cores
 
 
 @pytest.fixture
 def fuzzer():
+    if programs is None:
+        pytest.skip("hypothesis is not installed")
     fz = programs.Fuzzer(timeout=60)
     yield fz
     fz.close()
@@ -61,6 +66,7 @@ def test_fuzzer_reports_a_mismatch_with_a_reproducer(fuzzer):
     assert "expected 0.0 " in programs.check_program(p, fuzzer.worker)
 
 
+@needs_hypothesis
 def test_fuzzer_survives_a_crash_and_a_hang():
     fz = programs.Fuzzer(timeout=5)
     try:
@@ -200,9 +206,10 @@ def test_conv_padding_that_overflows_is_a_user_error():
         _job(lambda a, b: flow.nn.conv2d(a, b, 1, 2 ** 62, data_format="NCHW"), x, w)
 
 
-@pytest.mark.xfail(strict=True, reason="open: fused softmax of a stride-0 (broadcast_to) last axis reads "
-                                       "garbage; fusion (jit/) to fix")
 def test_fused_softmax_of_a_broadcast_view():
+    # The store of a value computed once per kept point (it reads the input
+    # through stride 0 along the reduced axis) went to the first reduced point
+    # only; the rest of the row was never written.
     x = np.zeros((4, 1), np.float32)
     got = _job(lambda a: flow.nn.softmax(flow.broadcast_to(a, [4, 2])), x)
     np.testing.assert_allclose(got, np.full((4, 2), 0.5, np.float32), rtol=1e-6)
