@@ -275,15 +275,19 @@ class Lowering {
       FJ_USER_CHECK(is_float(loss->dtype()), ErrorKind::Type,
                     "minimize: the loss must be a floating-point blob, got ", loss->type().str());
       double n = static_cast<double>(std::max<int64_t>(1, loss->type().numel()));
-      NodeRef seed = fill(cfg_.loss_scale_factor / n, loss->shape(), loss->dtype(), loss->loc());
+      // As OneFlow: the loss is seeded with ones (times a loss scale) and only
+      // the variables' gradients are scaled by 1 / (loss elements), so a
+      // watched gradient is exactly the gradient of the loss's sum (seeding
+      // 1/n and multiplying watched ones back by n was off by rounding).
+      NodeRef seed = fill(cfg_.loss_scale_factor, loss->shape(), loss->dtype(), loss->loc());
       if (dynamic) seed = mul(seed, dynamic_scale(seed));
       std::vector<NodeRef> all = gradients(loss, seed, wrt);
       std::vector<NodeRef> gs(all.begin(), all.begin() + params.size());
+      if (n != 1)
+        for (auto& g : gs) g = mul(g, k(1.0 / n, g));
       for (size_t i = 0; i < watched.size(); ++i) {
-        // OneFlow seeds the loss with ones and scales only the variables'
-        // gradients by 1 / (loss elements): undo the scaled seed here.
         const NodeRef& a = all[params.size() + i];
-        NodeRef w = mul(a, k(n / cfg_.loss_scale_factor, a));
+        NodeRef w = cfg_.loss_scale_factor != 1 ? mul(a, k(1.0 / cfg_.loss_scale_factor, a)) : a;
         if (dynamic) w = div(w, dynamic_scale(w));
         if (seen.size() <= i)
           seen.push_back(w);
