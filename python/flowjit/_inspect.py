@@ -243,6 +243,7 @@ def lower_args(job: Any, args: Sequence[Any]) -> Tuple[tuple, list]:
     or list of ints; per device for tp.ListNumpy: a list of shapes), or None
     for the declared shape."""
     from . import config
+    from ._job import fits_dynamic_bound
     params = job._params
     if len(args) not in (0, len(params)):
         names = ", ".join(n for n, _ in params)
@@ -262,8 +263,7 @@ def lower_args(job: Any, args: Sequence[Any]) -> Tuple[tuple, list]:
             if exact and shape != tuple(ph.shape):
                 raise ValueError(f"job '{job.job_name}': parameter '{pname}' is declared with shape "
                                  f"{ph.shape} but lower() was given shape {shape}")
-            if not exact and (len(shape) != len(ph.shape)
-                              or any(s > b for s, b in zip(shape, ph.shape))):
+            if not exact and not fits_dynamic_bound(shape, ph.shape):
                 raise ValueError(f"job '{job.job_name}': parameter '{pname}' has shape {shape}, which is "
                                  f"not within the declared bounds {ph.shape}")
             return _Shape(shape)

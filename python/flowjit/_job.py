@@ -791,10 +791,10 @@ class JobFunction:
                                  "needs exactly its declared shape (use tp.ListNumpy.Placeholder for "
                                  "varying sizes)")
         else:
-            if a.ndim != len(ph.shape) or any(s > b for s, b in zip(a.shape, ph.shape)):
+            if not fits_dynamic_bound(a.shape, ph.shape):
                 raise ValueError(f"job '{self._name}': parameter '{pname}' has shape {a.shape}, which "
-                                 f"is not within the declared bounds {ph.shape} (same rank, each extent "
-                                 "at most the bound)")
+                                 f"is not within the declared bounds {ph.shape} (same rank and at most "
+                                 f"{_elements(ph.shape)} elements, as OneFlow's dynamic blobs)")
         return a
 
     def _prepare_session(self):
@@ -1152,6 +1152,19 @@ def _interop_array(job, pname, a):
 # Job functions defined in this process (the ones defined since the last
 # flow.clear_default_session() are the session's: see trace_defined_jobs).
 _defined_jobs = weakref.WeakSet()
+
+
+def _elements(shape):
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def fits_dynamic_bound(shape, bound):
+    """OneFlow's rule for a ListNumpy (dynamic) placeholder: the same rank and
+    at most as many elements as the declared shape, in any extents."""
+    return len(shape) == len(bound) and _elements(shape) <= _elements(bound)
 
 
 def trace_defined_jobs():

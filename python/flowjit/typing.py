@@ -6,7 +6,8 @@ Parameters::
 
 ``Numpy.Placeholder`` takes one array of exactly the declared shape.
 ``ListNumpy.Placeholder`` takes a list with one array per device whose shape
-is within the declared bounds (each new concrete shape compiles once).
+fits the declared shape: the same rank and at most as many elements, in any
+extents, as OneFlow's dynamic blobs (each new concrete shape compiles once).
 ``ListListNumpy.Placeholder`` takes, per device, a list of such arrays; the
 job body receives a Python list of Blobs. A parameter annotated
 ``typing.Tuple[<placeholder>, ...]`` takes a tuple (or list) of such

@@ -784,3 +784,19 @@ def test_async_callback(rng):
     assert len(got) == 4
     for g, x in zip(got, xs):
         np.testing.assert_allclose(g, x * 3, rtol=1e-6)
+
+
+def test_list_numpy_takes_any_extents_up_to_the_declared_element_count():
+    # OneFlow's rule for dynamic (ListNumpy) placeholders: the same rank and at
+    # most as many elements as declared, whatever the extents (its slice tests
+    # pass (2, 10) for a (3, 7) placeholder).
+    @flow.global_function(type="predict")
+    def dyn(x: tp.ListNumpy.Placeholder((3, 7))) -> tp.ListNumpy:
+        return x * 2.0
+
+    x = np.arange(20, dtype=np.float32).reshape(2, 10)
+    np.testing.assert_array_equal(dyn([x])[0], x * 2)
+    with pytest.raises(ValueError, match=r"not within the declared bounds \(3, 7\) \(same rank and at most 21"):
+        dyn([np.zeros((2, 11), np.float32)])
+    with pytest.raises(ValueError, match="not within the declared bounds"):
+        dyn([np.zeros((21,), np.float32)])
