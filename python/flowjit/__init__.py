@@ -172,3 +172,8 @@ from ._ctc import ctc_loss  # noqa: E402,F401
 # flow.user_op_builder: OneFlow's generic op builder over flowjit's ops (issue [conformance]).
 from ._user_op import (consistent_user_op_builder, consistent_user_op_module_builder,  # noqa: E402,F401
                        find_or_create_module, user_op_builder, user_op_module_builder, user_op_types)
+
+# flow.experimental: OneFlow's lazy unique/indexed-slices ops (issue [conformance]).
+from . import experimental  # noqa: E402,F401
+_PUBLIC_MODULES += ("experimental",)
+_install_dir(experimental)

@@ -42,8 +42,11 @@ def where(file, line):
 def require_builder(api):
     b = current()
     if b is None:
-        raise RuntimeError(f"{api} can only be used inside a function decorated with "
-                           "@flow.global_function, while it is being traced")
+        # NotImplementedError (a RuntimeError) as OneFlow's lazy API raises it:
+        # outside a job is eager mode, which flowjit does not have.
+        raise NotImplementedError(f"{api} can only be used inside a function decorated with "
+                                  "@flow.global_function, while it is being traced (flowjit has "
+                                  "no eager mode)")
     return b
 
 
