@@ -14,6 +14,8 @@ _NO_HALF = "flowjit computes in no float16"
 _NO_NCCL = "flowjit's collectives use no NCCL and no all-reduce groups"
 _OWN_PASSES = "OneFlow graph-rewrite pass; flowjit's optimizer has its own passes"
 _MEMORY = "flowjit plans memory reuse itself"
+# A reason that starts with USED: the setting is not a mere hint, flowjit acts on it.
+USED = "used: "
 
 # name -> (kind, default of the setter's argument, OneFlow's default value, why).
 # kind: bool, int, float, or a tuple of the strings accepted.
@@ -65,9 +67,9 @@ HINTS = {
     "non_distributed_optimizer_group_size_mbyte": (int, None, None,
                                                    "the optimizer's placement does not change what it computes"),
     "indexed_slices_optimizer_conf": (dict, None, None,
-                                      "flowjit updates embedding tables densely; rows a step did not gather "
-                                      "get a zero gradient, which leaves them unchanged under SGD, momentum "
-                                      "and Adam but not under weight decay"),
+                                      USED + "the named embedding tables are updated only in the rows the "
+                                      "step's gradient touches (values and optimizer state), as OneFlow's "
+                                      "sparse updates"),
 }
 
 

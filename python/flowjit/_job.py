@@ -160,8 +160,11 @@ class FunctionConfig:
         _log.configure()
         if name not in FunctionConfig._said and _log.logger.isEnabledFor(_log.logging.INFO):
             FunctionConfig._said.add(name)
-            _log.logger.info("function_config.%s(%r) is ignored: %s", name, value,
-                             _function_settings.HINTS[name][3])
+            why = _function_settings.HINTS[name][3]
+            if why.startswith(_function_settings.USED):
+                _log.logger.info("function_config.%s(%r): %s", name, value, why[len(_function_settings.USED):])
+            else:
+                _log.logger.info("function_config.%s(%r) is ignored: %s", name, value, why)
         return self
 
     @staticmethod
@@ -186,7 +189,9 @@ class FunctionConfig:
                     raise TypeError(f"function_config.{name}: expected one value, got {len(value)}")
                 return self._hint(name, value[0] if value else default)
             setter.__name__ = setter.__qualname__ = name
-            setter.__doc__ = f"OneFlow's {name}, accepted as a hint and ignored: {hint[3]}."
+            used = hint[3].startswith(_function_settings.USED)
+            setter.__doc__ = (f"OneFlow's {name}: {hint[3][len(_function_settings.USED):]}." if used else
+                              f"OneFlow's {name}, accepted as a hint and ignored: {hint[3]}.")
             return setter
         why = self._ONEFLOW_ONLY.get(name)
         if why:
