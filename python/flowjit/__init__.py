@@ -177,3 +177,7 @@ from ._user_op import (consistent_user_op_builder, consistent_user_op_module_bui
 from . import experimental  # noqa: E402,F401
 _PUBLIC_MODULES += ("experimental",)
 _install_dir(experimental)
+
+# OneFlow's older placement names and job-set settings (issue [conformance]).
+from ._legacy import (device_prior_placement, empty_initializer, fixed_placement,  # noqa: E402,F401
+                      inter_job_reuse_mem_strategy)

@@ -93,3 +93,40 @@ def watch_diff(blob_watched, handler_or_prompt=None):
                     "floating-point blobs have gradients", loc)
     b.watch_diffs.append((blob_watched,) + _handler_and_form(handler_or_prompt, f"{blob_watched.name} diff",
                                                              "flow.watch_diff", loc))
+
+def fixed_placement(device_tag: str, machine_device_ids, hierarchy=None):
+    """OneFlow's deprecated name of :func:`flowjit.scope.placement` (also
+    ``flow.device_prior_placement``); warns once with DeprecationWarning."""
+    import warnings
+
+    from . import scope
+    warnings.warn("flow.fixed_placement/flow.device_prior_placement will be removed; use "
+                  "flow.scope.placement", DeprecationWarning, stacklevel=2)
+    return scope.placement(device_tag, machine_device_ids, hierarchy)
+
+
+device_prior_placement = fixed_placement
+
+
+def empty_initializer(dtype=None):
+    """OneFlow's ``empty_initializer``: a variable whose first value does not
+    matter (it is loaded or assigned before use). flowjit fills it with zeros,
+    so a job that reads it anyway stays deterministic."""
+    from ._variables import zeros_initializer
+    return zeros_initializer(dtype)
+
+
+_REUSE_STRATEGIES = ("mem_sharing_priority", "parallelism_priority", "custom_parallelism")
+
+
+def inter_job_reuse_mem_strategy(strategy_str: str, job_set=None, **kwargs) -> None:
+    """OneFlow's memory-sharing strategy between the jobs of a job set:
+    checked and accepted. flowjit gives each compiled job its own arena, so
+    the strategy changes nothing it computes (said once at FLOWJIT_DEBUG=1)."""
+    from . import _log
+    if strategy_str not in _REUSE_STRATEGIES:
+        raise ValueError(f"inter_job_reuse_mem_strategy: expected one of {_REUSE_STRATEGIES}, "
+                         f"got {strategy_str!r}")
+    _log.configure()
+    _log.logger.info("inter_job_reuse_mem_strategy(%r) is ignored: flowjit gives each job its own arena",
+                     strategy_str)

@@ -71,3 +71,20 @@ def test_square_sum_and_bad_input():
 def test_an_op_outside_a_job_is_not_implemented_as_in_oneflow():
     with pytest.raises(NotImplementedError, match="no eager mode"):
         flow.math.exp(1.0)
+
+
+def test_older_placement_names_empty_initializer_and_reuse_strategy():
+    with pytest.warns(DeprecationWarning, match="flow.scope.placement"):
+        p = flow.fixed_placement("cpu", "0:0")
+
+    @flow.global_function(type="predict")
+    def placed(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        with p:
+            w = flow.get_variable("empty_w", shape=(3,), initializer=flow.empty_initializer())
+            return x + w
+
+    np.testing.assert_array_equal(placed(np.ones(3, np.float32)), np.ones(3))
+    assert flow.device_prior_placement is flow.fixed_placement
+    flow.inter_job_reuse_mem_strategy("mem_sharing_priority")
+    with pytest.raises(ValueError, match="expected one of"):
+        flow.inter_job_reuse_mem_strategy("fastest")
