@@ -203,8 +203,8 @@ class Lowering {
       if ((*g)->dtype() == DType::Float64) acc_t = DType::Float64;
     NodeRef total;
     for (NodeRef* g : grads) {
-      NodeRef s = cast(reduce(OpKind::ReduceSum, unary(OpKind::Square, *g), all_axes(*g), false),
-                       acc_t);
+      NodeRef s =
+          cast(reduce(OpKind::ReduceSum, unary(OpKind::Square, *g), all_axes(*g), false), acc_t);
       total = total ? add(total, s) : s;
     }
     NodeRef gnorm = sqrt(total);
@@ -221,8 +221,8 @@ class Lowering {
     for (const NodeRef& g : grads) {
       double big = g->dtype() == DType::Float64 ? std::numeric_limits<double>::max()
                                                 : std::numeric_limits<float>::max();
-      NodeRef bad = unary(OpKind::LogicalNot,
-                          binary(OpKind::LessEqual, unary(OpKind::Abs, g), k(big, g)));
+      NodeRef bad =
+          unary(OpKind::LogicalNot, binary(OpKind::LessEqual, unary(OpKind::Abs, g), k(big, g)));
       NodeRef c = reduce(OpKind::ReduceSum, cast(bad, DType::Float32), all_axes(g), false);
       count = count ? add(count, c) : c;
     }
@@ -252,7 +252,8 @@ class Lowering {
     const NodeRef& good = cfg_.good_steps;
     NodeRef s = cast(var, DType::Float64);
     NodeRef good1 = add(good, k(1, good));
-    NodeRef due = binary(OpKind::GreaterEqual, good1, k(static_cast<double>(cfg_.increment_period), good1));
+    NodeRef due =
+        binary(OpKind::GreaterEqual, good1, k(static_cast<double>(cfg_.increment_period), good1));
     NodeRef grown = binary(OpKind::Minimum, mul(s, k(cfg_.multiplier, s)),
                            k(std::numeric_limits<float>::max(), s));
     NodeRef shrunk = binary(OpKind::Maximum, div(s, k(cfg_.multiplier, s)), k(1, s));
@@ -345,8 +346,8 @@ class Lowering {
       PlacementScope placed(params[i]->loc().placement);  // a variable is updated where it lives
       update(params[i], grads[i]);
     }
-    out_.effects.push_back(make_node(OpKind::Assign, {step_, add(step_, k(1, step_))}, {},
-                                     step_->loc()));
+    out_.effects.push_back(
+        make_node(OpKind::Assign, {step_, add(step_, k(1, step_))}, {}, step_->loc()));
     if (dynamic) schedule_loss_scale(all_finite_);
     return std::move(out_);
   }
@@ -355,8 +356,8 @@ class Lowering {
   const OptimizerConfig& cfg_;
   const OptimizerConfig* rule_ = &cfg_;  // the rule of the parameter being updated
   NodeRef lr_, step_;
-  NodeRef group_lr_;    // that rule's own rate, or null
-  NodeRef all_finite_;  // dynamic loss scaling: the step's gradients are finite
+  NodeRef group_lr_;      // that rule's own rate, or null
+  NodeRef all_finite_;    // dynamic loss scaling: the step's gradients are finite
   NodeRef rows_touched_;  // a sparse variable: the rows its gradient touches
   OptimizerLowering out_;
 };

@@ -376,8 +376,8 @@ void DistributedExecutable::check_same_program(int device) {
     if (!l.collective) continue;
     const CollectiveStep& c = *l.collective;
     ++collectives;
-    for (int64_t v : {static_cast<int64_t>(c.op), static_cast<int64_t>(c.dtype), c.parts, c.outer,
-                      c.inner})
+    for (int64_t v :
+         {static_cast<int64_t>(c.op), static_cast<int64_t>(c.dtype), c.parts, c.outer, c.inner})
       h = fnv1a(h, v);
   }
   for (VariableStorage* v : host_vars_) {
@@ -394,8 +394,8 @@ void DistributedExecutable::check_same_program(int device) {
         ErrorKind::Runtime,
         "job '" + plan.job_name + "': the processes compiled different programs: rank 0's " +
             std::to_string(all[0]) + " collective(s) and variables differ from rank " +
-            std::to_string(r) + "'s " + std::to_string(all[2 * r]) +
-            " (fingerprints " + std::to_string(static_cast<uint64_t>(all[1])) + " and " +
+            std::to_string(r) + "'s " + std::to_string(all[2 * r]) + " (fingerprints " +
+            std::to_string(static_cast<uint64_t>(all[1])) + " and " +
             std::to_string(static_cast<uint64_t>(all[2 * r + 1])) +
             "). Every process must trace the same job with the same placeholder shapes, "
             "variable shapes and devices; nothing ran.");

@@ -9,9 +9,9 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -548,7 +548,8 @@ Executable::Executable(Plan plan, std::vector<KernelFn> fns, std::shared_ptr<voi
   bucketed_.assign(bucket_.size(), false);
   for (const std::vector<size_t>& b : bucket_)
     for (size_t k = 1; k < b.size(); ++k) bucketed_[b[k]] = true;
-  arena_ = allocate_or_explain(plan_.job_name, "its arena (the intermediate values)", plan_.arena_bytes);
+  arena_ =
+      allocate_or_explain(plan_.job_name, "its arena (the intermediate values)", plan_.arena_bytes);
   size_t total = 0;
   for (auto& l : plan_.launches) {
     arg_start_.push_back(total);
