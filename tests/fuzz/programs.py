@@ -106,6 +106,8 @@ class Val:
     scale: float = 1.0         # magnitude the value was computed from (tolerance scale)
     fragile: bool = False      # computed (somewhere upstream) from magnitudes near overflow, with
     # rounding: whether inf - inf (NaN) happens depends on FMA and order; only shape and dtype compared
+    tol: Optional[str] = None  # the dtype whose tolerance applies: float32 for a float64 value
+    # computed from rounded float32 values (a cast up keeps float32's error)
     alt: Optional[np.ndarray] = None   # also accepted: the op computed in float32 by numpy
     # (a float32 sum or dot may overflow to inf, and inf - inf to NaN, where float64 does not)
 
@@ -405,7 +407,13 @@ class Gen:
         v = Val(name, dtype, value, exact, max(scale, _absmax(value)) if not exact else _absmax(value))
         import re
         srcs = [u for u in self.vals if u.name in set(re.findall(r"\b([vx]\d+|w)\b", expr))]
-        v.fragile = any(u.fragile for u in srcs) or (
+        if dtype == "float64" and any(u.tol == "float32" or (u.dtype == "float32" and not u.exact)
+                                      for u in srcs):
+            v.tol = "float32"
+        # an integer or bool result of rounded floats (a comparison, a cast, an
+        # index) flips where a value sits within rounding of a boundary
+        inexact_in = any(u.dtype in FLOATS and not u.exact for u in srcs)
+        v.fragile = any(u.fragile for u in srcs) or (dtype not in FLOATS and inexact_in) or (
             not exact and dtype in FLOATS and v.scale >= float(np.finfo(dtype).max) / 16)
         if alt is not None and dtype == "float32":
             v.alt = _round(alt, dtype)
@@ -589,8 +597,9 @@ class Gen:
                 res = fn(a, axis=ax, keepdims=keep)
                 alt = fn(x.value.astype(np.float32), axis=ax, keepdims=keep)
                 scale = x.scale * max(1, int(np.prod([x.value.shape[i] for i in ax])))
-                if name == "reduce_prod":
-                    scale = max(1.0, _absmax(res)) * 4
+                if name == "reduce_prod":   # a partial product may overflow (then inf * 0 = NaN, order-dependent)
+                    fin = np.abs(a[np.isfinite(a)])
+                    scale = max(1.0, _absmax(res), float(np.prod(np.maximum(fin, 1.0)))) * 4
             else:
                 fn = {"reduce_sum": np.sum, "reduce_max": np.max, "reduce_min": np.min, "reduce_prod": np.prod}[name]
                 res = fn(x.value, axis=ax, keepdims=keep, dtype=x.value.dtype) if name in (
@@ -889,7 +898,8 @@ class Gen:
         with np.errstate(all="ignore"):
             r = _ref_pool(x.value, kind, k, s, pads)
             alt = _ref_pool(x.value.astype(np.float32), kind, k, s, pads, np.float32)
-        self.emit(expr, r, x.dtype, kind == "max" and x.exact, x.scale, alt)
+        # (not exact: which zero max(+0.0, -0.0) returns is not specified, as for reduce_max)
+        self.emit(expr, r, x.dtype, False, x.scale, alt)
 
     # -------------------------------------------------------------- the program
     def program(self):
@@ -1231,14 +1241,14 @@ def _bad(v, want, got):
     gn, wn = np.isnan(got), np.isnan(want)
     if v.exact:
         return ~((got == want) & (np.signbit(got) == np.signbit(want)) | (gn & wn))
-    dt = want.dtype.name
-    big = float(np.finfo(dt).max) / 2
+    dt = v.tol or want.dtype.name
+    big = float(np.finfo(want.dtype).max) / 2
     with np.errstate(all="ignore"):
         close = np.abs(got.astype(np.float64) - want) <= ATOL[dt] * v.scale + RTOL[dt] * np.abs(want)
         same_inf = (got == want) | (np.isinf(want) & (np.sign(got) == np.sign(want)) & (np.abs(got) >= big)) \
             | (np.isinf(got) & (np.sign(got) == np.sign(want)) & (np.abs(want) >= big))
     ok = (close & ~wn & ~gn) | same_inf | (gn & wn)
-    if v.scale >= float(np.finfo(dt).max) / 16:
+    if v.scale >= float(np.finfo(want.dtype).max) / 16:
         # Computed from magnitudes near overflow: whether a product overflows
         # before a sum (inf - inf = NaN) depends on FMA contraction and order.
         ok |= ~np.isfinite(got) & ~np.isfinite(want)
