@@ -57,7 +57,7 @@ _DEPRECATED = (("", "current_scope"), ("distribute", "mirrored_strategy"),
 
 def is_deprecated(func_or_class: Any) -> bool:
     """Whether `func_or_class` is one of the APIs OneFlow marked deprecated
-    (flow.current_scope for flow.scope.current_scope, the *_strategy names
+    (flow.current_scope for flow.scope.current_scope, the ``*_strategy`` names
     of flow.distribute,
     flow.env.grpc_use_no_signal, ...)."""
     import flowjit
