@@ -251,7 +251,9 @@ def concat(values: Sequence[Blob], axis: int = 0, max_dim_size: Optional[int] = 
         lo = [0] * len(v.shape)
         hi = [0] * len(v.shape)
         lo[axis], hi[axis] = at, total - at - n
-        p = _raw_pad(v, lo, hi, 0, "concat")
+        # Float parts are padded with -0.0: x + -0.0 == x for every x (-0.0,
+        # NaN and inf too), where a +0.0 pad turned -0.0 into +0.0.
+        p = _raw_pad(v, lo, hi, -0.0 if v.dtype in (_dtypes.float32, _dtypes.float64) else 0, "concat")
         acc = p if acc is None else (_ops.logical_or(acc, p) if boolean else _ops.add(acc, p))
         at += n
     return _ops.identity(acc, name=name) if name else acc
@@ -335,6 +337,8 @@ def range(start: float, limit: Optional[float] = None, delta: float = 1, dtype: 
     for what, v in (("start", start), ("limit", limit), ("delta", delta)):
         if not isinstance(v, numbers.Real) or isinstance(v, bool):
             _trace.fail(TypeError, f"range: {what} must be a number, got {v!r}")
+        if not _math.isfinite(v):
+            _trace.fail(ValueError, f"range: {what} must be finite, got {v!r}")
     if delta == 0:
         _trace.fail(ValueError, "range: delta must not be 0")
     ints = all(_ops._is_int(v) for v in (start, limit, delta))

@@ -46,6 +46,14 @@ def _scalar(value, dtype, api):
         _trace.fail(TypeError, f"{api}: expected a Blob or a Python number, got {type(value).__name__}"
                     + (" (numpy arrays must be passed to the job as placeholders)"
                        if isinstance(value, np.ndarray) else ""))
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)) and \
+            dtype in (_dtypes.int8, _dtypes.uint8, _dtypes.int32, _dtypes.int64):
+        info = np.iinfo(dtype.np)
+        if not info.min <= int(value) <= info.max:
+            # As numpy (NEP 50): the Python integer does not fit the blob's dtype;
+            # wrapping it would compute with another number.
+            _trace.fail(OverflowError, f"{api}: Python integer {int(value)} is out of bounds for "
+                        f"{dtype!r} (range {info.min}..{info.max}); cast the blob first")
     return make(K.fill, [], {"value": _fill_value(v if not isinstance(value, numbers.Integral)
                                                   or isinstance(value, bool) else value, dtype),
                              "shape": [], "dtype": dtype.c}, api=api)

@@ -83,13 +83,9 @@ KNOWN = {
     # sort/argsort/top_k rank by a masked sum (value * one-hot): NaN * 0 is
     # NaN and -inf * 0 too, so one NaN/inf poisons the row; -0.0 + 0 is +0.0.
     "sort_special": "sort/argsort/top_k of NaN, +-inf or -0.0",
-    # concat (and pad's reflect/replicate, built on it) adds zero-padded parts.
-    "concat_negzero": "concat of -0.0",
     # _array._raw_pad sends pad_value through float(): int64 above 2^53 rounds
     # (and INT64_MAX becomes 2^63, which wraps to INT64_MIN).
     "pad_int64_big": "pad of int64 with a constant beyond 2^53",
-    # _ops._scalar/_fill_value cast the Python int into the dtype without a range check.
-    "scalar_overflow": "int scalar operand out of the dtype's range",
 }
 
 
