@@ -411,44 +411,6 @@ class loss_scale:  # noqa: N801 - OneFlow's module-like name
         return _DynamicLossScale(initial_loss_scale, increment_period, multiplier)
 
 
-# ---------------------------------------------------------------- optimizers
-
-# Ops through which no gradient flows (ops.def: grad = Zero); a gradient also
-# stops at any non-float value (jit/autodiff.cpp).
-_NO_GRADIENT_OPS = frozenset(getattr(_C.OpKind, n) for n in (
-    "parameter", "variable", "fill", "iota", "random_uniform", "random_normal", "truncated_normal",
-    "sign", "floor", "ceil", "round", "logical_not", "equal", "not_equal", "less", "less_equal",
-    "greater", "greater_equal", "logical_and", "logical_or", "argmax", "argmin", "one_hot"))
-_FLOAT_DTYPES = frozenset((_C.DType.float32, _C.DType.float64))
-
-
-def _variables_with_gradient(losses):
-    """Names of the variables a gradient of the losses reaches.
-
-    OneFlow updates only the variables that get a gradient ("diff") from the
-    losses: a trainable variable the loss does not depend on keeps its value
-    (no weight decay, no momentum carried over from another job) and gets no
-    optimizer state. The walk deduplicates shared nodes (Node.same), bucketed
-    by op and type so that it stays cheap.
-    """
-    names = set()
-    seen = {}  # (op, shape, dtype) -> [visited nodes]
-    stack = [l._node for l in losses]
-    while stack:
-        n = stack.pop()
-        if n.dtype not in _FLOAT_DTYPES:
-            continue
-        bucket = seen.setdefault((n.op, n.shape, n.dtype), [])
-        if any(n.same(m) for m in bucket):
-            continue
-        bucket.append(n)
-        if n.op == _C.OpKind.variable:
-            names.add(n.attr("name"))
-        elif n.op not in _NO_GRADIENT_OPS:
-            stack.extend(n.inputs)
-    return names
-
-
 def _sparse_variables(builder):
     """The variables function_config().indexed_slices_optimizer_conf names:
     OneFlow updates them as by sparse gradients, only in the rows a step
