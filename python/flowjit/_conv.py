@@ -462,14 +462,7 @@ _ELEMENTWISE_ACTIVATIONS = {_ops.relu, _ops.sigmoid, _ops.tanh}
 
 
 def _layer_name(api, name):
-    if name is not None:
-        if not isinstance(name, str) or not name:
-            _trace.fail(TypeError, f"{api}: name must be a non-empty string, got {name!r}")
-        return name
-    b = _trace.require_builder(f"flow.layers.{api}")
-    n = b._counts.get(f"layer:{api}", 0)
-    b._counts[f"layer:{api}"] = n + 1
-    return f"{api.capitalize()}_{n}"
+    return _trace.unique_name(name, api, "layers", f"layer:{api}", api.capitalize())
 
 
 def _conv_layer(s, api, inputs, filters, kernel_size, strides, padding, data_format, dilation_rate, groups,

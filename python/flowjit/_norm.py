@@ -115,14 +115,7 @@ def _affine(x, affine, name, api):
 
 
 def _unique(name, prefix):
-    if name is not None:
-        if not isinstance(name, str) or not name:
-            _trace.fail(TypeError, f"{prefix}: name must be a non-empty string, got {name!r}")
-        return name
-    b = _trace.require_builder(f"flow.nn.{prefix}")
-    n = b._counts.get(f"nn:{prefix}", 0)
-    b._counts[f"nn:{prefix}"] = n + 1
-    return f"{prefix}_{n}"
+    return _trace.unique_name(name, prefix, "nn", f"nn:{prefix}", prefix)
 
 
 def group_normalization(x: Blob, num_groups: int = 32, eps: float = 1e-05, affine: bool = True,

@@ -50,6 +50,20 @@ def require_builder(api):
     return b
 
 
+def unique_name(name, api, module, key, title):
+    """`name` (checked), or for an unnamed one `<title>_<n>`: the n-th unnamed
+    `key` of the job being traced (OneFlow gives every unnamed layer its own
+    name; the convolution, dense and normalization layers share this)."""
+    if name is not None:
+        if not isinstance(name, str) or not name:
+            fail(TypeError, f"{api}: name must be a non-empty string, got {name!r}", user_location())
+        return name
+    b = require_builder(f"flow.{module}.{api}")
+    n = b._counts.get(key, 0)
+    b._counts[key] = n + 1
+    return f"{title}_{n}"
+
+
 def fail(exc_type, msg, loc=None):
     """Raises exc_type with the job and the user's source line in front of msg."""
     b = current()

@@ -10,17 +10,8 @@ from .regularizers import Regularizer
 
 
 def _layer_name(api, title, name):
-    """`name`, or for an unnamed layer `<title>_<n>`: the n-th unnamed layer
-    of this kind in the job being traced (as the convolution layers)."""
-    if name is not None:
-        if not isinstance(name, str) or not name:
-            _trace.fail(TypeError, f"{api}: name must be a non-empty string, got {name!r}",
-                        _trace.user_location())
-        return name
-    b = _trace.require_builder(f"flow.layers.{api}")
-    n = b._counts.get(f"layer:{api}", 0)
-    b._counts[f"layer:{api}"] = n + 1
-    return f"{title}_{n}"
+    """`name`, or for an unnamed layer `<title>_<n>` (as the convolution layers)."""
+    return _trace.unique_name(name, api, "layers", f"layer:{api}", title)
 
 
 def dense(inputs: Blob, units: int, activation: Optional[Callable[[Blob], Blob]] = None, use_bias: bool = True,
