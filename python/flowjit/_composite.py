@@ -104,14 +104,20 @@ def log_sigmoid(x: Blob, name: Optional[str] = None) -> Blob:
                          name=name)
 
 
-def xlogy(x: BlobOrScalar, y: BlobOrScalar, name: Optional[str] = None) -> Blob:
-    """x * log(y), and 0 where x == 0 (even where y is 0)."""
-    x, y = _ops._lift_pair(x, y, "xlogy")
-    floating(x, "xlogy", "x")
-    floating(y, "xlogy", "y")
+def _zero_where_x_is_zero(x, y, f, api, name):
+    """f(x, y), and 0 where x == 0 (y is replaced by 1 there, so a y of 0 or inf
+    makes no NaN): xlogy and xdivy."""
+    x, y = _ops._lift_pair(x, y, api)
+    floating(x, api, "x")
+    floating(y, api, "y")
     zero = _ops.equal(x, 0.0)
     y_safe = _ops.where(zero, _const(y, 1.0), y)
-    return _ops.where(zero, _const(x, 0.0), _ops.multiply(x, _ops.log(y_safe)), name=name)
+    return _ops.where(zero, _const(x, 0.0), f(x, y_safe), name=name)
+
+
+def xlogy(x: BlobOrScalar, y: BlobOrScalar, name: Optional[str] = None) -> Blob:
+    """x * log(y), and 0 where x == 0 (even where y is 0)."""
+    return _zero_where_x_is_zero(x, y, lambda a, b: _ops.multiply(a, _ops.log(b)), "xlogy", name)
 
 
 # ---------------------------------------------------------------- hyperbolic
@@ -467,12 +473,7 @@ def l2_normalize(input: Blob, axis: Optional[int] = None, epsilon: float = 1e-12
 
 def xdivy(x: BlobOrScalar, y: BlobOrScalar, name: Optional[str] = None) -> Blob:
     """x / y, and 0 where x == 0 (even where y is 0)."""
-    x, y = _ops._lift_pair(x, y, "xdivy")
-    floating(x, "xdivy", "x")
-    floating(y, "xdivy", "y")
-    zero = _ops.equal(x, 0.0)
-    y_safe = _ops.where(zero, _const(y, 1.0), y)
-    return _ops.where(zero, _const(x, 0.0), _ops.divide(x, y_safe), name=name)
+    return _zero_where_x_is_zero(x, y, _ops.divide, "xdivy", name)
 
 
 def reciprocal_no_nan(x: Blob, name: Optional[str] = None) -> Blob:
