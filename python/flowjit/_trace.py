@@ -65,8 +65,13 @@ def unique_name(name, api, module, key, title):
 
 
 def fail(exc_type, msg, loc=None):
-    """Raises exc_type with the job and the user's source line in front of msg."""
+    """Raises exc_type with the job and the user's source line in front of msg.
+
+    The error is the user's, said in full by msg: when it is raised while
+    handling the core's exception (a factory's check, ``_C.make_node``), that
+    exception is not chained to it (``from None``), so the traceback shows one
+    error at the user's line, not "During handling of the above exception"."""
     b = current()
     file, line = loc if loc else user_location()
     prefix = f"job '{b.job_name}', " if b is not None else ""
-    raise exc_type(f"{prefix}{where(file, line)}: {msg}")
+    raise exc_type(f"{prefix}{where(file, line)}: {msg}") from None
