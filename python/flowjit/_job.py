@@ -773,6 +773,10 @@ class JobFunction:
     def _check_array(self, pname, ph, a, exact):
         """Checks one argument against its placeholder; returns it as a numpy
         array (a view of the caller's memory for __dlpack__ / __array__ objects)."""
+        if isinstance(a, np.generic) and ph.shape == ():
+            # A numpy scalar (np.float32(0.5)) is a 0-d array for a 0-d
+            # placeholder; its dtype is checked as an array's.
+            a = np.asarray(a)
         if not isinstance(a, np.ndarray):
             a = _interop_array(self._name, pname, a)
         if not isinstance(a, np.ndarray):
