@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from . import _C
+
 
 # ---------------------------------------------------------------- kernel arithmetic
 
@@ -136,6 +138,7 @@ class CompiledJob:
         self.signature = signature
         self.stages = list(stages)
         self._costs: Optional[Dict[str, KernelCost]] = None
+        self._cpu_assembly: Optional[str] = None
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._job, attr)
@@ -146,13 +149,33 @@ class CompiledJob:
 
     def as_text(self, stage: str = "optimized") -> str:
         """The text of one stage: traced, optimized, fusion, kernels, llvm,
-        assembly, plan or distribution."""
+        assembly, plan or distribution.
+
+        "llvm" and "assembly" need the LLVM IR, which a job keeps when it was
+        compiled through ``job.lower().compile()`` / ``job.compile()`` (or with
+        ``FLOWJIT_KEEP_TEXT=1`` or ``FLOWJIT_DEBUG>=3``); otherwise they are
+        empty. On the CPU the assembly is generated from that LLVM IR when it
+        is first asked for (for this process's CPU target: FLOWJIT_CPU's when set); on a GPU
+        it is the PTX."""
         texts = {"traced": "ir_traced", "optimized": "ir_optimized", "fusion": "fusion_plan",
                  "kernels": "kernels", "llvm": "llvm_ir", "assembly": "assembly", "plan": "plan",
                  "distribution": "distribution"}
         if stage not in texts:
             raise ValueError(f"as_text: stage must be one of {', '.join(texts)}, got {stage!r}")
+        if stage == "assembly":
+            return self._assembly()
         return getattr(self._job, texts[stage])
+
+    def _assembly(self) -> str:
+        text = self._job.assembly
+        if text or not str(self._job.device).startswith("cpu"):
+            return text
+        if self._cpu_assembly is None:
+            llvm_ir = self._job.llvm_ir
+            # The core keeps CPU assembly only at FLOWJIT_DEBUG>=4; the LLVM IR
+            # it kept says the same code.
+            self._cpu_assembly = _C.assembly_from_ir(llvm_ir) if llvm_ir else ""
+        return self._cpu_assembly
 
     def kernel_costs(self) -> Dict[str, KernelCost]:
         """Per kernel symbol, what one launch computes and touches (collectives
