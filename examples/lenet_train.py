@@ -5,7 +5,10 @@ conv 64 5x5 SAME + ReLU, max-pool 2, dense 512 + ReLU, dropout 0.5 while
 training, dense 10) with only the imports changed. A predict job in a fresh
 session reloads the checkpoint and reports the test accuracy.
 
-    python examples/lenet_train.py [--epochs 3] [--optimizer adam|sgd] [--checkpoint DIR]
+    python examples/lenet_train.py [--epochs 3] [--optimizer adam|sgd] [--checkpoint DIR] [--steps N]
+
+Progress shows as in train_mnist.py: tqdm's bar when installed, else a line
+rewritten in place on a terminal, or one line per epoch in a log file.
 """
 import argparse
 import os
@@ -61,11 +64,38 @@ def define_eval():
     return eval_job
 
 
-def progress(epoch, i, n, loss, t0, done):
-    rate = done / max(time.perf_counter() - t0, 1e-9)
-    bar = "#" * int(20 * (i + 1) / n)
-    sys.stdout.write(f"\repoch {epoch + 1} [{bar:<20}] {i + 1}/{n} loss {loss:.4f} {rate:.0f} img/s")
-    sys.stdout.flush()
+class Progress:
+    """The epoch's progress as train_mnist.py shows it: tqdm's bar when tqdm is
+    installed, else one line rewritten in place on a terminal, and a single
+    line per epoch when the output is a file or a pipe (CI logs)."""
+
+    def __init__(self, total, desc):
+        self.total, self.desc, self.n, self.t0 = total, desc, 0, time.perf_counter()
+        self.tty = sys.stdout.isatty()
+        try:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, desc=desc, unit="step", leave=True)
+        except ImportError:
+            self.bar = None
+
+    def update(self, n, loss):
+        self.n += n
+        rate = self.n * BATCH_SIZE / max(time.perf_counter() - self.t0, 1e-9)
+        if self.bar is not None:
+            self.bar.update(n)
+            self.bar.set_postfix(loss=f"{loss:.4f}", img_s=f"{rate:,.0f}")
+        elif self.tty or self.n == self.total:
+            width = 30
+            filled = width * self.n // self.total
+            line = (f"{self.desc} [{'#' * filled}{'.' * (width - filled)}] {self.n}/{self.total} "
+                    f"loss {loss:.4f}  {rate:,.0f} img/s")
+            print(("\r" if self.tty else "") + line, end="" if self.tty else "\n", flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+        elif self.tty:
+            print()
 
 
 def main():
@@ -79,16 +109,15 @@ def main():
     train_job = define_jobs(args.optimizer)
     n = len(train_images) if args.steps <= 0 else min(args.steps, len(train_images))
     t0 = time.perf_counter()
-    done = 0
     for epoch in range(args.epochs):
         losses = []
+        bar = Progress(n, f"epoch {epoch + 1}/{args.epochs}")
         for i in range(n):
             loss = float(train_job(train_images[i], train_labels[i]).mean())
             losses.append(loss)
-            done += BATCH_SIZE
-            if i % 10 == 0 or i == n - 1:
-                progress(epoch, i, n, float(np.mean(losses[-10:])), t0, done)
-        print()
+            if i % 10 == 9 or i == n - 1:
+                bar.update(i + 1 - bar.n, float(np.mean(losses[-10:])))
+        bar.close()
     train_s = time.perf_counter() - t0
     ckpt = args.checkpoint or os.path.join(tempfile.mkdtemp(prefix="lenet-"), "model")
     flow.checkpoint.save(ckpt)

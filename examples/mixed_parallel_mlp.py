@@ -2,6 +2,7 @@
 Mirrored views"): the seed's MLP on 2 devices, the first layer data-parallel
 and the second split by output units. Only the imports changed, and the
 devices are CPU devices (OneFlow's example asks for gpu_device_num(2)).
+Process 0 prints the loss every 20 steps (every process computes the same).
 
     python examples/mixed_parallel_mlp.py [--steps N] [--devices N]
     # over 2 processes (the same script in each, as in OneFlow):
@@ -60,13 +61,17 @@ def main():
     except (FileNotFoundError, OSError):
         print("MNIST not found locally; using Fashion-MNIST (Debian's dataset-fashion-mnist)")
         (train_images, train_labels), _ = flow.data.load_fashion_mnist(BATCH_SIZE, BATCH_SIZE)
+    # Every process computes the same (consistent view) loss: one prints it.
+    rank0 = flow.env.get_rank() == 0
+    if rank0:
+        print(f"{flow.env.get_world_size()} process(es) x {args.devices} CPU device(s)")
     step = 0
     for epoch in range(args.epochs):
-        for i, (images, labels) in enumerate(zip(train_images, train_labels)):
+        for images, labels in zip(train_images, train_labels):
             loss = train_job(images, labels)
-            if i % 20 == 0:
-                print(loss.mean())
             step += 1
+            if rank0 and (step % 20 == 1 or step == args.steps):
+                print(f"epoch {epoch + 1} step {step:4d}  loss {loss.mean():.4f}")
             if args.steps and step >= args.steps:
                 return
 

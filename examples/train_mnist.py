@@ -122,8 +122,10 @@ def save_plot(path, losses, accuracies, steps_per_epoch):
     ax2.plot([(e + 1) * steps_per_epoch for e in range(len(accuracies))], accuracies, "o-", color="C1",
              label="test accuracy")
     ax2.set_ylabel("test accuracy")
-    fig.legend(loc="upper right")
-    fig.tight_layout()
+    # Below the axes, where it covers no point (the accuracy's last point is
+    # at the top right, the loss's first at the top left).
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.legend(loc="lower center", ncol=2, frameon=False)
     fig.savefig(path, dpi=120)
     print(f"wrote {path}")
 

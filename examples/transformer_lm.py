@@ -8,7 +8,7 @@ embedding (logits = h @ wte^T), Adam with linear warmup and cosine decay, and
 gradient clipping by the global norm. A predict job sharing the variables
 reports the validation loss at the end.
 
-    python examples/transformer_lm.py [--steps 200] [--batch 16] [--context 64] [--width 128]
+    python examples/transformer_lm.py [--steps 200] [--batch 32] [--context 128] [--width 128] [--heads 4]
 
 tests/python/test_transformer.py trains the same model in PyTorch from the same
 initial weights; benchmarks/bench_transformer.py times its train step.
