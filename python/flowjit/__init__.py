@@ -158,7 +158,7 @@ from ._array import (acc, amp_white_identity, argwhere, broadcast_to_compatible_
                      nonzero, pack, repeat, reshape_like, reverse, same_padding, tensor_scatter_nd_add,
                      tensor_scatter_nd_update, unpack, unsorted_batch_segment_sum, zero_pad2d,
                      dynamic_reshape, pad_grad, unsorted_segment_sum, unsorted_segment_sum_like,
-                     categorical_ordinal_encode)
+                     categorical_ordinal_encode, slice_update)
 from . import linalg, random  # noqa: E402,F401
 _PUBLIC_MODULES += ("linalg", "random")
 for _name in ("linalg", "random"):

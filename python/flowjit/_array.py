@@ -193,6 +193,76 @@ def slice_v2(x: Blob, slice_tup_list: Sequence[Sequence[Optional[int]]], name: O
     return _ops.make(K.slice, [x], {"begin": begin, "step": step, "shape": out}, name=name, api="slice_v2")
 
 
+def _slice_ranges(slice_tup_list, shape, api):
+    """One range of positions per dim for slice_tup_list[d] = (start, stop,
+    step), with OneFlow's checks: start in [-n, n), stop in [-n-1, n], a
+    step other than 0; missing trailing dims are whole."""
+    if not isinstance(slice_tup_list, (list, tuple)) or len(slice_tup_list) > len(shape):
+        _trace.fail(ValueError, f"{api}: slice_tup_list must be a list of at most {len(shape)} "
+                    f"(start, stop, step) tuples, got {slice_tup_list!r}")
+    out = []
+    for d, n in enumerate(shape):
+        t = slice_tup_list[d] if d < len(slice_tup_list) else (None, None, None)
+        if not isinstance(t, (list, tuple)) or len(t) != 3 or \
+                not all(v is None or _ops._is_int(v) for v in t):
+            _trace.fail(ValueError, f"{api}: entry {d} must be (start, stop, step) of ints or None, got {t!r}")
+        start, stop, step = (None if v is None else int(v) for v in t)
+        step = 1 if step is None else step
+        if step == 0:
+            _trace.fail(ValueError, f"{api}: step of dim {d} must not be 0")
+        if start is not None and not -n <= start < n:
+            _trace.fail(ValueError, f"{api}: start {start} of dim {d} must be in [-{n}, {n})")
+        if stop is not None and not -n - 1 <= stop <= n:
+            _trace.fail(ValueError, f"{api}: stop {stop} of dim {d} must be in [-{n + 1}, {n}]")
+        out.append(_b.range(*_b.slice(start, stop, step).indices(n)))
+    return out
+
+
+def _spread(u, ranges, shape, value):
+    """u (one entry per position of ranges[d] along each dim d) placed at
+    those positions of a blob of `shape`, `value` elsewhere: reversed along
+    a dim with a negative step, strided by interleaving pads, then padded
+    to its place."""
+    lo, hi = [], []
+    for d, r in enumerate(ranges):
+        if r.step < 0:
+            u = _slice_dim(u, d, None, None, -1, "slice_update")
+            r = r[::-1]
+        m, s = len(r), r.step
+        if s > 1 and m > 1:
+            dims = list(u.shape)
+            u = _ops.reshape(u, dims[:d + 1] + [1] + dims[d + 1:])
+            p = [0] * len(u.shape)
+            u = _raw_pad(u, [0] * len(u.shape), p[:d + 1] + [s - 1] + p[d + 2:], value, "slice_update")
+            u = _ops.reshape(u, dims[:d] + [m * s] + dims[d + 1:])
+            u = _slice_dim(u, d, 0, (m - 1) * s + 1, 1, "slice_update")
+        lo.append(r.start)
+        hi.append(shape[d] - r.start - u.shape[d])
+    return _raw_pad(u, lo, hi, value, "slice_update")
+
+
+def slice_update(x: Blob, update: Blob, slice_tup_list: Sequence[Sequence[Optional[int]]],
+                 name: Optional[str] = None) -> Blob:
+    """x with its slice x[start:stop:step, ...] replaced by `update`
+    (slice_tup_list[d] = (start, stop, step) per dim, as in slice_v2; the
+    update has the slice's shape). The result is a new blob; the gradient
+    reaches x outside the slice and `update` inside it."""
+    x = _blob(x, "slice_update", "x")
+    update = _blob(update, "slice_update", "update")
+    if update.dtype is not x.dtype:
+        _trace.fail(TypeError, f"slice_update: update is {update.dtype!r} but x is {x.dtype!r}")
+    shape = list(x.shape)
+    ranges = _slice_ranges(slice_tup_list, shape, "slice_update")
+    want = [len(r) for r in ranges]
+    if list(update.shape) != want:
+        _trace.fail(ValueError, f"slice_update: update has shape {tuple(update.shape)} but the slice "
+                    f"{list(slice_tup_list)} of x {tuple(shape)} has shape {tuple(want)}")
+    if 0 in want:
+        return _ops.identity(x, name=name)
+    hit = _spread(_ops.ones(want, _dtypes.bool_), ranges, shape, 0)
+    return _ops.where(hit, _spread(update, ranges, shape, 0), x, name=name)
+
+
 def split(x: Blob, num_or_size_splits: Union[int, Sequence[int]], axis: int = 0,
           name: Optional[str] = None) -> List[Blob]:
     """x cut along `axis` into num equal pieces or pieces of the given sizes
