@@ -66,6 +66,10 @@ HINTS = {
                                                    "the optimizer's placement does not change what it computes"),
     "non_distributed_optimizer_group_size_mbyte": (int, None, None,
                                                    "the optimizer's placement does not change what it computes"),
+    "enable_ssp": (bool, True, False,
+                   USED + "in a train job each trainable variable's forward value lags the variable by "
+                   "ssp_num_stages - ssp_stage_id - 1 steps (flow.experimental.scope.config), as OneFlow's "
+                   "ssp_variable_proxy"),
     "indexed_slices_optimizer_conf": (dict, None, None,
                                       USED + "the named embedding tables are updated only in the rows the "
                                       "step's gradient touches (values and optimizer state), as OneFlow's "

@@ -291,6 +291,9 @@ def get_variable(name: str, shape: Optional[Sequence[int]] = None, dtype: Option
             _trace.fail(TypeError, f"get_variable: '{name}' is {dt!r}, and only float variables can "
                         "be regularized", loc)
         b.regularizers[name] = (blob, regularizer)
+    if trainable and b.type == "train" and b.config.get("enable_ssp") and dt in (_dtypes.float32, _dtypes.float64):
+        from . import _ssp
+        blob = _ssp.forward_value(blob, b)  # OneFlow's AddSspVariableProxy pass
     return blob
 
 

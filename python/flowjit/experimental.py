@@ -1,5 +1,6 @@
 """flow.experimental: the lazy ops OneFlow 0.4-0.5 exported under this name
-(unique_with_counts, indexed_slices_reduce_sum, square_sum).
+(unique_with_counts, indexed_slices_reduce_sum, square_sum, ssp_variable_proxy)
+and its scope attributes (scope.config).
 
 OneFlow's unique ops give *dynamic* results: the first ``num_unique`` rows of
 a static-size output are the answer, the rest undefined. flowjit keeps that
@@ -8,12 +9,36 @@ table of which elements are equal, so the cost is O(n^2) in the number of
 elements: fine for the sizes these ops see (ids of one batch), not for
 millions of ids.
 """
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
-from . import _array, _dtypes, _ops, _trace
+from . import _array, _dtypes, _ops, _ssp, _trace
 from ._blob import Blob
 
-__all__ = ["indexed_slices_reduce_sum", "square_sum", "unique_with_counts"]
+__all__ = ["indexed_slices_reduce_sum", "scope", "square_sum", "ssp_variable_proxy", "unique_with_counts"]
+
+
+class scope:  # noqa: N801 - OneFlow's name (flow.experimental.scope.config)
+    """OneFlow's scope attributes: ``with flow.experimental.scope.config(
+    ssp_num_stages=4, ssp_stage_id=0):`` sets them for the ops and variables
+    traced inside the block."""
+
+    @staticmethod
+    def config(**kwargs: Any) -> _ssp.ScopeConfig:
+        """A context that sets OneFlow scope attributes: ``ssp_num_stages`` and
+        ``ssp_stage_id`` (ints; they size the SSP proxies of
+        function_config().enable_ssp), ``quantization_aware_training``,
+        ``checkpointing`` (bools) and ``pipeline_stage_id_hint`` (an int),
+        the last three accepted without effect."""
+        return _ssp.scope_config(**kwargs)
+
+
+def ssp_variable_proxy(var: Blob, buffer_size: int = 1, name: Optional[str] = None) -> Tuple[Blob, Blob]:
+    """OneFlow's SSP variable proxy of variable `var`: ``(ref, value)``. ref is
+    the variable itself (assign to it, train it); value is what the variable
+    held buffer_size - 1 runs before this one (its initial value in the
+    first buffer_size runs), without a gradient. With buffer_size 1, value
+    is the variable as this run reads it."""
+    return _ssp.ssp_variable_proxy(var, buffer_size, name)
 
 
 def square_sum(x: Blob, name: Optional[str] = None) -> Blob:
