@@ -154,3 +154,19 @@ def test_setup_py_hands_commands_to_the_pyproject_build():
     assert p.returncode == 2 and "not a command here" in p.stderr
     # The build it hands to is pyproject.toml's.
     assert 'build-backend = "scikit_build_core.build"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_benchmarks_readme_opens_with_a_current_table_per_host_kind():
+    text = (ROOT / "benchmarks" / "README.md").read_text()
+    sections = re.split(r"^## ", text, flags=re.M)
+    titles = [s.split("\n", 1)[0] for s in sections[1:]]
+    assert titles[:2] == ["Current results: AVX-512 host", "Current results: AVX2 host"], titles
+    assert {"Method", "Peers"} <= set(titles)
+    for body in sections[1:3]:
+        head = body[:1200]
+        assert re.search(r"\b20\d\d-\d\d-\d\d\b", head), head          # its date
+        assert re.search(r"\bmain at [0-9a-f]{7,}\b", head), head      # its commit
+        assert re.search(r"2\sCPUs", head) and re.search(r"^\| case .*\|$", body, re.M)
+    # No run-by-run history, no paths of the machines it ran on.
+    assert not re.search(r"session \d|issue \d", text, re.I)
+    assert not re.search(r"/work/|/home/", text)
