@@ -4,6 +4,7 @@ from typing import Callable, Optional, Sequence
 
 from . import _C, _ops, _trace, nn
 from ._blob import Blob
+from ._encode import categorical_ordinal_encoder  # noqa: F401 - OneFlow's flow.layers name
 from ._variables import Initializer, get_variable
 from .distribute import Distribute
 from .regularizers import Regularizer
