@@ -23,3 +23,6 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 html_theme = "alabaster"
 html_title = f"flowjit {release}"
+# Wide enough for the guides' code blocks (lines of up to about 110
+# characters, as ruff allows) without a horizontal scroll bar.
+html_theme_options = {"page_width": "1240px", "sidebar_width": "240px"}
