@@ -50,12 +50,75 @@ llvm::Type* reg_type(llvm::LLVMContext& c, DType t) {
       return llvm::Type::getFloatTy(c);
     case DType::Float64:
       return llvm::Type::getDoubleTy(c);
+    case DType::Float16:
+    case DType::BFloat16:
+      return llvm::Type::getFloatTy(c);  // computed in float32
   }
   FJ_CHECK(false, "bad dtype");
 }
 
 llvm::Type* mem_type(llvm::LLVMContext& c, DType t) {
-  return t == DType::Bool ? llvm::Type::getInt8Ty(c) : reg_type(c, t);
+  switch (t) {
+    case DType::Bool:
+      return llvm::Type::getInt8Ty(c);
+    case DType::Float16:
+      return llvm::Type::getHalfTy(c);
+    case DType::BFloat16:
+      // Kept as its bits: the conversions below are integer arithmetic that
+      // vectorizes on every x86-64 level (LLVM's bfloat lowering calls
+      // __truncsfbf2 per element where AVX512-BF16 is missing).
+      return llvm::Type::getInt16Ty(c);
+    default:
+      return reg_type(c, t);
+  }
+}
+
+Value* from_mem(llvm::IRBuilderBase& b, Value* v, DType t) {
+  llvm::Type* vt = v->getType();
+  int width = vt->isVectorTy()
+                  ? static_cast<int>(llvm::cast<llvm::FixedVectorType>(vt)->getNumElements())
+                  : 1;
+  auto wide = [&](llvm::Type* s) { return with_width(s, width); };
+  switch (t) {
+    case DType::Bool:
+      return b.CreateICmpNE(v, llvm::Constant::getNullValue(vt));
+    case DType::Float16:
+      return b.CreateFPExt(v, wide(b.getFloatTy()));
+    case DType::BFloat16: {
+      // bfloat16 is the high half of a float32.
+      Value* w = b.CreateShl(b.CreateZExt(v, wide(b.getInt32Ty())), 16);
+      return b.CreateBitCast(w, wide(b.getFloatTy()));
+    }
+    default:
+      return v;
+  }
+}
+
+Value* to_mem(llvm::IRBuilderBase& b, Value* v, DType t) {
+  llvm::Type* vt = v->getType();
+  int width = vt->isVectorTy()
+                  ? static_cast<int>(llvm::cast<llvm::FixedVectorType>(vt)->getNumElements())
+                  : 1;
+  auto wide = [&](llvm::Type* s) { return with_width(s, width); };
+  auto k32 = [&](uint32_t c) { return llvm::ConstantInt::get(wide(b.getInt32Ty()), c); };
+  switch (t) {
+    case DType::Bool:
+      return b.CreateZExt(v, wide(b.getInt8Ty()));
+    case DType::Float16:
+      return b.CreateFPTrunc(v, wide(b.getHalfTy()));
+    case DType::BFloat16: {
+      // Round to nearest even on the float32 bits; a NaN stays a (quiet) NaN
+      // instead of rounding into infinity.
+      Value* u = b.CreateBitCast(v, wide(b.getInt32Ty()));
+      Value* odd = b.CreateAnd(b.CreateLShr(u, 16), k32(1));
+      Value* r = b.CreateLShr(b.CreateAdd(u, b.CreateAdd(odd, k32(0x7fff))), 16);
+      Value* nan = b.CreateOr(b.CreateLShr(u, 16), k32(0x40));
+      r = b.CreateSelect(b.CreateFCmpUNO(v, v), nan, r);
+      return b.CreateTrunc(r, wide(b.getInt16Ty()));
+    }
+    default:
+      return v;
+  }
 }
 
 llvm::Type* with_width(llvm::Type* scalar, int width) {
@@ -415,9 +478,7 @@ Value* ExprEmitter::guarded_load(const Access& a, DType t) {
     off = b_.CreateAdd(off, b_.CreateMul(q, k64(co.stride)));
     valid = valid ? b_.CreateAnd(valid, ok) : ok;
   }
-  Value* pad = splat(
-      t == DType::Bool ? llvm::ConstantInt::get(mt, a.pad != 0) : typed_constant(mt, t, a.pad),
-      width);
+  Value* pad = to_mem(b_, splat(constant(a.pad, t), width), t);
   Value* base = args_.at(a.arg);
   Value* v;
   if (width == 1) {
@@ -428,8 +489,7 @@ Value* ExprEmitter::guarded_load(const Access& a, DType t) {
     Value* m = valid ? (mask ? b_.CreateAnd(valid, mask) : valid) : (mask ? mask : all);
     v = b_.CreateMaskedGather(with_width(mt, width), b_.CreateGEP(mt, base, off), align, m, pad);
   }
-  if (t == DType::Bool) v = b_.CreateICmpNE(v, llvm::Constant::getNullValue(v->getType()));
-  return v;
+  return from_mem(b_, v, t);
 }
 
 Value* ExprEmitter::load(const Access& a, DType t) {
@@ -443,8 +503,7 @@ Value* ExprEmitter::load(const Access& a, DType t) {
   Value* v;
   if (width == 1 || vs == 0) {
     v = b_.CreateAlignedLoad(mt, b_.CreateGEP(mt, base, off), align);
-    if (t == DType::Bool) v = b_.CreateICmpNE(v, llvm::ConstantInt::get(mt, 0));
-    return splat(v, width);
+    return splat(from_mem(b_, v, t), width);
   }
   llvm::Type* vt = with_width(mt, width);
   if (vs == 1) {
@@ -460,15 +519,14 @@ Value* ExprEmitter::load(const Access& a, DType t) {
     Value* m = mask ? mask : llvm::Constant::getAllOnesValue(with_width(b_.getInt1Ty(), width));
     v = b_.CreateMaskedGather(vt, ptrs, align, m, llvm::Constant::getNullValue(vt));
   }
-  if (t == DType::Bool) v = b_.CreateICmpNE(v, llvm::Constant::getNullValue(vt));
-  return v;
+  return from_mem(b_, v, t);
 }
 
 void ExprEmitter::store(const Store& s, Value* v) {
   llvm::LLVMContext& c = b_.getContext();
   DType t = k_.args.at(s.where.arg).dtype;
   llvm::Type* mt = mem_type(c, t);
-  if (t == DType::Bool) v = b_.CreateZExt(v, with_width(mt, width));
+  v = to_mem(b_, v, t);
   Value* base = args_.at(s.where.arg);
   Value* off = element_offset(s.where.strides, s.where.offset);
   int64_t vs = (vec_dim >= 0 && width > 1) ? s.where.strides[vec_dim] : 0;
@@ -515,6 +573,7 @@ Value* ExprEmitter::index_value(const std::vector<int64_t>& strides, int64_t bas
 Value* ExprEmitter::constant(double v, DType t) {
   llvm::Type* ty = reg_type(b_.getContext(), t);
   if (t == DType::Bool) return b_.getInt1(v != 0);
+  if (ir::is_half(t)) v = ir::round_to_float_dtype(v, t);
   return typed_constant(ty, t, v);
 }
 
@@ -565,6 +624,20 @@ Value* ExprEmitter::cast(Value* v, DType from, DType to) {
   if (to == DType::Bool) {
     return ir::is_float(from) ? b_.CreateFCmpUNE(v, llvm::Constant::getNullValue(v->getType()))
                               : b_.CreateICmpNE(v, llvm::Constant::getNullValue(v->getType()));
+  }
+  if (ir::is_half(to)) {
+    // Round to the half type and hold the result in float32. A float64
+    // converts to float16 directly (no double rounding); to bfloat16 it goes
+    // through float32, as PyTorch and ml_dtypes convert it.
+    if (from == DType::Float64 && to == DType::Float16) {
+      llvm::Type* ht =
+          with_width(b_.getHalfTy(),
+                     tt->isVectorTy()
+                         ? static_cast<int>(llvm::cast<llvm::FixedVectorType>(tt)->getNumElements())
+                         : 1);
+      return from_mem(b_, b_.CreateFPTrunc(v, ht), to);
+    }
+    return from_mem(b_, to_mem(b_, cast(v, from, DType::Float32), to), to);
   }
   bool from_f = ir::is_float(from), to_f = ir::is_float(to);
   if (from_f && to_f) return b_.CreateFPCast(v, tt);

@@ -35,8 +35,13 @@ class MathProvider {
 void emit_for(llvm::IRBuilderBase& b, llvm::Value* lo, llvm::Value* hi, llvm::Value* step,
               const std::function<void(llvm::Value*)>& body, const char* name = "i");
 
-llvm::Type* reg_type(llvm::LLVMContext& c, DType t);    // i1 for bool
-llvm::Type* mem_type(llvm::LLVMContext& c, DType t);    // i8 for bool
+llvm::Type* reg_type(llvm::LLVMContext& c, DType t);  // i1 for bool
+llvm::Type* mem_type(llvm::LLVMContext& c, DType t);  // i8 for bool
+// Between a loaded element (mem_type) and its register value (reg_type):
+// bool i8 <-> i1, float16 half <-> float, bfloat16 i16 bits <-> float (round
+// to nearest even). Identity for the other types; scalars or vectors.
+llvm::Value* from_mem(llvm::IRBuilderBase& b, llvm::Value* v, DType t);
+llvm::Value* to_mem(llvm::IRBuilderBase& b, llvm::Value* v, DType t);
 llvm::Type* with_width(llvm::Type* scalar, int width);  // width 1: the scalar
 
 // Reduction algebra, shared by loop and backend code.

@@ -2,7 +2,9 @@
 #include "ir/types.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <sstream>
 
 namespace flowjit::ir {
@@ -35,6 +37,76 @@ std::optional<DType> dtype_from_short_name(std::string_view name) {
   for (int i = 0; i < kNumDTypes; ++i)
     if (kDTypes[i].short_name == name) return static_cast<DType>(i);
   return std::nullopt;
+}
+
+namespace {
+// Rounds v to a binary format with `mant` fraction bits, smallest normal
+// exponent `emin` and largest finite value `max` (IEEE round to nearest even).
+double round_binary(double v, int mant, int emin, double max) {
+  if (!std::isfinite(v) || v == 0) return v;
+  int e = std::max(std::ilogb(v), emin);
+  double ulp = std::ldexp(1.0, e - mant);
+  double r = std::nearbyint(v / ulp) * ulp;
+  if (std::fabs(r) > max) return std::copysign(INFINITY, v);
+  return r;
+}
+}  // namespace
+
+double round_to_float_dtype(double v, DType t) {
+  switch (t) {
+    case DType::Float32:
+      return static_cast<double>(static_cast<float>(v));
+    case DType::Float16:
+      return round_binary(v, 10, -14, 65504.0);
+    case DType::BFloat16:
+      return round_binary(v, 7, -126, 3.3895313892515355e38);
+    default:
+      return v;
+  }
+}
+
+float half_to_float(uint16_t bits, DType t) {
+  uint32_t u;
+  if (t == DType::BFloat16) {
+    u = static_cast<uint32_t>(bits) << 16;
+  } else {
+    uint32_t sign = static_cast<uint32_t>(bits & 0x8000) << 16;
+    uint32_t exp = (bits >> 10) & 0x1f, frac = bits & 0x3ff;
+    if (exp == 0x1f) {
+      u = sign | 0x7f800000u | (frac << 13);  // inf or NaN
+    } else if (exp != 0) {
+      u = sign | ((exp + 112) << 23) | (frac << 13);
+    } else {
+      // zero or subnormal: frac * 2^-24, exact in float32
+      float f = std::ldexp(static_cast<float>(frac), -24);
+      return sign ? -f : f;
+    }
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t float_to_half(float v, DType t) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  if (t == DType::BFloat16) {
+    if (std::isnan(v)) return static_cast<uint16_t>((u >> 16) | 0x40);
+    return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+  }
+  return double_to_float16(v);
+}
+
+uint16_t double_to_float16(double v) {
+  uint16_t sign = std::signbit(v) ? 0x8000 : 0;
+  if (std::isnan(v)) return static_cast<uint16_t>(sign | 0x7e00);
+  double r = std::fabs(round_to_float_dtype(v, DType::Float16));
+  if (std::isinf(r)) return static_cast<uint16_t>(sign | 0x7c00);
+  if (r < std::ldexp(1.0, -14))  // subnormal or zero: a multiple of 2^-24
+    return static_cast<uint16_t>(sign | static_cast<uint16_t>(std::ldexp(r, 24)));
+  int e = std::ilogb(r);
+  auto frac = static_cast<uint16_t>(std::ldexp(r, 10 - e) - 1024);
+  return static_cast<uint16_t>(sign | ((e + 15) << 10) | frac);
 }
 
 int64_t num_elements(const Shape& s) {

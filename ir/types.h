@@ -29,6 +29,10 @@ inline bool is_float(DType t) { return dtype_kind(t) == DTypeKind::Float; }
 inline bool is_int(DType t) { return dtype_kind(t) == DTypeKind::Int; }
 inline bool is_bool(DType t) { return dtype_kind(t) == DTypeKind::Bool; }
 inline bool is_signed_int(DType t) { return is_int(t) && t != DType::UInt8; }
+// float16 and bfloat16: 2 bytes in memory, float32 in registers.
+inline bool is_half(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
+// The bytes of the type a kernel computes an element in (float32 for the half types).
+inline int reg_bytes(DType t) { return is_half(t) ? 4 : dtype_bytes(t); }
 
 // A shape is a list of non-negative extents; rank 0 is a scalar.
 using Shape = std::vector<int64_t>;
@@ -65,7 +69,17 @@ struct TensorType {
   bool operator!=(const TensorType& o) const { return !(*this == o); }
 };
 
-// Short type names used by the printer: f32, f64, i32, i64, i8, u8, bool.
+// The value v takes in a floating-point dtype (round to nearest even, with
+// overflow to infinity); v itself for the other dtypes.
+double round_to_float_dtype(double v, DType t);
+// The bits of a float16 or bfloat16 element and their float32 value (the
+// float32 is rounded to nearest even; a NaN stays a NaN).
+float half_to_float(uint16_t bits, DType t);
+uint16_t float_to_half(float v, DType t);
+// The float16 nearest to a double (one rounding), as its bits.
+uint16_t double_to_float16(double v);
+
+// Short type names used by the printer: f32, f64, f16, bf16, i32, i64, i8, u8, bool.
 std::string_view dtype_short_name(DType t);
 std::optional<DType> dtype_from_short_name(std::string_view name);
 

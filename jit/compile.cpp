@@ -21,6 +21,7 @@
 #include "jit/build_info.h"
 #include "jit/cache.h"
 #include "jit/fusion.h"
+#include "jit/passes/auto_mixed_precision.h"
 #include "jit/pipeline.h"
 #include "runtime/cuda/executable.h"
 #include "runtime/staged.h"
@@ -324,11 +325,22 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
 
   Graph g = job.graph;
   g.name = job.name;
+  std::vector<NodeRef> losses = job.losses, watched = job.watched_grads;
+  NodeRef lr = job.lr;
+  if (job.mixed_precision) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<NodeRef> keep = losses;
+    if (lr) keep.push_back(lr);
+    g = auto_mixed_precision(g, *job.mixed_precision, keep, watched);
+    if (lr) lr = keep.back();
+    losses.assign(keep.begin(), keep.begin() + static_cast<std::ptrdiff_t>(losses.size()));
+    log.stage("auto_mixed_precision", since(t0), std::string(dtype_name(*job.mixed_precision)));
+  }
   if (job.train) {
     FJ_CHECK(job.optimizer.has_value(), "train job without optimizer reached the compiler");
     auto t0 = std::chrono::steady_clock::now();
-    OptimizerLowering low = lower_optimizer(*job.optimizer, job.losses, job.lr, job.step,
-                                            job.trainable, job.watched_grads);
+    OptimizerLowering low =
+        lower_optimizer(*job.optimizer, losses, lr, job.step, job.trainable, watched);
     for (auto& e : low.effects) g.effects.push_back(e);
     for (auto& w : low.watched_grads) g.outputs.push_back(w);
     out.new_variables = low.new_variables;

@@ -70,6 +70,9 @@ struct JobDescription {
   DistributeOptions distribution;
   // The job a failed check names, when not `name` (a segment of a staged job).
   std::string checks_job;
+  // function_config().enable_auto_mixed_precision(True): the half type the
+  // forward graph is rewritten to (passes/auto_mixed_precision.h).
+  std::optional<ir::DType> mixed_precision;
 };
 
 struct CompileSettings {

@@ -219,8 +219,10 @@ class Lowering {
   NodeRef all_finite(const std::vector<NodeRef>& grads) {
     NodeRef count;
     for (const NodeRef& g : grads) {
-      double big = g->dtype() == DType::Float64 ? std::numeric_limits<double>::max()
-                                                : std::numeric_limits<float>::max();
+      double big = g->dtype() == DType::Float64    ? std::numeric_limits<double>::max()
+                   : g->dtype() == DType::Float16  ? 65504.0
+                   : g->dtype() == DType::BFloat16 ? 3.3895313892515355e38
+                                                   : std::numeric_limits<float>::max();
       NodeRef bad =
           unary(OpKind::LogicalNot, binary(OpKind::LessEqual, unary(OpKind::Abs, g), k(big, g)));
       NodeRef c = reduce(OpKind::ReduceSum, cast(bad, DType::Float32), all_axes(g), false);

@@ -24,6 +24,7 @@
 #include "jit/passes/reshape_sink.h"
 #include "jit/passes/simplify.h"
 #include "jit/passes/transpose_fold.h"
+#include "jit/passes/widen_half.h"
 
 namespace flowjit::jit {
 
@@ -107,6 +108,7 @@ Graph optimize(const Graph& input, PassLog& log) {
   run("transpose_fold", transpose_fold);
   run("layout", layout);
   run("decompose", decompose);
+  run("widen_half", widen_half);
   run("reshape_sink", reshape_sink);
   run("simplify", simplify);
   run("fold", fold);

@@ -58,6 +58,16 @@ void accumulate(void* dst, const void* src, int64_t count, ir::DType dtype) {
       return add_into<float>(dst, src, count);
     case DType::Float64:
       return add_into<double>(dst, src, count);
+    case DType::Float16:
+    case DType::BFloat16: {
+      // Each sum is computed in float32 and rounded once.
+      auto* d = static_cast<uint16_t*>(dst);
+      auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < count; ++i)
+        d[i] = ir::float_to_half(ir::half_to_float(d[i], dtype) + ir::half_to_float(s[i], dtype),
+                                 dtype);
+      return;
+    }
   }
   FJ_CHECK(false, "accumulate: unknown dtype");
 }

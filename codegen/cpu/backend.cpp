@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <fstream>
 #include <map>
@@ -923,6 +924,39 @@ class OrcCode : public LoadedCode {
   std::vector<void*> addrs_;
 };
 
+// The float16 conversions LLVM calls where the CPU has no instruction for
+// them (F16C converts float <-> half; nothing converts double -> half before
+// AVX512-FP16). libgcc has them since GCC 12, but it is loaded privately
+// (RTLD_LOCAL) behind this module, so kernels are linked to these copies,
+// which follow the same ABI: a half travels as _Float16 in an SSE register.
+_Float16 bits_to_f16(uint16_t bits) {
+  _Float16 h;
+  std::memcpy(&h, &bits, 2);
+  return h;
+}
+uint16_t f16_to_bits(_Float16 h) {
+  uint16_t bits;
+  std::memcpy(&bits, &h, 2);
+  return bits;
+}
+float extend_hf_sf(_Float16 h) { return ir::half_to_float(f16_to_bits(h), ir::DType::Float16); }
+double extend_hf_df(_Float16 h) { return extend_hf_sf(h); }
+_Float16 trunc_sf_hf(float v) { return bits_to_f16(ir::double_to_float16(v)); }
+_Float16 trunc_df_hf(double v) { return bits_to_f16(ir::double_to_float16(v)); }
+
+llvm::Error define_half_helpers(llvm::orc::JITDylib& jd, llvm::orc::ExecutionSession& es) {
+  llvm::orc::SymbolMap m;
+  auto def = [&](const char* name, auto* fn) {
+    m[es.intern(name)] = {llvm::orc::ExecutorAddr::fromPtr(fn),
+                          llvm::JITSymbolFlags::Exported | llvm::JITSymbolFlags::Callable};
+  };
+  def("__extendhfsf2", &extend_hf_sf);
+  def("__extendhfdf2", &extend_hf_df);
+  def("__truncsfhf2", &trunc_sf_hf);
+  def("__truncdfhf2", &trunc_df_hf);
+  return jd.define(llvm::orc::absoluteSymbols(std::move(m)));
+}
+
 }  // namespace
 
 std::shared_ptr<LoadedCode> load(const std::vector<char>& object,
@@ -939,6 +973,7 @@ std::shared_ptr<LoadedCode> load(const std::vector<char>& object,
     llvm::consumeError(es.removeJITDylib(jd));
     throw_user(ErrorKind::Runtime, "cannot load compiled kernels: ", msg);
   };
+  if (auto e = define_half_helpers(jd, es)) fail(std::move(e));
   UnpackedObjects parts;
   try {
     if (is_container(object)) {

@@ -28,9 +28,10 @@ double to_dtype(double v, DType t) {
     case DType::Int64:
       return sat(-9223372036854775808.0, 9223372036854774784.0);
     case DType::Float32:
-      return static_cast<double>(static_cast<float>(v));
     case DType::Float64:
-      return v;
+    case DType::Float16:
+    case DType::BFloat16:
+      return round_to_float_dtype(v, t);
   }
   return v;
 }

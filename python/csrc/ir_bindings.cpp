@@ -78,6 +78,19 @@ py::object attr_to_py(const ir::AttrValue& v) {
   throw py::error_already_set();
 }
 
+// numpy has no bfloat16: ml_dtypes provides it (JAX and TensorFlow use it).
+py::dtype bfloat16_numpy_dtype() {
+  py::module_ m;
+  try {
+    m = py::module_::import("ml_dtypes");
+  } catch (py::error_already_set&) {
+    throw_user(ErrorKind::NotImplemented,
+               "bfloat16 arrays need the ml_dtypes package (numpy has no bfloat16): "
+               "pip install ml_dtypes");
+  }
+  return py::dtype::from_args(m.attr("bfloat16"));
+}
+
 py::dtype to_numpy_dtype(ir::DType t) {
   switch (t) {
     case ir::DType::Bool:
@@ -94,6 +107,10 @@ py::dtype to_numpy_dtype(ir::DType t) {
       return py::dtype::of<float>();
     case ir::DType::Float64:
       return py::dtype::of<double>();
+    case ir::DType::Float16:
+      return py::dtype("float16");
+    case ir::DType::BFloat16:
+      return bfloat16_numpy_dtype();
   }
   throw InternalError("bad dtype");
 }
@@ -119,6 +136,12 @@ bool numpy_dtype_matches(const py::dtype& d, ir::DType t) {
       return k == 'f' && sz == 4;
     case ir::DType::Float64:
       return k == 'f' && sz == 8;
+    case ir::DType::Float16:
+      return k == 'f' && sz == 2;
+    case ir::DType::BFloat16:
+      // ml_dtypes' bfloat16 (what JAX and TensorFlow hand out): a 2-byte
+      // numpy extension type named "bfloat16".
+      return k == 'V' && sz == 2 && std::string(py::str(d)) == "bfloat16";
   }
   return false;
 }

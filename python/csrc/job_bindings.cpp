@@ -529,6 +529,13 @@ void register_jobs(py::module_& m) {
           if (job.optimizer && job.distribution.mirrored)
             job.optimizer->mirrored_parts = job.distribution.parts;
         }
+        if (settings.contains("mixed_precision")) {
+          auto mp = settings["mixed_precision"].cast<std::string>();
+          auto t = ir::dtype_from_name(mp);
+          FJ_USER_CHECK(t && ir::is_half(*t), ErrorKind::Value, "job '", name,
+                        "': mixed precision takes float16 or bfloat16, got \"", mp, "\"");
+          job.mixed_precision = *t;
+        }
         jit::CompileSettings s = jit::CompileSettings::from_environment();
         if (settings.contains("keep_text")) s.keep_text = settings["keep_text"].cast<bool>();
         if (settings.contains("check_numerics"))  // [harden]

@@ -33,7 +33,7 @@ def _load_core():
 
 _C = _load_core()
 from . import _process  # noqa: E402
-from ._dtypes import (bool_, float16, float32, float64, int8, int32, int64, uint8)  # noqa: F401
+from ._dtypes import (bfloat16, bool_, float16, float32, float64, int8, int32, int64, uint8)  # noqa: F401
 from . import typing  # noqa: F401
 from ._blob import Blob  # noqa: F401
 from ._job import FunctionConfig, JobFunction, function_config, global_function  # noqa: F401

@@ -323,7 +323,7 @@ def concat(values: Sequence[Blob], axis: int = 0, max_dim_size: Optional[int] = 
         lo[axis], hi[axis] = at, total - at - n
         # Float parts are padded with -0.0: x + -0.0 == x for every x (-0.0,
         # NaN and inf too), where a +0.0 pad turned -0.0 into +0.0.
-        p = _raw_pad(v, lo, hi, -0.0 if v.dtype in (_dtypes.float32, _dtypes.float64) else 0, "concat")
+        p = _raw_pad(v, lo, hi, -0.0 if v.dtype in _dtypes.FLOATS else 0, "concat")
         acc = p if acc is None else (_ops.logical_or(acc, p) if boolean else _ops.add(acc, p))
         at += n
     return _ops.identity(acc, name=name) if name else acc
@@ -830,8 +830,10 @@ def identity_n(inputs: Sequence[Blob], name: Optional[str] = None) -> List[Blob]
 
 
 def amp_white_identity(x: Blob, name: Optional[str] = None) -> Blob:
-    """x unchanged (OneFlow marks with it what mixed precision may run in
-    float16; flowjit computes in the blob's own dtype)."""
+    """x unchanged: OneFlow marks with it a value mixed precision may run in
+    half precision. flowjit's pass decides from the ops themselves (matmuls
+    and convolutions, and the elementwise ops fed by them), so the mark
+    changes nothing."""
     return _ops.identity(_blob(x, "amp_white_identity", "x"), name=name)
 
 
@@ -857,7 +859,7 @@ def reduced_shape_elem_cnt(input_blob: Blob, axis: Optional[Sequence[int]] = Non
 
 def _not_finite(x, api):
     _blob(x, api, "x")
-    if x.dtype not in (_dtypes.float32, _dtypes.float64):
+    if x.dtype not in _dtypes.FLOATS:
         _trace.fail(TypeError, f"{api}: x must be a floating-point blob, got {x.dtype.name}")
     # NaN < inf is false, so this counts NaNs and both infinities.
     bad = _ops.logical_not(_ops.less(_ops.abs(x), float("inf")))

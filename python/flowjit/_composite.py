@@ -17,7 +17,7 @@ from . import _dtypes, _ops, _trace
 from ._blob import Blob
 from ._ops import Axis, BlobOrScalar
 
-_FLOATS = (_dtypes.float32, _dtypes.float64)
+_FLOATS = _dtypes.FLOATS
 _INTS = (_dtypes.int8, _dtypes.uint8, _dtypes.int32, _dtypes.int64)
 
 

@@ -323,7 +323,7 @@ def _pool_nd(s, kind, api, input, ksize, strides, padding, data_format, name):
     _check_blob(input, api)
     cf = _channels_first(data_format, api)
     _check_rank(input, s, api)
-    if not (input.dtype in (_dtypes.float32, _dtypes.float64)):
+    if not (input.dtype in _dtypes.FLOATS):
         _trace.fail(TypeError, f"{api}: expected a floating-point input, got {input.dtype!r}")
     k = _ints(ksize, s, api, "ksize")
     st = _ints(strides, s, api, "strides")
@@ -428,7 +428,7 @@ def dropout(x: Blob, rate: float, noise_shape: Optional[Sequence[int]] = None, s
     _check_blob(x, "dropout", "x")
     if not isinstance(rate, numbers.Real) or isinstance(rate, bool) or not 0.0 <= float(rate) < 1.0:
         _trace.fail(ValueError, f"dropout: rate must be a number in [0, 1), got {rate!r}")
-    if not (x.dtype in (_dtypes.float32, _dtypes.float64)):
+    if not (x.dtype in _dtypes.FLOATS):
         _trace.fail(TypeError, f"dropout: expected a floating-point x, got {x.dtype!r}")
     b = _trace.require_builder("flow.nn.dropout")
     rate = float(rate)
@@ -596,7 +596,7 @@ def _axis(x, axis, api, what="axis"):
 
 def _float_input(x, api):
     _check_blob(x, api, "inputs")
-    if x.dtype not in (_dtypes.float32, _dtypes.float64):
+    if x.dtype not in _dtypes.FLOATS:
         _trace.fail(TypeError, f"{api}: expected a floating-point input, got {x.dtype!r}")
 
 

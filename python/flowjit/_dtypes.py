@@ -30,47 +30,57 @@ int32 = DType("int32", _C.DType.int32, np.int32)
 int64 = DType("int64", _C.DType.int64, np.int64)
 float32 = DType("float32", _C.DType.float32, np.float32)
 float64 = DType("float64", _C.DType.float64, np.float64)
+#: IEEE half precision: stored in 2 bytes, computed in float32 (numpy's float16).
+float16 = DType("float16", _C.DType.float16, np.float16)
+
+
+def _bfloat16_numpy():
+    # numpy has no bfloat16; ml_dtypes (which JAX and TensorFlow use) adds it.
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return ml_dtypes.bfloat16
+
+
+_BF16_NP = _bfloat16_numpy()
+#: bfloat16 (float32's range, 8 bits of precision): stored in 2 bytes, computed
+#: in float32; numpy arrays of it are ml_dtypes.bfloat16 arrays.
+bfloat16 = DType("bfloat16", _C.DType.bfloat16, _BF16_NP if _BF16_NP is not None else np.void)
 
 #: What a `dtype` argument takes: a flow dtype, a numpy dtype or type, or a name ("float32").
 DTypeLike = Union[DType, np.dtype, type, str]
 
-ALL = (bool_, int8, uint8, int32, int64, float32, float64)
+ALL = (bool_, int8, uint8, int32, int64, float32, float64, float16, bfloat16)
+HALF = (float16, bfloat16)
+#: The floating-point dtypes (the half ones compute in float32).
+FLOATS = (float32, float64, float16, bfloat16)
 _BY_C = {d.c: d for d in ALL}
 _BY_NAME = {d.name: d for d in ALL}
-_BY_NAME.update({"float": float32, "double": float64, "bool": bool_, "char": int8})
+_BY_NAME.update({"float": float32, "double": float64, "bool": bool_, "char": int8, "half": float16})
 
 
-class _Unsupported:
-    """A OneFlow dtype flowjit does not implement (float16): using it raises."""
-
-    def __init__(self, name):
-        self.name = name
-
-    def __repr__(self):
-        return f"flow.{self.name}"
+def dtypes() -> List[DType]:
+    """Every dtype object flowjit names (OneFlow's ``flow.dtypes()``). Aliases
+    such as flow.float are the same objects as flow.float32 and are not
+    repeated."""
+    return list(ALL)
 
 
-float16 = _Unsupported("float16")
-
-
-def dtypes() -> List[Union[DType, _Unsupported]]:
-    """Every dtype object flowjit names (OneFlow's ``flow.dtypes()``): the
-    seven it computes in, and flow.float16, which it only names (a job that
-    uses it raises NotImplementedError). Aliases such as flow.float are the
-    same objects as flow.float32 and are not repeated."""
-    return list(ALL) + [float16]
-
-
-def convert_oneflow_dtype_to_numpy_dtype(dtype: Union[DType, _Unsupported]) -> type:
+def convert_oneflow_dtype_to_numpy_dtype(dtype: DType) -> type:
     """The numpy scalar type of a flow dtype (``flow.float32`` -> ``np.float32``,
-    ``flow.char`` -> ``np.int8``). flow.float16 maps to ``np.float16`` even
-    though flowjit does not compute in it, so tests can build their inputs."""
+    ``flow.char`` -> ``np.int8``, ``flow.bfloat16`` -> ``ml_dtypes.bfloat16``)."""
     if isinstance(dtype, DType):
-        return dtype.np.type
-    if dtype is float16:
-        return np.float16
+        return _numpy_of(dtype).type
     raise TypeError(f"convert_oneflow_dtype_to_numpy_dtype: expected a flow dtype such as flow.float32, "
                     f"got {dtype!r}")
+
+
+def _numpy_of(d):
+    if d is bfloat16 and _BF16_NP is None:
+        raise NotImplementedError("flow.bfloat16 arrays need the ml_dtypes package (numpy has no "
+                                  "bfloat16): pip install ml_dtypes")
+    return d.np
 
 
 def from_name(name):
@@ -85,23 +95,20 @@ def to_dtype(x, what="dtype"):
     """Accepts flow dtypes, numpy dtypes/types and their names."""
     if isinstance(x, DType):
         return x
-    if isinstance(x, _Unsupported):
-        raise NotImplementedError(f"{what}: flow.{x.name} is not supported by flowjit yet "
-                                  "(supported: float32, float64, int8, uint8, int32, int64, bool)")
     if isinstance(x, str) and x in _BY_NAME:
         return _BY_NAME[x]
     try:
         npd = np.dtype(x)
     except TypeError:
         raise TypeError(f"{what}: expected a flowjit dtype such as flow.float32, got {x!r}") from None
-    for d in ALL:
-        if d.np == npd:
-            return d
-    raise TypeError(f"{what}: numpy dtype {npd} has no flowjit equivalent")
+    d = of_numpy(npd)
+    if d is None:
+        raise TypeError(f"{what}: numpy dtype {npd} has no flowjit equivalent")
+    return d
 
 
 def of_numpy(arr_dtype):
     for d in ALL:
-        if d.np == arr_dtype:
+        if d.np == arr_dtype and (d is not bfloat16 or _BF16_NP is not None):
             return d
     return None

@@ -10,7 +10,7 @@ NotImplementedError instead.
 import numbers
 
 _NO_CUDNN = "flowjit has no cuDNN kernels; it generates its own"
-_NO_HALF = "flowjit computes in no float16"
+_NO_HALF = "flowjit has no cuDNN; its half-precision convolutions and matmuls accumulate in float32"
 _NO_NCCL = "flowjit's collectives use no NCCL and no all-reduce groups"
 _OWN_PASSES = "OneFlow graph-rewrite pass; flowjit's optimizer has its own passes"
 _MEMORY = "flowjit plans memory reuse itself"

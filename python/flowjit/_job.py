@@ -134,13 +134,36 @@ class FunctionConfig:
         self._values["check_numerics"] = self._flag("check_numerics", flag)
         return self
 
-    def enable_auto_mixed_precision(self, flag: bool = True) -> "FunctionConfig":
-        """False is accepted; True raises NotImplementedError (flowjit has no mixed precision)."""
-        if self._flag("enable_auto_mixed_precision", flag):
-            raise NotImplementedError("function_config.enable_auto_mixed_precision(True): flowjit has no "
-                                      "mixed precision (it computes float16 nowhere); a job would train "
-                                      "in float32 instead of what was asked, so this is refused")
-        self._values["enable_auto_mixed_precision"] = False
+    def enable_auto_mixed_precision(self, flag: bool = True, dtype: Optional[_dtypes.DTypeLike] = None
+                                    ) -> "FunctionConfig":
+        """OneFlow's automatic mixed precision: matmuls and convolutions run in a
+        half type, the elementwise ops between them follow their inputs, and
+        reductions, softmax, the losses, the normalizations' statistics, exp
+        and log stay in float32 (OneFlow's allow/infer/deny lists; casts only
+        at the boundaries). Variables, their gradients and the optimizer's
+        state stay float32; combine it with a ``loss_scale_policy`` on the
+        optimizer (``flow.optimizer.loss_scale.dynamic_loss_scale(...)``)
+        when float16 gradients could underflow.
+
+        ``dtype`` (a flowjit extension) picks the half type: by default
+        bfloat16 on the CPU (float32's range: no loss scaling needed) and
+        float16 on a GPU, as OneFlow does; ``dtype=flow.float16`` asks for
+        float16 on the CPU too.
+
+        Example::
+
+            config = flow.function_config()
+            config.enable_auto_mixed_precision(True)
+        """
+        on = self._flag("enable_auto_mixed_precision", flag)
+        half = None
+        if dtype is not None:
+            half = _dtypes.to_dtype(dtype, "enable_auto_mixed_precision: dtype")
+            if half not in _dtypes.HALF:
+                raise ValueError("enable_auto_mixed_precision: dtype must be flow.float16 or flow.bfloat16, "
+                                 f"got flow.{half.name}")
+        self._values["enable_auto_mixed_precision"] = on
+        self._values["mixed_precision_dtype"] = half
         return self
 
     def enable_qat(self, flag: bool = True) -> "FunctionConfig":
@@ -995,6 +1018,10 @@ class JobFunction:
                     # Ctrl-C stops a compile on the main thread (signals go there).
                     "interruptible": threading.current_thread() is threading.main_thread()}
         settings.update(_devices.job_target(self._name, self._config, builder, params))
+        if self._config.get("enable_auto_mixed_precision", False):
+            half = self._config.get("mixed_precision_dtype") or (
+                _dtypes.float16 if settings.get("device") == "gpu" else _dtypes.bfloat16)
+            settings["mixed_precision"] = half.name
         t_compile = _inspect.now_ns()
         with _tf32_for(self._config, settings):
             job = _C.compile_job(self._name, builder.type == "train", builder.params,

@@ -88,7 +88,7 @@ def watch_diff(blob_watched, handler_or_prompt=None):
     if b.type != "train":
         _trace.fail(ValueError, f"flow.watch_diff: job '{b.job_name}' is a predict job; gradients exist only "
                     "in train jobs (type=\"train\" with an optimizer's minimize)", loc)
-    if blob_watched.dtype not in (_dtypes.float32, _dtypes.float64):
+    if blob_watched.dtype not in _dtypes.FLOATS:
         _trace.fail(TypeError, f"flow.watch_diff: blob '{blob_watched.name}' is {blob_watched.dtype!r}; only "
                     "floating-point blobs have gradients", loc)
     b.watch_diffs.append((blob_watched,) + _handler_and_form(handler_or_prompt, f"{blob_watched.name} diff",

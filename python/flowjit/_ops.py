@@ -267,7 +267,7 @@ def reduce_mean(input_tensor: Blob, axis: Axis = None, keepdims: bool = False, n
     """Mean over `axis` (all axes when None)."""
     x = input_tensor
     axes = _axes(x, axis, "reduce_mean")
-    if x.dtype not in (_dtypes.float32, _dtypes.float64):
+    if x.dtype not in _dtypes.FLOATS:
         _trace.fail(TypeError, f"reduce_mean: expected a floating-point blob, got {x.dtype!r}")
     s = reduce_sum(x, axes, keepdims)
     n = 1

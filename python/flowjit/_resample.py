@@ -62,7 +62,7 @@ def upsample_2d(x: Blob, size: Union[int, Sequence[int]] = (2, 2), align_corners
         y = _ops.broadcast_to(_ops.reshape(x, [n, c, h, 1, w, 1]), [n, c, h, sh, w, sw])
         y = _ops.reshape(y, [n, c, h * sh, w * sw])
     else:
-        dt = x.dtype if x.dtype in (_dtypes.float32, _dtypes.float64) else _dtypes.float32
+        dt = x.dtype if x.dtype in _dtypes.FLOATS else _dtypes.float32
         ah = _interp_matrix(h, sh, align_corners, dt, api)
         aw = _interp_matrix(w, sw, align_corners, dt, api)
         y = _ops.matmul(ah, _ops.matmul(x, aw, transpose_b=True))

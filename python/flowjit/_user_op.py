@@ -222,7 +222,7 @@ def _leaky_relu(i, a, n):
       "integral_max": ("int", 0)}, doc="flow.math.clip_by_value")
 def _clip(i, a, n):
     x = i["x"][0]
-    f = x.dtype in (_dtypes.float32, _dtypes.float64)
+    f = x.dtype in _dtypes.FLOATS
     lo = a["floating_min"] if f else a["integral_min"]
     hi = a["floating_max"] if f else a["integral_max"]
     return {"y": [_flow().math.clip_by_value(x, lo, hi)]}
@@ -232,7 +232,7 @@ def _clip(i, a, n):
      doc="flow.math.clip_by_value")
 def _clip_min(i, a, n):
     x = i["x"][0]
-    f = x.dtype in (_dtypes.float32, _dtypes.float64)
+    f = x.dtype in _dtypes.FLOATS
     return {"y": [_flow().math.clip_by_value(x, min_value=a["floating_min"] if f else a["integral_min"])]}
 
 
@@ -240,7 +240,7 @@ def _clip_min(i, a, n):
      doc="flow.math.clip_by_value")
 def _clip_max(i, a, n):
     x = i["x"][0]
-    f = x.dtype in (_dtypes.float32, _dtypes.float64)
+    f = x.dtype in _dtypes.FLOATS
     return {"y": [_flow().math.clip_by_value(x, max_value=a["floating_max"] if f else a["integral_max"])]}
 
 

@@ -64,7 +64,7 @@ class RandomUniformInitializer(Initializer):
         self.minval, self.maxval, self.seed = float(minval), float(maxval), seed
 
     def build(self, ops, shape, dtype, seed):
-        if dtype in (_dtypes.float32, _dtypes.float64):
+        if dtype in _dtypes.FLOATS:
             u = ops._random(_C.OpKind.random_uniform, shape, dtype, seed)
             return ops.add(ops.multiply(u, self.maxval - self.minval), self.minval)
         if dtype is _dtypes.bool_:
@@ -287,11 +287,11 @@ def get_variable(name: str, shape: Optional[Sequence[int]] = None, dtype: Option
     blob = b.variable(name, tuple(int(d) for d in shape), dt, initializer, trainable,
                       _derived_seed(name, seed), loc, distribute)
     if regularizer is not None and name not in b.regularizers:
-        if dt not in (_dtypes.float32, _dtypes.float64):
+        if dt not in _dtypes.FLOATS:
             _trace.fail(TypeError, f"get_variable: '{name}' is {dt!r}, and only float variables can "
                         "be regularized", loc)
         b.regularizers[name] = (blob, regularizer)
-    if trainable and b.type == "train" and b.config.get("enable_ssp") and dt in (_dtypes.float32, _dtypes.float64):
+    if trainable and b.type == "train" and b.config.get("enable_ssp") and dt in _dtypes.FLOATS:
         from . import _ssp
         blob = _ssp.forward_value(blob, b)  # OneFlow's AddSspVariableProxy pass
     return blob

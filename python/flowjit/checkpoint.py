@@ -94,6 +94,11 @@ _TO_NUMPY = {
     "kBool": np.bool_, "kUInt16": np.uint16, "kUInt32": np.uint32, "kUInt64": np.uint64,
     "kInt16": np.int16, "kComplex64": np.complex64, "kComplex128": np.complex128,
 }
+try:  # numpy has no bfloat16; ml_dtypes' is the one flowjit hands out
+    import ml_dtypes as _ml_dtypes
+    _TO_NUMPY["kBFloat16"] = _ml_dtypes.bfloat16
+except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+    pass
 # numpy dtype -> the name written (int8 is kInt8, never kChar).
 _FROM_NUMPY = {np.dtype(v): k for k, v in _TO_NUMPY.items() if k != "kChar"}
 

@@ -127,7 +127,7 @@ def indexed_slices_reduce_sum(indices: Blob, values: Blob,
                     f"{getattr(indices, 'shape', None)} and values {getattr(values, 'shape', None)}")
     if indices.dtype not in (_dtypes.int32, _dtypes.int64):
         _trace.fail(TypeError, f"{api}: indices must be int32 or int64, got {indices.dtype!r}")
-    if values.dtype not in (_dtypes.float32, _dtypes.float64):
+    if values.dtype not in _dtypes.FLOATS:
         _trace.fail(TypeError, f"{api}: values must be float32 or float64, got {values.dtype!r}")
     eq, is_first, slot_of, gather, f = _slots(indices, api)
     y_indices = _pick(gather, indices, f)

@@ -309,7 +309,7 @@ _NO_GRADIENT_OPS = frozenset(getattr(_C.OpKind, n) for n in (
     "parameter", "variable", "fill", "iota", "random_uniform", "random_normal", "truncated_normal",
     "sign", "floor", "ceil", "round", "logical_not", "equal", "not_equal", "less", "less_equal",
     "greater", "greater_equal", "logical_and", "logical_or", "argmax", "argmin", "one_hot"))
-_FLOAT_DTYPES = frozenset((_C.DType.float32, _C.DType.float64))
+_FLOAT_DTYPES = frozenset(d.c for d in _dtypes.FLOATS)
 
 
 def _variables_with_gradient(losses):

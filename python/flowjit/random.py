@@ -65,7 +65,7 @@ def bernoulli(x: Blob, seed: Optional[int] = None, dtype: Optional[DTypeLike] = 
     unless `dtype` is given."""
     if not isinstance(x, Blob):
         _trace.fail(TypeError, f"bernoulli: x must be a Blob, got {type(x).__name__}")
-    if x.dtype not in (_dtypes.float32, _dtypes.float64):
+    if x.dtype not in _dtypes.FLOATS:
         _trace.fail(TypeError, f"bernoulli: x must hold probabilities as float32 or float64, got {x.dtype.name}")
     d = _ops._dtype(dtype, "bernoulli") if dtype is not None else x.dtype
     u = _uniform(list(x.shape), x.dtype, seed, "bernoulli")

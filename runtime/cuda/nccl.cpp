@@ -238,6 +238,10 @@ NcclReduction nccl_reduction(ir::DType dtype) {
       return {kNcclFloat32, kNcclSum};
     case DType::Float64:
       return {kNcclFloat64, kNcclSum};
+    case DType::Float16:
+      return {kNcclFloat16, kNcclSum};
+    case DType::BFloat16:
+      return {kNcclBfloat16, kNcclSum};
   }
   throw_user(ErrorKind::NotImplemented, "nccl: no NCCL reduction for dtype ",
              static_cast<int>(dtype));

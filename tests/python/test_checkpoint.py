@@ -283,7 +283,7 @@ CORRUPTIONS = {
     "unknown dtype": (lambda p: (p / "hidden-weight-momentum" / "meta").write_text(
         "shape { dim: 3 dim: 4 } data_type: kFloat8"), "unknown dtype 'kFloat8'"),
     "unsupported dtype": (lambda p: (p / "hidden-weight-momentum" / "meta").write_text(
-        "shape { dim: 3 dim: 4 } data_type: kBFloat16"), "kBFloat16, which flowjit cannot represent"),
+        "shape { dim: 3 dim: 4 } data_type: kTensorBuffer"), "kTensorBuffer, which flowjit cannot represent"),
     "no meta": (lambda p: os.remove(p / "hidden-weight-momentum" / "meta"), "no meta file"),
 }
 

@@ -373,9 +373,9 @@ def test_optimization_hints_are_accepted_and_said_once(monkeypatch, capsys):
 
 def test_hints_that_change_numerics():
     cfg = flow.function_config()
-    with pytest.raises(NotImplementedError, match=r"^function_config\.enable_auto_mixed_precision\(True\): "
-                                                  r"flowjit has no mixed precision"):
-        cfg.enable_auto_mixed_precision(True)
+    with pytest.raises(ValueError, match=r"^enable_auto_mixed_precision: dtype must be flow\.float16 or "
+                                         r"flow\.bfloat16, got flow\.int32$"):
+        cfg.enable_auto_mixed_precision(True, dtype=flow.int32)
     with pytest.raises(TypeError, match=r"^function_config\.enable_inplace: expected True or False, "
                                         r"got 'yes'$"):
         cfg.enable_inplace("yes")

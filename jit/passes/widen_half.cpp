@@ -1,0 +1,40 @@
+// widen_half: half-precision matmuls, convolutions and collectives in float32.
+#include "jit/passes/widen_half.h"
+
+namespace flowjit::jit {
+
+using namespace ir;
+
+namespace {
+
+bool needs_widening(const NodeRef& n) {
+  if (!is_half(n->dtype())) return false;
+  switch (n->op()) {
+    case OpKind::MatMul:
+    case OpKind::Conv:
+    case OpKind::ConvDataGrad:
+    case OpKind::ConvFilterGrad:
+      return true;
+    default:
+      return is_collective(n->op());
+  }
+}
+
+NodeRef cast_to(const NodeRef& x, DType t) {
+  if (x->dtype() == t) return x;
+  return make_node(OpKind::Cast, {x}, Attrs{{"dtype", t}}, x->loc());
+}
+
+}  // namespace
+
+Graph widen_half(const Graph& g) {
+  return rewrite_graph(g, [](const NodeRef& n, std::vector<NodeRef> in) -> NodeRef {
+    if (!needs_widening(n)) return Node::with_inputs(n, std::move(in));
+    for (NodeRef& x : in)
+      if (is_half(x->dtype())) x = cast_to(x, DType::Float32);
+    NodeRef wide = make_node(n->op(), std::move(in), n->attrs(), n->loc());
+    return cast_to(wide, n->dtype());
+  });
+}
+
+}  // namespace flowjit::jit
