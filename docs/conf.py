@@ -11,7 +11,12 @@ author = "the flowjit authors"
 copyright = "the flowjit authors, Apache-2.0"  # noqa: A001 - Sphinx's name
 version = release = flowjit.__version__
 
-extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.viewcode", "flowjit_api"]
+extensions = ["sphinx.ext.autodoc", "sphinx.ext.doctest", "sphinx.ext.napoleon", "sphinx.ext.viewcode",
+              "flowjit_api"]
+# `sphinx -b doctest` (tools/dev.sh docs) runs the guides' ``testcode``
+# blocks, each page in its own namespace and a fresh session, and any
+# ``>>>`` example in a docstring.
+doctest_global_setup = "import flowjit as _flow\n_flow.clear_default_session()"
 exclude_patterns = ["_build", "DESIGN.md"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
