@@ -3,11 +3,12 @@
 The training code is OneFlow's example with only the imports changed; then a
 predict job sharing the trained variables measures the test accuracy.
 
-    python examples/train_mnist.py [--epochs 3] [--data fashion|mnist] [--plot curve.png]
+    python examples/train_mnist.py [--epochs 3] [--data auto|fashion|mnist] [--plot curve.png]
 
-Progress shows as a bar with the loss and throughput (tqdm when installed, a
-plain one-line bar otherwise); --plot saves the loss and accuracy curves as a
-PNG when matplotlib is installed.
+--data auto (the default) uses MNIST when it is on this machine, else
+Fashion-MNIST. Progress shows as a bar with the loss and throughput (tqdm when
+installed, a plain one-line bar otherwise); --plot saves the loss and accuracy
+curves as a PNG when matplotlib is installed.
 """
 import argparse
 import sys
