@@ -4,8 +4,8 @@ FLOWJIT_DEBUG sets the logger's level when the package is imported: unset or
 0 WARNING, 1 INFO (compile stages and times, why a job recompiled, ignored
 hints), 2 and more DEBUG. When FLOWJIT_DEBUG is set and nothing configured a
 handler for "flowjit", records go to stderr as "[flowjit] message", unless
-they propagate to an application's handler that prints them on stderr too
-(logging.basicConfig): then that one prints them, once. The C++
+they propagate to an application's handler that prints them on stderr or
+stdout too (logging.basicConfig): then that one prints them, once. The C++
 core's lines (compile stages, the matmul choice, the IR, fusion plan, LLVM IR
 and assembly of levels 2-4, dump-dir and FLOWJIT_CPU warnings) come through
 the same logger: its level-1 lines as INFO, deeper ones as DEBUG, warnings
@@ -30,11 +30,11 @@ def level_for(debug: int) -> int:
 
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever sys.stderr is at the time of the record, unless the
-    record propagates to a handler of the application's that writes it to
-    stderr too (logging.basicConfig's): then that handler alone prints it, in
-    the application's format, whether basicConfig ran before importing
-    flowjit or after. Handlers elsewhere (a file, pytest's capture) do not
-    silence it: they are not a second copy on the terminal."""
+    record propagates to a handler of the application's that prints it on
+    stderr or stdout too (logging.basicConfig's): then that handler alone
+    prints it, in the application's format, whether basicConfig ran before
+    importing flowjit or after. Handlers elsewhere (a file, pytest's capture)
+    do not silence it: they are not a second copy on the terminal."""
 
     def __init__(self):
         super().__init__(sys.stderr)
@@ -55,13 +55,13 @@ class _StderrHandler(logging.StreamHandler):
 
 def _printed_above(lg, record) -> bool:
     """Whether record, propagating up from lg, reaches a handler above lg
-    that writes it to stderr."""
-    stderr = (sys.stderr, sys.__stderr__)
+    that writes it to stderr or stdout."""
+    terminal = (sys.stderr, sys.__stderr__, sys.stdout, sys.__stdout__)
     while lg.propagate and lg.parent is not None:
         lg = lg.parent
         for h in lg.handlers:
             if isinstance(h, logging.StreamHandler) and not isinstance(h, _StderrHandler) and \
-                    getattr(h, "stream", None) in stderr and record.levelno >= h.level:
+                    getattr(h, "stream", None) in terminal and record.levelno >= h.level:
                 return True
     return False
 

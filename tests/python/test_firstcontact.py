@@ -41,6 +41,8 @@ if when == "after":
     logging.basicConfig(level=logging.INFO)
 if when == "file":
     logging.basicConfig(level=logging.INFO, filename=sys.argv[2])
+if when == "stdout":
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout)
 
 @flow.global_function()
 def twice(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
@@ -49,7 +51,7 @@ twice(np.ones(4, np.float32))
 '''
 
 
-@pytest.mark.parametrize("when", ["before", "after", "none", "file"])
+@pytest.mark.parametrize("when", ["before", "after", "stdout", "none", "file"])
 def test_debug_lines_print_once_with_the_applications_basicconfig(tmp_path, when):
     script = tmp_path / "app.py"
     script.write_text(LOGGING_APP)
@@ -58,8 +60,8 @@ def test_debug_lines_print_once_with_the_applications_basicconfig(tmp_path, when
                        timeout=300, env=_env(FLOWJIT_DEBUG=1, FLOWJIT_DISABLE_CACHE=1,
                                              FLOWJIT_CACHE_DIR=tmp_path / "cache"))
     assert p.returncode == 0, p.stderr[-3000:]
-    lines = [ln for ln in p.stderr.splitlines() if "twice: fusion+memory" in ln]
-    if when in ("before", "after"):
+    lines = [ln for ln in (p.stderr + p.stdout).splitlines() if "twice: fusion+memory" in ln]
+    if when in ("before", "after", "stdout"):
         # Printed by the application's handler alone, in its format.
         assert len(lines) == 1 and lines[0].startswith("INFO:flowjit:twice: fusion+memory"), p.stderr[-3000:]
     else:
