@@ -223,3 +223,22 @@ def test_mixed_parallel_mlp_labels_its_output(tmp_path):
     assert lines[0] == "1 process(es) x 2 CPU device(s)", p.stdout
     assert [re.sub(r"loss \d+\.\d{4}$", "loss L", ln) for ln in lines[1:]] == \
         ["epoch 1 step    1  loss L", "epoch 1 step   21  loss L"], p.stdout
+
+
+def test_train_mnist_plot_legend_covers_no_point(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib", reason="train_mnist.py --plot needs matplotlib")
+    import matplotlib.figure
+    train_mnist = _load_example("train_mnist")
+    figures = []
+    real_savefig = matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: (figures.append(fig), real_savefig(fig, *a, **k))[1])
+    steps = 600
+    losses = list(0.3 + 2.0 * np.exp(-np.arange(3 * steps) / 80.0))
+    train_mnist.save_plot(str(tmp_path / "curve.png"), losses, [0.82, 0.85, 0.862], steps)
+    assert (tmp_path / "curve.png").stat().st_size > 0
+    fig = figures[0]
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    for ax in fig.axes:  # below every axes, so over no line or point
+        assert legend.y1 <= ax.get_window_extent(renderer).y0, (legend, ax.get_window_extent(renderer))
