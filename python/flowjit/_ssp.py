@@ -20,7 +20,7 @@ ssp_num_stages - ssp_stage_id of the scope the variable is requested in: the
 forward pass computes with `value` while the optimizer updates W with the
 gradient taken at `value`.
 """
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from . import _C, _array, _dtypes, _ops, _trace
 from ._blob import Blob
@@ -109,7 +109,7 @@ def _buffer_size(buffer_size: Any, api: str) -> int:
     return int(buffer_size)
 
 
-def ssp_variable_proxy(var: Blob, buffer_size: int = 1, name: str = None) -> Tuple[Blob, Blob]:
+def ssp_variable_proxy(var: Blob, buffer_size: int = 1, name: Optional[str] = None) -> Tuple[Blob, Blob]:
     """(ref, value) of variable `var` (see the module docstring): ref is the
     variable, value its state buffer_size - 1 runs before this one, without
     a gradient."""
