@@ -726,10 +726,11 @@ TEST(NcclDtypes, MappingTable) {
     rc::ncclRedOp_t op;
   };
   // NCCL's numbers, spelled out: ncclInt8 0, ncclUint8 1, ncclInt32 2,
-  // ncclInt64 4, ncclFloat32 7, ncclFloat64 8; ncclSum 0, ncclMax 2.
-  const Row rows[] = {{DType::Bool, 1, 2},   {DType::Int8, 0, 0},  {DType::UInt8, 1, 0},
-                      {DType::Int32, 2, 0},  {DType::Int64, 4, 0}, {DType::Float32, 7, 0},
-                      {DType::Float64, 8, 0}};
+  // ncclInt64 4, ncclFloat16 6, ncclFloat32 7, ncclFloat64 8, ncclBfloat16 9;
+  // ncclSum 0, ncclMax 2.
+  const Row rows[] = {{DType::Bool, 1, 2},    {DType::Int8, 0, 0},    {DType::UInt8, 1, 0},
+                      {DType::Int32, 2, 0},   {DType::Int64, 4, 0},   {DType::Float32, 7, 0},
+                      {DType::Float64, 8, 0}, {DType::Float16, 6, 0}, {DType::BFloat16, 9, 0}};
   static_assert(sizeof(rows) / sizeof(rows[0]) == ir::kNumDTypes, "a row for every dtype");
   for (const Row& r : rows) {
     rc::NcclReduction red = rc::nccl_reduction(r.dtype);

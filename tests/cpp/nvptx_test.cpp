@@ -434,7 +434,7 @@ const std::vector<Case>& suite() {
     c.push_back({"matmul_bias_relu", parse_graph(kMatmulBiasRelu), {}});
     c.push_back({"matmul_variants", matmul_variants(), {}});
     for (DType dt : {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::Int8,
-                     DType::UInt8, DType::Bool})
+                     DType::UInt8, DType::Bool, DType::Float16, DType::BFloat16})
       c.push_back(
           {"elementwise_" + std::string(dtype_short_name(dt)), elementwise_ops(dt, nullptr), {}});
     c.push_back({"conv2d_strided_dilated_grouped", conv2d_strided_dilated_grouped(), {}});
@@ -2595,6 +2595,11 @@ std::string compare(const std::vector<char>& got, const std::vector<char>& want,
         g = reinterpret_cast<const double*>(got.data())[i];
         w = reinterpret_cast<const double*>(want.data())[i];
         break;
+      case DType::Float16:
+      case DType::BFloat16:
+        g = ir::half_to_float(reinterpret_cast<const uint16_t*>(got.data())[i], t.dtype);
+        w = ir::half_to_float(reinterpret_cast<const uint16_t*>(want.data())[i], t.dtype);
+        break;
       case DType::Int32:
         g = reinterpret_cast<const int32_t*>(got.data())[i];
         w = reinterpret_cast<const int32_t*>(want.data())[i];
@@ -2642,6 +2647,10 @@ void expect_gpu_matches(const Case& c, const std::shared_ptr<rc::Device>& dev, b
     const TensorType& t = fp.plan.outputs[i];
     double rt = t.dtype == DType::Float64 && !tf32 ? 1e-12 : rtol,
            at = t.dtype == DType::Float64 && !tf32 ? 1e-12 : atol;
+    // Both compute in float32 and round once: the GPU's math may land on
+    // the other side of a rounding boundary, one unit in the last place.
+    if (t.dtype == DType::Float16) rt = 2e-3, at = 1e-3;
+    if (t.dtype == DType::BFloat16) rt = 1.6e-2, at = 1e-2;
     std::string d = compare(got.outputs[i], want.outputs[i], t, rt, at, rms_allowance(t));
     EXPECT_TRUE(d.empty()) << c.name << (tf32 ? " (tf32)" : "") << " output " << i << " " << t.str()
                            << ": " << d;
