@@ -1055,8 +1055,9 @@ def dynamic_reshape(x: Blob, shape: Sequence[int], name: Optional[str] = None) -
 
 def categorical_ordinal_encode(table: Blob, size: Blob, input_tensor: Blob, hash_precomputed: bool = True,
                                name: Optional[str] = None) -> Blob:
-    """Not supported: OneFlow's encoder inserts unseen values into a hash
-    table variable while the job runs; flowjit has no hash-table kernel, and
-    a composition would compare every input with every table slot."""
-    _trace.fail(NotImplementedError, "categorical_ordinal_encode: needs a hash table that the kernel "
-                "updates in place (OneFlow's CPU/GPU hash-table kernel); flowjit has none yet")
+    """The ordinal of each element of input_tensor: 1, 2, ... for distinct
+    values in the order they first appear (across runs), 0 for 0; `table`
+    (2 * capacity,) and `size` (1,) are the encoder's state variables (see
+    flowjit._encode)."""
+    from . import _encode
+    return _encode.categorical_ordinal_encode(table, size, input_tensor, hash_precomputed, name)

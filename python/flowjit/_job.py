@@ -977,6 +977,8 @@ class JobFunction:
         try:
             result = self._fn(*blobs)
             self._finish_training(builder)
+            from . import _legacy
+            _legacy.predict_watch_diff_error(builder)
         finally:
             _trace.pop()
             builder.finished = True

@@ -86,13 +86,23 @@ def watch_diff(blob_watched, handler_or_prompt=None):
         _trace.fail(TypeError, f"flow.watch_diff: expected a Blob to watch, got {type(blob_watched).__name__}", loc)
     b.check_owned(blob_watched, "flow.watch_diff", loc)
     if b.type != "train":
-        _trace.fail(ValueError, f"flow.watch_diff: job '{b.job_name}' is a predict job; gradients exist only "
-                    "in train jobs (type=\"train\" with an optimizer's minimize)", loc)
+        # An optimizer's minimize later in the body makes it a train job (OneFlow);
+        # JobFunction checks at the end of the trace (predict_watch_diff_error).
+        b._counts.setdefault("predict_watch_diff", loc)
     if blob_watched.dtype not in _dtypes.FLOATS:
         _trace.fail(TypeError, f"flow.watch_diff: blob '{blob_watched.name}' is {blob_watched.dtype!r}; only "
                     "floating-point blobs have gradients", loc)
     b.watch_diffs.append((blob_watched,) + _handler_and_form(handler_or_prompt, f"{blob_watched.name} diff",
                                                              "flow.watch_diff", loc))
+
+def predict_watch_diff_error(b):
+    """At the end of a trace: flow.watch_diff in a job that stayed a predict
+    job (no optimizer's minimize) is an error at the watch_diff's line."""
+    loc = b._counts.get("predict_watch_diff")
+    if loc is not None and b.type != "train":
+        _trace.fail(ValueError, f"flow.watch_diff: job '{b.job_name}' is a predict job; gradients exist only "
+                    "in train jobs (type=\"train\" or an optimizer's minimize in the job)", loc)
+
 
 def fixed_placement(device_tag: str, machine_device_ids, hierarchy=None):
     """OneFlow's deprecated name of :func:`flowjit.scope.placement` (also

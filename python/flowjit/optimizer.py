@@ -12,7 +12,7 @@ import numbers
 import re
 from typing import Callable, List, Optional, Sequence, Union
 
-from . import _C, _dtypes, _ops, _trace
+from . import _C, _dtypes, _log, _ops, _trace
 from ._blob import Blob
 
 __all__ = ["SGD", "SGDW", "Adam", "AdamW", "LazyAdam", "RMSProp", "LAMB", "LARS", "CombinedOptimizer",
@@ -507,8 +507,11 @@ class Optimizer:
                             f"{type(l).__name__}")
             b.check_owned(l, "minimize", _trace.user_location())
         if b.type != "train":
-            _trace.fail(TypeError, f"{type(self).__name__}.minimize: job '{b.job_name}' is declared "
-                        "type=\"predict\"; optimizers belong in type=\"train\" jobs")
+            # As OneFlow's minimize (it sets the job's train_conf): the job becomes a
+            # train job; what was traced before it saw a predict job, as in OneFlow.
+            _log.logger.info("%s.minimize: job '%s' was declared type=\"predict\" and becomes a train job",
+                             type(self).__name__, b.job_name)
+            b.type = "train"
         if b.minimize is not None:
             _trace.fail(ValueError, f"{type(self).__name__}.minimize: job '{b.job_name}' already "
                         "called minimize; pass a list of losses to one minimize call instead")

@@ -1,13 +1,12 @@
-"""flow.layers.categorical_ordinal_encoder (and the encode op under it, with
-the state variables given) against a sequential reference (OneFlow's CPU
-kernel): ordinals 1, 2, ... by first appearance, kept across runs and jobs,
-0 for 0; the capacity limit and the argument checks."""
+"""flow.categorical_ordinal_encode and flow.layers.categorical_ordinal_encoder
+against a sequential reference (OneFlow's CPU kernel): ordinals 1, 2, ... by
+first appearance, kept across runs and jobs, 0 for 0; the capacity limit and
+the argument checks."""
 import numpy as np
 import pytest
 
 import flowjit as flow
 import flowjit.typing as tp
-from flowjit._encode import categorical_ordinal_encode
 
 
 def _reference(state, x):
@@ -74,7 +73,7 @@ def test_explicit_state_variables():
                                   trainable=False)
         size = flow.get_variable("S", shape=(1,), dtype=flow.int32, initializer=flow.constant_initializer(0),
                                  trainable=False)
-        return categorical_ordinal_encode(table, size, x, name="Encode")
+        return flow.categorical_ordinal_encode(table, size, x, name="Encode")
 
     np.testing.assert_array_equal(job(np.array([30, 10, 30, 20, 0], np.int32)), [1, 2, 1, 3, 0])
     np.testing.assert_array_equal(job(np.array([20, 40, 50, 60, 40], np.int32)), [3, 4, 5, 6, 4])
@@ -102,14 +101,14 @@ def test_argument_checks():
     def wrong_dtype(x):
         t = flow.get_variable("T64", shape=(8,), dtype=flow.int64, trainable=False)
         s = flow.get_variable("S64", shape=(1,), dtype=flow.int64, trainable=False)
-        return categorical_ordinal_encode(t, s, x)
+        return flow.categorical_ordinal_encode(t, s, x)
 
     with pytest.raises(TypeError, match=r"table \(flow.int64\) and size \(flow.int64\) must have the input's "
                                         r"dtype flow.int32"):
         trace(wrong_dtype)
 
     def not_a_variable(x):
-        return categorical_ordinal_encode(flow.zeros((8,), flow.int32), flow.zeros((1,), flow.int32), x)
+        return flow.categorical_ordinal_encode(flow.zeros((8,), flow.int32), flow.zeros((1,), flow.int32), x)
 
     with pytest.raises(TypeError, match="table must be a variable"):
         trace(not_a_variable)

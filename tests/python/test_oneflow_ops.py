@@ -307,9 +307,7 @@ def test_coin_flip_and_gen_seed():
 @pytest.mark.parametrize("f,what", [(lambda a: flow.argwhere(a), "argwhere"),
                                     (lambda a: flow.nonzero(a), "nonzero"),
                                     (lambda a: flow.unpack(a, 3), "unpack"),
-                                    (lambda a: flow.pack(a, 3), "pack"),
-                                    (lambda a: flow.categorical_ordinal_encode(a, a, a),
-                                     "categorical_ordinal_encode")])
+                                    (lambda a: flow.pack(a, 3), "pack")])
 def test_unsupported_ops_say_why(f, what):
     with pytest.raises(NotImplementedError, match=f"{what}: "):
         run(f, rnd(3))
