@@ -54,6 +54,8 @@ struct CompileRequest {
   int debug = 0;              // FLOWJIT_DEBUG: 3 prints LLVM IR, 4 assembly
   bool keep_text = false;     // CompileSettings::keep_text
   bool want_llvm_ir = false;  // keep the optimized LLVM IR on the CodeObject
+  // Keep the assembly too (FLOWJIT_DEBUG=4 prints it, FLOWJIT_DUMP_DIR writes it).
+  bool want_assembly = false;
   // Polled between kernels and passes (Ctrl-C): true stops the compile with
   // Interrupted. Empty: never.
   std::function<bool()> interrupted;

@@ -399,6 +399,7 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
                 std::to_string(fp.bytes_without_reuse) + " without reuse)");
   if (settings.debug >= 2) diag(2, job.name + " fusion plan:\n" + fp.description);
   log.dump("fusion", fp.description + "\n" + out.kernels);
+  log.dump("plan", fp.plan.describe());
   out.seconds_passes = since(t_passes);
   stop_if_interrupted();
 
@@ -407,6 +408,7 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   req.module_name = job.name;
   req.debug = settings.debug;
   req.keep_text = settings.keep_text;
+  req.want_assembly = settings.debug >= 4 || !settings.dump_dir.empty();
   req.interrupted = settings.interrupted;
   const bool keep_llvm_ir = settings.debug >= 3 || settings.keep_text || !settings.dump_dir.empty();
   std::optional<DiskCache> cache = open_cache(settings, fp, backend->target().str(), out);

@@ -10,7 +10,8 @@ namespace flowjit::jit {
 
 // Logging and dumping for one compilation. Level 1 prints stages and times,
 // level 2 also the IR after every pass ("(unchanged)" when a pass changed
-// nothing); with dump_dir set, every stage is written to a numbered file.
+// nothing); with dump_dir set, every stage (IR after each pass, fusion,
+// plan, LLVM IR, assembly) is written to a numbered file.
 struct PassLog {
   std::string job;
   int debug = 0;

@@ -53,7 +53,7 @@ class CpuBackend : public Backend {
     cg::CompileOptions co;
     co.module_name = req.module_name;
     co.want_llvm_ir = req.want_llvm_ir;
-    co.want_assembly = req.debug >= 4;
+    co.want_assembly = req.want_assembly;
     co.run_once = run_once_;
     co.interrupted = req.interrupted;
     cg::CompiledObject obj = cg::compile(kernels, code.plan.launches, co);
@@ -84,7 +84,7 @@ class CpuBackend : public Backend {
   }
 
   std::string assembly(const CodeObject& code, const CompileRequest& req) const override {
-    if (!code.assembly.empty() || req.debug < 4) return code.assembly;
+    if (!code.assembly.empty() || !req.want_assembly) return code.assembly;
     return cg::assembly_from_ir(code.llvm_ir);  // cached code keeps only its LLVM IR
   }
 

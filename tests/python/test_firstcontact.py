@@ -152,12 +152,14 @@ dumped(np.ones((8, 8), np.float32))
     names = sorted(os.listdir(dump))
     stages = [re.match(r"dumped\.(\d{3})\.(\w+)\.txt$", n).group(2) for n in names]
     # Numbered in order: the traced IR first, the IR after each pass that
-    # changed it, the fusion plan with its loop-level kernels, the LLVM IR
-    # (docs/guides/inspecting.rst says the same).
-    assert stages[0] == "traced" and stages[-2:] == ["fusion", "llvm"], stages
-    fusion = (dump / names[-2]).read_text()
+    # changed it, the fusion plan with its loop-level kernels, the launch
+    # plan, the LLVM IR and the assembly (docs/guides/inspecting.rst says the same).
+    assert stages[0] == "traced" and stages[-4:] == ["fusion", "plan", "llvm", "asm"], stages
+    fusion = (dump / names[-4]).read_text()
     assert re.search(r"^kernel \w+ loop domain=", fusion, re.M), fusion
-    assert "define " in (dump / names[-1]).read_text()
+    assert re.search(r"^\s+\[0\] k\d+_\w+ range=", (dump / names[-3]).read_text(), re.M)
+    assert "define " in (dump / names[-2]).read_text()
+    assert re.search(r"^\s+(vmov|mov|add|vfmadd|ret)", (dump / names[-1]).read_text(), re.M)
 
 
 # ---------------------------------------------------------------- examples
