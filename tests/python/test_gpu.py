@@ -369,6 +369,44 @@ def test_gpu_training_matches_the_cpu(gpu):
         _close(got_vars[k], want_vars[k], rtol=1e-4)
 
 
+@pytest.mark.parametrize("half", ["float16", "bfloat16"])
+def test_gpu_half_types_and_amp_match_the_cpu(gpu, half):
+    """[amp] Half-type kernels on the GPU (cvt for float16, shifts for
+    bfloat16) against the CPU's, and an AMP train step (float16 on a GPU by
+    default, asked for explicitly on both here) against the CPU's."""
+    import ml_dtypes
+    dt = getattr(flow, half)
+    npd = np.float16 if half == "float16" else ml_dtypes.bfloat16
+    tol = dict(rtol=2e-3, atol=1e-3) if half == "float16" else dict(rtol=1.6e-2, atol=1e-2)
+    rng = np.random.default_rng(12)
+    x = rng.uniform(-2, 2, (37, 65)).astype(npd)
+
+    def make(cfg, name):
+        def f(a: tp.Numpy.Placeholder((37, 65), dtype=dt)) -> tp.Numpy:
+            return flow.math.reduce_sum(flow.math.exp(a) * 0.5 - a, axis=1)
+        f.__name__ = name
+        return flow.global_function(type="predict", function_config=cfg)(f)
+
+    got, want = make(_placed(gpu), f"half_gpu_{half}")(x), make(None, f"half_cpu_{half}")(x)
+    assert got.dtype == npd
+    _close(got.astype(np.float32), want.astype(np.float32), **tol)
+
+    batches = _seed_batches(3)
+
+    def amp_cfg(base):
+        cfg = base if base is not None else flow.function_config()
+        cfg.enable_auto_mixed_precision(True, dtype=dt)
+        return cfg
+
+    want_losses, want_vars, _ = _trained_on(amp_cfg(None), batches)
+    got_losses, got_vars, job = _trained_on(amp_cfg(_placed(gpu)), batches)
+    assert job.compiled_jobs()[0].device == "gpu:0"
+    for a, b in zip(got_losses, want_losses):
+        _close(a, b, **tol)
+    for k in want_vars:
+        _close(got_vars[k], want_vars[k], **tol)
+
+
 @pytest.fixture
 def two_gpus():
     """GPUs 0 and 1, for the data-parallel cases."""
