@@ -1,4 +1,6 @@
-"""MNIST and Fashion-MNIST loaders that return pre-batched numpy arrays, like ``oneflow.data``."""
+"""flow.data: ops that produce a job's data inside it (``decode_random``), and
+MNIST and Fashion-MNIST loaders that return pre-batched numpy arrays, like
+``oneflow.data``."""
 
 import gzip
 import hashlib
@@ -12,7 +14,10 @@ import zlib
 
 import numpy as np
 
+from ._data_ops import decode_random
+
 __all__ = [
+    "decode_random",
     "load_mnist",
     "load_fashion_mnist",
     "DatasetNotFoundError",

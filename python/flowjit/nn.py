@@ -1,14 +1,22 @@
 """flow.nn: activations, softmax and losses."""
 from typing import Optional
 
-from . import _ops, _trace
+from . import _dtypes, _ops, _trace
 from ._blob import Blob
 from ._ops import (log_softmax, relu, sigmoid, softmax,  # noqa: F401
                    sparse_softmax_cross_entropy_with_logits, tanh)
 
 
 def bias_add(value: Blob, bias: Blob, data_format: Optional[str] = None, name: Optional[str] = None) -> Blob:
-    """value + bias along the channel axis (axis 1 for NCHW, else the last)."""
+    """value + bias along the channel axis (axis 1 for NCHW, else the last).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3)), b: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.nn.bias_add(x, b)
+        >>> job(np.zeros((2, 3), np.float32), np.float32([1, 2, 3])).tolist()
+        [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
+    """
     if len(bias.shape) != 1:
         _trace.fail(ValueError, f"bias_add: bias must be 1-D, got shape {bias.shape}")
     if data_format is not None and data_format.startswith("NC") and len(value.shape) > 2:
@@ -25,8 +33,27 @@ def bias_add(value: Blob, bias: Blob, data_format: Optional[str] = None, name: O
 
 
 def sigmoid_cross_entropy_with_logits(labels: Blob, logits: Blob, name: Optional[str] = None) -> Blob:
-    """Elementwise logistic loss: max(x, 0) - x * z + log(1 + exp(-|x|))."""
+    """Elementwise logistic loss: max(x, 0) - x * z + log(1 + exp(-|x|)).
+    Integer or bool labels are taken as their values in the logits' dtype,
+    as OneFlow's kernel (templated on the label type) reads them.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(labels: tp.Numpy.Placeholder((3,)), logits: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.nn.sigmoid_cross_entropy_with_logits(labels, logits)
+        >>> job(np.float32([1, 0, 1]), np.float32([0, 0, 100])).astype(float).round(3).tolist()
+        [0.693, 0.693, 0.0]
+    """
+    for what, v in (("labels", labels), ("logits", logits)):
+        if not isinstance(v, Blob):
+            _trace.fail(TypeError, f"sigmoid_cross_entropy_with_logits: {what} must be a Blob, "
+                        f"got {type(v).__name__}")
+    if logits.dtype not in _dtypes.FLOATS:
+        _trace.fail(TypeError, "sigmoid_cross_entropy_with_logits: logits must be floating point, got "
+                    f"{logits.dtype!r}")
     x, z = logits, labels
+    if z.dtype is not x.dtype:
+        z = _ops.cast(z, x.dtype)
     return _ops.add(_ops.subtract(_ops.maximum(x, 0.0), _ops.multiply(x, z)),
                     _ops.log(_ops.add(_ops.exp(_ops.negative(_ops.abs(x))), 1.0)), name=name)
 
