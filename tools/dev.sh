@@ -74,7 +74,7 @@ install_pip() {
   log "installing Python build and test requirements into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
   "$PY" -m pip install -q --disable-pip-version-check "numpy>=1.22" "ml_dtypes>=0.2" "pybind11>=2.12" \
-    "scikit-build-core>=0.10" pytest "ruff==0.17.*" hypothesis
+    "scikit-build-core>=0.10" pytest "ruff==0.17.*" hypothesis onnx onnxruntime
 }
 
 build() {
