@@ -69,12 +69,14 @@ class Context:
         return self._consts[key]
 
     def scalar(self, value: Any, dtype: Any) -> str:
-        """A rank-0 constant of flowjit dtype `dtype` (floats saturate to
-        an integer dtype's range)."""
+        """A rank-0 constant of flowjit dtype `dtype`; a float for an
+        integer dtype converts as flowjit's casts do (toward zero, saturated,
+        NaN to 0)."""
         npd = _C.numpy_dtype(dtype)
         if np.issubdtype(npd, np.integer) and isinstance(value, float):
             info = np.iinfo(npd)
-            value = info.min if value != value else min(max(value, info.min), info.max)
+            value = (0 if value != value else info.min if value <= info.min
+                     else info.max if value >= info.max else int(value))
         return self.const(value, npd)
 
     def op(self, op_type: str, inputs: Sequence[str], hint: Optional[str] = None, **attrs: Any) -> str:
@@ -273,7 +275,7 @@ def _broadcast(c, n, x):
 
 
 def _pad_value(c, node, dtype):
-    return c.scalar(float(_attr(node, "pad_value", 0.0)), dtype)
+    return c.scalar(_attr(node, "pad_value", 0), dtype)  # an int stays exact for an integer x
 
 
 @rule(K.pad)

@@ -273,6 +273,17 @@ def test_dtypes(dtype, rng):
     assert outs == [elem, onnx.TensorProto.BOOL, elem, onnx.TensorProto.FLOAT, elem]
 
 
+def test_integer_views(rng):
+    @flow.global_function()
+    def int_views(a: tp.Numpy.Placeholder((3, 4), dtype=flow.int64),
+                  i: tp.Numpy.Placeholder((3, 4), dtype=flow.int32)) -> Tuple[tp.Numpy, tp.Numpy, tp.Numpy]:
+        return (flow.pad(a, [[1, 0], [0, 2]], constant_value=7), flow.pad(i, [[0, 1], [2, 0]]),
+                flow.math.negative(flow.reverse(a, axis=1)))
+
+    a = rng.integers(-(2 ** 40), 2 ** 40, (3, 4))
+    assert_same(int_views, a, rng.integers(-9, 9, (3, 4)).astype(np.int32))
+
+
 def test_bfloat16_passes_the_checker():
     @flow.global_function()
     def bf(x: tp.Numpy.Placeholder((3, 4), dtype=flow.bfloat16)) -> tp.Numpy:
