@@ -6,6 +6,7 @@ training, dense 10) with only the imports changed. A predict job in a fresh
 session reloads the checkpoint and reports the test accuracy.
 
     python examples/lenet_train.py [--epochs 3] [--optimizer adam|sgd] [--checkpoint DIR] [--steps N]
+                                   [--amp bfloat16|float16]
 
 Progress shows as in train_mnist.py: tqdm's bar when installed, else a line
 rewritten in place on a terminal, or one line per epoch in a log file.
@@ -40,8 +41,15 @@ def lenet(data, train=False):
     return flow.layers.dense(hidden, 10, kernel_initializer=initializer, name="dense2")
 
 
-def define_jobs(optimizer):
-    @flow.global_function(type="train")
+def job_config(amp):
+    config = flow.function_config()
+    if amp:
+        config.enable_auto_mixed_precision(True, dtype=getattr(flow, amp))
+    return config
+
+
+def define_jobs(optimizer, amp=None):
+    @flow.global_function(type="train", function_config=job_config(amp))
     def train_job(images: tp.Numpy.Placeholder((BATCH_SIZE, 1, 28, 28), dtype=flow.float),
                   labels: tp.Numpy.Placeholder((BATCH_SIZE,), dtype=flow.int32)) -> tp.Numpy:
         logits = lenet(images, train=True)
@@ -56,8 +64,8 @@ def define_jobs(optimizer):
     return train_job
 
 
-def define_eval():
-    @flow.global_function(type="predict")
+def define_eval(amp=None):
+    @flow.global_function(type="predict", function_config=job_config(amp))
     def eval_job(images: tp.Numpy.Placeholder((BATCH_SIZE, 1, 28, 28), dtype=flow.float)) -> tp.Numpy:
         return flow.math.argmax(lenet(images, train=False))
 
@@ -104,9 +112,11 @@ def main():
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     p.add_argument("--checkpoint", default=None, help="folder for the checkpoint (default: a temporary one)")
     p.add_argument("--steps", type=int, default=0, help="stop each epoch after this many steps (0: all)")
+    p.add_argument("--amp", choices=["bfloat16", "float16"], default=None,
+                   help="automatic mixed precision in this half type (default: float32 throughout)")
     args = p.parse_args()
     (train_images, train_labels), (test_images, test_labels) = flow.data.load_fashion_mnist(BATCH_SIZE)
-    train_job = define_jobs(args.optimizer)
+    train_job = define_jobs(args.optimizer, args.amp)
     n = len(train_images) if args.steps <= 0 else min(args.steps, len(train_images))
     t0 = time.perf_counter()
     for epoch in range(args.epochs):
@@ -125,7 +135,7 @@ def main():
 
     # A fresh session: the predict job sees only what the checkpoint holds.
     flow.clear_default_session()
-    eval_job = define_eval()
+    eval_job = define_eval(args.amp)
     flow.load_variables(flow.checkpoint.get(ckpt))
     correct = total = 0
     for images, labels in zip(test_images, test_labels):

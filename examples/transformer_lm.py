@@ -9,6 +9,7 @@ gradient clipping by the global norm. A predict job sharing the variables
 reports the validation loss at the end.
 
     python examples/transformer_lm.py [--steps 200] [--batch 32] [--context 128] [--width 128] [--heads 4]
+                                      [--amp bfloat16|float16]
 
 tests/python/test_transformer.py trains the same model in PyTorch from the same
 initial weights; benchmarks/bench_transformer.py times its train step.
@@ -43,6 +44,7 @@ class Config:
     min_lr_ratio: float = 0.1
     clip_norm: float = 1.0
     dtype: object = flow.float32
+    amp: object = None  # a half dtype: OneFlow's automatic mixed precision in it
 
 
 # ---------------------------------------------------------------- data
@@ -163,15 +165,18 @@ def make_jobs(cfg):
     return the mean loss (shape (1,), as OneFlow's full reductions: read it
     with .item()); they share the model's variables by name."""
     shape = (cfg.batch, cfg.context)
+    fc = flow.function_config()
+    if cfg.amp is not None:
+        fc.enable_auto_mixed_precision(True, dtype=cfg.amp)
 
-    @flow.global_function(type="train")
+    @flow.global_function(type="train", function_config=fc)
     def transformer_train(tokens: tp.Numpy.Placeholder(shape, dtype=flow.int32),
                           targets: tp.Numpy.Placeholder(shape, dtype=flow.int32)) -> tp.Numpy:
         loss = language_model_loss(tokens, targets, cfg)
         optimizer(cfg).minimize(loss)
         return loss
 
-    @flow.global_function(type="predict")
+    @flow.global_function(type="predict", function_config=fc)
     def transformer_eval(tokens: tp.Numpy.Placeholder(shape, dtype=flow.int32),
                          targets: tp.Numpy.Placeholder(shape, dtype=flow.int32)) -> tp.Numpy:
         return language_model_loss(tokens, targets, cfg)
@@ -193,11 +198,14 @@ def main():
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--eval-batches", type=int, default=20)
     ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--amp", choices=["bfloat16", "float16"], default=None,
+                    help="automatic mixed precision in this half type (default: float32 throughout)")
     args = ap.parse_args()
     if args.width % args.heads:
         ap.error(f"--width {args.width} is not a multiple of --heads {args.heads}")
     cfg = Config(batch=args.batch, context=args.context, width=args.width, heads=args.heads,
-                 dropout=args.dropout, lr=args.lr, steps=args.steps, warmup=min(d.warmup, args.steps // 10))
+                 dropout=args.dropout, lr=args.lr, steps=args.steps, warmup=min(d.warmup, args.steps // 10),
+                 amp=getattr(flow, args.amp) if args.amp else None)
 
     data = encode(stdlib_text())
     split = int(0.9 * len(data))
