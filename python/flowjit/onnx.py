@@ -85,6 +85,17 @@ def export(job: Any, path: Optional[Union[str, "os.PathLike[str]"]] = None, *, o
         NotImplementedError: the graph has an op without an ONNX mapping
             (the message names it; supported_ops() lists those with one).
         ImportError: the onnx package is not installed.
+
+    Example:
+        >>> import flowjit.onnx
+        >>> @flow.global_function()
+        ... def scores(x: tp.Numpy.Placeholder((4, 8))) -> tp.Numpy:
+        ...     return flow.nn.softmax(flow.layers.dense(x, 3, name="dense"), name="probs")
+        >>> model = flowjit.onnx.export(scores, None)  # or a path to write
+        >>> [i.name for i in model.graph.input], [o.name for o in model.graph.output]
+        (['x'], ['probs'])
+        >>> sorted(t.name for t in model.graph.initializer)
+        ['dense-bias', 'dense-weight']
     """
     from ._job import JobFunction
     if not isinstance(job, JobFunction):

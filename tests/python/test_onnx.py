@@ -362,3 +362,17 @@ def test_the_module_is_documented():
     assert pages.get("flowjit.onnx") == "onnx"
     assert "api/onnx" in (ROOT / "docs" / "reference.rst").read_text()
     assert os.path.exists(ROOT / "docs" / "guides" / "onnx.rst")
+
+
+def test_the_docstring_example_runs():
+    import doctest
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("flowjit_docs_conf", ROOT / "docs" / "conf.py")
+    conf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conf)
+    test = doctest.DocTestParser().get_doctest(inspect.getdoc(fo.export), {}, "export", None, 0)
+    exec(conf.doctest_global_setup, test.globs)
+    report = []
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    runner.run(test, out=report.append)
+    assert runner.failures == 0 and runner.tries >= 4, "".join(report)
