@@ -17,6 +17,7 @@ class Traced:
     params: (name, index in nodes or -1 when no result reads it, node);
     results: (blob name, index in nodes)."""
     job_name: str
+    source: str
     nodes: List[Any]
     operands: List[List[int]]
     params: List[Tuple[str, int, Any]]
@@ -127,4 +128,4 @@ def trace(job: Any, training: bool) -> Traced:
     read = {n.attr("name") for n in nodes if n.op == _C.OpKind.variable}
     builder.pending = {k: v for k, v in builder.pending.items() if k in read}
     _job._create_pending_variables(builder)
-    return Traced(job.job_name, nodes, operands, params, [(o.name, r) for o, r in zip(outs, roots)])
+    return Traced(job.job_name, job._source, nodes, operands, params, [(o.name, r) for o, r in zip(outs, roots)])

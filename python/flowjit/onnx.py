@@ -21,6 +21,9 @@ except ImportError:  # export() says how to install it
 
 __all__ = ["DEFAULT_OPSET", "export", "supported_ops"]
 
+# Variables over this many bytes are written beside the model (external data).
+_EXTERNAL_BYTES = 1 << 30
+
 #: The ONNX opset (of the standard ``ai.onnx`` domain) a model is written for
 #: unless export() is asked for another one (17 or newer).
 DEFAULT_OPSET = 17
@@ -60,7 +63,9 @@ def export(job: Any, path: Optional[Union[str, "os.PathLike[str]"]] = None, *, o
             placeholders to the returned blobs, without the gradients and
             the optimizer.
         path: the ``.onnx`` file to write; None writes nothing (the returned
-            ``onnx.ModelProto`` can be saved with ``onnx.save``).
+            ``onnx.ModelProto`` can be saved with ``onnx.save``). Over 1 GiB
+            of variables go to ``<path>.data`` beside it (ONNX's external
+            data), since a protobuf message holds at most 2 GiB.
         opset: the ONNX opset of the standard domain, 17 (the default) or
             newer, up to what the installed onnx package knows.
         training: False (the default) traces the job as a predict job, as a
@@ -115,10 +120,23 @@ def export(job: Any, path: Optional[Union[str, "os.PathLike[str]"]] = None, *, o
         if len(set(output_names)) != len(output_names):
             raise ValueError(f"flowjit.onnx.export: output_names must differ, got {output_names!r}")
     model = _build(g, opset, output_names)
-    if check:
+    # A protobuf message holds at most 2 GiB: larger weights go to a file
+    # beside the model (ONNX's external data), and the checker reads the file.
+    external = sum(len(t.raw_data) for t in model.graph.initializer) > _EXTERNAL_BYTES
+    if external and path is None:
+        raise ValueError(f"flowjit.onnx.export: job '{g.job_name}' has over {_EXTERNAL_BYTES >> 20} MiB "
+                         "of variables, which an ONNX model keeps in a file beside it: give a path")
+    if check and not external:
         onnx.checker.check_model(model, full_check=True)
     if path is not None:
-        onnx.save(model, os.fspath(path))
+        path = os.fspath(path)
+        if external:
+            onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                      location=os.path.basename(path) + ".data")
+            if check:
+                onnx.checker.check_model(path, full_check=True)
+        else:
+            onnx.save(model, path)
     return model
 
 
@@ -166,6 +184,7 @@ def _build(g: _onnx_trace.Traced, opset: int, output_names: Optional[List[str]])
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)],
                                    producer_name="flowjit", producer_version=_version())
     model.ir_version = _ir_version(opset)
+    model.doc_string = f"flowjit job '{g.job_name}' ({g.source}), traced before fusion"
     return model
 
 

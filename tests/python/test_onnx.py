@@ -376,3 +376,17 @@ def test_the_docstring_example_runs():
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     runner.run(test, out=report.append)
     assert runner.failures == 0 and runner.tries >= 4, "".join(report)
+
+
+def test_large_weights_go_beside_the_model(tmp_path, monkeypatch, rng):
+    import train_mnist as seed
+    monkeypatch.setattr(fo, "_EXTERNAL_BYTES", 1000)
+    with pytest.raises(ValueError, match="give a path"):
+        fo.export(seed.eval_job)
+    path = tmp_path / "mlp.onnx"
+    fo.export(seed.eval_job, path)
+    assert (tmp_path / "mlp.onnx.data").stat().st_size > 784 * 512 * 4
+    assert path.stat().st_size < 100_000
+    images = rng.random((100, 1, 28, 28), dtype=np.float32)
+    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(s.run(None, {"images": images})[0], seed.eval_job(images))
