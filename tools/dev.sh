@@ -138,8 +138,9 @@ docs_build() {
     "$PY" -m pip install -q --disable-pip-version-check "sphinx>=7,<10"
   log "docs: sphinx -W into build/docs/html"
   "$PY" -m sphinx -E -W --keep-going -q -b html docs build/docs/html
-  # The guides' testcode blocks (and any >>> example in a docstring), run
-  # and their printed output compared.
+  # The guides' testcode blocks and the >>> example of every public op's
+  # docstring (each docstring in a fresh session, see docs/conf.py), run
+  # and their printed output compared; a differing output fails the build.
   log "docs: sphinx -b doctest"
   "$PY" -m sphinx -E -W --keep-going -q -b doctest docs build/docs/doctest
   log "docs: open build/docs/html/index.html"

@@ -7,6 +7,9 @@ kernel with LLVM::
     @flow.global_function(type="predict")
     def double(x: tp.Numpy.Placeholder((4,), dtype=flow.float)) -> tp.Numpy:
         return x * 2
+
+The docstrings' examples assume ``import numpy as np``, ``import flowjit as flow``
+and ``import flowjit.typing as tp``; each starts from a fresh session.
 """
 
 def _load_core():
@@ -71,13 +74,35 @@ CacheWarning = _C.CacheWarning  # the disk cache degraded (unwritable, damaged e
 
 def clear_default_session():
     """Drops every variable and compiled job of the session (jobs recompile
-    on their next call)."""
+    on their next call).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(2,), initializer=flow.ones_initializer())
+        >>> _ = job()
+        >>> flow.load_variables({"w": np.float32([5, 6])})
+        >>> job().tolist()
+        [5.0, 6.0]
+        >>> flow.clear_default_session()   # drops w: the next call starts from its initializer
+        >>> job().tolist()
+        [1.0, 1.0]
+    """
     _C.clear_session()
 
 
 def sync_default_session():
     """Waits for every queued asynchronous job and callback; raises the first
-    error any of them hit."""
+    error any of them hit.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Callback[tp.Numpy]:
+        ...     return x * 2
+        >>> job(np.float32([1, 2]))(lambda y: print("callback", y.tolist()))
+        >>> flow.sync_default_session()   # returns after the callback ran
+        callback [2.0, 4.0]
+    """
     _C.sync_session()
 
 
@@ -126,7 +151,18 @@ clip = clip_by_value
 def export_chrome_trace(path: str) -> str:
     """Writes the compile stages and kernel launches (FLOWJIT_PROFILE=1) of
     every job function compiled in this session as one Chrome/Perfetto trace
-    JSON file; returns the path."""
+    JSON file; returns the path.
+
+    Example:
+        >>> import json, os, tempfile
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return x + 1
+        >>> _ = job(np.float32([1, 2]))
+        >>> path = flow.export_chrome_trace(os.path.join(tempfile.mkdtemp(), "trace.json"))
+        >>> "traceEvents" in json.load(open(path))
+        True
+    """
     from . import _inspect, _job as _jobmod
     jobs = [c for j in sorted(_jobmod._defined_jobs, key=lambda j: (j._source, j._name))
             for c in j.compiled_jobs()]

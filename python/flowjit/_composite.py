@@ -74,7 +74,15 @@ def _const(x, v):
 
 def expm1(x: Blob, name: Optional[str] = None) -> Blob:
     """exp(x) - 1, accurate for small |x|: 2t / (1 - t) with t = tanh(x/2) for
-    |x| < 0.5 (no cancellation), exp(x) - 1 elsewhere."""
+    |x| < 0.5 (no cancellation), exp(x) - 1 elsewhere.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.expm1(x)
+        >>> job(np.float32([-1, 0.001, 2])).astype(float).round(3).tolist()
+        [-0.632, 0.001, 6.389]
+    """
     floating(x, "expm1")
     small = _ops.less(_ops.abs(x), 0.5)
     xs = _ops.where(small, x, _const(x, 0.0))
@@ -85,7 +93,15 @@ def expm1(x: Blob, name: Optional[str] = None) -> Blob:
 
 def log1p(x: Blob, name: Optional[str] = None) -> Blob:
     """log(1 + x), accurate for small |x|: with u = 1 + x rounded,
-    log(u) * x / (u - 1) cancels the rounding of u (x itself where u == 1)."""
+    log(u) * x / (u - 1) cancels the rounding of u (x itself where u == 1).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.log1p(x)
+        >>> job(np.float32([-0.5, 0.001, 3])).astype(float).round(3).tolist()
+        [-0.693, 0.001, 1.386]
+    """
     floating(x, "log1p")
     small = _ops.less(_ops.abs(x), 0.5)
     xs = _ops.where(small, x, _const(x, 0.0))
@@ -98,7 +114,15 @@ def log1p(x: Blob, name: Optional[str] = None) -> Blob:
 
 
 def log_sigmoid(x: Blob, name: Optional[str] = None) -> Blob:
-    """log(sigmoid(x)) = -softplus(-x) = min(x, 0) - log1p(exp(-|x|))."""
+    """log(sigmoid(x)) = -softplus(-x) = min(x, 0) - log1p(exp(-|x|)).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.log_sigmoid(x)
+        >>> job(np.float32([-2, 0, 3])).astype(float).round(3).tolist()
+        [-2.127, -0.693, -0.049]
+    """
     floating(x, "log_sigmoid")
     return _ops.subtract(_ops.minimum(x, 0.0), log1p(_ops.exp(_ops.negative(_ops.abs(x)))),
                          name=name)
@@ -116,7 +140,15 @@ def _zero_where_x_is_zero(x, y, f, api, name):
 
 
 def xlogy(x: BlobOrScalar, y: BlobOrScalar, name: Optional[str] = None) -> Blob:
-    """x * log(y), and 0 where x == 0 (even where y is 0)."""
+    """x * log(y), and 0 where x == 0 (even where y is 0).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,)), y: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.xlogy(x, y)
+        >>> job(np.float32([0, 2, 3]), np.float32([0, 1, 2])).astype(float).round(3).tolist()
+        [0.0, 0.0, 2.079]
+    """
     return _zero_where_x_is_zero(x, y, lambda a, b: _ops.multiply(a, _ops.log(b)), "xlogy", name)
 
 
@@ -129,7 +161,15 @@ def _odd(x, f, name):
 
 def sinh(x: Blob, name: Optional[str] = None) -> Blob:
     """sinh(x) = (e + e / (e + 1)) / 2 with e = expm1(|x|), exact near 0;
-    exp(|x|/2)^2 / 2 past 20, where exp(-|x|) no longer counts."""
+    exp(|x|/2)^2 / 2 past 20, where exp(-|x|) no longer counts.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.sinh(x)
+        >>> job(np.float32([-1, 0.5, 2])).astype(float).round(3).tolist()
+        [-1.175, 0.521, 3.627]
+    """
     floating(x, "sinh")
     a = _ops.abs(x)
     e = expm1(_ops.minimum(a, 20.0))
@@ -141,7 +181,15 @@ def sinh(x: Blob, name: Optional[str] = None) -> Blob:
 
 def cosh(x: Blob, name: Optional[str] = None) -> Blob:
     """cosh(x) = h^2 / 2 + 1 / (2 h^2) with h = exp(|x|/2), so it overflows only
-    where cosh does."""
+    where cosh does.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.cosh(x)
+        >>> job(np.float32([-1, 0.5, 2])).astype(float).round(3).tolist()
+        [1.543, 1.128, 3.762]
+    """
     floating(x, "cosh")
     h = _ops.exp(_ops.multiply(_ops.abs(x), 0.5))
     hh = _ops.multiply(h, h)
@@ -154,7 +202,15 @@ _BIG = 2.0 ** 28  # past it sqrt(1 + x^2) == |x| in float64 too
 
 def asinh(x: Blob, name: Optional[str] = None) -> Blob:
     """asinh(x) = sign(x) log1p(a + a^2 / (1 + sqrt(1 + a^2))), a = |x|;
-    log(a) + log(2) for huge a, where a^2 would overflow."""
+    log(a) + log(2) for huge a, where a^2 would overflow.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.asinh(x)
+        >>> job(np.float32([-1, 0.5, 2])).astype(float).round(3).tolist()
+        [-0.881, 0.481, 1.444]
+    """
     floating(x, "asinh")
     a = _ops.abs(x)
     s = _ops.minimum(a, _BIG)
@@ -166,7 +222,15 @@ def asinh(x: Blob, name: Optional[str] = None) -> Blob:
 
 def acosh(x: Blob, name: Optional[str] = None) -> Blob:
     """acosh(x) = log1p(t + sqrt(2t + t^2)) with t = x - 1 (exact near 1);
-    log(x) + log(2) for huge x; nan below 1."""
+    log(x) + log(2) for huge x; nan below 1.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.acosh(x)
+        >>> job(np.float32([1, 1.5, 3])).astype(float).round(3).tolist()
+        [0.0, 0.962, 1.763]
+    """
     floating(x, "acosh")
     s = _ops.minimum(x, _BIG)
     t = _ops.subtract(s, 1.0)
@@ -176,7 +240,15 @@ def acosh(x: Blob, name: Optional[str] = None) -> Blob:
 
 
 def atanh(x: Blob, name: Optional[str] = None) -> Blob:
-    """atanh(x) = sign(x) log1p(2a / (1 - a)) / 2, a = |x| (1 - a is exact near 1)."""
+    """atanh(x) = sign(x) log1p(2a / (1 - a)) / 2, a = |x| (1 - a is exact near 1).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.atanh(x)
+        >>> job(np.float32([-0.5, 0.1, 0.9])).astype(float).round(3).tolist()
+        [-0.549, 0.1, 1.472]
+    """
     floating(x, "atanh")
     a = _ops.abs(x)
     f = _ops.multiply(log1p(_ops.divide(_ops.multiply(a, 2.0), _ops.subtract(1.0, a))), 0.5)
@@ -186,7 +258,15 @@ def atanh(x: Blob, name: Optional[str] = None) -> Blob:
 # ---------------------------------------------------------------- circular
 
 def tan(x: Blob, name: Optional[str] = None) -> Blob:
-    """sin(x) / cos(x)."""
+    """sin(x) / cos(x).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.tan(x)
+        >>> job(np.float32([-1, 0.5, 1.2])).astype(float).round(3).tolist()
+        [-1.557, 0.546, 2.572]
+    """
     floating(x, "tan")
     return _ops.divide(_ops.sin(x), _ops.cos(x), name=name)
 
@@ -218,13 +298,29 @@ def _atan_abs(a):
 
 
 def atan(x: Blob, name: Optional[str] = None) -> Blob:
-    """Elementwise arctangent (range reduction and a series, see _atan_abs)."""
+    """Elementwise arctangent (range reduction and a series, see _atan_abs).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.atan(x)
+        >>> job(np.float32([-1, 0.5, 3])).astype(float).round(3).tolist()
+        [-0.785, 0.464, 1.249]
+    """
     floating(x, "atan")
     return _odd(x, _atan_abs(_ops.abs(x)), name)
 
 
 def asin(x: Blob, name: Optional[str] = None) -> Blob:
-    """asin(x) = sign(x) atan(a / sqrt((1 - a)(1 + a))), a = |x|; nan past 1."""
+    """asin(x) = sign(x) atan(a / sqrt((1 - a)(1 + a))), a = |x|; nan past 1.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.asin(x)
+        >>> job(np.float32([-1, 0.3, 0.9])).astype(float).round(3).tolist()
+        [-1.571, 0.305, 1.12]
+    """
     floating(x, "asin")
     a = _ops.abs(x)
     d = _ops.sqrt(_ops.multiply(_ops.subtract(1.0, a), _ops.add(a, 1.0)))
@@ -232,7 +328,15 @@ def asin(x: Blob, name: Optional[str] = None) -> Blob:
 
 
 def acos(x: Blob, name: Optional[str] = None) -> Blob:
-    """acos(x) = 2 atan(sqrt((1 - x) / (1 + x))); nan past 1."""
+    """acos(x) = 2 atan(sqrt((1 - x) / (1 + x))); nan past 1.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.acos(x)
+        >>> job(np.float32([-1, 0.3, 0.9])).astype(float).round(3).tolist()
+        [3.142, 1.266, 0.451]
+    """
     floating(x, "acos")
     q = _ops.sqrt(_ops.divide(_ops.subtract(1.0, x), _ops.add(x, 1.0)))
     return _ops.multiply(_atan_abs(q), 2.0, name=name)
@@ -240,7 +344,15 @@ def acos(x: Blob, name: Optional[str] = None) -> Blob:
 
 def atan2(y: BlobOrScalar, x: BlobOrScalar, name: Optional[str] = None) -> Blob:
     """The angle of the point (x, y): atan(y/x), moved by pi for x < 0; +-pi/2
-    on the y axis and 0 at the origin."""
+    on the y axis and 0 at the origin.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(y: tp.Numpy.Placeholder((3,)), x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.atan2(y, x)
+        >>> job(np.float32([1, 1, -1]), np.float32([1, -1, -1])).astype(float).round(3).tolist()
+        [0.785, 2.356, -2.356]
+    """
     y, x = _ops._lift_pair(y, x, "atan2")
     floating(y, "atan2", "y")
     floating(x, "atan2", "x")
@@ -255,7 +367,15 @@ def atan2(y: BlobOrScalar, x: BlobOrScalar, name: Optional[str] = None) -> Blob:
 
 def floordiv(x: BlobOrScalar, y: BlobOrScalar, name: Optional[str] = None) -> Blob:
     """The largest integer <= x / y (numpy's floor_divide); integer division by
-    zero gives 0."""
+    zero gives 0.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,)), y: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.floordiv(x, y)
+        >>> job(np.float32([7, -7, 7.5]), np.float32([2, 2, -2])).tolist()
+        [3.0, -4.0, -4.0]
+    """
     x, y = _ops._lift_pair(x, y, "floordiv")
     _same_numeric(x, y, "floordiv")
     if x.dtype in _FLOATS:
@@ -268,7 +388,15 @@ def floordiv(x: BlobOrScalar, y: BlobOrScalar, name: Optional[str] = None) -> Bl
 def mod(x: BlobOrScalar, y: BlobOrScalar, name: Optional[str] = None) -> Blob:
     """x - floordiv(x, y) * y: the remainder with the sign of y (numpy's mod,
     Python's %); integer mod by zero gives 0. Float results are exact for
-    integers below 2^24 (float32) and within |x| * eps otherwise."""
+    integers below 2^24 (float32) and within |x| * eps otherwise.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,)), y: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.mod(x, y)
+        >>> job(np.float32([7, -7, 7.5]), np.float32([2, 2, -2])).tolist()
+        [1.0, 1.0, -0.5]
+    """
     x, y = _ops._lift_pair(x, y, "mod")
     _same_numeric(x, y, "mod")
     if x.dtype in _FLOATS:
@@ -299,7 +427,15 @@ def _wrong_sign(r, y):
 
 def clip_by_value(values: Blob, min_value: Optional[float] = None, max_value: Optional[float] = None,
                   name: Optional[str] = None) -> Blob:
-    """min(max(values, min_value), max_value); either bound may be None."""
+    """min(max(values, min_value), max_value); either bound may be None.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        ...     return flow.clip_by_value(x, min_value=0, max_value=2)
+        >>> job(np.float32([-1, 0.5, 2, 3])).tolist()
+        [0.0, 0.5, 2.0, 2.0]
+    """
     api = "clip_by_value"
     blob(values, api, "values")
     if min_value is None and max_value is None:
@@ -323,14 +459,30 @@ def _int_if(v, x):
 
 def clamp(input: Blob, min: Optional[float] = None, max: Optional[float] = None,  # noqa: A002 - OneFlow's names
           name: Optional[str] = None) -> Blob:
-    """clip_by_value under PyTorch's argument names."""
+    """clip_by_value under PyTorch's argument names.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        ...     return flow.clamp(x, min=0)
+        >>> job(np.float32([-1, 0.5, 2, 3])).tolist()
+        [0.0, 0.5, 2.0, 3.0]
+    """
     return clip_by_value(input, min, max, name=name)
 
 
 def masked_fill(x: Blob, mask: Blob, value: float, name: Optional[str] = None) -> Blob:
     """x with `value` where mask is true (nonzero). x and mask broadcast
     against each other (numpy rules), so the result has their common shape,
-    as in OneFlow (where(mask, value, x))."""
+    as in OneFlow (where(mask, value, x)).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2)), mask: tp.Numpy.Placeholder((2,), dtype=flow.int8)) -> tp.Numpy:
+        ...     return flow.masked_fill(x, mask, -1)
+        >>> job(np.float32([[1, 2], [3, 4]]), np.int8([0, 1])).tolist()
+        [[1.0, -1.0], [3.0, -1.0]]
+    """
     blob(x, "masked_fill", "x")
     blob(mask, "masked_fill", "mask")
     v = number(value, "masked_fill", "value")
@@ -359,17 +511,41 @@ def _triangle(x, diagonal, fill_value, api, lower):
 
 def tril(x: Blob, diagonal: int = 0, fill_value: float = 0, name: Optional[str] = None) -> Blob:
     """x with the elements above the `diagonal`-th diagonal of its last two axes
-    set to fill_value (diagonal > 0: above the main diagonal)."""
+    set to fill_value (diagonal > 0: above the main diagonal).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3, 3))) -> tp.Numpy:
+        ...     return flow.math.tril(x)
+        >>> job(np.ones((3, 3), np.float32)).tolist()
+        [[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]
+    """
     return _ops.identity(_triangle(x, diagonal, fill_value, "tril", True), name=name)
 
 
 def triu(x: Blob, diagonal: int = 0, fill_value: float = 0, name: Optional[str] = None) -> Blob:
-    """x with the elements below the `diagonal`-th diagonal set to fill_value."""
+    """x with the elements below the `diagonal`-th diagonal set to fill_value.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3, 3))) -> tp.Numpy:
+        ...     return flow.math.triu(x, diagonal=1)
+        >>> job(np.ones((3, 3), np.float32)).tolist()
+        [[0.0, 1.0, 1.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]
+    """
     return _ops.identity(_triangle(x, diagonal, fill_value, "triu", False), name=name)
 
 
 def add_n(inputs: Sequence[Blob], name: Optional[str] = None) -> Blob:
-    """The elementwise sum of a list of blobs of one shape and dtype."""
+    """The elementwise sum of a list of blobs of one shape and dtype.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(a: tp.Numpy.Placeholder((2,)), b: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.math.add_n([a, b, a])
+        >>> job(np.float32([1, 2]), np.float32([10, 20])).tolist()
+        [12.0, 24.0]
+    """
     if not isinstance(inputs, (list, tuple)) or not inputs:
         _trace.fail(TypeError, f"add_n: inputs must be a non-empty list of Blobs, got {inputs!r}")
     for i, x in enumerate(inputs):
@@ -396,14 +572,30 @@ def _bool_reduce(x, axis, keepdims, api, op):
 
 def reduce_any(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
                name: Optional[str] = None) -> Blob:
-    """True where any element along `axis` is true (nonzero); a bool blob."""
+    """True where any element along `axis` is true (nonzero); a bool blob.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.math.reduce_any(x, axis=1)
+        >>> job(np.float32([[0, 1], [0, 0]])).tolist()
+        [True, False]
+    """
     r = _bool_reduce(input_tensor, axis, keepdims, "reduce_any", _ops.reduce_max)
     return r if name is None else _ops.identity(r, name=name)
 
 
 def reduce_all(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
                name: Optional[str] = None) -> Blob:
-    """True where every element along `axis` is true (nonzero); a bool blob."""
+    """True where every element along `axis` is true (nonzero); a bool blob.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.math.reduce_all(x, axis=1)
+        >>> job(np.float32([[2, 1], [0, 1]])).tolist()
+        [True, False]
+    """
     r = _bool_reduce(input_tensor, axis, keepdims, "reduce_all", _ops.reduce_min)
     return r if name is None else _ops.identity(r, name=name)
 
@@ -417,7 +609,15 @@ def _count(x, ax):
 
 def reduce_logsumexp(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
                      name: Optional[str] = None) -> Blob:
-    """log(sum(exp(x))) along `axis`, shifted by the max so it does not overflow."""
+    """log(sum(exp(x))) along `axis`, shifted by the max so it does not overflow.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.math.reduce_logsumexp(x, axis=1)
+        >>> job(np.float32([[0, 0], [1000, 1000]])).astype(float).round(3).tolist()
+        [0.693, 1000.693]
+    """
     x = floating(input_tensor, "reduce_logsumexp", "input_tensor")
     ax = axes(x, axis, "reduce_logsumexp")
     m = _ops.reduce_max(x, ax, keepdims=True)
@@ -430,7 +630,15 @@ def reduce_logsumexp(input_tensor: Blob, axis: Axis = None, keepdims: bool = Fal
 
 def reduce_variance(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
                     name: Optional[str] = None) -> Blob:
-    """The mean squared deviation from the mean along `axis` (numpy's var, ddof=0)."""
+    """The mean squared deviation from the mean along `axis` (numpy's var, ddof=0).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.math.reduce_variance(x, axis=1)
+        >>> job(np.float32([[1, 3], [2, 2]])).tolist()
+        [1.0, 0.0]
+    """
     x = floating(input_tensor, "reduce_variance", "input_tensor")
     ax = axes(x, axis, "reduce_variance")
     d = _ops.subtract(x, _ops.reduce_mean(x, ax, keepdims=True))
@@ -439,7 +647,15 @@ def reduce_variance(input_tensor: Blob, axis: Axis = None, keepdims: bool = Fals
 
 def reduce_std(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
                name: Optional[str] = None) -> Blob:
-    """sqrt(reduce_variance) along `axis`."""
+    """sqrt(reduce_variance) along `axis`.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        ...     return flow.math.reduce_std(x)
+        >>> job(np.float32([1, 3, 1, 3])).tolist()
+        [1.0]
+    """
     floating(input_tensor, "reduce_std", "input_tensor")
     axes(input_tensor, axis, "reduce_std")
     return _ops.sqrt(reduce_variance(input_tensor, axis, keepdims), name=name)
@@ -447,7 +663,16 @@ def reduce_std(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
 
 def moments(x: Blob, axes: Sequence[int], keepdims: bool = False,  # noqa: F811 - OneFlow's argument name
             name: Optional[str] = None) -> Tuple[Blob, Blob]:
-    """(mean, variance) of x along `axes`."""
+    """(mean, variance) of x along `axes`.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     mean, variance = flow.nn.moments(x, axes=[0])
+        ...     return flow.concat([mean, variance], axis=0)
+        >>> job(np.float32([[1, 2], [3, 6]])).tolist()
+        [2.0, 4.0, 1.0, 4.0]
+    """
     floating(x, "moments")
     if axes is None:
         _trace.fail(TypeError, "moments: axes must be an int or a list of ints, got None")
@@ -461,7 +686,15 @@ _axes_of = axes
 
 def l2_normalize(input: Blob, axis: Optional[int] = None, epsilon: float = 1e-12,  # noqa: A002
                  name: Optional[str] = None) -> Blob:
-    """x / sqrt(max(sum(x^2 along axis), epsilon)) (all axes when None)."""
+    """x / sqrt(max(sum(x^2 along axis), epsilon)) (all axes when None).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.math.l2_normalize(x)
+        >>> job(np.float32([3, 4])).astype(float).round(3).tolist()
+        [0.6, 0.8]
+    """
     x = floating(input, "l2_normalize", "input")
     ax = axes(x, axis, "l2_normalize")
     eps = number(epsilon, "l2_normalize", "epsilon")
@@ -472,26 +705,58 @@ def l2_normalize(input: Blob, axis: Optional[int] = None, epsilon: float = 1e-12
 # ---------------------------------------------------------------- more of OneFlow's flow.math
 
 def xdivy(x: BlobOrScalar, y: BlobOrScalar, name: Optional[str] = None) -> Blob:
-    """x / y, and 0 where x == 0 (even where y is 0)."""
+    """x / y, and 0 where x == 0 (even where y is 0).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,)), y: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.xdivy(x, y)
+        >>> job(np.float32([0, 2, 3]), np.float32([0, 4, 2])).tolist()
+        [0.0, 0.5, 1.5]
+    """
     return _zero_where_x_is_zero(x, y, _ops.divide, "xdivy", name)
 
 
 def reciprocal_no_nan(x: Blob, name: Optional[str] = None) -> Blob:
-    """1 / x, and 0 where x == 0."""
+    """1 / x, and 0 where x == 0.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.reciprocal_no_nan(x)
+        >>> job(np.float32([0, 2, -4])).tolist()
+        [0.0, 0.5, -0.25]
+    """
     floating(x, "reciprocal_no_nan")
     zero = _ops.equal(x, 0.0)
     return _ops.where(zero, _const(x, 0.0), _ops.reciprocal(_ops.where(zero, _const(x, 1.0), x)), name=name)
 
 
 def rint(x: Blob, name: Optional[str] = None) -> Blob:
-    """x rounded to the nearest integer, halves to even (numpy.rint)."""
+    """x rounded to the nearest integer, halves to even (numpy.rint).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.rint(x)
+        >>> job(np.float32([-1.5, 0.5, 2.5])).tolist()
+        [-2.0, 0.0, 2.0]
+    """
     floating(x, "rint")
     return _ops.round(x, name=name)
 
 
 def polyval(coeffs: Sequence[float], x: Blob, name: Optional[str] = None) -> Blob:
     """coeffs[0] * x^(n-1) + ... + coeffs[n-1], by Horner's rule (numpy.polyval);
-    zeros for an empty coeffs."""
+    zeros for an empty coeffs.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.polyval([1, 0, -1], x)   # x^2 - 1
+        >>> job(np.float32([0, 1, 3])).tolist()
+        [-1.0, 0.0, 8.0]
+    """
     blob(x, "polyval")
     if not isinstance(coeffs, (list, tuple)):
         _trace.fail(TypeError, f"polyval: coeffs must be a list or tuple of numbers, got {type(coeffs).__name__}")
@@ -506,7 +771,15 @@ def polyval(coeffs: Sequence[float], x: Blob, name: Optional[str] = None) -> Blo
 
 def reduce_euclidean_norm(input_tensor: Blob, axis: Axis = None, keepdims: bool = False,
                           name: Optional[str] = None) -> Blob:
-    """sqrt(sum(x^2)) along `axis` (all axes when None)."""
+    """sqrt(sum(x^2)) along `axis` (all axes when None).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.math.reduce_euclidean_norm(x, axis=1)
+        >>> job(np.float32([[3, 4], [0, 2]])).astype(float).round(3).tolist()
+        [5.0, 2.0]
+    """
     x = floating(input_tensor, "reduce_euclidean_norm", "input_tensor")
     ax = axes(x, axis, "reduce_euclidean_norm")
     return _ops.sqrt(_ops.reduce_sum(_ops.square(x), ax, keepdims=keepdims), name=name)
@@ -515,7 +788,15 @@ def reduce_euclidean_norm(input_tensor: Blob, axis: Axis = None, keepdims: bool 
 def two_stage_reduce_max(x: Blob, axis: Axis = None, keepdims: bool = False,
                          name: Optional[str] = None) -> Blob:
     """reduce_max (OneFlow splits it in two stages across devices; flowjit's
-    distribution pass does that itself)."""
+    distribution pass does that itself).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.math.two_stage_reduce_max(x, axis=0)
+        >>> job(np.float32([[1, 5], [3, 2]])).tolist()
+        [3.0, 5.0]
+    """
     blob(x, "two_stage_reduce_max")
     return _ops.reduce_max(x, axes(x, axis, "two_stage_reduce_max"), keepdims, name=name)
 
@@ -523,23 +804,55 @@ def two_stage_reduce_max(x: Blob, axis: Axis = None, keepdims: bool = False,
 def two_stage_reduce_min(x: Blob, axis: Axis = None, keepdims: bool = False,
                          name: Optional[str] = None) -> Blob:
     """reduce_min (OneFlow splits it in two stages across devices; flowjit's
-    distribution pass does that itself)."""
+    distribution pass does that itself).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.math.two_stage_reduce_min(x, axis=0)
+        >>> job(np.float32([[1, 5], [3, 2]])).tolist()
+        [1.0, 2.0]
+    """
     blob(x, "two_stage_reduce_min")
     return _ops.reduce_min(x, axes(x, axis, "two_stage_reduce_min"), keepdims, name=name)
 
 
 def sigmoid_v2(x: Blob, name: Optional[str] = None) -> Blob:
-    """1 / (1 + exp(-x)), the same function as flow.math.sigmoid."""
+    """1 / (1 + exp(-x)), the same function as flow.math.sigmoid.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.sigmoid_v2(x)
+        >>> job(np.float32([-1, 0, 2])).astype(float).round(3).tolist()
+        [0.269, 0.5, 0.881]
+    """
     return _ops.sigmoid(blob(x, "sigmoid_v2"), name=name)
 
 
 def tanh_v2(x: Blob, name: Optional[str] = None) -> Blob:
-    """The hyperbolic tangent, the same function as flow.math.tanh."""
+    """The hyperbolic tangent, the same function as flow.math.tanh.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.tanh_v2(x)
+        >>> job(np.float32([-1, 0, 2])).astype(float).round(3).tolist()
+        [-0.762, 0.0, 0.964]
+    """
     return _ops.tanh(blob(x, "tanh_v2"), name=name)
 
 
 def sigmoid_grad(y: Blob, dy: Blob, name: Optional[str] = None) -> Blob:
-    """The gradient through a sigmoid from its output y: dy * y * (1 - y)."""
+    """The gradient through a sigmoid from its output y: dy * y * (1 - y).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(y: tp.Numpy.Placeholder((2,)), dy: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.math.sigmoid_grad(y, dy)   # dy * y * (1 - y)
+        >>> job(np.float32([0.5, 0.25]), np.float32([1, 2])).tolist()
+        [0.25, 0.375]
+    """
     floating(y, "sigmoid_grad", "y")
     floating(dy, "sigmoid_grad", "dy")
     return _ops.multiply(dy, _ops.multiply(y, _ops.subtract(1.0, y)), name=name)
@@ -551,7 +864,15 @@ _INV_SQRT2PI = 1.0 / _pymath.sqrt(2.0 * _pymath.pi)
 
 def gelu_grad(x: Blob, dy: Blob, name: Optional[str] = None) -> Blob:
     """The gradient through gelu(x) = x Phi(x): dy * (Phi(x) + x phi(x)),
-    Phi and phi the standard normal CDF and density."""
+    Phi and phi the standard normal CDF and density.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,)), dy: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.gelu_grad(x, dy)
+        >>> job(np.float32([-1, 0, 1]), np.ones(3, np.float32)).astype(float).round(3).tolist()
+        [-0.083, 0.5, 1.083]
+    """
     floating(x, "gelu_grad", "x")
     floating(dy, "gelu_grad", "dy")
     cdf = _ops.multiply(_ops.add(_ops.erf(_ops.multiply(x, _INV_SQRT2)), 1.0), 0.5)
@@ -592,7 +913,15 @@ def _lgamma_right(x):
 def lgamma(x: Blob, name: Optional[str] = None) -> Blob:
     """log |Gamma(x)|: Stirling's series (shifted up past 15) for x >= 0.5,
     the reflection log(pi / |sin(pi x)|) - lgamma(1 - x) below; inf at 0 and
-    the negative integers."""
+    the negative integers.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.lgamma(x)
+        >>> job(np.float32([0.5, 3, 10])).astype(float).round(3).tolist()
+        [0.572, 0.693, 12.802]
+    """
     floating(x, "lgamma")
     left = _ops.less(x, 0.5)
     lg = _lgamma_right(_ops.where(left, _ops.subtract(1.0, x), x))   # >= 0.5 on both branches

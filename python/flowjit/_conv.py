@@ -149,7 +149,15 @@ def conv1d(input: Blob, filters: Blob, strides: Union[int, Sequence[int]],
            padding: Union[str, int, Sequence[Any]], data_format: str = "NCW",
            dilations: Optional[Union[int, Sequence[int]]] = None, groups: int = 1,
            name: Optional[str] = None) -> Blob:
-    """1-D convolution (cross-correlation, as OneFlow computes it)."""
+    """1-D convolution (cross-correlation, as OneFlow computes it).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 4)), w: tp.Numpy.Placeholder((1, 1, 2))) -> tp.Numpy:
+        ...     return flow.nn.conv1d(x, w, strides=1, padding="VALID")
+        >>> job(np.float32([[[1, 2, 3, 4]]]), np.float32([[[1, -1]]])).tolist()
+        [[[-1.0, -1.0, -1.0]]]
+    """
     return _conv_nd(1, "conv1d", input, filters, strides, padding, data_format, dilations, groups, name)
 
 
@@ -160,7 +168,17 @@ def conv2d(input: Blob, filters: Blob, strides: Union[int, Sequence[int]],
     """2-D convolution: input (N, C, H, W) or NHWC, filters (Co, C/groups, kh, kw)
     (NHWC: (Co, kh, kw, C/groups)); padding 'SAME', 'VALID' or explicit pairs.
     A 1-D `bias` of Co values is added per output channel (OneFlow's fifth
-    argument), inside the convolution's kernel."""
+    argument), inside the convolution's kernel.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 3, 3)), w: tp.Numpy.Placeholder((2, 1, 2, 2))) -> tp.Numpy:
+        ...     return flow.nn.conv2d(x, w, strides=1, padding="VALID")
+        >>> x = np.arange(9, dtype=np.float32).reshape(1, 1, 3, 3)
+        >>> w = np.float32([[[[1, 0], [0, 0]]], [[[1, 1], [1, 1]]]])   # two filters
+        >>> job(x, w).tolist()
+        [[[[0.0, 1.0], [3.0, 4.0]], [[8.0, 12.0], [20.0, 24.0]]]]
+    """
     if bias is None:
         return _conv_nd(2, "conv2d", input, filters, strides, padding, data_format, dilations, groups, name)
     api = "conv2d"
@@ -178,7 +196,15 @@ def compat_conv2d(input: Blob, filters: Blob, strides: Union[int, Sequence[int]]
                   data_format: str = "NCHW", dilations: Optional[Union[int, Sequence[int]]] = None,
                   groups: int = 1, name: Optional[str] = None) -> Blob:
     """TensorFlow's conv2d padding rule on :func:`conv2d`: 'SAME' puts the odd
-    padding element after (SAME_UPPER); 'VALID' pads nothing."""
+    padding element after (SAME_UPPER); 'VALID' pads nothing.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 2, 2)), w: tp.Numpy.Placeholder((1, 1, 2, 2))) -> tp.Numpy:
+        ...     return flow.nn.compat_conv2d(x, w, strides=1, padding="SAME")
+        >>> job(np.float32([[[[1, 2], [3, 4]]]]), np.ones((1, 1, 2, 2), np.float32)).tolist()
+        [[[[10.0, 6.0], [7.0, 4.0]]]]
+    """
     if not isinstance(padding, str) or padding.upper() not in ("SAME", "VALID"):
         _trace.fail(ValueError, f"compat_conv2d: padding must be 'SAME' or 'VALID', got {padding!r}")
     mode = "SAME_UPPER" if padding.upper() == "SAME" else "VALID"
@@ -246,7 +272,15 @@ def conv2d_transpose(value: Optional[Blob] = None, filter: Optional[Blob] = None
     """2-D transposed convolution (the gradient of conv2d with respect to its
     input), TensorFlow's conv2d_transpose: filters (in, out, kh, kw) for NCHW,
     (in, kh, kw, out) for NHWC; `output_shape` is the whole 4-D result shape,
-    and 'SAME' or 'VALID' padding is the one of the convolution it transposes."""
+    and 'SAME' or 'VALID' padding is the one of the convolution it transposes.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 2, 2)), w: tp.Numpy.Placeholder((1, 1, 2, 2))) -> tp.Numpy:
+        ...     return flow.nn.conv2d_transpose(x, w, output_shape=(1, 1, 4, 4), strides=2, padding="VALID")
+        >>> job(np.float32([[[[1, 2], [3, 4]]]]), np.ones((1, 1, 2, 2), np.float32))[0, 0].tolist()
+        [[1.0, 1.0, 2.0, 2.0], [1.0, 1.0, 2.0, 2.0], [3.0, 3.0, 4.0, 4.0], [3.0, 3.0, 4.0, 4.0]]
+    """
     api = "conv2d_transpose"
     x, w = _deconv_operands(api, value, filter, input, filters)
     cf = _channels_first(data_format, api)
@@ -291,7 +325,15 @@ def torch_conv2d_transpose(value: Optional[Blob] = None, filter: Optional[Blob] 
                            dilations: Optional[Union[int, Sequence[int]]] = None) -> Blob:
     """PyTorch's ConvTranspose2d arithmetic: padding_needed[i] (even) is twice
     torch's padding, output_padding extends the end; the output extent is
-    (in - 1) * stride - padding_needed + dilation * (k - 1) + 1 + output_padding."""
+    (in - 1) * stride - padding_needed + dilation * (k - 1) + 1 + output_padding.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 2, 2)), w: tp.Numpy.Placeholder((1, 1, 2, 2))) -> tp.Numpy:
+        ...     return flow.nn.torch_conv2d_transpose(x, w, strides=2, padding_needed=[0, 0])
+        >>> job(np.float32([[[[1, 2], [3, 4]]]]), np.ones((1, 1, 2, 2), np.float32)).shape
+        (1, 1, 4, 4)
+    """
     api = "torch_conv2d_transpose"
     x, w = _deconv_operands(api, value, filter, input, filters)
     cf = _channels_first(data_format, api)
@@ -313,7 +355,15 @@ def conv3d(input: Blob, filters: Blob, strides: Union[int, Sequence[int]],
            padding: Union[str, int, Sequence[Any]], data_format: str = "NCDHW",
            dilations: Optional[Union[int, Sequence[int]]] = None, groups: int = 1,
            name: Optional[str] = None) -> Blob:
-    """3-D convolution."""
+    """3-D convolution.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 2, 2, 2)), w: tp.Numpy.Placeholder((1, 1, 2, 2, 2))) -> tp.Numpy:
+        ...     return flow.nn.conv3d(x, w, strides=1, padding="VALID")
+        >>> job(np.ones((1, 1, 2, 2, 2), np.float32), np.ones((1, 1, 2, 2, 2), np.float32)).tolist()
+        [[[[[8.0]]]]]
+    """
     return _conv_nd(3, "conv3d", input, filters, strides, padding, data_format, dilations, groups, name)
 
 
@@ -379,42 +429,90 @@ def _pool_nd(s, kind, api, input, ksize, strides, padding, data_format, name):
 def max_pool1d(input: Blob, ksize: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
                padding: Union[str, int, Sequence[Any]], data_format: str = "NWC",
                name: Optional[str] = None) -> Blob:
-    """The 1-D form of :func:`max_pool2d`: max over ksize windows."""
+    """The 1-D form of :func:`max_pool2d`: max over ksize windows.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 4, 1))) -> tp.Numpy:
+        ...     return flow.nn.max_pool1d(x, ksize=2, strides=2, padding="VALID")   # NWC
+        >>> job(np.float32([[[1], [3], [2], [0]]])).tolist()
+        [[[3.0], [2.0]]]
+    """
     return _pool_nd(1, "max", "max_pool1d", input, ksize, strides, padding, data_format, name)
 
 
 def max_pool2d(input: Blob, ksize: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
                padding: Union[str, int, Sequence[Any]], data_format: str = "NCHW",
                name: Optional[str] = None) -> Blob:
-    """Max over ksize windows; padded positions never win (-inf)."""
+    """Max over ksize windows; padded positions never win (-inf).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 4, 4))) -> tp.Numpy:
+        ...     return flow.nn.max_pool2d(x, ksize=2, strides=2, padding="VALID")
+        >>> job(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)).tolist()
+        [[[[5.0, 7.0], [13.0, 15.0]]]]
+    """
     return _pool_nd(2, "max", "max_pool2d", input, ksize, strides, padding, data_format, name)
 
 
 def max_pool3d(input: Blob, ksize: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
                padding: Union[str, int, Sequence[Any]], data_format: str = "NCDHW",
                name: Optional[str] = None) -> Blob:
-    """The 3-D form of :func:`max_pool2d`: max over ksize windows."""
+    """The 3-D form of :func:`max_pool2d`: max over ksize windows.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 2, 2, 2))) -> tp.Numpy:
+        ...     return flow.nn.max_pool3d(x, ksize=2, strides=2, padding="VALID")
+        >>> job(np.arange(8, dtype=np.float32).reshape(1, 1, 2, 2, 2)).tolist()
+        [[[[[7.0]]]]]
+    """
     return _pool_nd(3, "max", "max_pool3d", input, ksize, strides, padding, data_format, name)
 
 
 def avg_pool1d(input: Blob, ksize: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
                padding: Union[str, int, Sequence[Any]], data_format: str = "NWC",
                name: Optional[str] = None) -> Blob:
-    """The 1-D form of :func:`avg_pool2d`: mean over ksize windows."""
+    """The 1-D form of :func:`avg_pool2d`: mean over ksize windows.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 4, 1))) -> tp.Numpy:
+        ...     return flow.nn.avg_pool1d(x, ksize=2, strides=2, padding="VALID")   # NWC
+        >>> job(np.float32([[[1], [3], [2], [0]]])).tolist()
+        [[[2.0], [1.0]]]
+    """
     return _pool_nd(1, "avg", "avg_pool1d", input, ksize, strides, padding, data_format, name)
 
 
 def avg_pool2d(input: Blob, ksize: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
                padding: Union[str, int, Sequence[Any]], data_format: str = "NCHW",
                name: Optional[str] = None) -> Blob:
-    """Mean over ksize windows; with padding, over the elements inside the input."""
+    """Mean over ksize windows; with padding, over the elements inside the input.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 4, 4))) -> tp.Numpy:
+        ...     return flow.nn.avg_pool2d(x, ksize=2, strides=2, padding="VALID")
+        >>> job(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)).tolist()
+        [[[[2.5, 4.5], [10.5, 12.5]]]]
+    """
     return _pool_nd(2, "avg", "avg_pool2d", input, ksize, strides, padding, data_format, name)
 
 
 def avg_pool3d(input: Blob, ksize: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
                padding: Union[str, int, Sequence[Any]], data_format: str = "NCDHW",
                name: Optional[str] = None) -> Blob:
-    """The 3-D form of :func:`avg_pool2d`: mean over ksize windows."""
+    """The 3-D form of :func:`avg_pool2d`: mean over ksize windows.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 2, 2, 2))) -> tp.Numpy:
+        ...     return flow.nn.avg_pool3d(x, ksize=2, strides=2, padding="VALID")
+        >>> job(np.arange(8, dtype=np.float32).reshape(1, 1, 2, 2, 2)).tolist()
+        [[[[[3.5]]]]]
+    """
     return _pool_nd(3, "avg", "avg_pool3d", input, ksize, strides, padding, data_format, name)
 
 
@@ -424,7 +522,15 @@ def dropout(x: Blob, rate: float, noise_shape: Optional[Sequence[int]] = None, s
             name: Optional[str] = None) -> Blob:
     """Zeroes each element with probability `rate` and scales the others by
     1 / (1 - rate) in train jobs; the identity in predict jobs. The mask is
-    counter-based: new every train step, reproducible from `seed`."""
+    counter-based: new every train step, reproducible from `seed`.
+
+    Example:
+        >>> @flow.global_function()   # a predict job: dropout is the identity
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.nn.dropout(x, rate=0.5)
+        >>> job(np.float32([1, 2, 3])).tolist()
+        [1.0, 2.0, 3.0]
+    """
     _check_blob(x, "dropout", "x")
     if not isinstance(rate, numbers.Real) or isinstance(rate, bool) or not 0.0 <= float(rate) < 1.0:
         _trace.fail(ValueError, f"dropout: rate must be a number in [0, 1), got {rate!r}")
@@ -506,7 +612,15 @@ def layer_conv1d(inputs: Blob, filters: int, kernel_size: Union[int, Sequence[in
                  kernel_regularizer: Optional[Any] = None, bias_regularizer: Optional[Any] = None,
                  trainable: bool = True, name: Optional[str] = None, weight_name: Optional[str] = None,
                  bias_name: Optional[str] = None) -> Blob:
-    """1-D convolution layer: variables `<name>-weight` (filters, in/groups, k) and `<name>-bias`."""
+    """1-D convolution layer: variables `<name>-weight` (filters, in/groups, k) and `<name>-bias`.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 2, 5))) -> tp.Numpy:
+        ...     return flow.layers.conv1d(x, filters=4, kernel_size=3, kernel_initializer=flow.ones_initializer())
+        >>> job(np.ones((1, 2, 5), np.float32)).tolist()
+        [[[6.0, 6.0, 6.0], [6.0, 6.0, 6.0], [6.0, 6.0, 6.0], [6.0, 6.0, 6.0]]]
+    """
     return _conv_layer(1, "conv1d", inputs, filters, kernel_size, strides, padding, data_format, dilation_rate,
                        groups, activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
                        bias_regularizer, trainable, name, weight_name, bias_name)
@@ -523,7 +637,17 @@ def layer_conv2d(inputs: Blob, filters: int, kernel_size: Union[int, Sequence[in
     """2-D convolution layer: variables `<name>-weight` of shape (filters,
     in/groups, kh, kw) for NCHW ((filters, kh, kw, in/groups) for NHWC) and
     `<name>-bias` (filters,); the bias and an elementwise activation fuse
-    into the convolution kernel."""
+    into the convolution kernel.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 3, 4, 4))) -> tp.Numpy:
+        ...     return flow.layers.conv2d(x, filters=2, kernel_size=3, padding="SAME", activation=flow.math.relu,
+        ...                               kernel_initializer=flow.constant_initializer(0.5))
+        >>> y = job(np.ones((1, 3, 4, 4), np.float32))
+        >>> y.shape, y[0, 0].tolist()
+        ((1, 2, 4, 4), [[6.0, 9.0, 9.0, 6.0], [9.0, 13.5, 13.5, 9.0], [9.0, 13.5, 13.5, 9.0], [6.0, 9.0, 9.0, 6.0]])
+    """
     return _conv_layer(2, "conv2d", inputs, filters, kernel_size, strides, padding, data_format, dilation_rate,
                        groups, activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
                        bias_regularizer, trainable, name, weight_name, bias_name)
@@ -537,7 +661,15 @@ def layer_conv3d(inputs: Blob, filters: int, kernel_size: Union[int, Sequence[in
                  kernel_regularizer: Optional[Any] = None, bias_regularizer: Optional[Any] = None,
                  trainable: bool = True, name: Optional[str] = None, weight_name: Optional[str] = None,
                  bias_name: Optional[str] = None) -> Blob:
-    """3-D convolution layer."""
+    """3-D convolution layer.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 3, 3, 3))) -> tp.Numpy:
+        ...     return flow.layers.conv3d(x, filters=2, kernel_size=2)
+        >>> job(np.ones((1, 1, 3, 3, 3), np.float32)).shape
+        (1, 2, 2, 2, 2)
+    """
     return _conv_layer(3, "conv3d", inputs, filters, kernel_size, strides, padding, data_format, dilation_rate,
                        groups, activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
                        bias_regularizer, trainable, name, weight_name, bias_name)
@@ -546,42 +678,90 @@ def layer_conv3d(inputs: Blob, filters: int, kernel_size: Union[int, Sequence[in
 def max_pooling1d(inputs: Blob, pool_size: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
                   padding: Union[str, int, Sequence[Any]] = "valid", data_format: str = "channels_last",
                   name: Optional[str] = None) -> Blob:
-    """flow.layers.max_pooling1d: :func:`flowjit.nn.max_pool1d` with Keras-style defaults."""
+    """flow.layers.max_pooling1d: :func:`flowjit.nn.max_pool1d` with Keras-style defaults.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 4, 1))) -> tp.Numpy:
+        ...     return flow.layers.max_pooling1d(x, pool_size=2, strides=2)   # channels_last
+        >>> job(np.float32([[[1], [3], [2], [0]]])).tolist()
+        [[[3.0], [2.0]]]
+    """
     return _pool_nd(1, "max", "max_pooling1d", inputs, pool_size, strides, padding, data_format, name)
 
 
 def max_pooling2d(inputs: Blob, pool_size: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
                   padding: Union[str, int, Sequence[Any]] = "valid", data_format: str = "channels_last",
                   name: Optional[str] = None) -> Blob:
-    """flow.layers.max_pooling2d (Keras-style defaults: 'valid', channels_last)."""
+    """flow.layers.max_pooling2d (Keras-style defaults: 'valid', channels_last).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 2, 2, 1))) -> tp.Numpy:
+        ...     return flow.layers.max_pooling2d(x, pool_size=2, strides=2)   # channels_last
+        >>> job(np.float32([[[[1], [3]], [[2], [0]]]])).tolist()
+        [[[[3.0]]]]
+    """
     return _pool_nd(2, "max", "max_pooling2d", inputs, pool_size, strides, padding, data_format, name)
 
 
 def max_pooling3d(inputs: Blob, pool_size: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
                   padding: Union[str, int, Sequence[Any]] = "valid", data_format: str = "channels_last",
                   name: Optional[str] = None) -> Blob:
-    """flow.layers.max_pooling3d: :func:`flowjit.nn.max_pool3d` with Keras-style defaults."""
+    """flow.layers.max_pooling3d: :func:`flowjit.nn.max_pool3d` with Keras-style defaults.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 2, 2, 2, 1))) -> tp.Numpy:
+        ...     return flow.layers.max_pooling3d(x, pool_size=2, strides=2)   # channels_last
+        >>> job(np.arange(8, dtype=np.float32).reshape(1, 2, 2, 2, 1)).tolist()
+        [[[[[7.0]]]]]
+    """
     return _pool_nd(3, "max", "max_pooling3d", inputs, pool_size, strides, padding, data_format, name)
 
 
 def average_pooling1d(inputs: Blob, pool_size: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
                       padding: Union[str, int, Sequence[Any]] = "valid", data_format: str = "channels_last",
                       name: Optional[str] = None) -> Blob:
-    """flow.layers.average_pooling1d: :func:`flowjit.nn.avg_pool1d` with Keras-style defaults ('valid', channels_last)."""
+    """flow.layers.average_pooling1d: :func:`flowjit.nn.avg_pool1d` with Keras-style defaults ('valid', channels_last).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 4, 1))) -> tp.Numpy:
+        ...     return flow.layers.average_pooling1d(x, pool_size=2, strides=2)   # channels_last
+        >>> job(np.float32([[[1], [3], [2], [0]]])).tolist()
+        [[[2.0], [1.0]]]
+    """
     return _pool_nd(1, "avg", "average_pooling1d", inputs, pool_size, strides, padding, data_format, name)
 
 
 def average_pooling2d(inputs: Blob, pool_size: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
                       padding: Union[str, int, Sequence[Any]] = "valid", data_format: str = "channels_last",
                       name: Optional[str] = None) -> Blob:
-    """flow.layers.average_pooling2d: :func:`flowjit.nn.avg_pool2d` with Keras-style defaults ('valid', channels_last)."""
+    """flow.layers.average_pooling2d: :func:`flowjit.nn.avg_pool2d` with Keras-style defaults ('valid', channels_last).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 2, 2, 1))) -> tp.Numpy:
+        ...     return flow.layers.average_pooling2d(x, pool_size=2, strides=2)   # channels_last
+        >>> job(np.float32([[[[1], [3]], [[2], [0]]]])).tolist()
+        [[[[1.5]]]]
+    """
     return _pool_nd(2, "avg", "average_pooling2d", inputs, pool_size, strides, padding, data_format, name)
 
 
 def average_pooling3d(inputs: Blob, pool_size: Union[int, Sequence[int]], strides: Union[int, Sequence[int]],
                       padding: Union[str, int, Sequence[Any]] = "valid", data_format: str = "channels_last",
                       name: Optional[str] = None) -> Blob:
-    """flow.layers.average_pooling3d: :func:`flowjit.nn.avg_pool3d` with Keras-style defaults ('valid', channels_last)."""
+    """flow.layers.average_pooling3d: :func:`flowjit.nn.avg_pool3d` with Keras-style defaults ('valid', channels_last).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 2, 2, 2, 1))) -> tp.Numpy:
+        ...     return flow.layers.average_pooling3d(x, pool_size=2, strides=2)   # channels_last
+        >>> job(np.arange(8, dtype=np.float32).reshape(1, 2, 2, 2, 1)).tolist()
+        [[[[[3.5]]]]]
+    """
     return _pool_nd(3, "avg", "average_pooling3d", inputs, pool_size, strides, padding, data_format, name)
 
 
@@ -615,6 +795,13 @@ def batch_normalization(inputs: Blob, axis: int = -1, momentum: float = 0.99, ep
     moving = momentum * moving + (1 - momentum) * batch. Otherwise (predict
     jobs, or training=False) the moving statistics normalize. `<name>-gamma`
     scales and `<name>-beta` shifts when scale and center are set.
+
+    Example:
+        >>> @flow.global_function()   # a predict job normalizes with the moving statistics (0 and 1)
+        ... def job(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.layers.batch_normalization(x, axis=1, epsilon=0.0)
+        >>> job(np.float32([[1, 2, 3], [4, 5, 6]])).tolist()
+        [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]
     """
     from ._variables import ConstantInitializer, get_variable
     api = "batch_normalization"
@@ -673,7 +860,15 @@ def layer_norm(inputs: Blob, center: bool = True, scale: bool = True, trainable:
                begin_norm_axis: int = 1, begin_params_axis: int = -1, epsilon: float = 1e-5,
                name: str = "LayerNorm") -> Blob:
     """Normalizes over the axes from `begin_norm_axis` on; `<name>-gamma` and
-    `<name>-beta` have the input's shape from `begin_params_axis` on."""
+    `<name>-beta` have the input's shape from `begin_params_axis` on.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.layers.layer_norm(x, epsilon=0.0)   # gamma 1 and beta 0 at first
+        >>> job(np.float32([[1, 3], [5, 5.5]])).tolist()
+        [[-1.0, 1.0], [-1.0, 1.0]]
+    """
     from ._variables import ConstantInitializer, get_variable
     api = "layer_norm"
     _float_input(inputs, api)

@@ -56,7 +56,18 @@ def ctc_loss(log_probs: Blob, targets: Blob, input_lengths: Blob, target_lengths
     (N,): the negative log-probability of all alignments, per sample for
     reduction 'none', the mean of loss / target_length for 'mean', the sum
     for 'sum'. A sample with no possible alignment has loss inf (its gradient
-    NaN), or 0 (and gradient 0) with zero_infinity."""
+    NaN), or 0 (and gradient 0) with zero_infinity.
+
+    Example:
+        >>> @flow.global_function()   # T=1 step, N=1, C=2 classes (0 the blank), target [1]
+        ... def job(lp: tp.Numpy.Placeholder((1, 1, 2)), t: tp.Numpy.Placeholder((1, 1), dtype=flow.int32),
+        ...         il: tp.Numpy.Placeholder((1,), dtype=flow.int32),
+        ...         tl: tp.Numpy.Placeholder((1,), dtype=flow.int32)) -> tp.Numpy:
+        ...     return flow.ctc_loss(lp, t, il, tl, reduction="none")
+        >>> lp = np.log(np.float32([[[0.25, 0.75]]]))
+        >>> job(lp, np.int32([[1]]), np.int32([1]), np.int32([1])).astype(float).round(3).tolist()   # -log 0.75
+        [0.288]
+    """
     api = "ctc_loss"
     floating(log_probs, api, "log_probs")
     if len(log_probs.shape) != 3:
@@ -158,7 +169,20 @@ def ctc_greedy_decoder(log_probs: Blob, input_lengths: Blob, merge_repeated: boo
     per sample, the most likely class at each of its input_lengths steps,
     repeats merged (with merge_repeated) and blanks dropped, left-aligned in
     `decoded` (N, T) of input_lengths' dtype (0 after the end); and
-    neg_sum_logits (N, 1), minus the sum of those steps' largest log-probabilities."""
+    neg_sum_logits (N, 1), minus the sum of those steps' largest log-probabilities.
+
+    Example:
+        >>> from typing import Tuple
+        >>> @flow.global_function()   # T=4 steps, N=1, classes 0, 1 and the blank 2
+        ... def job(lp: tp.Numpy.Placeholder((4, 1, 3)),
+        ...         il: tp.Numpy.Placeholder((1,), dtype=flow.int64)) -> Tuple[tp.Numpy, tp.Numpy]:
+        ...     return flow.nn.ctc_greedy_decoder(lp, il)
+        >>> best = [1, 1, 2, 0]   # the most likely class at each step
+        >>> lp = np.log(np.where(np.eye(3)[best] > 0, 0.8, 0.1).astype(np.float32)).reshape(4, 1, 3)
+        >>> decoded, _ = job(lp, np.int64([4]))
+        >>> decoded.tolist()
+        [[1, 0, 0, 0]]
+    """
     api = "ctc_greedy_decoder"
     floating(log_probs, api, "log_probs")
     if len(log_probs.shape) != 3:

@@ -59,7 +59,7 @@ class _PerCallOps:
 
 def decode_random(shape: Sequence[int], dtype: DTypeLike, batch_size: int = 1, initializer: Optional[Any] = None,
                   tick: Optional[Blob] = None, name: Optional[str] = None) -> Blob:
-    """A (batch_size, *shape) blob of `dtype` drawn from `initializer`
+    """A ``(batch_size, *shape)`` blob of `dtype` drawn from `initializer`
     (default ``flow.random_uniform_initializer()``: uniform in [0, 1)), new
     at every call of the job, as OneFlow's DecodeRandom op. `tick` (an op
     this one waits for in OneFlow's graph) changes nothing here: each call

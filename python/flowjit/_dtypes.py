@@ -63,13 +63,23 @@ _BY_NAME.update({"float": float32, "double": float64, "bool": bool_, "char": int
 def dtypes() -> List[DType]:
     """Every dtype object flowjit names (OneFlow's ``flow.dtypes()``). Aliases
     such as flow.float are the same objects as flow.float32 and are not
-    repeated."""
+    repeated.
+
+    Example:
+        >>> flow.float32 in flow.dtypes(), len(flow.dtypes()) == len(set(flow.dtypes()))
+        (True, True)
+    """
     return list(ALL)
 
 
 def convert_oneflow_dtype_to_numpy_dtype(dtype: DType) -> type:
     """The numpy scalar type of a flow dtype (``flow.float32`` -> ``np.float32``,
-    ``flow.char`` -> ``np.int8``, ``flow.bfloat16`` -> ``ml_dtypes.bfloat16``)."""
+    ``flow.char`` -> ``np.int8``, ``flow.bfloat16`` -> ``ml_dtypes.bfloat16``).
+
+    Example:
+        >>> flow.convert_oneflow_dtype_to_numpy_dtype(flow.float32), flow.convert_oneflow_dtype_to_numpy_dtype(flow.char)
+        (<class 'numpy.float32'>, <class 'numpy.int8'>)
+    """
     if isinstance(dtype, DType):
         return _numpy_of(dtype).type
     raise TypeError(f"convert_oneflow_dtype_to_numpy_dtype: expected a flow dtype such as flow.float32, "

@@ -219,7 +219,15 @@ def categorical_ordinal_encoder(input_tensor: Blob, capacity: int, hash_precompu
                                 name: str = "CategoricalOrdinalEncoder") -> Blob:
     """categorical_ordinal_encode with its state in variables of its own:
     `<name>-Table` (shape (2 * capacity,)) and `<name>-Size` (shape (1,)), of
-    the input's dtype, not trainable (OneFlow's layer)."""
+    the input's dtype, not trainable (OneFlow's layer).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,), dtype=flow.int32)) -> tp.Numpy:
+        ...     return flow.layers.categorical_ordinal_encoder(x, capacity=8)
+        >>> job(np.int32([7, 3, 7, 0])).tolist(), job(np.int32([5, 3, 5, 5])).tolist()
+        ([1, 2, 1, 0], [3, 2, 3, 3])
+    """
     from . import scope
     from ._variables import ConstantInitializer, get_variable
     if not _ops._is_int(capacity) or capacity < 1:

@@ -23,7 +23,15 @@ def _bias_add(value, bias, data_format, api):
 
 
 def fused_bias_add_gelu(a: Blob, b: Blob, data_format: str = "NCHW", name: Optional[str] = None) -> Blob:
-    """gelu(bias_add(a, b, data_format))."""
+    """gelu(bias_add(a, b, data_format)).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(a: tp.Numpy.Placeholder((1, 2)), b: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.nn.fused_bias_add_gelu(a, b, data_format="NC")
+        >>> job(np.float32([[0, 1]]), np.float32([0, 1])).astype(float).round(3).tolist()
+        [[0.0, 1.954]]
+    """
     return gelu(_bias_add(a, b, data_format, "fused_bias_add_gelu"), name=name)
 
 
@@ -31,14 +39,30 @@ def fused_bias_add_dropout(a: Blob, b: Blob, data_format: str = "NCHW", rate: fl
                            noise_shape: Optional[Sequence[int]] = None, seed: Optional[int] = None,
                            name: Optional[str] = None) -> Blob:
     """dropout(bias_add(a, b, data_format), rate, noise_shape, seed): with the
-    same seed, the same mask as flow.nn.dropout."""
+    same seed, the same mask as flow.nn.dropout.
+
+    Example:
+        >>> @flow.global_function()   # a predict job: dropout is the identity
+        ... def job(a: tp.Numpy.Placeholder((1, 2)), b: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.nn.fused_bias_add_dropout(a, b, data_format="NC", rate=0.5)
+        >>> job(np.float32([[0, 1]]), np.float32([1, 2])).tolist()
+        [[1.0, 3.0]]
+    """
     return dropout(_bias_add(a, b, data_format, "fused_bias_add_dropout"), rate, noise_shape, seed, name)
 
 
 def fused_scale_tril(x: Blob, diagonal: int = 0, fill_value: Union[int, float] = 0, scale: Union[int, float] = 1,
                      name: Optional[str] = None) -> Blob:
     """x * scale on and below the `diagonal`-th diagonal of the last two axes,
-    fill_value (not scaled) above it."""
+    fill_value (not scaled) above it.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.math.fused_scale_tril(x, fill_value=-1, scale=2)
+        >>> job(np.float32([[1, 2], [3, 4]])).tolist()
+        [[2.0, -1.0], [6.0, 8.0]]
+    """
     api = "fused_scale_tril"
     floating(x, api, "x")
     s = number(scale, api, "scale")
@@ -51,7 +75,15 @@ def fused_scale_tril_softmax_dropout(x: Blob, diagonal: int = 0, fill_value: Uni
                                      noise_shape: Optional[Sequence[int]] = None, seed: Optional[int] = None,
                                      name: Optional[str] = None) -> Blob:
     """dropout(softmax(fused_scale_tril(x, diagonal, fill_value, scale)), rate,
-    noise_shape, seed) over the last axis (a causal attention mask)."""
+    noise_shape, seed) over the last axis (a causal attention mask).
+
+    Example:
+        >>> @flow.global_function()   # a causal mask, then softmax; predict: no dropout
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.math.fused_scale_tril_softmax_dropout(x, fill_value=-1e9, rate=0.1)
+        >>> job(np.zeros((2, 2), np.float32)).tolist()
+        [[1.0, 0.0], [0.5, 0.5]]
+    """
     y = _ops.softmax(fused_scale_tril(x, diagonal, fill_value, scale))
     return dropout(y, rate, noise_shape, seed, name)
 
@@ -60,7 +92,16 @@ def random_mask_like(like: Blob, rate: float, seed: Optional[int] = None,
                      noise_shape: Optional[Sequence[int]] = None, name: Optional[str] = None) -> Blob:
     """An int8 blob of like's shape (or `noise_shape`): 1 with probability
     1 - rate, else 0; new numbers at every run of the job, reproducible from
-    `seed` (in train jobs, the mask flow.nn.dropout draws with that seed)."""
+    `seed` (in train jobs, the mask flow.nn.dropout draws with that seed).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1000,))) -> tp.Numpy:
+        ...     return flow.nn.random_mask_like(x, rate=0.25, seed=1)
+        >>> mask = job(np.zeros(1000, np.float32))
+        >>> mask.dtype, set(mask.tolist()), bool(650 < mask.sum() < 850)
+        (dtype('int8'), {0, 1}, True)
+    """
     api = "random_mask_like"
     if not isinstance(like, Blob):
         _trace.fail(TypeError, f"{api}: like must be a Blob, got {type(like).__name__}")
@@ -94,7 +135,15 @@ def random_mask_like(like: Blob, rate: float, seed: Optional[int] = None,
 def softmax_grad(y: Blob, dy: Blob, axis: Optional[int] = None, name: Optional[str] = None) -> Blob:
     """The gradient of softmax with respect to its logits, from its output y
     and output gradient dy: y * (dy - sum(dy * y)) along `axis` (the last when
-    None)."""
+    None).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(y: tp.Numpy.Placeholder((1, 2)), dy: tp.Numpy.Placeholder((1, 2))) -> tp.Numpy:
+        ...     return flow.nn.softmax_grad(y, dy)   # y * (dy - sum(dy * y))
+        >>> job(np.float32([[0.5, 0.5]]), np.float32([[1, 0]])).tolist()
+        [[0.25, -0.25]]
+    """
     api = "softmax_grad"
     floating(y, api, "y")
     floating(dy, api, "dy")
@@ -111,7 +160,17 @@ def fused_self_attention_query_mul_key_and_value(x: Blob, head_size: int, alpha:
                                                  name: Optional[str] = None) -> Tuple[Blob, Blob]:
     """From x (seq, batch, heads * 3 * head_size), each head's [q | k | v]
     side by side: (alpha * q @ k^T of shape (batch, heads, seq, seq),
-    v of shape (batch, heads, seq, head_size))."""
+    v of shape (batch, heads, seq, head_size)).
+
+    Example:
+        >>> from typing import Tuple
+        >>> @flow.global_function()   # seq 3, batch 1, 2 heads of 4
+        ... def job(x: tp.Numpy.Placeholder((3, 1, 2 * 3 * 4))) -> Tuple[tp.Numpy, tp.Numpy]:
+        ...     return flow.nn.fused_self_attention_query_mul_key_and_value(x, head_size=4)
+        >>> qk, v = job(np.ones((3, 1, 24), np.float32))
+        >>> qk.shape, v.shape, qk[0, 0, 0, 0].item()
+        ((1, 2, 3, 3), (1, 2, 3, 4), 4.0)
+    """
     api = "fused_self_attention_query_mul_key_and_value"
     floating(x, api, "x")
     if not isinstance(head_size, numbers.Integral) or isinstance(head_size, bool) or head_size < 1:

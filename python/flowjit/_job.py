@@ -233,7 +233,17 @@ class FunctionConfig:
 
 
 def function_config() -> FunctionConfig:
-    """A new set of settings for :func:`global_function`'s `function_config`."""
+    """A new set of settings for :func:`global_function`'s `function_config`.
+
+    Example:
+        >>> config = flow.function_config()
+        >>> _ = config.default_data_type(flow.float64)   # for constants given no dtype
+        >>> @flow.global_function(function_config=config)
+        ... def job() -> tp.Numpy:
+        ...     return flow.zeros([2])
+        >>> job().dtype
+        dtype('float64')
+    """
     return FunctionConfig()
 
 
@@ -1262,7 +1272,15 @@ def global_function(type: Union[str, FunctionConfig, Callable, None] = None,  # 
 
     Without `type` a job is "predict", or "train" when its function_config
     sets train.primary_lr / model_update_conf (OneFlow 0.1-0.2, where
-    ``@flow.global_function(func_config)`` was the form)."""
+    ``@flow.global_function(func_config)`` was the form).
+
+    Example:
+        >>> @flow.global_function(type="predict")
+        ... def double(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return x * 2
+        >>> double(np.float32([1, 2, 3])).tolist()   # the first call traces and compiles
+        [2.0, 4.0, 6.0]
+    """
     if callable(type) and not isinstance(type, (str, FunctionConfig)):
         return JobFunction(type, None, None)  # used without parentheses
     if isinstance(type, FunctionConfig):  # older positional form: global_function(config)

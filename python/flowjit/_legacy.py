@@ -49,7 +49,20 @@ def watch(blob_watched, handler_or_prompt=None):
     numpy_list()). A synchronous call (numpy results) returns after its
     handlers ran; a handler's exception is reported at the next
     synchronous call or flow.sync_default_session(), like a callback's.
-    Without a handler the value is printed (OneFlow's default)."""
+    Without a handler the value is printed (OneFlow's default).
+
+    Example:
+        >>> def show(v: tp.Numpy):
+        ...     print("watched", v.tolist())
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     y = x * 2
+        ...     flow.watch(y, show)
+        ...     return y + 1
+        >>> job(np.float32([1, 2])).tolist()
+        watched [2.0, 4.0]
+        [3.0, 5.0]
+    """
     b = _trace.require_builder("flow.watch")
     loc = _trace.user_location()
     if not isinstance(blob_watched, Blob):
@@ -79,7 +92,23 @@ def watch_diff(blob_watched, handler_or_prompt=None):
     """Calls `handler(gradient)` with the gradient of the job's loss with
     respect to the blob (as OneFlow's backward pass sees it: the loss seeded
     with ones) at every call of a train job, in call order, on the callback
-    thread. The gradient becomes one more output of the compiled job."""
+    thread. The gradient becomes one more output of the compiled job.
+
+    Example:
+        >>> def show(g: tp.Numpy):
+        ...     print("gradient", g.tolist())
+        >>> @flow.global_function(type="train")
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     w = flow.get_variable("w", shape=(2,), initializer=flow.ones_initializer())
+        ...     y = x * w
+        ...     flow.watch_diff(y, show)
+        ...     loss = flow.math.reduce_sum(y * y)
+        ...     flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.0])).minimize(loss)
+        ...     return loss
+        >>> job(np.float32([1, 3])).tolist()   # d(sum y^2)/dy = 2y
+        gradient [2.0, 6.0]
+        [10.0]
+    """
     b = _trace.require_builder("flow.watch_diff")
     loc = _trace.user_location()
     if not isinstance(blob_watched, Blob):
@@ -106,7 +135,19 @@ def predict_watch_diff_error(b):
 
 def fixed_placement(device_tag: str, machine_device_ids, hierarchy=None):
     """OneFlow's deprecated name of :func:`flowjit.scope.placement` (also
-    ``flow.device_prior_placement``); warns once with DeprecationWarning."""
+    ``flow.device_prior_placement``); warns once with DeprecationWarning.
+
+    Example:
+        >>> import warnings
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     with warnings.catch_warnings():
+        ...         warnings.simplefilter("ignore", DeprecationWarning)
+        ...         with flow.fixed_placement("cpu", "0:0"):
+        ...             return x + 1
+        >>> job(np.float32([1, 2])).tolist()
+        [2.0, 3.0]
+    """
     import warnings
 
     from . import scope
@@ -121,7 +162,15 @@ device_prior_placement = fixed_placement
 def empty_initializer(dtype=None):
     """OneFlow's ``empty_initializer``: a variable whose first value does not
     matter (it is loaded or assigned before use). flowjit fills it with zeros,
-    so a job that reads it anyway stays deterministic."""
+    so a job that reads it anyway stays deterministic.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(2,), initializer=flow.empty_initializer())
+        >>> job().tolist()   # zeros in flowjit
+        [0.0, 0.0]
+    """
     from ._variables import zeros_initializer
     return zeros_initializer(dtype)
 
@@ -132,7 +181,11 @@ _REUSE_STRATEGIES = ("mem_sharing_priority", "parallelism_priority", "custom_par
 def inter_job_reuse_mem_strategy(strategy_str: str, job_set=None, **kwargs) -> None:
     """OneFlow's memory-sharing strategy between the jobs of a job set:
     checked and accepted. flowjit gives each compiled job its own arena, so
-    the strategy changes nothing it computes (said once at FLOWJIT_DEBUG=1)."""
+    the strategy changes nothing it computes (said once at FLOWJIT_DEBUG=1).
+
+    Example:
+        >>> flow.inter_job_reuse_mem_strategy("mem_sharing_priority")   # accepted, changes nothing
+    """
     from . import _log
     if strategy_str not in _REUSE_STRATEGIES:
         raise ValueError(f"inter_job_reuse_mem_strategy: expected one of {_REUSE_STRATEGIES}, "

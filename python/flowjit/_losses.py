@@ -42,13 +42,29 @@ def _weight(api, w, like, what="weight"):
 
 
 def mse_loss(input: Blob, target: Blob, reduction: str = "mean", name: Optional[str] = None) -> Blob:  # noqa: A002 - OneFlow's names
-    """(input - target)^2, reduced."""
+    """(input - target)^2, reduced.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,)), y: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.nn.mse_loss(x, y)
+        >>> job(np.float32([1, 2, 3]), np.float32([1, 0, 1])).astype(float).round(3).tolist()
+        [2.667]
+    """
     _check("mse_loss", input, target, reduction)
     return _reduce(_ops.square(_ops.subtract(input, target)), reduction, "mse_loss", name)
 
 
 def l1_loss(input: Blob, target: Blob, reduction: str = "mean", name: Optional[str] = None) -> Blob:  # noqa: A002
-    """|input - target|, reduced."""
+    """|input - target|, reduced.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,)), y: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.nn.l1_loss(x, y, reduction="sum")
+        >>> job(np.float32([1, 2, 3]), np.float32([1, 0, 1])).tolist()
+        [4.0]
+    """
     _check("l1_loss", input, target, reduction)
     return _reduce(_ops.abs(_ops.subtract(target, input)), reduction, "l1_loss", name)
 
@@ -57,7 +73,15 @@ def smooth_l1_loss(prediction: Blob, label: Blob, beta: float = 1.0, reduction: 
                    name: Optional[str] = None) -> Blob:
     """With d = |prediction - label|: 0.5 d^2 / beta where d < beta, else
     d - 0.5 beta (OneFlow's flow.smooth_l1_loss is elementwise: reduction
-    "none" by default)."""
+    "none" by default).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,)), y: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.nn.smooth_l1_loss(x, y)
+        >>> job(np.float32([1, 2, 3]), np.float32([1.5, 0, 1])).tolist()
+        [0.125, 1.5, 1.5]
+    """
     _check("smooth_l1_loss", prediction, label, reduction, ("prediction", "label"))
     b = number(beta, "smooth_l1_loss", "beta")
     if b < 0:
@@ -73,7 +97,15 @@ def smooth_l1_loss(prediction: Blob, label: Blob, beta: float = 1.0, reduction: 
 def bce_loss(input: Blob, target: Blob, weight: Optional[Blob] = None, reduction: str = "mean",  # noqa: A002
              name: Optional[str] = None) -> Blob:
     """-(target log(input) + (1 - target) log(1 - input)), times weight, reduced;
-    input holds probabilities."""
+    input holds probabilities.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,)), y: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.nn.bce_loss(x, y, reduction="none")
+        >>> job(np.float32([0.5, 0.9]), np.float32([1, 0])).astype(float).round(3).tolist()
+        [0.693, 2.303]
+    """
     _check("bce_loss", input, target, reduction)
     w = _weight("bce_loss", weight, input)
     loss = _ops.negative(_ops.add(_ops.multiply(target, _ops.log(input)),
@@ -89,7 +121,15 @@ def bce_with_logits_loss(input: Blob, target: Blob, weight: Optional[Blob] = Non
                          name: Optional[str] = None) -> Blob:
     """bce_loss(sigmoid(input), target) computed from the logits without
     overflow; pos_weight (one per class, the last axis) scales the positive term:
-    (1 - t) x + (1 + (p - 1) t) softplus(-x)."""
+    (1 - t) x + (1 + (p - 1) t) softplus(-x).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,)), y: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.nn.bce_with_logits_loss(x, y, reduction="none")
+        >>> job(np.float32([0, 2]), np.float32([1, 0])).astype(float).round(3).tolist()
+        [0.693, 2.127]
+    """
     api = "bce_with_logits_loss"
     _check(api, input, target, reduction)
     w = _weight(api, weight, input)
@@ -112,7 +152,15 @@ def bce_with_logits_loss(input: Blob, target: Blob, weight: Optional[Blob] = Non
 def kldiv_loss(input: Blob, target: Blob, log_target: bool = False, reduction: str = "mean",  # noqa: A002
                name: Optional[str] = None) -> Blob:
     """target (log(target) - input), 0 where target <= 0 (input holds log
-    probabilities); with log_target, exp(target) (target - input)."""
+    probabilities); with log_target, exp(target) (target - input).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,)), y: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.nn.kldiv_loss(x, y, reduction="none")
+        >>> job(np.float32([-1, -1]), np.float32([0.5, 0.5])).astype(float).round(3).tolist()
+        [0.153, 0.153]
+    """
     api = "kldiv_loss"
     _check(api, input, target, reduction)
     if log_target:
@@ -127,7 +175,15 @@ def kldiv_loss(input: Blob, target: Blob, log_target: bool = False, reduction: s
 
 def sparse_cross_entropy(labels: Blob, prediction: Blob, name: Optional[str] = None) -> Blob:
     """-log(prediction[..., label]) for probabilities `prediction`; labels has
-    prediction's shape without the last axis (or with a last axis of 1)."""
+    prediction's shape without the last axis (or with a last axis of 1).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(labels: tp.Numpy.Placeholder((2,), dtype=flow.int32), p: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.nn.sparse_cross_entropy(labels, p)   # -log(p[i, labels[i]])
+        >>> job(np.int32([0, 1]), np.float32([[0.5, 0.5], [0.9, 0.1]])).astype(float).round(3).tolist()
+        [0.693, 2.303]
+    """
     api = "sparse_cross_entropy"
     blob(labels, api, "labels")
     floating(prediction, api, "prediction")
@@ -151,7 +207,15 @@ def sparse_cross_entropy(labels: Blob, prediction: Blob, name: Optional[str] = N
 def margin_ranking_loss(input1: Blob, input2: Blob, target: Blob, margin: float = 0.0,
                         reduction: str = "mean", name: Optional[str] = None) -> Blob:
     """max(0, margin - target * (input1 - input2)), reduced; target holds 1 where
-    input1 should rank higher and -1 where input2 should (it broadcasts)."""
+    input1 should rank higher and -1 where input2 should (it broadcasts).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(a: tp.Numpy.Placeholder((2,)), b: tp.Numpy.Placeholder((2,)), t: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.nn.margin_ranking_loss(a, b, t, margin=1.0, reduction="none")
+        >>> job(np.float32([3, 1]), np.float32([1, 2]), np.float32([1, 1])).tolist()
+        [0.0, 2.0]
+    """
     api = "MarginRankingLoss"
     _check(api, input1, input2, reduction, ("input1", "input2"))
     floating(target, api, "target")
@@ -176,7 +240,15 @@ def triplet_margin_loss(anchor: Blob, positive: Blob, negative: Blob, margin: fl
     """max(0, margin + d(anchor, positive) - d(anchor, negative)) per sample,
     reduced, where d(a, b) is the p-norm of a - b + eps along the last axis;
     with swap, d(anchor, negative) is replaced by the smaller of it and
-    d(positive, negative)."""
+    d(positive, negative).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(a: tp.Numpy.Placeholder((1, 2)), p: tp.Numpy.Placeholder((1, 2)), n: tp.Numpy.Placeholder((1, 2))) -> tp.Numpy:
+        ...     return flow.nn.triplet_margin_loss(a, p, n, margin=1.0, eps=0.0)
+        >>> job(np.float32([[0, 0]]), np.float32([[3, 4]]), np.float32([[0, 1]])).astype(float).round(3).tolist()
+        [5.0]
+    """
     api = "TripletMarginLoss"
     _check(api, anchor, positive, reduction, ("anchor", "positive"))
     _check(api, anchor, negative, reduction, ("anchor", "negative"))
@@ -199,7 +271,15 @@ def softmax_cross_entropy_with_logits(labels: Blob, logits: Blob, name: Optional
     axis, with OneFlow's and TensorFlow's gradient softmax(logits) - labels with
     respect to the logits (the exact one when each row of labels sums to 1),
     and -log_softmax(logits) with respect to the labels. Logits holding inf or
-    NaN fail the run."""
+    NaN fail the run.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(labels: tp.Numpy.Placeholder((1, 2)), logits: tp.Numpy.Placeholder((1, 2))) -> tp.Numpy:
+        ...     return flow.nn.softmax_cross_entropy_with_logits(labels, logits)
+        >>> job(np.float32([[0.5, 0.5]]), np.float32([[0, 0]])).astype(float).round(3).tolist()
+        [0.693]
+    """
     api = "softmax_cross_entropy_with_logits"
     floating(labels, api, "labels")
     floating(logits, api, "logits")
@@ -225,5 +305,13 @@ def distributed_sparse_softmax_cross_entropy_with_logits(labels: Blob, logits: B
                                                          name: Optional[str] = None) -> Blob:
     """:func:`flowjit.nn.sparse_softmax_cross_entropy_with_logits` (OneFlow's form
     for logits split over devices along the classes; flowjit places the split
-    itself, so the result and gradient are the same)."""
+    itself, so the result and gradient are the same).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(labels: tp.Numpy.Placeholder((2,), dtype=flow.int32), logits: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.nn.distributed_sparse_softmax_cross_entropy_with_logits(labels, logits)
+        >>> job(np.int32([0, 1]), np.float32([[0, 0], [0, 100]])).astype(float).round(3).tolist()
+        [0.693, 0.0]
+    """
     return _ops.sparse_softmax_cross_entropy_with_logits(labels, logits, name=name)

@@ -43,7 +43,16 @@ def batch_normalization(x: Blob, mean: Blob, variance: Blob, offset: Optional[Bl
                         name: Optional[str] = None) -> Blob:
     """(x - mean) / sqrt(variance + variance_epsilon) * scale + offset, with the
     statistics given: mean, variance, offset and scale are 1-D along `axis`
-    (1 for NCHW) or have x's rank."""
+    (1 for NCHW) or have x's rank.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2)), mean: tp.Numpy.Placeholder((2,)),
+        ...         var: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.nn.batch_normalization(x, mean, var, variance_epsilon=0.0, axis=1)
+        >>> job(np.float32([[1, 2], [3, 6]]), np.float32([2, 4]), np.float32([1, 4])).tolist()
+        [[-1.0, -1.0], [1.0, 1.0]]
+    """
     api = "nn.batch_normalization"
     floating(x, api, "x")
     ax = _axis(x, axis, api)
@@ -73,7 +82,15 @@ def layer_norm(inputs: Blob, gamma: Optional[Blob] = None, beta: Optional[Blob] 
                begin_params_axis: int = -1, epsilon: float = 1e-5, name: Optional[str] = None) -> Blob:
     """x normalized over the axes from `begin_norm_axis` on (biased variance),
     times gamma plus beta; gamma and beta hold x's shape from
-    `begin_params_axis` on."""
+    `begin_params_axis` on.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.nn.layer_norm(x, epsilon=0.0)
+        >>> job(np.float32([[1, 3], [5, 5.5]])).tolist()
+        [[-1.0, 1.0], [-1.0, 1.0]]
+    """
     api = "nn.layer_norm"
     floating(inputs, api, "inputs")
     x = inputs
@@ -122,7 +139,15 @@ def group_normalization(x: Blob, num_groups: int = 32, eps: float = 1e-05, affin
                         name: Optional[str] = None) -> Blob:
     """Normalizes each of `num_groups` groups of channels of x (N, C, ...) per
     sample over its channels and spatial positions; with `affine`, scales and
-    shifts each channel by the variables `<name>_gamma` and `<name>_beta`."""
+    shifts each channel by the variables `<name>_gamma` and `<name>_beta`.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 4, 1))) -> tp.Numpy:
+        ...     return flow.nn.group_normalization(x, num_groups=2, eps=0.0)
+        >>> job(np.float32([[[1], [3], [0], [10]]]))[0, :, 0].tolist()
+        [-1.0, 1.0, -1.0, 1.0]
+    """
     api = "GroupNorm"
     floating(x, api, "x")
     if len(x.shape) < 3:
@@ -151,17 +176,41 @@ def _instance_norm(x, rank, eps, affine, name, api):
 
 def instance_normalization1d(x: Blob, eps: float = 1e-05, affine: bool = True, name: Optional[str] = None) -> Blob:
     """Normalizes each channel of each sample of x (N, C, L) over L; with
-    `affine`, the variables `<name>_gamma` and `<name>_beta` (1, C, 1) apply."""
+    `affine`, the variables `<name>_gamma` and `<name>_beta` (1, C, 1) apply.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 2, 2))) -> tp.Numpy:
+        ...     return flow.nn.instance_normalization1d(x, eps=0.0)
+        >>> job(np.float32([[[1, 3], [10, 0]]])).tolist()
+        [[[-1.0, 1.0], [1.0, -1.0]]]
+    """
     return _instance_norm(x, 3, eps, affine, name, "InstanceNorm1d")
 
 
 def instance_normalization2d(x: Blob, eps: float = 1e-05, affine: bool = True, name: Optional[str] = None) -> Blob:
-    """:func:`instance_normalization1d` for x (N, C, H, W), over H and W."""
+    """:func:`instance_normalization1d` for x (N, C, H, W), over H and W.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 2, 2))) -> tp.Numpy:
+        ...     return flow.nn.instance_normalization2d(x, eps=0.0)
+        >>> job(np.float32([[[[1, 3], [3, 1]]]])).tolist()
+        [[[[-1.0, 1.0], [1.0, -1.0]]]]
+    """
     return _instance_norm(x, 4, eps, affine, name, "InstanceNorm2d")
 
 
 def instance_normalization3d(x: Blob, eps: float = 1e-05, affine: bool = True, name: Optional[str] = None) -> Blob:
-    """:func:`instance_normalization1d` for x (N, C, D, H, W), over D, H and W."""
+    """:func:`instance_normalization1d` for x (N, C, D, H, W), over D, H and W.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 2, 1, 1))) -> tp.Numpy:
+        ...     return flow.nn.instance_normalization3d(x, eps=0.0)
+        >>> job(np.float32([1, 3]).reshape(1, 1, 2, 1, 1)).ravel().tolist()
+        [-1.0, 1.0]
+    """
     return _instance_norm(x, 5, eps, affine, name, "InstanceNorm3d")
 
 
@@ -174,7 +223,15 @@ def batch_normalization_add_relu(inputs: Blob, addend: Optional[Blob] = None, ax
                                  moving_variance_initializer: Optional[Any] = None, trainable: bool = True,
                                  training: bool = True, name: str = "BatchNorm") -> Blob:
     """relu(batch_normalization(inputs) + addend) (addend optional), with the
-    variables and moving statistics of :func:`flowjit.layers.batch_normalization`."""
+    variables and moving statistics of :func:`flowjit.layers.batch_normalization`.
+
+    Example:
+        >>> @flow.global_function()   # predict: the moving statistics (0 and 1) normalize
+        ... def job(x: tp.Numpy.Placeholder((1, 3)), a: tp.Numpy.Placeholder((1, 3))) -> tp.Numpy:
+        ...     return flow.layers.batch_normalization_add_relu(x, a, axis=1, epsilon=0.0)
+        >>> job(np.float32([[1, -2, 3]]), np.float32([[1, 1, -4]])).tolist()
+        [[2.0, 0.0, 0.0]]
+    """
     from ._conv import batch_normalization as bn
     y = bn(inputs, axis, momentum, epsilon, center, scale, beta_initializer, gamma_initializer,
            beta_regularizer, gamma_regularizer, moving_mean_initializer, moving_variance_initializer,
@@ -196,7 +253,15 @@ def batch_normalization_relu(inputs: Blob, axis: int = -1, momentum: float = 0.9
                              moving_variance_initializer: Optional[Any] = None, trainable: bool = True,
                              training: bool = True, name: str = "BatchNorm") -> Blob:
     """relu(batch_normalization(inputs)), with the variables of
-    :func:`flowjit.layers.batch_normalization`."""
+    :func:`flowjit.layers.batch_normalization`.
+
+    Example:
+        >>> @flow.global_function()   # predict: the moving statistics (0 and 1) normalize
+        ... def job(x: tp.Numpy.Placeholder((1, 3))) -> tp.Numpy:
+        ...     return flow.layers.batch_normalization_relu(x, axis=1, epsilon=0.0)
+        >>> job(np.float32([[1, -2, 3]])).tolist()
+        [[1.0, 0.0, 3.0]]
+    """
     return batch_normalization_add_relu(inputs, None, axis, momentum, epsilon, center, scale, beta_initializer,
                                         gamma_initializer, beta_regularizer, gamma_regularizer,
                                         moving_mean_initializer, moving_variance_initializer, trainable,
@@ -215,7 +280,16 @@ def layer_norm_grad(dy: Blob, x: Blob, mean: Blob, inv_variance: Blob, begin_nor
     respect to x: with xhat = (x - mean) * inv_variance over the axes from
     begin_norm_axis on (mean and inv_variance shaped to broadcast, or holding
     one value per normalized row), dx = inv_variance * (dy - mean(dy) -
-    xhat * mean(dy * xhat))."""
+    xhat * mean(dy * xhat)).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(dy: tp.Numpy.Placeholder((1, 2)), x: tp.Numpy.Placeholder((1, 2)),
+        ...         mean: tp.Numpy.Placeholder((1, 1)), inv_var: tp.Numpy.Placeholder((1, 1))) -> tp.Numpy:
+        ...     return flow.layers.layer_norm_grad(dy, x, mean, inv_var)
+        >>> job(np.float32([[1, 1]]), np.float32([[1, 3]]), np.float32([[2]]), np.float32([[1]])).tolist()
+        [[0.0, 0.0]]
+    """
     api = "layers.layer_norm_grad"
     axes = _norm_axes(x, begin_norm_axis, api, "begin_norm_axis")
     for b, what in ((dy, "dy"), (mean, "mean"), (inv_variance, "inv_variance")):
@@ -236,7 +310,17 @@ def layer_norm_param_grad(dy: Blob, norm: Blob, gamma: Blob, begin_params_axis: 
     """The gradients of y = norm * gamma + beta, in OneFlow's order:
     (normalized_diff = dy * gamma, beta_diff = the sum of dy over the leading
     axes, gamma_diff = the sum of dy * norm over them); gamma holds norm's
-    shape from begin_params_axis on."""
+    shape from begin_params_axis on.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(dy: tp.Numpy.Placeholder((2, 2)), norm: tp.Numpy.Placeholder((2, 2)),
+        ...         gamma: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     dx, beta_diff, gamma_diff = flow.layers.layer_norm_param_grad(dy, norm, gamma)
+        ...     return flow.concat([beta_diff, gamma_diff], axis=0)
+        >>> job(np.float32([[1, 2], [3, 4]]), np.float32([[1, -1], [1, 1]]), np.float32([2, 2])).tolist()
+        [4.0, 6.0, 4.0, 2.0]
+    """
     api = "layers.layer_norm_param_grad"
     axes = _norm_axes(norm, begin_params_axis, api, "begin_params_axis")
     floating(dy, api, "dy")

@@ -110,11 +110,52 @@ _BINARY_DOCS = {
 }
 
 
+# Each elementwise op's docstring example: an input, and what it prints
+# (rounded to 3 decimals where the result is not exact).
+_UNARY_EXAMPLES = {
+    "exp": ("[0, 1, 2]", "[1.0, 2.718, 7.389]"), "log": ("[1, 2, 10]", "[0.0, 0.693, 2.303]"),
+    "sqrt": ("[0, 2, 9]", "[0.0, 1.414, 3.0]"), "rsqrt": ("[1, 2, 4]", "[1.0, 0.707, 0.5]"),
+    "square": ("[-2, 0.5, 3]", "[4.0, 0.25, 9.0]"), "abs": ("[-2, 0.5, 3]", "[2.0, 0.5, 3.0]"),
+    "negative": ("[-2, 0.5, 3]", "[2.0, -0.5, -3.0]"), "tanh": ("[-1, 0, 2]", "[-0.762, 0.0, 0.964]"),
+    "sigmoid": ("[-1, 0, 2]", "[0.269, 0.5, 0.881]"), "relu": ("[-2, 0.5, 3]", "[0.0, 0.5, 3.0]"),
+    "sign": ("[-2, 0, 3]", "[-1.0, 0.0, 1.0]"), "floor": ("[-1.5, 0.5, 2.7]", "[-2.0, 0.0, 2.0]"),
+    "ceil": ("[-1.5, 0.5, 2.7]", "[-1.0, 1.0, 3.0]"), "round": ("[-1.5, 0.5, 2.7]", "[-2.0, 0.0, 3.0]"),
+    "reciprocal": ("[-2, 0.5, 4]", "[-0.5, 2.0, 0.25]"), "sin": ("[0, 1, 3]", "[0.0, 0.841, 0.141]"),
+    "cos": ("[0, 1, 3]", "[1.0, 0.54, -0.99]"), "erf": ("[-1, 0, 0.5]", "[-0.843, 0.0, 0.52]"),
+    "erfc": ("[-1, 0, 0.5]", "[1.843, 1.0, 0.48]"),
+}
+
+# The ops whose example rounds (the others' results are exact).
+_INEXACT = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos", "erf", "erfc"}
+
+
+def _example(module, api, shapes, args, call, result, rounded):
+    """An ``Example:`` section: a predict job applying ``flow.<module>.<api>``
+    to placeholders of `shapes`, called on `args`, and what it prints."""
+    params = ", ".join(f"{n}: tp.Numpy.Placeholder({s})" for n, s in shapes)
+    return (f"\n\nExample:\n    >>> @flow.global_function()\n    ... def job({params}) -> tp.Numpy:\n"
+            f"    ...     return flow.{module}.{api}({call})\n"
+            f"    >>> job({args}){'.astype(float).round(3)' if rounded else ''}.tolist()\n    {result}")
+
+
 def _unary(op, api):
     def f(x: Blob, name: Optional[str] = None) -> Blob:
         return make(op, [x], name=name, api=api)
+    x, out = _UNARY_EXAMPLES[api]
     return _named(f, api, f"Elementwise {_UNARY_DOCS[api]}.\n\n"
-                  f"x is a Blob; `name` names the result (default: generated).")
+                  f"x is a Blob; `name` names the result (default: generated)."
+                  + _example("math", api, [("x", "(3,)")], f"np.float32({x})", "x", out,
+                             api in _INEXACT))
+
+
+# What each binary op's example prints for x = [1, 2, 3] and y = [2, 2, 2].
+_BINARY_EXAMPLES = {
+    "add": "[3.0, 4.0, 5.0]", "subtract": "[-1.0, 0.0, 1.0]", "multiply": "[2.0, 4.0, 6.0]",
+    "divide": "[0.5, 1.0, 1.5]", "pow": "[1.0, 4.0, 9.0]", "maximum": "[2.0, 2.0, 3.0]",
+    "minimum": "[1.0, 2.0, 2.0]", "equal": "[False, True, False]", "not_equal": "[True, False, True]",
+    "less": "[True, False, False]", "less_equal": "[True, True, False]",
+    "greater": "[False, False, True]", "greater_equal": "[False, True, True]",
+}
 
 
 def _binary(op, api):
@@ -122,7 +163,10 @@ def _binary(op, api):
         a, b = _lift_pair(x, y, api)
         return make(op, [a, b], name=name, api=api)
     return _named(f, api, f"Elementwise {_BINARY_DOCS[api]}, with numpy broadcasting.\n\n"
-                  "One of x and y may be a Python number; it takes the other operand's dtype.")
+                  "One of x and y may be a Python number; it takes the other operand's dtype."
+                  + _example("math", api, [("x", "(3,)"), ("y", "(3,)")],
+                             "np.float32([1, 2, 3]), np.float32([2, 2, 2])", "x, y",
+                             _BINARY_EXAMPLES[api], api == "pow"))
 
 
 exp = _unary(K.exp, "exp")
@@ -154,7 +198,15 @@ def _truth(x, api):
 
 
 def logical_not(x: Blob, name: Optional[str] = None) -> Blob:
-    """Elementwise not; a numeric x counts as true where it is nonzero."""
+    """Elementwise not; a numeric x counts as true where it is nonzero.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.logical_not(x)
+        >>> job(np.float32([0, 1, -2])).tolist()
+        [True, False, False]
+    """
     return make(K.logical_not, [_truth(x, "logical_not")], name=name, api="logical_not")
 
 add = _binary(K.add, "add")
@@ -177,7 +229,11 @@ def _logical(op, api):
         a, b = _lift_pair(_truth(x, api), _truth(y, api), api)
         return make(op, [a, b], name=name, api=api)
     return _named(f, api, f"Elementwise {api.replace('logical_', 'logical ')} of x and y (a bool "
-                  "blob); numbers count as true where nonzero.")
+                  "blob); numbers count as true where nonzero."
+                  + _example("math", api, [("x", "(3,)"), ("y", "(3,)")],
+                             "np.float32([0, 1, 2]), np.float32([0, 0, 3])", "x, y",
+                             {"logical_and": "[False, False, True]",
+                              "logical_or": "[False, True, True]"}[api], False))
 
 
 logical_and = _logical(K.logical_and, "logical_and")
@@ -185,7 +241,15 @@ logical_or = _logical(K.logical_or, "logical_or")
 
 
 def identity(x: Blob, name: Optional[str] = None) -> Blob:
-    """A copy of x (a new value the job can return)."""
+    """A copy of x (a new value the job can return).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.identity(x)
+        >>> job(np.float32([1, 2])).tolist()
+        [1.0, 2.0]
+    """
     return make(K.identity, [x], name=name, api="identity")
 
 
@@ -198,14 +262,30 @@ def _dtype(dtype, api):
 
 
 def cast(x: Blob, dtype: DTypeLike, name: Optional[str] = None) -> Blob:
-    """x converted to `dtype` (floats to ints truncate and saturate)."""
+    """x converted to `dtype` (floats to ints truncate and saturate).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.cast(x, flow.int32)
+        >>> job(np.float32([-1.7, 0.5, 2.9])).tolist()
+        [-1, 0, 2]
+    """
     d = _dtype(dtype, "cast")
     return make(K.cast, [x], {"dtype": d.c}, name=name, api="cast")
 
 
 def where(condition: Blob, x: Optional[BlobOrScalar] = None, y: Optional[BlobOrScalar] = None,
           name: Optional[str] = None) -> Blob:
-    """Elementwise choice: x where condition, else y (numpy broadcasting)."""
+    """Elementwise choice: x where condition, else y (numpy broadcasting).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.where(x > 0, x, 0.5 * x)
+        >>> job(np.float32([-2, 1, 3])).tolist()
+        [-1.0, 1.0, 3.0]
+    """
     if x is None or y is None:
         _trace.fail(NotImplementedError, "where: the one-argument form (indices of true elements) "
                     "has a data-dependent shape and is not supported; pass x and y")
@@ -254,7 +334,11 @@ def _reduce(op, api):
     return _named(f, api, f"{what} of input_tensor's elements over `axis` (an int or a list; "
                   "all axes when None).\n\nThe reduced axes are dropped unless keepdims, which "
                   "keeps them with extent 1; with every axis dropped the result has shape (1,), "
-                  "as in OneFlow.")
+                  "as in OneFlow."
+                  + _example("math", api, [("x", "(2, 3)")], "np.float32([[1, 2, 3], [4, 5, 6]])",
+                             "x, axis=1", {"reduce_sum": "[6.0, 15.0]", "reduce_max": "[3.0, 6.0]",
+                                           "reduce_min": "[1.0, 4.0]", "reduce_prod": "[6.0, 120.0]"}[api],
+                             False))
 
 
 reduce_sum = _reduce(K.reduce_sum, "reduce_sum")
@@ -264,7 +348,15 @@ reduce_prod = _reduce(K.reduce_prod, "reduce_prod")
 
 
 def reduce_mean(input_tensor: Blob, axis: Axis = None, keepdims: bool = False, name: Optional[str] = None) -> Blob:
-    """Mean over `axis` (all axes when None)."""
+    """Mean over `axis` (all axes when None).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.math.reduce_mean(x, axis=0)
+        >>> job(np.float32([[1, 2, 3], [3, 4, 5]])).tolist()
+        [2.0, 3.0, 4.0]
+    """
     x = input_tensor
     axes = _axes(x, axis, "reduce_mean")
     if x.dtype not in _dtypes.FLOATS:
@@ -290,14 +382,30 @@ def _arg_reduce(op, api, input, axis, dtype, name):
 def argmax(input: Blob, axis: Optional[int] = -1, dtype: Optional[DTypeLike] = None,
            name: Optional[str] = None) -> Blob:
     """Index of the largest element along `axis` (int32 unless dtype is given);
-    a 1-D input gives shape (1,), as in OneFlow."""
+    a 1-D input gives shape (1,), as in OneFlow.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.math.argmax(x)   # along the last axis
+        >>> job(np.float32([[1, 5, 3], [9, 4, 5]])).tolist()
+        [1, 0]
+    """
     return _arg_reduce(K.argmax, "argmax", input, axis, dtype, name)
 
 
 def argmin(input: Blob, axis: Optional[int] = -1, dtype: Optional[DTypeLike] = None,
            name: Optional[str] = None) -> Blob:
     """Index of the smallest element along `axis` (int32 unless dtype is given);
-    a 1-D input gives shape (1,), as in OneFlow."""
+    a 1-D input gives shape (1,), as in OneFlow.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.math.argmin(x, axis=1)
+        >>> job(np.float32([[1, 5, 3], [9, 4, 5]])).tolist()
+        [0, 1]
+    """
     return _arg_reduce(K.argmin, "argmin", input, axis, dtype, name)
 
 
@@ -316,13 +424,29 @@ def _int_list(shape, api, what="shape"):
 
 
 def reshape(x: Blob, shape: Sequence[int], name: Optional[str] = None) -> Blob:
-    """x with a new shape of the same size; one extent may be -1."""
+    """x with a new shape of the same size; one extent may be -1.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.reshape(x, [3, -1])
+        >>> job(np.float32([[1, 2, 3], [4, 5, 6]])).tolist()
+        [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+    """
     return make(K.reshape, [x], {"shape": _int_list(shape, "reshape")}, name=name, api="reshape")
 
 
 def transpose(a: Blob, perm: Optional[Sequence[int]] = None, conjugate: bool = False,
               batch_axis_non_change: bool = False, name: Optional[str] = None) -> Blob:
-    """a with its axes permuted (reversed when perm is None)."""
+    """a with its axes permuted (reversed when perm is None).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.transpose(x, perm=[1, 0])
+        >>> job(np.float32([[1, 2, 3], [4, 5, 6]])).tolist()
+        [[1.0, 4.0], [2.0, 5.0], [3.0, 6.0]]
+    """
     if conjugate:
         _trace.fail(NotImplementedError, "transpose: conjugate=True needs complex dtypes, which "
                     "flowjit does not have")
@@ -333,7 +457,15 @@ def transpose(a: Blob, perm: Optional[Sequence[int]] = None, conjugate: bool = F
 
 
 def expand_dims(input: Blob, axis: int, name: Optional[str] = None) -> Blob:
-    """input with an extent-1 axis inserted at `axis`."""
+    """input with an extent-1 axis inserted at `axis`.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.expand_dims(x, axis=1)
+        >>> job(np.zeros((2, 3), np.float32)).shape
+        (2, 1, 3)
+    """
     shape = list(input.shape)
     r = len(shape) + 1
     if not _is_int(axis):
@@ -347,7 +479,15 @@ def expand_dims(input: Blob, axis: int, name: Optional[str] = None) -> Blob:
 
 def squeeze(input: Blob, axis: Axis = None, name: Optional[str] = None) -> Blob:
     """input without extent-1 axes (only those in `axis` when given); when
-    that would leave no axis the result has shape (1,), as in OneFlow."""
+    that would leave no axis the result has shape (1,), as in OneFlow.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 1, 3, 1))) -> tp.Numpy:
+        ...     return flow.squeeze(x, axis=[1])
+        >>> job(np.zeros((2, 1, 3, 1), np.float32)).shape
+        (2, 3, 1)
+    """
     shape = list(input.shape)
     r = len(shape)
     if axis is None:
@@ -369,14 +509,30 @@ def squeeze(input: Blob, axis: Axis = None, name: Optional[str] = None) -> Blob:
 
 
 def broadcast_to(x: Blob, shape: Sequence[int], name: Optional[str] = None) -> Blob:
-    """x broadcast (numpy rules) to `shape`."""
+    """x broadcast (numpy rules) to `shape`.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.broadcast_to(x, [2, 3])
+        >>> job(np.float32([1, 2, 3])).tolist()
+        [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
+    """
     return make(K.broadcast, [x], {"shape": _int_list(shape, "broadcast_to")}, name=name,
                 api="broadcast_to")
 
 
 def broadcast_like(x: Blob, like: Blob, broadcast_axes: Optional[Sequence[int]] = None,
                    name: Optional[str] = None) -> Blob:
-    """x broadcast to the shape of `like`."""
+    """x broadcast to the shape of `like`.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 2)), like: tp.Numpy.Placeholder((3, 2))) -> tp.Numpy:
+        ...     return flow.broadcast_like(x, like)
+        >>> job(np.float32([[1, 2]]), np.zeros((3, 2), np.float32)).tolist()
+        [[1.0, 2.0], [1.0, 2.0], [1.0, 2.0]]
+    """
     return broadcast_to(x, list(like.shape), name=name)
 
 
@@ -410,7 +566,15 @@ def _matmul_batches(a, b):
 def matmul(a: Blob, b: Blob, transpose_a: bool = False, transpose_b: bool = False, alpha: float = 1.0,
            name: Optional[str] = None) -> Blob:
     """a @ b with optional transposes of the last two axes; b may be 2-D
-    while a is batched, and batch axes broadcast (numpy.matmul)."""
+    while a is batched, and batch axes broadcast (numpy.matmul).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(a: tp.Numpy.Placeholder((2, 3)), b: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.matmul(a, b, transpose_b=True)   # a @ b.T
+        >>> job(np.float32([[1, 2, 3], [4, 5, 6]]), np.float32([[1, 0, 0], [1, 1, 1]])).tolist()
+        [[1.0, 6.0], [4.0, 15.0]]
+    """
     a, b = _matmul_batches(a, b)
     out = make(K.matmul, [a, b], {"transpose_a": bool(transpose_a),
                                   "transpose_b": bool(transpose_b)}, name=name, api="matmul")
@@ -426,12 +590,28 @@ def _axis_attr(x, axis):
 
 
 def softmax(logits: Blob, axis: Optional[int] = None, name: Optional[str] = None) -> Blob:
-    """exp(logits) normalized along `axis` (the last axis when None)."""
+    """exp(logits) normalized along `axis` (the last axis when None).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.nn.softmax(x)
+        >>> job(np.float32([[0, 0, 0], [1, 2, 3]])).astype(float).round(3).tolist()
+        [[0.333, 0.333, 0.333], [0.09, 0.245, 0.665]]
+    """
     return make(K.softmax, [logits], {"axis": _axis_attr(logits, axis)}, name=name, api="softmax")
 
 
 def log_softmax(logits: Blob, axis: Optional[int] = None, name: Optional[str] = None) -> Blob:
-    """log(softmax(logits)) computed stably."""
+    """log(softmax(logits)) computed stably.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.nn.log_softmax(x)
+        >>> job(np.float32([[0, 0], [0, 1000]])).astype(float).round(3).tolist()
+        [[-0.693, -0.693], [-1000.0, 0.0]]
+    """
     return make(K.log_softmax, [logits], {"axis": _axis_attr(logits, axis)}, name=name,
                 api="log_softmax")
 
@@ -453,7 +633,15 @@ def checked_index(x: Blob, limit: int, what: str, api: str) -> Blob:
 
 def sparse_softmax_cross_entropy_with_logits(labels: Blob, logits: Blob, name: Optional[str] = None) -> Blob:
     """Per-sample cross entropy: -log softmax(logits)[label]; shape logits.shape[:-1].
-    A label outside [0, classes) is an error of the run."""
+    A label outside [0, classes) is an error of the run.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(labels: tp.Numpy.Placeholder((2,), dtype=flow.int32), logits: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+        >>> job(np.int32([0, 2]), np.float32([[0, 0, 0], [1, 2, 3]])).astype(float).round(3).tolist()
+        [1.099, 0.408]
+    """
     api = "sparse_softmax_cross_entropy_with_logits"
     if isinstance(logits, Blob) and logits.shape:
         labels = checked_index(labels, logits.shape[-1], f"{api}: labels", api)
@@ -461,7 +649,15 @@ def sparse_softmax_cross_entropy_with_logits(labels: Blob, logits: Blob, name: O
 
 
 def softmax_cross_entropy_with_logits(labels: Blob, logits: Blob, name: Optional[str] = None) -> Blob:
-    """Per-sample cross entropy against dense label distributions."""
+    """Per-sample cross entropy against dense label distributions.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(labels: tp.Numpy.Placeholder((1, 2)), logits: tp.Numpy.Placeholder((1, 2))) -> tp.Numpy:
+        ...     return flow.nn.softmax_cross_entropy_with_logits(labels, logits)
+        >>> job(np.float32([[0.5, 0.5]]), np.float32([[0, 0]])).astype(float).round(3).tolist()
+        [0.693]
+    """
     return negative(reduce_sum(multiply(labels, log_softmax(logits)), axis=-1), name=name)
 
 
@@ -469,7 +665,15 @@ def one_hot(indices: Blob, depth: int, on_value: float = 1, off_value: float = 0
             dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
     """One-hot encoding of integer `indices` along a new axis (`axis`, the
     last when -1): on_value where the position equals the index, else
-    off_value."""
+    off_value.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(i: tp.Numpy.Placeholder((3,), dtype=flow.int32)) -> tp.Numpy:
+        ...     return flow.one_hot(i, depth=3)
+        >>> job(np.int32([2, 0, 1])).tolist()
+        [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
+    """
     d = _dtype(dtype or _dtypes.float32, "one_hot")
     if not _is_int(axis):
         _trace.fail(TypeError, f"one_hot: axis must be an int, got {axis!r}")
@@ -499,7 +703,15 @@ def _default_dtype():
 
 def constant(value: float, dtype: Optional[DTypeLike] = None, shape: Optional[Sequence[int]] = None,
              name: Optional[str] = None) -> Blob:
-    """A blob of `shape` filled with the scalar `value`."""
+    """A blob of `shape` filled with the scalar `value`.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.constant(2.5, dtype=flow.float32, shape=[2, 2])
+        >>> job().tolist()
+        [[2.5, 2.5], [2.5, 2.5]]
+    """
     if not isinstance(value, (numbers.Number, np.bool_)):
         _trace.fail(TypeError, f"constant: value must be a scalar number, got {type(value).__name__}")
     d = _dtype(dtype, "constant") if dtype is not None else (
@@ -511,29 +723,69 @@ def constant(value: float, dtype: Optional[DTypeLike] = None, shape: Optional[Se
 
 
 def zeros(shape: Sequence[int], dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
-    """A blob of zeros."""
+    """A blob of zeros.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.zeros([2, 3], dtype=flow.int32)
+        >>> job().tolist()
+        [[0, 0, 0], [0, 0, 0]]
+    """
     return constant(0.0, dtype or _default_dtype(), shape, name)
 
 
 def ones(shape: Sequence[int], dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
-    """A blob of ones."""
+    """A blob of ones.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.ones([3])
+        >>> job().tolist()
+        [1.0, 1.0, 1.0]
+    """
     return constant(1.0, dtype or _default_dtype(), shape, name)
 
 
 def zeros_like(like: Blob, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
-    """Zeros of like's shape (and dtype unless `dtype` is given)."""
+    """Zeros of like's shape (and dtype unless `dtype` is given).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,), dtype=flow.int32)) -> tp.Numpy:
+        ...     return flow.zeros_like(x)
+        >>> job(np.int32([5, 6])).tolist()
+        [0, 0]
+    """
     return constant(0.0, dtype or like.dtype, list(like.shape), name)
 
 
 def ones_like(like: Blob, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
-    """Ones of like's shape (and dtype unless `dtype` is given)."""
+    """Ones of like's shape (and dtype unless `dtype` is given).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.ones_like(x)
+        >>> job(np.float32([5, 6])).tolist()
+        [1.0, 1.0]
+    """
     return constant(1.0, dtype or like.dtype, list(like.shape), name)
 
 
 def constant_like(like: Blob, value: Union[int, float], dtype: Optional[DTypeLike] = None,
                   name: Optional[str] = None) -> Blob:
     """A blob of like's shape filled with `value`, of like's dtype unless
-    `dtype` is given (like's values are not read)."""
+    `dtype` is given (like's values are not read).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.constant_like(x, 7, dtype=flow.int32)
+        >>> job(np.float32([5, 6])).tolist()
+        [7, 7]
+    """
     if not isinstance(like, Blob):
         _trace.fail(TypeError, f"constant_like: like must be a Blob, got {type(like).__name__}")
     if not isinstance(value, (numbers.Real, np.bool_)):
@@ -543,7 +795,15 @@ def constant_like(like: Blob, value: Union[int, float], dtype: Optional[DTypeLik
 
 def constant_scalar(value: Union[int, float], dtype: Optional[DTypeLike] = None,
                     name: Optional[str] = None) -> Blob:
-    """A blob of shape (1,) holding `value` (OneFlow's scalar constant)."""
+    """A blob of shape (1,) holding `value` (OneFlow's scalar constant).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.constant_scalar(3.5, dtype=flow.float32)
+        >>> job().tolist()
+        [3.5]
+    """
     return constant(value, dtype, [1], name)
 
 

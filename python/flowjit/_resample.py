@@ -39,7 +39,15 @@ def upsample_2d(x: Blob, size: Union[int, Sequence[int]] = (2, 2), align_corners
                 data_format: str = "NCHW", interpolation: str = "nearest", name: str = "Upsample2D") -> Blob:
     """Upsamples the spatial dims of a 4-D x by the integer factors `size`
     (height, width): 'nearest' repeats each pixel, 'bilinear' interpolates with
-    half-pixel centers (or with the corners aligned)."""
+    half-pixel centers (or with the corners aligned).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 1, 2))) -> tp.Numpy:
+        ...     return flow.layers.upsample_2d(x, size=2)
+        >>> job(np.float32([[[[1, 2]]]])).tolist()
+        [[[[1.0, 1.0, 2.0, 2.0], [1.0, 1.0, 2.0, 2.0]]]]
+    """
     api = "upsample_2d"
     floating(x, api, "x")
     if isinstance(size, (list, tuple)) and len(size) == 2:
@@ -74,7 +82,15 @@ def upsample_2d(x: Blob, size: Union[int, Sequence[int]] = (2, 2), align_corners
 def pixel_shufflev2(input: Blob, h_upscale_factor: int, w_upscale_factor: int,  # noqa: A002 - OneFlow's names
                     name: Optional[str] = None) -> Blob:
     """Rearranges (N, C * h * w, H, W) into (N, C, H * h, W * w): channel
-    c * h * w + i * w + j becomes pixel (y * h + i, x * w + j) of channel c."""
+    c * h * w + i * w + j becomes pixel (y * h + i, x * w + j) of channel c.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 2, 1, 1))) -> tp.Numpy:
+        ...     return flow.nn.pixel_shufflev2(x, h_upscale_factor=1, w_upscale_factor=2)
+        >>> job(np.float32([1, 2]).reshape(1, 2, 1, 1)).tolist()
+        [[[[1.0, 2.0]]]]
+    """
     api = "PixelShufflev2"
     floating(input, api, "input")
     fh = _positive_int(h_upscale_factor, api, "h_upscale_factor")
@@ -92,5 +108,13 @@ def pixel_shufflev2(input: Blob, h_upscale_factor: int, w_upscale_factor: int,  
 
 def pixel_shuffle(input: Blob, upscale_factor: int, name: Optional[str] = None) -> Blob:  # noqa: A002
     """:func:`pixel_shufflev2` with one factor r for both axes: (N, C r^2, H, W)
-    to (N, C, H r, W r)."""
+    to (N, C, H r, W r).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 4, 1, 1))) -> tp.Numpy:
+        ...     return flow.nn.pixel_shuffle(x, upscale_factor=2)
+        >>> job(np.float32([1, 2, 3, 4]).reshape(1, 4, 1, 1)).tolist()
+        [[[[1.0, 2.0], [3.0, 4.0]]]]
+    """
     return pixel_shufflev2(input, upscale_factor, upscale_factor, name=name)

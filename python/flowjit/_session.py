@@ -10,13 +10,25 @@ from ._function_settings import FunctionDesc
 
 def eager_execution_enabled() -> bool:
     """False: flowjit runs OneFlow's lazy job functions only (each
-    @global_function is traced once and compiled), never eagerly."""
+    @global_function is traced once and compiled), never eagerly.
+
+    Example:
+        >>> flow.eager_execution_enabled()
+        False
+    """
     return False
 
 
 def enable_eager_execution(val: bool = True) -> None:
     """False is accepted (lazy execution is flowjit's only mode); True raises
-    NotImplementedError, since flowjit has no eager mode."""
+    NotImplementedError, since flowjit has no eager mode.
+
+    Example:
+        >>> flow.enable_eager_execution(False)   # lazy execution, flowjit's only mode
+        >>> flow.enable_eager_execution(True)
+        Traceback (most recent call last):
+        NotImplementedError: ...
+    """
     if not isinstance(val, bool):
         raise TypeError(f"enable_eager_execution: expected True or False, got {val!r}")
     if val:
@@ -27,7 +39,17 @@ def enable_eager_execution(val: bool = True) -> None:
 def current_global_function_desc() -> FunctionDesc:
     """The settings of the job being traced, as a read-only FunctionDesc
     (``IsTrainable()``: whether it is a "train" job). Only inside a job
-    function while it is traced; elsewhere RuntimeError."""
+    function while it is traced; elsewhere RuntimeError.
+
+    Example:
+        >>> @flow.global_function(type="predict")
+        ... def job(x: tp.Numpy.Placeholder((1,))) -> tp.Numpy:
+        ...     print("trainable:", flow.current_global_function_desc().IsTrainable())
+        ...     return x
+        >>> job(np.float32([1])).tolist()
+        trainable: False
+        [1.0]
+    """
     b = _trace.current()
     if b is None:
         raise RuntimeError("current_global_function_desc() can only be used inside a function decorated "
@@ -36,13 +58,28 @@ def current_global_function_desc() -> FunctionDesc:
 
 
 def current_scope() -> scope.Scope:
-    """OneFlow's deprecated name of :func:`flowjit.scope.current_scope`."""
+    """OneFlow's deprecated name of :func:`flowjit.scope.current_scope`.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1,))) -> tp.Numpy:
+        ...     print(flow.current_scope() is not None)
+        ...     return x
+        >>> job(np.float32([1])).tolist()
+        True
+        [1.0]
+    """
     return scope.current_scope()
 
 
 def current_machine_id() -> int:
     """This process's machine id: its rank in the job (flow.env.get_rank(),
-    0 when it runs alone; flowjit runs one process per machine)."""
+    0 when it runs alone; flowjit runs one process per machine).
+
+    Example:
+        >>> flow.current_machine_id()   # a process that runs alone
+        0
+    """
     from . import env
     return env.get_rank()
 
@@ -59,7 +96,12 @@ def is_deprecated(func_or_class: Any) -> bool:
     """Whether `func_or_class` is one of the APIs OneFlow marked deprecated
     (flow.current_scope for flow.scope.current_scope, the ``*_strategy`` names
     of flow.distribute,
-    flow.env.grpc_use_no_signal, ...)."""
+    flow.env.grpc_use_no_signal, ...).
+
+    Example:
+        >>> flow.is_deprecated(flow.current_scope), flow.is_deprecated(flow.scope.current_scope)
+        (True, False)
+    """
     import flowjit
     for module, name in _DEPRECATED:
         owner = getattr(flowjit, module, None) if module else flowjit
@@ -150,5 +192,11 @@ def default_generator(device: Optional[str] = None) -> Generator:
     """The session's generator for `device` ('auto', 'cpu', 'cuda[:i]'):
     its seed is the one flow.manual_seed sets, which every variable
     initializer without its own seed derives its seed from; one seed for
-    all devices."""
+    all devices.
+
+    Example:
+        >>> flow.manual_seed(5)
+        >>> flow.default_generator().initial_seed()
+        5
+    """
     return _DefaultGenerator(_check_device("auto" if device is None else device, "default_generator"))

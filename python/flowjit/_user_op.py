@@ -592,12 +592,30 @@ class UserOpConfBuilder:
 
 def user_op_builder(op_name: str) -> UserOpConfBuilder:
     """OneFlow's flow.user_op_builder(name): builds one of the OneFlow op
-    types flowjit maps (flow.user_op_types()) in the job being traced."""
+    types flowjit maps (flow.user_op_types()) in the job being traced.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     op = flow.user_op_builder("my_relu").Op("relu").Input("in", [x]).Output("out").Build()
+        ...     return op.InferAndTryRun().SoleOutputBlob()
+        >>> job(np.float32([-1, 0, 2])).tolist()
+        [0.0, 0.0, 2.0]
+    """
     return UserOpConfBuilder(op_name)
 
 
 def consistent_user_op_builder(op_name: str) -> UserOpConfBuilder:
-    """As user_op_builder (flowjit's ops have one meaning in either view)."""
+    """As user_op_builder (flowjit's ops have one meaning in either view).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     op = flow.consistent_user_op_builder("my_relu").Op("relu").Input("in", [x]).Output("out").Build()
+        ...     return op.InferAndTryRun().SoleOutputBlob()
+        >>> job(np.float32([-1, 0, 2])).tolist()
+        [0.0, 0.0, 2.0]
+    """
     return UserOpConfBuilder(op_name, "consistent_user_op_builder")
 
 
@@ -634,19 +652,56 @@ class UserOpModuleBuilder(UserOpConfBuilder):
 
 
 def user_op_module_builder(op_type_name: str) -> UserOpModuleBuilder:
-    """OneFlow's op module builder, lazy mode: a reusable builder of one op type."""
+    """OneFlow's op module builder, lazy mode: a reusable builder of one op type.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,)), y: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     builder = flow.user_op_module_builder("add_n")
+        ...     builder.InputSize("in", 2).Output("out")
+        ...     builder.user_op_module.InitOpKernel()
+        ...     op = builder.OpName("add").Input("in", [x, y]).Build()
+        ...     return op.InferAndTryRun().SoleOutputBlob()
+        >>> job(np.float32([1, 2]), np.float32([10, 20])).tolist()
+        [11.0, 22.0]
+    """
     return UserOpModuleBuilder(op_type_name, "user_op_module_builder")
 
 
 def consistent_user_op_module_builder(op_type_name: str) -> UserOpModuleBuilder:
-    """As user_op_module_builder (flowjit's ops have one meaning in either view)."""
+    """As user_op_module_builder (flowjit's ops have one meaning in either view).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,)), y: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     builder = flow.consistent_user_op_module_builder("add_n")
+        ...     builder.InputSize("in", 2).Output("out")
+        ...     builder.user_op_module.InitOpKernel()
+        ...     op = builder.OpName("add").Input("in", [x, y]).Build()
+        ...     return op.InferAndTryRun().SoleOutputBlob()
+        >>> job(np.float32([1, 2]), np.float32([10, 20])).tolist()
+        [11.0, 22.0]
+    """
     return UserOpModuleBuilder(op_type_name, "consistent_user_op_module_builder")
 
 
 def find_or_create_module(module_name: str, create: Any, reuse: bool = False) -> Any:
     """The job's module named `module_name` (within the current namespace),
     made by `create()` the first time; asking twice for one name needs
-    reuse=True (OneFlow's flow.find_or_create_module)."""
+    reuse=True (OneFlow's flow.find_or_create_module).
+
+    Example:
+        >>> class Scale(flow.deprecated.nn.Module):
+        ...     def forward(self, x):
+        ...         return x * 10
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     scale = flow.find_or_create_module("scale", Scale)
+        ...     again = flow.find_or_create_module("scale", Scale, reuse=True)   # the same module
+        ...     return again(scale(x))
+        >>> job(np.float32([1, 2])).tolist()
+        [100.0, 200.0]
+    """
     from . import _trace, deprecated, scope
     b = _trace.require_builder("flow.find_or_create_module")
     if not isinstance(module_name, str) or not module_name:
@@ -669,6 +724,11 @@ def find_or_create_module(module_name: str, create: Any, reuse: bool = False) ->
 
 
 def user_op_types() -> List[str]:
-    """The OneFlow op type names user_op_builder maps, sorted."""
+    """The OneFlow op type names user_op_builder maps, sorted.
+
+    Example:
+        >>> "relu" in flow.user_op_types(), "matmul" in flow.user_op_types()
+        (True, True)
+    """
     return sorted(_SPECS)
 

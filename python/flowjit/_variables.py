@@ -22,7 +22,21 @@ _global_seed = [0]
 
 
 def manual_seed(seed: int) -> None:
-    """Sets the seed from which variables without an explicit seed derive theirs."""
+    """Sets the seed from which variables without an explicit seed derive theirs.
+
+    Example:
+        >>> flow.manual_seed(42)
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(3,), initializer=flow.random_normal_initializer())
+        >>> first = job()
+        >>> flow.clear_default_session(); flow.manual_seed(42)
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(3,), initializer=flow.random_normal_initializer())
+        >>> bool((job() == first).all())   # the same seed, the same initial values
+        True
+    """
     if not isinstance(seed, numbers.Integral):
         raise TypeError(f"manual_seed: expected an int, got {type(seed).__name__}")
     _global_seed[0] = int(seed)
@@ -174,40 +188,97 @@ class KaimingInitializer(Initializer):
 
 
 def constant_initializer(value: float = 0, dtype: Optional[DTypeLike] = None) -> Initializer:
-    """Every element equal to `value`."""
+    """Every element equal to `value`.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(2, 2), initializer=flow.constant_initializer(0.5))
+        >>> job().tolist()
+        [[0.5, 0.5], [0.5, 0.5]]
+    """
     return ConstantInitializer(value, dtype)
 
 
 def zeros_initializer(dtype: Optional[DTypeLike] = None) -> Initializer:
-    """Every element 0."""
+    """Every element 0.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(2, 2), initializer=flow.zeros_initializer())
+        >>> job().tolist()
+        [[0.0, 0.0], [0.0, 0.0]]
+    """
     return ConstantInitializer(0.0, dtype)
 
 
 def ones_initializer(dtype: Optional[DTypeLike] = None) -> Initializer:
-    """Every element 1."""
+    """Every element 1.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(2, 2), initializer=flow.ones_initializer())
+        >>> job().tolist()
+        [[1.0, 1.0], [1.0, 1.0]]
+    """
     return ConstantInitializer(1.0, dtype)
 
 
 def random_uniform_initializer(minval: float = 0, maxval: float = 1, dtype: Optional[DTypeLike] = None,
                                seed: Optional[int] = None) -> Initializer:
-    """Uniform values in [minval, maxval)."""
+    """Uniform values in [minval, maxval).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(1000,), initializer=flow.random_uniform_initializer(-1, 1, seed=1))
+        >>> w = job()
+        >>> bool(w.min() >= -1), bool(w.max() < 1)
+        (True, True)
+    """
     return RandomUniformInitializer(minval, maxval, seed, dtype)
 
 
 def random_normal_initializer(mean: float = 0.0, stddev: float = 1.0, seed: Optional[int] = None,
                               dtype: Optional[DTypeLike] = None) -> Initializer:
-    """Normal values with the given mean and standard deviation."""
+    """Normal values with the given mean and standard deviation.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(10000,), initializer=flow.random_normal_initializer(stddev=2.0, seed=1))
+        >>> round(float(job().std()), 1)
+        2.0
+    """
     return RandomNormalInitializer(mean, stddev, seed, dtype)
 
 
 def truncated_normal_initializer(mean: float = 0.0, stddev: float = 1.0, seed: Optional[int] = None,
                                  dtype: Optional[DTypeLike] = None) -> Initializer:
-    """Normal values redrawn until within two standard deviations of the mean."""
+    """Normal values redrawn until within two standard deviations of the mean.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(1000,), initializer=flow.truncated_normal_initializer(stddev=1.0, seed=1))
+        >>> bool(abs(job()).max() <= 2)
+        True
+    """
     return TruncatedNormalInitializer(mean, stddev, seed, dtype)
 
 
 def truncated_normal(stddev: float = 1.0, seed: Optional[int] = None) -> Initializer:
-    """Shorthand for truncated_normal_initializer(0, stddev)."""
+    """Shorthand for truncated_normal_initializer(0, stddev).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(1000,), initializer=flow.truncated_normal(0.1, seed=1))
+        >>> bool(abs(job()).max() <= 0.2)
+        True
+    """
     return TruncatedNormalInitializer(0.0, stddev, seed)
 
 
@@ -215,12 +286,28 @@ def glorot_uniform_initializer(data_format: str = "") -> Initializer:
     """Glorot (Xavier) uniform: U(-b, b) with b = sqrt(6 / (fan_in + fan_out)).
 
     `data_format` ("NCHW"/"NHWC", or "" for a dense weight) says where a
-    convolution weight's channels are when counting fans."""
+    convolution weight's channels are when counting fans.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(100, 50), initializer=flow.glorot_uniform_initializer())
+        >>> bool(abs(job()).max() <= (6 / 150) ** 0.5)
+        True
+    """
     return VarianceScalingInitializer(1.0, "fan_avg", "random_uniform", data_format)
 
 
 def glorot_normal_initializer(data_format: str = "") -> Initializer:
-    """Glorot (Xavier) normal: N(0, 2 / (fan_in + fan_out))."""
+    """Glorot (Xavier) normal: N(0, 2 / (fan_in + fan_out)).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(100, 100), initializer=flow.glorot_normal_initializer())
+        >>> round(float(job().std()), 2)   # sqrt(2 / 200)
+        0.1
+    """
     return VarianceScalingInitializer(1.0, "fan_avg", "random_normal", data_format)
 
 
@@ -233,7 +320,15 @@ def variance_scaling_initializer(scale: float = 1.0, mode: str = "fan_in",
                                  seed: Optional[int] = None) -> Initializer:
     """Values with standard deviation sqrt(scale / n), n being the fan in, the
     fan out or their mean (`mode` "fan_in", "fan_out", "fan_avg"), drawn from
-    `distribution` ("truncated_normal", "random_normal", "random_uniform")."""
+    `distribution` ("truncated_normal", "random_normal", "random_uniform").
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(200, 200), initializer=flow.variance_scaling_initializer(2.0, "fan_in", "random_normal"))
+        >>> round(float(job().std()), 2)   # sqrt(2 / 200)
+        0.1
+    """
     return VarianceScalingInitializer(scale, mode, distribution, data_format, seed)
 
 
@@ -241,7 +336,15 @@ def kaiming_initializer(shape: Optional[Sequence[int]] = None, distribution: str
                         mode: str = "fan_in", nonlinearity: str = "leaky_relu", negative_slope: float = 0.0,
                         data_format: str = "NCHW") -> Initializer:
     """He (Kaiming) initialization: standard deviation gain / sqrt(fan), the
-    gain following `nonlinearity` (and `negative_slope` for leaky_relu)."""
+    gain following `nonlinearity` (and `negative_slope` for leaky_relu).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(200, 200), initializer=flow.kaiming_initializer(nonlinearity="relu"))
+        >>> round(float(job().std()), 2)   # sqrt(2 / 200)
+        0.1
+    """
     return KaimingInitializer(distribution, mode, nonlinearity, negative_slope, data_format)
 
 
@@ -256,6 +359,14 @@ def get_variable(name: str, shape: Optional[Sequence[int]] = None, dtype: Option
 
     It is created with `initializer` (zeros by default) the first time a job
     naming it is traced successfully; later jobs see its current value.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     w = flow.get_variable("w", shape=(2,), initializer=flow.constant_initializer(3.0))
+        ...     return x * w
+        >>> job(np.float32([1, 2])).tolist()
+        [3.0, 6.0]
     """
     b = _trace.require_builder("flow.get_variable")
     loc = _trace.user_location()
@@ -307,7 +418,16 @@ class VariableValue(np.ndarray):
 
 
 def get_all_variables() -> Dict[str, "VariableValue"]:
-    """{name: value} of every variable in the session (copies)."""
+    """{name: value} of every variable in the session (copies).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(2,), initializer=flow.ones_initializer())
+        >>> _ = job()
+        >>> flow.get_all_variables()["w"].numpy().tolist()
+        [1.0, 1.0]
+    """
     return {n: _C.variable_value(n).view(VariableValue) for n in _C.variable_names()}
 
 
@@ -323,7 +443,17 @@ def _as_array(v, name):
 def load_variables(value_dict: Mapping[str, Any], ignore_mismatch: bool = True) -> None:
     """Sets session variables from {name: array}. Names the session does not
     have are skipped when ignore_mismatch is true and an error otherwise;
-    shape and dtype must match exactly. Nothing changes if any check fails."""
+    shape and dtype must match exactly. Nothing changes if any check fails.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(2,), initializer=flow.zeros_initializer())
+        >>> _ = job()
+        >>> flow.load_variables({"w": np.float32([4, 5])})
+        >>> job().tolist()
+        [4.0, 5.0]
+    """
     if not isinstance(value_dict, dict):
         raise TypeError(f"load_variables: expected a dict of name -> array, got {type(value_dict).__name__}")
     if any(_C.variable_info(name) is None for name in value_dict):

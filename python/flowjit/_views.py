@@ -32,7 +32,15 @@ def _blob(x, api, what="x"):
 
 def cast_to_current_logical_view(x: Blob) -> Blob:
     """`x` in the logical view of the code around the call. Every blob of a
-    flowjit job is in the job's view, so this is `x` itself."""
+    flowjit job is in the job's view, so this is `x` itself.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.cast_to_current_logical_view(x)
+        >>> job(np.float32([1, 2])).tolist()
+        [1.0, 2.0]
+    """
     return _blob(x, "cast_to_current_logical_view")
 
 
@@ -51,7 +59,15 @@ def parallel_cast(input: Blob, name: Optional[str] = None,  # noqa: A002 - OneFl
     """A copy of `input` declared with layout `distribute` (and its gradient
     with `gradient_distribute`). Layouts never change values; flowjit's
     compiler chooses the layout of each value, and the result's
-    ``distribute`` / ``split_axis`` say what was declared."""
+    ``distribute`` / ``split_axis`` say what was declared.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.parallel_cast(x, distribute=flow.distribute.broadcast()) * 2
+        >>> job(np.float32([1, 2])).tolist()
+        [2.0, 4.0]
+    """
     x = _blob(input, "parallel_cast", "input")
     d = _layout(distribute, "parallel_cast", "distribute")
     _layout(gradient_distribute, "parallel_cast", "gradient_distribute")
@@ -83,7 +99,15 @@ def hierarchical_parallel_cast(input: Blob, parallel_distribution: Sequence[Unio
                                name: Optional[str] = None) -> Blob:
     """parallel_cast over a device hierarchy: one layout per level ("S(0)",
     "B", "P"). A copy of `input`; the layouts are checked and, as every
-    layout in flowjit, chosen by the compiler."""
+    layout in flowjit, chosen by the compiler.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.hierarchical_parallel_cast(x, ["B"]) + 1
+        >>> job(np.float32([1, 2])).tolist()
+        [2.0, 3.0]
+    """
     x = _blob(input, "hierarchical_parallel_cast", "input")
     if isinstance(parallel_distribution, (str, _dist.Distribute)) or not isinstance(
             parallel_distribution, (list, tuple)) or not parallel_distribution:
@@ -100,12 +124,29 @@ def hierarchical_parallel_cast(input: Blob, parallel_distribution: Sequence[Unio
 
 
 def cast_to_static_shape(x: Blob, name: Optional[str] = None) -> Blob:
-    """A copy of `x` with a static shape; flowjit's shapes are all static."""
+    """A copy of `x` with a static shape; flowjit's shapes are all static.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.cast_to_static_shape(x)
+        >>> job(np.float32([1, 2])).tolist()
+        [1.0, 2.0]
+    """
     return _ops.identity(_blob(x, "cast_to_static_shape"), name=name)
 
 
 def sync_dynamic_resize(inputs: Blob, size: Blob, name: Optional[str] = None) -> Blob:
-    """OneFlow's resize of a dynamic blob's first axis to a runtime size."""
+    """OneFlow's resize of a dynamic blob's first axis to a runtime size.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,)), n: tp.Numpy.Placeholder((1,), dtype=flow.int32)) -> tp.Numpy:
+        ...     return flow.sync_dynamic_resize(x, n)
+        >>> job(np.float32([1, 2, 3, 4]), np.int32([2]))
+        Traceback (most recent call last):
+        NotImplementedError: ...
+    """
     _blob(inputs, "sync_dynamic_resize", "inputs")
     _trace.fail(NotImplementedError, "sync_dynamic_resize: flowjit has no dynamic shapes (every blob's "
                 "shape is known when the job is traced), so a blob cannot take a size computed at run "

@@ -5,6 +5,9 @@ reserves, thread pools of its actor system) have nothing to act on in
 flowjit: they are accepted, checked for type, recorded in
 :func:`current_resource`, and said once at ``FLOWJIT_DEBUG=1``.
 ``flow.config.collective_boxing.*`` are such settings too.
+
+The docstrings' examples assume ``import numpy as np``, ``import flowjit as flow``
+and ``import flowjit.typing as tp``; each starts from a fresh session.
 """
 import dataclasses
 import numbers
@@ -213,7 +216,12 @@ class Resource:
 
 
 def current_resource() -> Resource:
-    """The session's resources (see :class:`Resource`)."""
+    """The session's resources (see :class:`Resource`).
+
+    Example:
+        >>> flow.current_resource().machine_num   # a process that runs alone
+        1
+    """
     from . import _log as log, env
     return Resource(machine_num=env.get_world_size(), cpu_device_num=_settings["cpu_device_num"],
                     gpu_device_num=_settings["gpu_device_num"], compute_thread_pool_size=_C.num_threads(),

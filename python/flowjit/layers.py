@@ -1,4 +1,8 @@
-"""flow.layers: layers built from variables and ops."""
+"""flow.layers: layers built from variables and ops.
+
+The docstrings' examples assume ``import numpy as np``, ``import flowjit as flow``
+and ``import flowjit.typing as tp``; each starts from a fresh session.
+"""
 import numbers
 from typing import Callable, Optional, Sequence
 
@@ -26,6 +30,15 @@ def dense(inputs: Blob, units: int, activation: Optional[Callable[[Blob], Blob]]
     rank > 2 are flattened to (-1, in_features) and reshaped back. Without a
     name the layers of a job are Dense_0, Dense_1, ... in trace order (so a
     train and an eval job building the same layers share their variables).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.layers.dense(x, units=2, activation=flow.math.relu,
+        ...                              kernel_initializer=flow.constant_initializer(0.5),
+        ...                              bias_initializer=flow.constant_initializer(-2.0))
+        >>> job(np.float32([[1, 2, 3], [1, 1, 1]])).tolist()   # relu(0.5 * sum(x) - 2), twice
+        [[1.0, 1.0], [0.0, 0.0]]
     """
     name = _layer_name("dense", "Dense", name)
     loc = _trace.user_location()
@@ -70,7 +83,15 @@ def prelu(inputs: Blob, alpha_initializer: Optional[Initializer] = None,
     """max(x, 0) + alpha * min(x, 0) with a learned alpha: the variable
     `<name>-alpha` of shape inputs.shape[1:], extent 1 along `shared_axes`
     (axes of inputs, >= 1); zeros unless alpha_initializer says otherwise.
-    Without a name the layers of a job are PRelu_0, PRelu_1, ..."""
+    Without a name the layers of a job are PRelu_0, PRelu_1, ...
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 3))) -> tp.Numpy:
+        ...     return flow.layers.prelu(x, alpha_initializer=flow.constant_initializer(0.25))
+        >>> job(np.float32([[-4, 0, 2]])).tolist()
+        [[-1.0, 0.0, 2.0]]
+    """
     name = _layer_name("prelu", "PRelu", name)
     loc = _trace.user_location()
     if not isinstance(inputs, Blob):

@@ -1,4 +1,8 @@
-"""flow.math: elementwise math, comparisons and reductions."""
+"""flow.math: elementwise math, comparisons and reductions.
+
+The docstrings' examples assume ``import numpy as np``, ``import flowjit as flow``
+and ``import flowjit.typing as tp``; each starts from a fresh session.
+"""
 from ._ops import (abs, add, argmax, argmin, ceil, cos, divide, equal, erf, erfc, exp, floor,  # noqa: F401
                    greater, greater_equal, less, less_equal, log, logical_and, logical_not, logical_or,
                    maximum, minimum, multiply, negative, not_equal, pow, reciprocal, reduce_max,
@@ -12,12 +16,28 @@ from ._ops import BlobOrScalar as _BlobOrScalar
 
 
 def squared_difference(x: _BlobOrScalar, y: _BlobOrScalar, name: Optional[str] = None) -> Blob:
-    """(x - y) ** 2, elementwise."""
+    """(x - y) ** 2, elementwise.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,)), y: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.squared_difference(x, y)
+        >>> job(np.float32([1, 2, 3]), np.float32([3, 2, 1])).tolist()
+        [4.0, 0.0, 4.0]
+    """
     return _ops.square(_ops.subtract(x, y), name=name)
 
 
 def softplus(x: Blob, name: Optional[str] = None) -> Blob:
-    """log(1 + exp(x)), computed without overflow."""
+    """log(1 + exp(x)), computed without overflow.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.softplus(x)
+        >>> job(np.float32([-100, 0, 100])).astype(float).round(3).tolist()
+        [0.0, 0.693, 100.0]
+    """
     return _ops.add(_ops.maximum(x, 0.0), _ops.log(_ops.add(_ops.exp(_ops.negative(_ops.abs(x))), 1.0)),
                     name=name)
 

@@ -1,4 +1,8 @@
-"""flow.nn: activations, softmax and losses."""
+"""flow.nn: activations, softmax and losses.
+
+The docstrings' examples assume ``import numpy as np``, ``import flowjit as flow``
+and ``import flowjit.typing as tp``; each starts from a fresh session.
+"""
 from typing import Optional
 
 from . import _dtypes, _ops, _trace

@@ -6,6 +6,9 @@ follow OneFlow's LearningRateScheduleKernel (oneflow/core/kernel/
 learning_rate_schedule_kernel.cpp): during warmup the rate is derived from the
 scheduler's base rate, and no decay applies; afterwards the decayed rate at the
 (unshifted) train step.
+
+The docstrings' examples assume ``import numpy as np``, ``import flowjit as flow``
+and ``import flowjit.typing as tp``; each starts from a fresh session.
 """
 import math
 import numbers
@@ -498,7 +501,18 @@ class Optimizer:
 
     def minimize(self, loss: Union[Blob, Sequence[Blob]]) -> None:
         """Trains the job's trainable variables to reduce `loss` (a blob or a
-        list of blobs). A non-scalar loss trains like its mean (OneFlow)."""
+        list of blobs). A non-scalar loss trains like its mean (OneFlow).
+
+        Example:
+            >>> @flow.global_function(type="train")
+            ... def train(x: tp.Numpy.Placeholder((1,))) -> tp.Numpy:
+            ...     w = flow.get_variable("w", shape=(1,), initializer=flow.constant_initializer(3.0))
+            ...     loss = flow.math.reduce_sum(w * w * x)
+            ...     flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.25])).minimize(loss)
+            ...     return loss
+            >>> [train(np.float32([1])).tolist() for _ in range(3)]   # w -= 0.25 * 2w: 3, 1.5, 0.75
+            [[9.0], [2.25], [0.5625]]
+        """
         b = _trace.require_builder(f"{type(self).__name__}.minimize")
         losses = list(loss) if isinstance(loss, (list, tuple)) else [loss]
         for l in losses:
@@ -583,7 +597,18 @@ def _check_unit(owner, name, v):
 
 
 class SGD(Optimizer):
-    """w += v, v = momentum * v - lr * g (momentum=0: w -= lr * g)."""
+    """w += v, v = momentum * v - lr * g (momentum=0: w -= lr * g).
+
+    Example:
+        >>> @flow.global_function(type="train")
+        ... def train() -> tp.Numpy:
+        ...     w = flow.get_variable("w", shape=(1,), initializer=flow.ones_initializer())
+        ...     lr = flow.optimizer.PiecewiseConstantScheduler([], [0.5])
+        ...     flow.optimizer.SGD(lr, momentum=0.5).minimize(flow.math.reduce_sum(w))   # g = 1
+        ...     return w
+        >>> [train().tolist() for _ in range(3)]   # w before each step: v = 0.5 v - 0.5, w += v
+        [[1.0], [0.5], [-0.25]]
+    """
 
     kind = "SGD"
 
@@ -671,7 +696,18 @@ class Adam(Optimizer):
     """Adam: m = beta1 m + (1 - beta1) g, v = beta2 v + (1 - beta2) g^2,
     w -= lr * m / (sqrt(v) + epsilon). With do_bias_correction the rate is
     scaled by sqrt(1 - beta2^t) / (1 - beta1^t), as OneFlow does (epsilon is
-    not corrected)."""
+    not corrected).
+
+    Example:
+        >>> @flow.global_function(type="train")
+        ... def train() -> tp.Numpy:
+        ...     w = flow.get_variable("w", shape=(1,), initializer=flow.ones_initializer())
+        ...     lr = flow.optimizer.PiecewiseConstantScheduler([], [0.1])
+        ...     flow.optimizer.Adam(lr, do_bias_correction=True).minimize(flow.math.reduce_sum(w * 5))
+        ...     return w
+        >>> [round(train().item(), 3) for _ in range(3)]   # steps of about lr, whatever the gradient's scale
+        [1.0, 0.9, 0.8]
+    """
 
     kind = "Adam"
 

@@ -6,6 +6,9 @@ per-job counter variable that the job advances on every call, so each call
 draws new numbers from one compiled kernel, and a seed (explicit, or derived
 from flow.manual_seed, the job and the op's position in it) makes the stream
 reproducible.
+
+The docstrings' examples assume ``import numpy as np``, ``import flowjit as flow``
+and ``import flowjit.typing as tp``; each starts from a fresh session.
 """
 import numbers
 import random as _pyrandom
@@ -62,7 +65,15 @@ def _uniform(shape, dtype, seed, api):
 def bernoulli(x: Blob, seed: Optional[int] = None, dtype: Optional[DTypeLike] = None,
               name: str = "Bernoulli") -> Blob:
     """1 with probability x (elementwise, x in [0, 1]), else 0; of x's dtype
-    unless `dtype` is given."""
+    unless `dtype` is given.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(p: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        ...     return flow.random.bernoulli(p, seed=1)
+        >>> job(np.float32([0, 1, 0, 1])).tolist()   # probabilities 0 and 1 are certain
+        [0.0, 1.0, 0.0, 1.0]
+    """
     if not isinstance(x, Blob):
         _trace.fail(TypeError, f"bernoulli: x must be a Blob, got {type(x).__name__}")
     if x.dtype not in _dtypes.FLOATS:
@@ -74,7 +85,16 @@ def bernoulli(x: Blob, seed: Optional[int] = None, dtype: Optional[DTypeLike] = 
 
 def coin_flip(batch_size: int = 1, seed: Optional[int] = None, probability: float = 0.5,
               name: str = "CoinFlip") -> Blob:
-    """batch_size int8 values, each 1 with `probability`, else 0."""
+    """batch_size int8 values, each 1 with `probability`, else 0.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.random.coin_flip(1000, seed=1, probability=0.5)
+        >>> flips = job()
+        >>> flips.dtype, set(flips.tolist()), bool(400 < flips.sum() < 600)
+        (dtype('int8'), {0, 1}, True)
+    """
     if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or batch_size < 0:
         _trace.fail(ValueError, f"coin_flip: batch_size must be an int >= 0, got {batch_size!r}")
     if not isinstance(probability, numbers.Real) or not 0.0 <= float(probability) <= 1.0:
@@ -89,7 +109,15 @@ CoinFlip = coin_flip  # OneFlow exports both names
 def generate_random_batch_permutation_indices(value: Blob, seed: Optional[int] = None,
                                               name: Optional[str] = None) -> Blob:
     """A random permutation of 0 .. value.shape[0] - 1 (int32), new on every
-    call: the order that sorts as many uniform draws."""
+    call: the order that sorts as many uniform draws.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((5, 2))) -> tp.Numpy:
+        ...     return flow.random.generate_random_batch_permutation_indices(x, seed=1)
+        >>> sorted(job(np.zeros((5, 2), np.float32)).tolist())
+        [0, 1, 2, 3, 4]
+    """
     api = "generate_random_batch_permutation_indices"
     if not isinstance(value, Blob):
         _trace.fail(TypeError, f"{api}: value must be a Blob, got {type(value).__name__}")
@@ -101,14 +129,27 @@ def generate_random_batch_permutation_indices(value: Blob, seed: Optional[int] =
 
 
 def shuffle(value: Blob, seed: Optional[int] = None, name: Optional[str] = None) -> Blob:
-    """value with its slices along axis 0 in a random order, new on every call."""
+    """value with its slices along axis 0 in a random order, new on every call.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        ...     return flow.random.shuffle(x, seed=1)
+        >>> sorted(job(np.float32([1, 2, 3, 4])).tolist())   # the same values, in some order
+        [1.0, 2.0, 3.0, 4.0]
+    """
     perm = generate_random_batch_permutation_indices(value, seed)
     return gather(value, perm, axis=0, name=name)
 
 
 def gen_seed(seed: Optional[int] = None) -> Tuple[int, bool]:
     """(seed, True): the given seed, or a fresh random one when None (how
-    OneFlow's random ops pick theirs in the consistent view)."""
+    OneFlow's random ops pick theirs in the consistent view).
+
+    Example:
+        >>> flow.random.gen_seed(7)
+        (7, True)
+    """
     if seed is None:
         return _pyrandom.randint(0, 2 ** 63 - 1), True
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
