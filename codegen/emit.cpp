@@ -478,7 +478,10 @@ Value* ExprEmitter::guarded_load(const Access& a, DType t) {
     off = b_.CreateAdd(off, b_.CreateMul(q, k64(co.stride)));
     valid = valid ? b_.CreateAnd(valid, ok) : ok;
   }
-  Value* pad = to_mem(b_, splat(constant(a.pad, t), width), t);
+  Value* pad = ir::is_int(t) ? llvm::ConstantInt::get(reg_type(b_.getContext(), t),
+                                                      static_cast<uint64_t>(a.ipad), true)
+                             : constant(a.pad, t);
+  pad = to_mem(b_, splat(pad, width), t);
   Value* base = args_.at(a.arg);
   Value* v;
   if (width == 1) {

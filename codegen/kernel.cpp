@@ -160,6 +160,7 @@ std::string access_str(const Access& a) {
     p << a.pad;
     s += " pad=" + p.str();
   }
+  if (!a.coords.empty() && a.ipad != 0) s += " ipad=" + std::to_string(a.ipad);
   return s;
 }
 }  // namespace

@@ -78,9 +78,10 @@ struct Access {
   std::vector<Coord> coords;
   double pad = 0;
   std::vector<Indirect> indirect;
+  int64_t ipad = 0;  // the pad of an integer load, exact (pad rounds beyond 2^53)
   bool operator==(const Access& o) const {
     return arg == o.arg && strides == o.strides && offset == o.offset && coords == o.coords &&
-           pad == o.pad && indirect == o.indirect;
+           pad == o.pad && indirect == o.indirect && ipad == o.ipad;
   }
 };
 

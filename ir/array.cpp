@@ -2,6 +2,7 @@
 #include "ir/array.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "ir/error.h"
 
@@ -28,6 +29,30 @@ void check_index(std::string_view op, const TensorType& idx) {
                 ": indices must be an integer tensor (int32 or int64), got ", idx.str());
 }
 
+// The pad value as x's dtype holds it: an exact int for an integer x (a
+// double would round int64 beyond 2^53), a float otherwise.
+AttrValue pad_value(DType t, const Attrs& a) {
+  if (!is_int(t)) return a.has("pad_value") ? a.get_float("pad_value") : 0.0;
+  if (!a.has("pad_value")) return int64_t{0};
+  int64_t v = 0;
+  if (const auto* i = std::get_if<int64_t>(a.find("pad_value"))) {
+    v = *i;
+  } else {
+    double d = a.get_float("pad_value");
+    FJ_USER_CHECK(std::isfinite(d) && d >= -0x1p63 && d < 0x1p63, kValue, "pad: pad_value ", d,
+                  " is not a value of ", dtype_name(t));
+    v = static_cast<int64_t>(d);  // toward zero, as int() in Python
+  }
+  int bits = dtype_bytes(t) * 8;
+  if (bits < 64) {
+    int64_t lo = is_signed_int(t) ? -(int64_t{1} << (bits - 1)) : 0;
+    int64_t hi = is_signed_int(t) ? (int64_t{1} << (bits - 1)) - 1 : (int64_t{1} << bits) - 1;
+    FJ_USER_CHECK(v >= lo && v <= hi, kValue, "pad: pad_value ", v, " is out of range for ",
+                  dtype_name(t), " (", lo, "..", hi, ")");
+  }
+  return v;
+}
+
 TensorType infer_pad(const TensorType& x, Attrs& a) {
   IntList lo = ints_or(a, "pads_lo", x.rank(), 0), hi = ints_or(a, "pads_hi", x.rank(), 0);
   IntList interior = ints_or(a, "interior", x.rank(), 0);
@@ -50,7 +75,7 @@ TensorType infer_pad(const TensorType& x, Attrs& a) {
   a.set("pads_lo", lo);
   a.set("pads_hi", hi);
   a.set("interior", interior);
-  a.set("pad_value", a.has("pad_value") ? a.get_float("pad_value") : 0.0);
+  a.set("pad_value", pad_value(x.dtype, a));
   return {x.dtype, out};
 }
 

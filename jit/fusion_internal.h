@@ -65,6 +65,7 @@ struct View {
   std::vector<codegen::Coord> coords;  // coef per dim of the viewed node
   double pad = 0;                      // the value of elements outside the coords' range
   std::vector<IndirectView> indirect;  // strides per dim of the viewed node
+  int64_t ipad = 0;                    // pad of an integer view, exact (pad rounds beyond 2^53)
   bool plain() const { return coords.empty() && indirect.empty(); }
 };
 
@@ -407,7 +408,8 @@ class KernelBuilder {
       indirect.push_back(ind);
       operands.push_back(node);
     }
-    Access a{read_arg(v->base), domain_strides(v->strides, m), v->offset, {}, v->pad, indirect};
+    Access a{
+        read_arg(v->base), domain_strides(v->strides, m), v->offset, {}, v->pad, indirect, v->ipad};
     for (codegen::Coord c : v->coords) {
       c.coef = domain_strides(c.coef, m);
       a.coords.push_back(std::move(c));

@@ -1,6 +1,8 @@
 // fusion: how values address memory (views, windows, pads, slices, gathers) and dim maps.
 #include "jit/fusion_internal.h"
 
+#include <cmath>
+
 namespace flowjit::jit::fusion_detail {
 
 bool is_unit_reshape(const NodeRef& r) {
@@ -44,6 +46,7 @@ std::optional<View> resolve_window(const NodeRef& n) {
   for (int j = 0; j < L; ++j) w.strides[j] = v->strides[j];
   bool window = n->op() == OpKind::Window;
   if (window) w.pad = n->attrs().get_float("pad_value");
+  if (std::isfinite(w.pad) && std::fabs(w.pad) < 0x1p63) w.ipad = static_cast<int64_t>(w.pad);
   for (int i = 0; i < S; ++i) {
     int64_t st = v->strides[L + i];
     codegen::Coord c;
@@ -84,6 +87,7 @@ std::optional<View> resolve_pad(const NodeRef& n) {
                 &in = a.get_ints("interior");
   const Shape& x = n->input(0)->shape();
   View w{v->base, v->strides, v->offset, {}, a.get_float("pad_value"), {}};
+  if (const auto* i = std::get_if<int64_t>(a.find("pad_value"))) w.ipad = *i;
   for (int d = 0; d < n->rank(); ++d) {
     if (lo[d] == 0 && hi[d] == 0 && in[d] == 0) continue;
     codegen::Coord c;

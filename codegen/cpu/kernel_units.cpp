@@ -52,6 +52,7 @@ class KeyWriter {
       i64(x.limit);
       i64(x.stride);
     }
+    i64(a.ipad);
   }
   std::string take() { return std::move(s_); }
 

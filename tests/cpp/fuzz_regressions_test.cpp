@@ -7,6 +7,8 @@
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "jit/cache.h"
+#include "jit/fusion.h"
+#include "jit/pipeline.h"
 #include "runtime/sha256.h"
 #include "tests/cpp/test_util.h"
 
@@ -86,4 +88,37 @@ TEST(FuzzRegressions, TheCacheDoesNotStoreWhatItWouldCallDamaged) {
   jit::CacheHit hit;
   EXPECT_EQ(cache.lookup(e.key, false, hit, why), jit::DiskCache::Found::Hit) << why;
   EXPECT_EQ(hit.plan, e.plan);
+}
+
+// programs: pad of an int64 tensor with a constant beyond 2^53 rounded it
+// (the pad value was a double in the attribute, the view and the kernel).
+TEST(FuzzRegressions, AnInt64PadValueIsExactThroughFusion) {
+  auto pad_graph = [](const std::string& dtype, const std::string& value) {
+    return "graph g {\n  %x = parameter() {dtype=" + dtype +
+           ", index=0, name=\"x\", shape=[2]} : " + dtype +
+           "[2]\n  %0 = pad(%x) {pads_hi=[1], pads_lo=[1], pad_value=" + value + "} : " + dtype +
+           "[4]\n  return %0\n}\n";
+  };
+  ir::Graph g = ir::parse_graph(pad_graph("i64", "9223372036854775807"));
+  EXPECT_NE(ir::print_graph(g).find("pad_value=9223372036854775807"), std::string::npos)
+      << ir::print_graph(g);
+  jit::PassLog log;
+  jit::FusedProgram p = jit::fuse(jit::optimize(g, log), "g");
+  bool found = false;
+  for (const codegen::Kernel& k : p.kernels)
+    for (const codegen::Access& a : k.loads)
+      if (!a.coords.empty()) {
+        EXPECT_EQ(a.ipad, INT64_MAX);
+        found = true;
+      }
+  EXPECT_TRUE(found) << p.description;
+  // A float pad value of an integer tensor becomes its int (toward zero);
+  // one the dtype cannot hold is a user error.
+  EXPECT_NE(ir::print_graph(ir::parse_graph(pad_graph("i32", "-2.5"))).find("pad_value=-2,"),
+            std::string::npos);
+  std::string msg = parse_error(pad_graph("i8", "300"));
+  EXPECT_NE(msg.find("pad: pad_value 300 is out of range for int8 (-128..127)"), std::string::npos)
+      << msg;
+  msg = parse_error(pad_graph("i64", "1e30"));
+  EXPECT_NE(msg.find("pad: pad_value 1e+30 is not a value of int64"), std::string::npos) << msg;
 }
