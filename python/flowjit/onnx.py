@@ -13,6 +13,7 @@ import os
 from typing import Any, List, Optional, Sequence, Union
 
 from . import _C, _onnx_ops, _onnx_trace
+from ._job import JobFunction
 
 try:
     import onnx
@@ -52,7 +53,7 @@ def _ir_version(opset: int) -> int:
     return onnx.IR_VERSION
 
 
-def export(job: Any, path: Optional[Union[str, "os.PathLike[str]"]] = None, *, opset: int = DEFAULT_OPSET,
+def export(job: JobFunction, path: Optional[Union[str, "os.PathLike[str]"]] = None, *, opset: int = DEFAULT_OPSET,
            training: bool = False, output_names: Optional[Sequence[str]] = None,
            check: bool = True) -> "onnx.ModelProto":
     """Writes `job`'s graph as an ONNX model to `path` and returns the model.
@@ -102,7 +103,6 @@ def export(job: Any, path: Optional[Union[str, "os.PathLike[str]"]] = None, *, o
         >>> sorted(t.name for t in model.graph.initializer)
         ['dense-bias', 'dense-weight']
     """
-    from ._job import JobFunction
     if not isinstance(job, JobFunction):
         raise TypeError("flowjit.onnx.export: job must be a function decorated with "
                         f"@flow.global_function, got {type(job).__name__}")
