@@ -277,7 +277,7 @@ def test_integer_views(rng):
     @flow.global_function()
     def int_views(a: tp.Numpy.Placeholder((3, 4), dtype=flow.int64),
                   i: tp.Numpy.Placeholder((3, 4), dtype=flow.int32)) -> Tuple[tp.Numpy, tp.Numpy, tp.Numpy]:
-        return (flow.pad(a, [[1, 0], [0, 2]], constant_value=7), flow.pad(i, [[0, 1], [2, 0]]),
+        return (flow.pad(a, [[1, 0], [0, 2]], constant_value=2 ** 60 + 1), flow.pad(i, [[0, 1], [2, 0]]),
                 flow.math.negative(flow.reverse(a, axis=1)))
 
     a = rng.integers(-(2 ** 40), 2 ** 40, (3, 4))
