@@ -170,7 +170,16 @@ def _balanced(n, parts):
 
 
 def distribute_clone(x: Blob, name: Optional[str] = None) -> Tuple[Blob, ...]:
-    """One copy of `x` per device of the current placement."""
+    """One copy of `x` per device of the current placement.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     copies = flow.advanced.distribute_clone(x)   # one per device (one here)
+        ...     return flow.advanced.distribute_add([c * 2 for c in copies])
+        >>> job(np.float32([1, 2])).tolist()
+        [2.0, 4.0]
+    """
     x = _blob(x, "advanced.distribute_clone")
     n = _parallel_num()
     return tuple(_ops.identity(x, name=None if name is None else f"{name}_out_{i}") for i in range(n))
@@ -178,7 +187,16 @@ def distribute_clone(x: Blob, name: Optional[str] = None) -> Tuple[Blob, ...]:
 
 def distribute_split(x: Blob, axis: int = 0, name: Optional[str] = None) -> Tuple[Blob, ...]:
     """`x` cut along `axis` into one part per device of the current placement,
-    as evenly as possible (the first parts one longer)."""
+    as evenly as possible (the first parts one longer).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        ...     parts = flow.advanced.distribute_split(x, axis=0)   # one part per device
+        ...     return flow.advanced.distribute_concat([p + 1 for p in parts], axis=0)
+        >>> job(np.float32([1, 2, 3, 4])).tolist()
+        [2.0, 3.0, 4.0, 5.0]
+    """
     x = _blob(x, "advanced.distribute_split")
     n = _parallel_num()
     if isinstance(axis, bool) or not isinstance(axis, numbers.Integral) or not -x.ndim <= axis < x.ndim:
@@ -207,13 +225,29 @@ def _parts(xs, api):
 
 
 def distribute_add(xs: Sequence[Blob], name: Optional[str] = None) -> Blob:
-    """The sum of one blob per device of the current placement."""
+    """The sum of one blob per device of the current placement.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.advanced.distribute_add(flow.advanced.distribute_clone(x))
+        >>> job(np.float32([1, 2])).tolist()   # the sum over one device
+        [1.0, 2.0]
+    """
     xs = _parts(xs, "advanced.distribute_add")
     return _ops.identity(xs[0], name=name) if len(xs) == 1 else _composite.add_n(xs, name=name)
 
 
 def distribute_concat(xs: Sequence[Blob], axis: int = 0, name: Optional[str] = None) -> Blob:
-    """One blob per device of the current placement joined along `axis`."""
+    """One blob per device of the current placement joined along `axis`.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.advanced.distribute_concat(flow.advanced.distribute_split(x, axis=1), axis=1)
+        >>> job(np.float32([[1, 2], [3, 4]])).tolist()
+        [[1.0, 2.0], [3.0, 4.0]]
+    """
     xs = _parts(xs, "advanced.distribute_concat")
     return _ops.identity(xs[0], name=name) if len(xs) == 1 else _array.concat(xs, axis=axis, name=name)
 
@@ -223,7 +257,15 @@ def distribute_map(xs: Union[Blob, Sequence[Blob]], f: Callable[..., Union[Blob,
     """f applied to the parts of `xs` (each split along `axis`, one part per
     device of the current placement), the results joined along `axis`:
     f(x_part_0, y_part_0, ...), ... . Returns one blob where f returns one
-    blob, else a tuple."""
+    blob, else a tuple.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,)), y: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        ...     return flow.advanced.distribute_map([x, y], lambda a, b: a * b)   # per device part
+        >>> job(np.float32([1, 2, 3, 4]), np.float32([2, 2, 2, 2])).tolist()
+        [2.0, 4.0, 6.0, 8.0]
+    """
     seq = list(xs) if isinstance(xs, (list, tuple)) else [xs]
     if not seq:
         _trace.fail(TypeError, "advanced.distribute_map: xs must be a Blob or a non-empty list of Blobs",

@@ -360,7 +360,19 @@ def get(path):
 
     If `path` is one variable's directory (it holds an `out` file), that
     variable's array is returned, as in OneFlow. Everything is validated
-    before anything is read; errors name the variable and what is wrong."""
+    before anything is read; errors name the variable and what is wrong.
+
+    Example:
+        >>> import os, tempfile
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(2,), initializer=flow.constant_initializer(2.0))
+        >>> _ = job()
+        >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
+        >>> flow.checkpoint.save(path)
+        >>> flow.checkpoint.get(path)["w"].tolist()
+        [2.0, 2.0]
+    """
     path = os.fspath(path)
     if os.path.isfile(os.path.join(path, DATA_FILENAME)):
         name = unescape_name(os.path.basename(os.path.normpath(path)))
@@ -466,7 +478,20 @@ def save(path, var_dict=None):
     `path` must not exist or be an empty directory (like OneFlow, a checkpoint
     is never overwritten); missing parent directories are created. Queued
     asynchronous jobs finish first, so the checkpoint holds the state after
-    every job called so far."""
+    every job called so far.
+
+    Example:
+        >>> import os, tempfile
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.get_variable("w", shape=(2,), initializer=flow.zeros_initializer())
+        >>> _ = job()
+        >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")
+        >>> flow.checkpoint.save(path, {"w": np.float32([3, 4])})
+        >>> flow.load_variables(flow.checkpoint.get(path))
+        >>> job().tolist()
+        [3.0, 4.0]
+    """
     api = "checkpoint.save"
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{api}: path must be a str or os.PathLike, got {type(path).__name__}")

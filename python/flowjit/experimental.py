@@ -37,13 +37,32 @@ def ssp_variable_proxy(var: Blob, buffer_size: int = 1, name: Optional[str] = No
     the variable itself (assign to it, train it); value is what the variable
     held buffer_size - 1 runs before this one (its initial value in the
     first buffer_size runs), without a gradient. With buffer_size 1, value
-    is the variable as this run reads it."""
+    is the variable as this run reads it.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1,))) -> tp.Numpy:
+        ...     v = flow.get_variable("v", shape=(1,), initializer=flow.zeros_initializer())
+        ...     ref, value = flow.experimental.ssp_variable_proxy(v, buffer_size=2)
+        ...     flow.assign(ref, x)
+        ...     return value   # what v held one run before this one
+        >>> [job(np.float32([k])).tolist() for k in (1, 2, 3)]
+        [[0.0], [0.0], [1.0]]
+    """
     return _ssp.ssp_variable_proxy(var, buffer_size, name)
 
 
 def square_sum(x: Blob, name: Optional[str] = None) -> Blob:
     """The sum of the squares of every element of x, shape (1,) (OneFlow's
-    ``square_sum``)."""
+    ``square_sum``).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.experimental.square_sum(x)
+        >>> job(np.float32([1, 2, 3])).tolist()
+        [14.0]
+    """
     return _ops.reduce_sum(_ops.square(x), name=name)
 
 
@@ -98,7 +117,17 @@ def unique_with_counts(x: Blob, out_idx: _dtypes.DTypeLike = _dtypes.int32,
     num_unique)``. The first ``num_unique`` elements of y are x's distinct
     values in the order they first appear, ``y[idx] == x``, ``count[k]`` is how
     often ``y[k]`` occurs; y and count have x's size, the rest is zero.
-    idx, count and num_unique (shape (1,)) have dtype ``out_idx``."""
+    idx, count and num_unique (shape (1,)) have dtype ``out_idx``.
+
+    Example:
+        >>> from typing import Tuple
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((5,), dtype=flow.int32)) -> Tuple[tp.Numpy, tp.Numpy, tp.Numpy, tp.Numpy]:
+        ...     return flow.experimental.unique_with_counts(x)
+        >>> y, idx, count, n = job(np.int32([7, 3, 7, 7, 5]))
+        >>> y[:n[0]].tolist(), idx.tolist(), count[:n[0]].tolist()
+        ([7, 3, 5], [0, 1, 0, 0, 2], [3, 1, 1])
+    """
     api = "experimental.unique_with_counts"
     odt = _dtypes.to_dtype(out_idx, f"{api} out_idx")
     if odt not in (_dtypes.int32, _dtypes.int64):
@@ -119,7 +148,18 @@ def indexed_slices_reduce_sum(indices: Blob, values: Blob,
     """OneFlow's ``indexed_slices_reduce_sum``: the rows of values (n, m) that
     share an index summed. Returns ``(y_indices (n,), y_values (n, m),
     num_unique (1,) int64)``; the first ``num_unique`` entries hold each
-    distinct index (in first-appearance order) and its summed row."""
+    distinct index (in first-appearance order) and its summed row.
+
+    Example:
+        >>> from typing import Tuple
+        >>> @flow.global_function()
+        ... def job(i: tp.Numpy.Placeholder((3,), dtype=flow.int32),
+        ...         v: tp.Numpy.Placeholder((3, 2))) -> Tuple[tp.Numpy, tp.Numpy, tp.Numpy]:
+        ...     return flow.experimental.indexed_slices_reduce_sum(i, v)
+        >>> idx, rows, n = job(np.int32([4, 1, 4]), np.float32([[1, 1], [2, 2], [3, 3]]))
+        >>> idx[:n[0]].tolist(), rows[:n[0]].tolist()
+        ([4, 1], [[4.0, 4.0], [2.0, 2.0]])
+    """
     api = "experimental.indexed_slices_reduce_sum"
     if not isinstance(values, Blob) or not isinstance(indices, Blob) or len(values.shape) < 1 \
             or values.shape[0] != (indices.shape[0] if indices.shape else -1):

@@ -20,7 +20,21 @@ __all__ = ["add_loss"]
 
 def add_loss(loss):
     """Marks `loss` (a Blob, or a list of them) to be minimized by the job's
-    function_config().train settings."""
+    function_config().train settings.
+
+    Example:
+        >>> config = flow.FunctionConfig()
+        >>> config.train.primary_lr(0.25)
+        >>> config.train.model_update_conf({"naive_conf": {}})
+        >>> @flow.global_function(config)   # OneFlow 0.2's style of train job
+        ... def train(x: tp.Numpy.Placeholder((1,))) -> tp.Numpy:
+        ...     w = flow.get_variable("w", shape=(1,), initializer=flow.constant_initializer(3.0))
+        ...     loss = flow.math.reduce_sum(w * w * x)
+        ...     flow.losses.add_loss(loss)
+        ...     return loss
+        >>> [train(np.float32([1])).tolist() for _ in range(3)]   # w -= 0.25 * 2w
+        [[9.0], [2.25], [0.5625]]
+    """
     b = _trace.require_builder("flow.losses.add_loss")
     loc = _trace.user_location()
     items = list(loss) if isinstance(loss, (list, tuple)) else [loss]

@@ -508,7 +508,8 @@ class Optimizer:
             ... def train(x: tp.Numpy.Placeholder((1,))) -> tp.Numpy:
             ...     w = flow.get_variable("w", shape=(1,), initializer=flow.constant_initializer(3.0))
             ...     loss = flow.math.reduce_sum(w * w * x)
-            ...     flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.25])).minimize(loss)
+            ...     lr = flow.optimizer.PiecewiseConstantScheduler([], [0.25])
+            ...     flow.optimizer.SGD(lr, momentum=0.0).minimize(loss)
             ...     return loss
             >>> [train(np.float32([1])).tolist() for _ in range(3)]   # w -= 0.25 * 2w: 3, 1.5, 0.75
             [[9.0], [2.25], [0.5625]]

@@ -45,15 +45,51 @@ class Regularizer:
 
 
 def l1_l2(l1=0.01, l2=0.01):
-    """Adds l1 * sign(w) + l2 * w to the variable's gradient."""
+    """Adds l1 * sign(w) + l2 * w to the variable's gradient.
+
+    Example:
+        >>> @flow.global_function(type="train")
+        ... def train(x: tp.Numpy.Placeholder((1,))) -> tp.Numpy:
+        ...     w = flow.get_variable("w", shape=(1,), initializer=flow.ones_initializer(),
+        ...                           regularizer=flow.regularizers.l1_l2(l1=0.25, l2=0.5))
+        ...     lr = flow.optimizer.PiecewiseConstantScheduler([], [1.0])
+        ...     flow.optimizer.SGD(lr, momentum=0.0).minimize(flow.math.reduce_sum(w * x))
+        ...     return w
+        >>> [train(np.float32([0])).tolist() for _ in range(3)]   # the loss adds no gradient; w -= 0.25 sign(w) + 0.5 w
+        [[1.0], [0.25], [-0.125]]
+    """
     return Regularizer(l1, l2, "l1_l2")
 
 
 def l1(l=0.01):  # noqa: E741 - OneFlow's parameter name
-    """Adds l * sign(w) to the variable's gradient."""
+    """Adds l * sign(w) to the variable's gradient.
+
+    Example:
+        >>> @flow.global_function(type="train")
+        ... def train(x: tp.Numpy.Placeholder((1,))) -> tp.Numpy:
+        ...     w = flow.get_variable("w", shape=(1,), initializer=flow.ones_initializer(),
+        ...                           regularizer=flow.regularizers.l1(0.25))
+        ...     lr = flow.optimizer.PiecewiseConstantScheduler([], [1.0])
+        ...     flow.optimizer.SGD(lr, momentum=0.0).minimize(flow.math.reduce_sum(w * x))
+        ...     return w
+        >>> [train(np.float32([0])).tolist() for _ in range(3)]   # the loss adds no gradient; w -= 0.25 sign(w)
+        [[1.0], [0.75], [0.5]]
+    """
     return Regularizer(l, 0.0, "l1")
 
 
 def l2(l=0.01):  # noqa: E741
-    """Adds l * w to the variable's gradient."""
+    """Adds l * w to the variable's gradient.
+
+    Example:
+        >>> @flow.global_function(type="train")
+        ... def train(x: tp.Numpy.Placeholder((1,))) -> tp.Numpy:
+        ...     w = flow.get_variable("w", shape=(1,), initializer=flow.ones_initializer(),
+        ...                           regularizer=flow.regularizers.l2(0.5))
+        ...     lr = flow.optimizer.PiecewiseConstantScheduler([], [1.0])
+        ...     flow.optimizer.SGD(lr, momentum=0.0).minimize(flow.math.reduce_sum(w * x))
+        ...     return w
+        >>> [train(np.float32([0])).tolist() for _ in range(3)]   # the loss adds no gradient; w -= 0.5 w
+        [[1.0], [0.5], [0.25]]
+    """
     return Regularizer(0.0, l, "l2")
