@@ -24,14 +24,32 @@ class Distribute:
 
 
 def split(axis):
-    """Each device holds a slice along `axis`."""
+    """Each device holds a slice along `axis`.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4, 2))) -> tp.Numpy:
+        ...     w = flow.get_variable("w", shape=(4, 2), initializer=flow.ones_initializer(),
+        ...                           distribute=flow.distribute.split(0))   # rows spread over the devices
+        ...     return x + w
+        >>> job(np.zeros((4, 2), np.float32))[0].tolist()
+        [1.0, 1.0]
+    """
     if not isinstance(axis, int):
         raise TypeError(f"distribute.split: axis must be an int, got {axis!r}")
     return Distribute("split", axis)
 
 
 def broadcast():
-    """Every device holds the whole value."""
+    """Every device holds the whole value.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.parallel_cast(x, distribute=flow.distribute.broadcast()) + 1   # a copy on every device
+        >>> job(np.float32([1, 2])).tolist()
+        [2.0, 3.0]
+    """
     return Distribute("broadcast")
 
 

@@ -112,17 +112,32 @@ def timeout(seconds: float) -> None:
 
 
 def get_rank() -> int:
-    """This process's index in the job (0 when it runs alone)."""
+    """This process's index in the job (0 when it runs alone).
+
+    Example:
+        >>> flow.env.get_rank()   # a process that runs alone
+        0
+    """
     return _process_rank()
 
 
 def get_world_size() -> int:
-    """The number of processes of the job."""
+    """The number of processes of the job.
+
+    Example:
+        >>> flow.env.get_world_size()   # a process that runs alone
+        1
+    """
     return _process_count()
 
 
 def get_local_rank() -> int:
-    """This process's index among the job's processes on its machine."""
+    """This process's index among the job's processes on its machine.
+
+    Example:
+        >>> flow.env.get_local_rank()   # a process that runs alone
+        0
+    """
     src = _source()
     if src is None or _process_count() == 1:
         return 0

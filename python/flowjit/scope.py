@@ -24,7 +24,17 @@ class LogicalView:
 
 
 def consistent_view() -> LogicalView:
-    """Placeholders are the whole logical batch; flowjit splits it over devices."""
+    """Placeholders are the whole logical batch; flowjit splits it over devices.
+
+    Example:
+        >>> config = flow.function_config()
+        >>> _ = config.default_logical_view(flow.scope.consistent_view())
+        >>> @flow.global_function(function_config=config)
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return x * 3
+        >>> job(np.float32([1, 2])).tolist()
+        [3.0, 6.0]
+    """
     return LogicalView("consistent")
 
 
@@ -114,7 +124,16 @@ def placement(device_tag: str, machine_device_ids: Union[str, List[str]],
     layer on its own (model parallel / pipeline placement): gradients and
     updates run where their layer runs, values pass between the device sets,
     and a set of several devices runs its layers data parallel. Each run is
-    one batch (no micro-batches yet)."""
+    one batch (no micro-batches yet).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     with flow.scope.placement("cpu", "0:0"):   # machine 0, device 0
+        ...         return x + 1
+        >>> job(np.float32([1, 2])).tolist()
+        [2.0, 3.0]
+    """
     return Placement(device_tag, machine_device_ids)
 
 
@@ -213,7 +232,17 @@ def current_scope() -> Scope:
     """The scope ops traced here would get: the innermost
     flow.scope.placement (else the job's default_placement_scope, else all
     CPU devices of machine 0), the job's logical view and the name spaces
-    entered."""
+    entered.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1,))) -> tp.Numpy:
+        ...     print(type(flow.scope.current_scope()).__name__)
+        ...     return x
+        >>> job(np.float32([1])).tolist()
+        Scope
+        [1.0]
+    """
     from . import _trace, config
     b = _trace.current()
     p = current_placement()
