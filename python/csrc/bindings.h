@@ -17,6 +17,7 @@ void register_errors(py::module_& m);
 void register_ir(py::module_& m);
 void register_jobs(py::module_& m);
 void register_session(py::module_& m);
+void register_data(py::module_& m);
 
 // An IR node handle as Python sees it.
 struct PyNode {

@@ -15,5 +15,6 @@ PYBIND11_MODULE(_C, m) {
   flowjit::python::register_ir(m);
   flowjit::python::register_jobs(m);
   flowjit::python::register_session(m);
+  flowjit::python::register_data(m);
   flowjit::python::register_gpu(m);
 }

@@ -63,7 +63,17 @@ def decode_random(shape: Sequence[int], dtype: DTypeLike, batch_size: int = 1, i
     (default ``flow.random_uniform_initializer()``: uniform in [0, 1)), new
     at every call of the job, as OneFlow's DecodeRandom op. `tick` (an op
     this one waits for in OneFlow's graph) changes nothing here: each call
-    draws once."""
+    draws once.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.data.decode_random(shape=(3,), dtype=flow.float32, batch_size=2,
+        ...                                    initializer=flow.random_uniform_initializer(5, 6))
+        >>> batch = job()
+        >>> batch.shape, bool(((5 <= batch) & (batch < 6)).all())
+        ((2, 3), True)
+    """
     api = "data.decode_random"
     b = _trace.require_builder(f"flow.{api}")
     if not isinstance(shape, (list, tuple)) or not all(
@@ -85,3 +95,139 @@ def decode_random(shape: Sequence[int], dtype: DTypeLike, batch_size: int = 1, i
     if out.dtype is not dt:
         out = _ops.cast(out, dt)
     return _ops.identity(out, name=name) if name else out
+
+
+# ---------------------------------------------------------------- OFRecord data sets
+
+class OFRecordSource:
+    """What ``flow.data.ofrecord_reader`` returns while tracing: the data
+    set's part files and reading options. Its decoders
+    (``OFRecordRawDecoder``) add fields; at the end of the trace the job
+    gets one native reader (``_C.OFRecordReader``) that decodes them all on
+    a thread of its own, a few batches ahead, and every call of the job
+    takes the next batch."""
+
+    def __init__(self, builder, files, batch_size, shuffle, shuffle_buffer, shuffle_after_epoch, seed, name):
+        self.builder, self.files, self.batch_size = builder, files, batch_size
+        self.shuffle, self.shuffle_buffer, self.shuffle_after_epoch = shuffle, shuffle_buffer, shuffle_after_epoch
+        self.seed, self.name = seed, name
+        self.fields = []   # (feature name, shape, dtype, truncate)
+        self.params = []   # the job parameters the fields feed
+        self.shape = (batch_size,)  # OneFlow's record blob: one record per row
+
+    def open(self):
+        """The native reader of this source (a new one per compiled job)."""
+        return _C.OFRecordReader(self.files, self.batch_size, self.shuffle, self.shuffle_buffer,
+                                 self.shuffle_after_epoch, self.seed,
+                                 [(n, list(s), d.c, t) for n, s, d, t in self.fields])
+
+    def __repr__(self):
+        return f"<OFRecord source {self.name}: {len(self.files)} part file(s), batch {self.batch_size}>"
+
+
+def _part_files(api, ofrecord_dir, data_part_num, part_name_prefix, part_name_suffix_length):
+    import os
+    if not isinstance(ofrecord_dir, (str, os.PathLike)):
+        _trace.fail(TypeError, f"{api}: ofrecord_dir must be a path, got {type(ofrecord_dir).__name__}")
+    if not isinstance(data_part_num, numbers.Integral) or isinstance(data_part_num, bool) or data_part_num < 1:
+        _trace.fail(ValueError, f"{api}: data_part_num must be an int >= 1, got {data_part_num!r}")
+    if not isinstance(part_name_suffix_length, numbers.Integral) or part_name_suffix_length < -1:
+        _trace.fail(ValueError, f"{api}: part_name_suffix_length must be -1 or an int >= 0, got "
+                    f"{part_name_suffix_length!r}")
+    files = []
+    for i in range(int(data_part_num)):
+        suffix = str(i) if part_name_suffix_length <= 0 else str(i).zfill(int(part_name_suffix_length))
+        path = os.path.join(os.fspath(ofrecord_dir), f"{part_name_prefix}{suffix}")
+        if not os.path.isfile(path):
+            _trace.fail(FileNotFoundError, f"{api}: part file '{path}' does not exist (data_part_num="
+                        f"{data_part_num}, part_name_prefix={part_name_prefix!r}, part_name_suffix_length="
+                        f"{part_name_suffix_length})")
+        files.append(path)
+    return files
+
+
+def ofrecord_reader(ofrecord_dir: str, batch_size: int = 1, data_part_num: int = 1,
+                    part_name_prefix: str = "part-", part_name_suffix_length: int = -1,
+                    random_shuffle: bool = False, shuffle_buffer_size: int = 1024,
+                    shuffle_after_epoch: bool = False, name: Optional[str] = None) -> OFRecordSource:
+    """OneFlow's OFRecord reader inside a job: the part files
+    ``ofrecord_dir/part-0 ... part-(data_part_num - 1)`` (suffixes
+    zero-padded to ``part_name_suffix_length`` when it is positive), read in
+    order or, with ``random_shuffle``, drawn at random from a buffer of
+    ``shuffle_buffer_size`` records; ``shuffle_after_epoch`` reorders the
+    part files every epoch. Decode its fields with
+    :func:`OFRecordRawDecoder`; every call of the job takes the next
+    ``batch_size`` records, looping over the epochs. The seed comes from
+    ``flow.manual_seed`` (or the job and the reader's position in it)."""
+    api = "data.ofrecord_reader"
+    b = _trace.require_builder(f"flow.{api}")
+    if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or batch_size < 1:
+        _trace.fail(ValueError, f"{api}: batch_size must be an int >= 1, got {batch_size!r}")
+    if not isinstance(shuffle_buffer_size, numbers.Integral) or shuffle_buffer_size < 1:
+        _trace.fail(ValueError, f"{api}: shuffle_buffer_size must be an int >= 1, got {shuffle_buffer_size!r}")
+    files = _part_files(api, ofrecord_dir, data_part_num, part_name_prefix, part_name_suffix_length)
+    from .random import _seed
+    n = len(b.data_sources)
+    src = OFRecordSource(b, files, int(batch_size), bool(random_shuffle), int(shuffle_buffer_size),
+                         bool(shuffle_after_epoch), _seed(b, None, api), name or f"OFRecordReader_{n}")
+    b.data_sources.append(src)
+    return src
+
+
+def OFRecordRawDecoder(input_blob: OFRecordSource, blob_name: str, shape: Sequence[int], dtype: DTypeLike,
+                       dim1_varying_length: bool = False, truncate: bool = False,
+                       auto_zero_padding: bool = False, name: Optional[str] = None) -> Blob:
+    """The feature ``blob_name`` of every record of the batch as a
+    ``(batch_size, *shape)`` blob of ``dtype`` (OneFlow's ofrecord_raw_decoder):
+    a float/double/int32/int64 list of exactly numel(shape) values converted
+    to dtype, or a bytes feature's bytes as int8 values. With ``truncate``
+    (or the deprecated ``auto_zero_padding``) longer lists are cut and
+    shorter ones padded with zeros. A record without the feature, or with
+    another count, stops the job's next call with a ValueError naming the
+    part file and the record."""
+    api = "data.OFRecordRawDecoder"
+    if not isinstance(input_blob, OFRecordSource):
+        _trace.fail(TypeError, f"{api}: input_blob must be what flow.data.ofrecord_reader returned, got "
+                    f"{type(input_blob).__name__}")
+    b = _trace.require_builder(f"flow.{api}")
+    if input_blob.builder is not b:
+        _trace.fail(RuntimeError, f"{api}: the OFRecord reader belongs to another job")
+    if not isinstance(blob_name, str):
+        _trace.fail(TypeError, f"{api}: blob_name must be a str, got {type(blob_name).__name__}")
+    if not isinstance(shape, (list, tuple)) or not all(
+            isinstance(d, numbers.Integral) and not isinstance(d, bool) and d >= 0 for d in shape):
+        _trace.fail(TypeError, f"{api}: shape must be a list or tuple of ints >= 0, got {shape!r}")
+    if dim1_varying_length:
+        _trace.fail(NotImplementedError, f"{api}: dim1_varying_length=True makes the blob's shape depend on "
+                    "the data (a dynamic blob in OneFlow); flowjit compiles static shapes: use truncate=True "
+                    "with the largest length instead")
+    dt = _ops._dtype(dtype, api)
+    src = input_blob
+    index = len(b.params)
+    pname = name or f"{src.name}-{blob_name}"
+    blob = b.placeholder(index, pname, [src.batch_size] + [int(d) for d in shape], dt)
+    src.fields.append((blob_name, tuple(int(d) for d in shape), dt, bool(truncate or auto_zero_padding)))
+    src.params.append(index)
+    return blob
+
+
+ofrecord_raw_decoder = OFRecordRawDecoder
+
+
+def _needs_tensor_buffers(api):
+    def f(*args, **kwargs):
+        _trace.fail(NotImplementedError, f"flow.{api}: it yields OneFlow tensor buffers (a variable-length "
+                    "value per record), which flowjit does not have yet; flow.data.OFRecordRawDecoder "
+                    "decodes fixed-length features")
+    f.__name__ = api.split(".")[-1]
+    f.__doc__ = (f"Not supported yet: OneFlow's {api} yields tensor buffers (variable-length values), "
+                 "which flowjit does not have; raises NotImplementedError.")
+    return f
+
+
+OFRecordBytesDecoder = _needs_tensor_buffers("data.OFRecordBytesDecoder")
+ofrecord_bytes_decoder = OFRecordBytesDecoder
+OFRecordImageDecoder = _needs_tensor_buffers("data.OFRecordImageDecoder")
+ofrecord_image_decoder = OFRecordImageDecoder
+OFRecordImageDecoderRandomCrop = _needs_tensor_buffers("data.OFRecordImageDecoderRandomCrop")
+ofrecord_image_decoder_random_crop = OFRecordImageDecoderRandomCrop

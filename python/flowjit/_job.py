@@ -268,6 +268,7 @@ class JobBuilder:
         self.watch_diffs = []  # (blob, handler, form) of flow.watch_diff: gradient outputs after the watches
         self.added_losses = []  # flow.losses.add_loss (minimized with function_config().train)
         self.regularizers = {}  # variable name -> (blob, flow.regularizers.Regularizer)
+        self.data_sources = []  # flow.data.ofrecord_reader sources: their fields are parameters after the user's
         self.finished = False
         self._counts = {}
 
@@ -553,10 +554,11 @@ class _Compiled:
     of the program are the values flow.watch asked for; their handlers run
     on the callback thread."""
 
-    __slots__ = ("job", "build", "mode", "watches", "n_user", "name", "view")
+    __slots__ = ("job", "build", "mode", "watches", "n_user", "name", "view", "feeds")
 
     def __init__(self, job, build, mode="sync", watches=(), n_user=None, name="?", view=None):
         self.job = job
+        self.feeds = []  # native readers of the job's data ops (flow.data.ofrecord_reader), in parameter order
         self.view = view  # the _inspect.CompiledJob users look into
         self.build = build
         self.mode = mode
@@ -869,6 +871,8 @@ class JobFunction:
                 if compiled is None:
                     compiled = self._compile(key, flat)
         flat_t = tuple(flat)
+        for reader in compiled.feeds:  # the data ops' next batch: parameters after the user's
+            flat_t += tuple(reader.next())
         if compiled.mode != "sync":
             fut = _async.Future(self._name) if compiled.mode == "callback" else _async.LegacyFuture(self._name)
             finish = compiled.async_result
@@ -1025,6 +1029,10 @@ class JobFunction:
         params = [(n, tp.ListNumpy.Placeholder(ph.shape, ph.dtype)) if ph.kind == "Numpy" and _is_split_key(k)
                   else (n, ph) for (n, ph), k in zip(self._params, key)]
         dist = _devices.distribution(self._name, self._config, builder, params)
+        if dist is not None and builder.data_sources:
+            raise NotImplementedError(f"job '{self._name}': flow.data.ofrecord_reader in a job spread over "
+                                      "several devices or processes is not supported yet (each would need "
+                                      "its own shard of the records); read on one device")
         settings = {"keep_text": keep_text or bool(os.environ.get("FLOWJIT_KEEP_TEXT")),
                     "check_numerics": bool(self._config.get("check_numerics", False)),
                     # Ctrl-C stops a compile on the main thread (signals go there).
@@ -1062,8 +1070,10 @@ class JobFunction:
                               for blob, handler, form in builder.watches + builder.watch_diffs],
                              n_user, self._name,
                              _inspect.CompiledJob(job, self._name, sig, stages))
+        compiled.feeds = [src.open() for src in builder.data_sources if src.fields]
         self._cache[key] = compiled
-        if self._numpy_only and mode == "sync" and not any(_is_split_key(k) for k in key):
+        if (self._numpy_only and mode == "sync" and not any(_is_split_key(k) for k in key)
+                and not compiled.feeds):
             self._fast = compiled
         return compiled
 

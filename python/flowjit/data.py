@@ -14,10 +14,21 @@ import zlib
 
 import numpy as np
 
-from ._data_ops import decode_random
+from ._data_ops import (OFRecordBytesDecoder, OFRecordImageDecoder, OFRecordImageDecoderRandomCrop,
+                        OFRecordRawDecoder, decode_random, ofrecord_bytes_decoder, ofrecord_image_decoder,
+                        ofrecord_image_decoder_random_crop, ofrecord_raw_decoder, ofrecord_reader)
 
 __all__ = [
     "decode_random",
+    "ofrecord_reader",
+    "OFRecordRawDecoder",
+    "ofrecord_raw_decoder",
+    "OFRecordBytesDecoder",
+    "ofrecord_bytes_decoder",
+    "OFRecordImageDecoder",
+    "ofrecord_image_decoder",
+    "OFRecordImageDecoderRandomCrop",
+    "ofrecord_image_decoder_random_crop",
     "load_mnist",
     "load_fashion_mnist",
     "DatasetNotFoundError",

@@ -1,0 +1,436 @@
+// OFRecord part files: parsing, writing and the prefetching batch reader.
+#include "runtime/ofrecord.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "ir/error.h"
+
+namespace flowjit::runtime::ofrecord {
+
+namespace {
+
+// ---------------------------------------------------------------- protobuf wire format
+
+struct Cursor {
+  const char* p;
+  const char* end;
+  bool done() const { return p >= end; }
+};
+
+[[noreturn]] void malformed(const char* what) {
+  throw_user(ErrorKind::Value, "malformed OFRecord: ", what);
+}
+
+uint64_t varint(Cursor& c) {
+  uint64_t v = 0;
+  for (int shift = 0; shift < 64; shift += 7) {
+    if (c.done()) malformed("a varint runs past the end");
+    auto b = static_cast<uint8_t>(*c.p++);
+    v |= static_cast<uint64_t>(b & 0x7f) << shift;
+    if (!(b & 0x80)) return v;
+  }
+  malformed("a varint longer than 10 bytes");
+}
+
+std::string_view length_delimited(Cursor& c) {
+  uint64_t n = varint(c);
+  if (n > static_cast<uint64_t>(c.end - c.p)) malformed("a field runs past the end");
+  std::string_view s(c.p, static_cast<size_t>(n));
+  c.p += n;
+  return s;
+}
+
+template <class T>
+T fixed(Cursor& c) {
+  if (c.end - c.p < static_cast<std::ptrdiff_t>(sizeof(T)))
+    malformed("a fixed field runs past the end");
+  T v;
+  std::memcpy(&v, c.p, sizeof(T));
+  c.p += sizeof(T);
+  return v;
+}
+
+void skip(Cursor& c, int wire) {
+  switch (wire) {
+    case 0:
+      varint(c);
+      return;
+    case 1:
+      fixed<uint64_t>(c);
+      return;
+    case 2:
+      length_delimited(c);
+      return;
+    case 5:
+      fixed<uint32_t>(c);
+      return;
+    default:
+      malformed("an unknown wire type");
+  }
+}
+
+// One list message (BytesList, FloatList, ...) into f; packed or not.
+void parse_list(std::string_view data, Feature& f) {
+  Cursor c{data.data(), data.data() + data.size()};
+  while (!c.done()) {
+    uint64_t tag = varint(c);
+    int field = static_cast<int>(tag >> 3), wire = static_cast<int>(tag & 7);
+    if (field != 1) {
+      skip(c, wire);
+      continue;
+    }
+    using K = Feature::Kind;
+    auto one = [&](Cursor& in) {
+      switch (f.kind) {
+        case K::Float:
+          f.numbers.push_back(fixed<float>(in));
+          break;
+        case K::Double:
+          f.numbers.push_back(fixed<double>(in));
+          break;
+        case K::Int32: {
+          auto v = static_cast<int32_t>(static_cast<uint32_t>(varint(in)));
+          f.ints.push_back(v);
+          f.numbers.push_back(v);
+          break;
+        }
+        case K::Int64: {
+          auto v = static_cast<int64_t>(varint(in));
+          f.ints.push_back(v);
+          f.numbers.push_back(static_cast<double>(v));
+          break;
+        }
+        default:
+          malformed("a value in an unknown list");
+      }
+    };
+    if (f.kind == K::Bytes) {
+      if (wire != 2) malformed("a bytes value that is not length-delimited");
+      f.bytes.push_back(length_delimited(c));
+    } else if (wire == 2) {  // packed
+      std::string_view packed = length_delimited(c);
+      Cursor in{packed.data(), packed.data() + packed.size()};
+      while (!in.done()) one(in);
+    } else {
+      one(c);
+    }
+  }
+}
+
+Feature parse_feature(std::string_view data) {
+  Feature f;
+  Cursor c{data.data(), data.data() + data.size()};
+  while (!c.done()) {
+    uint64_t tag = varint(c);
+    int field = static_cast<int>(tag >> 3), wire = static_cast<int>(tag & 7);
+    if (field < 1 || field > 5 || wire != 2) {
+      skip(c, wire);
+      continue;
+    }
+    f = Feature();
+    f.kind = static_cast<Feature::Kind>(field);  // Bytes = 1 ... Int64 = 5
+    parse_list(length_delimited(c), f);
+  }
+  return f;
+}
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+
+void put_bytes(std::string& out, int field, std::string_view s) {
+  put_varint(out, (static_cast<uint64_t>(field) << 3) | 2);
+  put_varint(out, s.size());
+  out.append(s);
+}
+
+// ---------------------------------------------------------------- decoding into a batch
+
+template <class T>
+void store_as(char* dst, int64_t i, T v) {
+  std::memcpy(dst + i * static_cast<int64_t>(sizeof(T)), &v, sizeof(T));
+}
+
+void store(char* base, int64_t i, ir::DType t, double d, int64_t exact, bool use_exact) {
+  using ir::DType;
+  switch (t) {
+    case DType::Bool:
+      return store_as<uint8_t>(base, i, use_exact ? exact != 0 : d != 0);
+    case DType::Int8:
+      return store_as<int8_t>(base, i,
+                              static_cast<int8_t>(use_exact ? exact : static_cast<int64_t>(d)));
+    case DType::UInt8:
+      return store_as<uint8_t>(base, i,
+                               static_cast<uint8_t>(use_exact ? exact : static_cast<int64_t>(d)));
+    case DType::Int32:
+      return store_as<int32_t>(base, i,
+                               static_cast<int32_t>(use_exact ? exact : static_cast<int64_t>(d)));
+    case DType::Int64:
+      return store_as<int64_t>(base, i, use_exact ? exact : static_cast<int64_t>(d));
+    case DType::Float32:
+      return store_as<float>(base, i,
+                             static_cast<float>(use_exact ? static_cast<double>(exact) : d));
+    case DType::Float64:
+      return store_as<double>(base, i, use_exact ? static_cast<double>(exact) : d);
+    case DType::Float16:
+    case DType::BFloat16:
+      return store_as<uint16_t>(
+          base, i,
+          ir::float_to_half(static_cast<float>(use_exact ? static_cast<double>(exact) : d), t));
+  }
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Feature>> parse(std::string_view data) {
+  std::vector<std::pair<std::string, Feature>> out;
+  Cursor c{data.data(), data.data() + data.size()};
+  while (!c.done()) {
+    uint64_t tag = varint(c);
+    int field = static_cast<int>(tag >> 3), wire = static_cast<int>(tag & 7);
+    if (field != 1 || wire != 2) {
+      skip(c, wire);
+      continue;
+    }
+    std::string_view entry = length_delimited(c);
+    Cursor e{entry.data(), entry.data() + entry.size()};
+    std::string key;
+    Feature value;
+    while (!e.done()) {
+      uint64_t t = varint(e);
+      int f = static_cast<int>(t >> 3), w = static_cast<int>(t & 7);
+      if (f == 1 && w == 2) {
+        key = std::string(length_delimited(e));
+      } else if (f == 2 && w == 2) {
+        value = parse_feature(length_delimited(e));
+      } else {
+        skip(e, w);
+      }
+    }
+    out.emplace_back(std::move(key), std::move(value));
+  }
+  return out;
+}
+
+void append_record(std::string& out,
+                   const std::vector<std::pair<std::string, OwnedFeature>>& features) {
+  std::string rec;
+  for (const auto& [key, f] : features) {
+    std::string list;
+    using K = Feature::Kind;
+    switch (f.kind) {
+      case K::Bytes:
+        for (const std::string& b : f.bytes) put_bytes(list, 1, b);
+        break;
+      case K::Float: {
+        std::string packed;
+        for (double v : f.numbers) {
+          auto x = static_cast<float>(v);
+          packed.append(reinterpret_cast<const char*>(&x), 4);
+        }
+        put_bytes(list, 1, packed);
+        break;
+      }
+      case K::Double: {
+        std::string packed;
+        for (double v : f.numbers) packed.append(reinterpret_cast<const char*>(&v), 8);
+        put_bytes(list, 1, packed);
+        break;
+      }
+      case K::Int32:
+      case K::Int64: {
+        std::string packed;
+        for (int64_t v : f.ints)
+          put_varint(packed,
+                     static_cast<uint64_t>(
+                         f.kind == K::Int32 ? static_cast<int64_t>(static_cast<int32_t>(v)) : v));
+        put_bytes(list, 1, packed);
+        break;
+      }
+      case K::None:
+        break;
+    }
+    std::string feature;
+    if (f.kind != K::None) put_bytes(feature, static_cast<int>(f.kind), list);
+    std::string entry;
+    put_bytes(entry, 1, key);
+    put_bytes(entry, 2, feature);
+    put_bytes(rec, 1, entry);
+  }
+  auto n = static_cast<int64_t>(rec.size());
+  out.append(reinterpret_cast<const char*>(&n), 8);
+  out.append(rec);
+}
+
+// ---------------------------------------------------------------- the reader
+
+Reader::Reader(ReaderOptions options) : opt_(std::move(options)) {
+  FJ_USER_CHECK(opt_.batch_size >= 1, ErrorKind::Value,
+                "ofrecord_reader: batch_size must be >= 1, got ", opt_.batch_size);
+  FJ_USER_CHECK(!opt_.files.empty(), ErrorKind::Value, "ofrecord_reader: no part files");
+  for (const std::string& f : opt_.files) {
+    std::ifstream in(f, std::ios::binary);
+    FJ_USER_CHECK(in.good(), ErrorKind::Value, "ofrecord_reader: cannot open the part file '", f,
+                  "': ", std::strerror(errno));
+  }
+  opt_.prefetch = std::max(opt_.prefetch, 1);
+  opt_.shuffle_buffer = std::max<int64_t>(opt_.shuffle_buffer, 1);
+}
+
+Reader::~Reader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+int64_t Reader::records_read() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return records_;
+}
+
+std::vector<std::vector<char>> Reader::next() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!started_) {
+    started_ = true;
+    thread_ = std::thread([this] { run(); });
+  }
+  cv_.wait(lock, [&] { return !ready_.empty() || error_ != nullptr; });
+  if (ready_.empty()) std::rethrow_exception(error_);
+  std::vector<std::vector<char>> batch = std::move(ready_.front());
+  ready_.pop_front();
+  cv_.notify_all();
+  return batch;
+}
+
+void Reader::decode_into(const std::vector<std::pair<std::string, Feature>>& rec, int64_t row,
+                         std::vector<std::vector<char>>& batch, const std::string& where) {
+  for (size_t fi = 0; fi < opt_.fields.size(); ++fi) {
+    const Field& field = opt_.fields[fi];
+    const Feature* f = nullptr;
+    for (const auto& [k, v] : rec)
+      if (k == field.name) f = &v;
+    FJ_USER_CHECK(f != nullptr, ErrorKind::Value, "ofrecord_raw_decoder: ", where,
+                  " has no feature '", field.name, "'");
+    int64_t n = ir::num_elements(field.shape);
+    char* base = batch[fi].data() + row * n * ir::dtype_bytes(field.dtype);
+    std::memset(base, 0, static_cast<size_t>(n * ir::dtype_bytes(field.dtype)));
+    using K = Feature::Kind;
+    if (f->kind == K::Bytes) {
+      // OneFlow's raw decoder reads the first bytes value as int8 elements.
+      FJ_USER_CHECK(f->bytes.size() == 1, ErrorKind::Value, "ofrecord_raw_decoder: feature '",
+                    field.name, "' of ", where, " holds ", f->bytes.size(),
+                    " bytes values; the raw decoder reads one");
+      std::string_view b = f->bytes[0];
+      int64_t m = std::min<int64_t>(n, static_cast<int64_t>(b.size()));
+      for (int64_t i = 0; i < m; ++i)
+        store(base, i, field.dtype, static_cast<int8_t>(b[i]), static_cast<int8_t>(b[i]), true);
+      continue;
+    }
+    FJ_USER_CHECK(f->kind != K::None, ErrorKind::Value, "ofrecord_raw_decoder: feature '",
+                  field.name, "' of ", where, " holds no list");
+    auto have = static_cast<int64_t>(f->numbers.size());
+    FJ_USER_CHECK(field.truncate || have == n, ErrorKind::Value, "ofrecord_raw_decoder: feature '",
+                  field.name, "' of ", where, " holds ", have, " values, but the decoder's shape ",
+                  ir::shape_str(field.shape), " takes ", n,
+                  " (truncate=True cuts or zero-pads it)");
+    int64_t m = std::min(n, have);
+    bool exact = !f->ints.empty();
+    for (int64_t i = 0; i < m; ++i)
+      store(base, i, field.dtype, f->numbers[i], exact ? f->ints[i] : 0, exact);
+  }
+}
+
+void Reader::run() {
+  try {
+    std::mt19937_64 rng(opt_.seed);
+    std::vector<size_t> order(opt_.files.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    auto new_batch = [&] {
+      std::vector<std::vector<char>> b;
+      for (const Field& f : opt_.fields)
+        b.emplace_back(static_cast<size_t>(opt_.batch_size * ir::num_elements(f.shape) *
+                                           ir::dtype_bytes(f.dtype)));
+      return b;
+    };
+    auto batch = new_batch();
+    int64_t row = 0;
+    struct Held {
+      std::string bytes;
+      std::string where;
+    };
+    std::vector<Held> buffer;
+    auto emit = [&](Held& h) {
+      decode_into(parse(h.bytes), row, batch, h.where);
+      if (++row < opt_.batch_size) return true;
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || static_cast<int>(ready_.size()) < opt_.prefetch; });
+      if (stop_) return false;
+      ready_.push_back(std::move(batch));
+      cv_.notify_all();
+      lock.unlock();
+      batch = new_batch();
+      row = 0;
+      return true;
+    };
+    for (int64_t epoch = 0;; ++epoch) {
+      if (opt_.shuffle_after_epoch) std::shuffle(order.begin(), order.end(), rng);
+      int64_t in_epoch = 0;
+      for (size_t fi : order) {
+        const std::string& path = opt_.files[fi];
+        std::ifstream in(path, std::ios::binary);
+        FJ_USER_CHECK(in.good(), ErrorKind::Runtime, "ofrecord_reader: cannot open '", path, "'");
+        for (int64_t index = 0;; ++index) {
+          int64_t n = 0;
+          in.read(reinterpret_cast<char*>(&n), 8);
+          if (in.gcount() == 0 && in.eof()) break;
+          FJ_USER_CHECK(in.gcount() == 8 && n >= 0 && n < (int64_t{1} << 40), ErrorKind::Value,
+                        "ofrecord_reader: '", path, "' record ", index,
+                        ": a truncated or corrupt length (an OFRecord file is int64 length + bytes "
+                        "per record)");
+          Held h{std::string(static_cast<size_t>(n), '\0'),
+                 "'" + path + "' record " + std::to_string(index)};
+          in.read(h.bytes.data(), n);
+          FJ_USER_CHECK(in.gcount() == n, ErrorKind::Value, "ofrecord_reader: ", h.where,
+                        " is cut short: ", in.gcount(), " of its ", n, " bytes");
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (stop_) return;
+            ++records_;
+          }
+          ++in_epoch;
+          if (!opt_.shuffle) {
+            if (!emit(h)) return;
+            continue;
+          }
+          buffer.push_back(std::move(h));
+          if (static_cast<int64_t>(buffer.size()) >= opt_.shuffle_buffer) {
+            std::uniform_int_distribution<size_t> pick(0, buffer.size() - 1);
+            std::swap(buffer[pick(rng)], buffer.back());
+            Held out = std::move(buffer.back());
+            buffer.pop_back();
+            if (!emit(out)) return;
+          }
+        }
+      }
+      FJ_USER_CHECK(in_epoch > 0, ErrorKind::Value,
+                    "ofrecord_reader: the part files hold no records");
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = std::current_exception();
+    cv_.notify_all();
+  }
+}
+
+}  // namespace flowjit::runtime::ofrecord
