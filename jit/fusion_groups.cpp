@@ -231,6 +231,7 @@ bool Fuser::try_absorb(Group& g, const NodeRef& p, std::vector<DimMap>& maps) {
   if (is_elementwise(p->op())) return !(g.has_reduce && epilogue_.count(p.get()));
   if (is_contraction(p->op())) {
     if (g.matmul || g.has_reduce || maps.size() != 1) return false;
+    if (unfused_matmuls_.count(pos_.at(p.get()))) return false;
     if (p->shape() != g.domain) return false;
     for (int d = 0; d < p->rank(); ++d)
       if (maps[0][d] != d) return false;

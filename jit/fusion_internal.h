@@ -181,10 +181,21 @@ struct DigitOperand {
 
 class KernelBuilder;
 
+// Thrown while building the kernel of a matmul whose fused epilogue reads or
+// writes its batch dimensions in a layout that does not collapse into one
+// (a broadcast mask over (batch, heads), a transposed store): fuse() runs
+// the grouping again with that matmul (its position in topological order)
+// kept out of its consumers' kernel.
+struct SplitEpilogue {
+  int matmul_pos;
+};
+
 // Groups an optimized graph's nodes into kernels and plans their launches.
 class Fuser {
  public:
-  Fuser(const Graph& g, const std::string& job, FusionOptions opts);
+  // `unfused_matmuls`: positions of matmuls that take no epilogue.
+  Fuser(const Graph& g, const std::string& job, FusionOptions opts,
+        std::set<int> unfused_matmuls = {});
 
   FusedProgram run();
   // ---- preparation: make every output, assign value and matmul operand a
@@ -273,7 +284,9 @@ class Fuser {
 
   void build_matmul_spec(Group& g, Built& b, KernelBuilder& kb);
 
-  static void collapse_batch_dims(Kernel& k);
+  // Collapses a matmul kernel's batch dims into one; false (k unchanged)
+  // when an access's batch strides are not contiguous.
+  static bool collapse_batch_dims(Kernel& k);
 
   // Temporaries for deferred assigns: one arena buffer per variable.
   // The key of a deferred assign's temporary: its variable name, whose
@@ -311,6 +324,7 @@ class Fuser {
 
   std::string job_;
   FusionOptions opts_;
+  std::set<int> unfused_matmuls_;
   Graph g_;
   std::vector<NodeRef> topo_;
   std::unordered_map<const Node*, int> pos_;

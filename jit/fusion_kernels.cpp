@@ -423,10 +423,15 @@ void Fuser::build_matmul_spec(Group& g, Built& b, KernelBuilder& kb) {
   k.mm.a = operand(a, ta);
   k.mm.b = operand(bb, tb);
   // The epilogue's domain: collapse batch dims into one.
-  if (r > 3) collapse_batch_dims(k);
+  if (r > 3 && !collapse_batch_dims(k)) {
+    // The matmul alone stores a fresh contiguous buffer and its operands were
+    // checked when grouped: only an epilogue's access can be in the way.
+    FJ_CHECK(g.members.size() > 1, "matmul kernel ", k.name, ": batch dims do not collapse");
+    throw SplitEpilogue{pos_.at(mm.get())};
+  }
 }
 
-void Fuser::collapse_batch_dims(Kernel& k) {
+bool Fuser::collapse_batch_dims(Kernel& k) {
   int r = k.rank();
   std::vector<std::vector<int64_t>*> all;
   for (auto& l : k.loads) {
@@ -437,11 +442,10 @@ void Fuser::collapse_batch_dims(Kernel& k) {
   for (auto& s : k.stores) all.push_back(&s.where.strides);
   for (auto& n : k.nodes)
     if (!n.index_strides.empty()) all.push_back(&n.index_strides);
-  for (int d = r - 3; d > 0; --d) {
+  for (int d = r - 3; d > 0; --d)
     for (auto* v : all)
-      FJ_USER_CHECK((*v)[d - 1] == (*v)[d] * k.domain[d], ErrorKind::NotImplemented,
-                    "matmul: a fused epilogue over several non-contiguous batch dimensions is "
-                    "not supported yet");
+      if ((*v)[d - 1] != (*v)[d] * k.domain[d]) return false;
+  for (int d = r - 3; d > 0; --d) {
     k.domain[d - 1] *= k.domain[d];
     k.domain.erase(k.domain.begin() + d);
     k.reduced.erase(k.reduced.begin() + d);
@@ -450,6 +454,7 @@ void Fuser::collapse_batch_dims(Kernel& k) {
       v->erase(v->begin() + d);
     }
   }
+  return true;
 }
 
 }  // namespace flowjit::jit::fusion_detail

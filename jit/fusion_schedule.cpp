@@ -7,7 +7,9 @@
 
 namespace flowjit::jit::fusion_detail {
 
-Fuser::Fuser(const Graph& g, const std::string& job, FusionOptions opts) : job_(job), opts_(opts) {
+Fuser::Fuser(const Graph& g, const std::string& job, FusionOptions opts,
+             std::set<int> unfused_matmuls)
+    : job_(job), opts_(opts), unfused_matmuls_(std::move(unfused_matmuls)) {
   g_ = materialize(g);
 }
 
@@ -535,7 +537,15 @@ bool Fuser::schedule(std::vector<Built>& built, std::vector<int>& order) {
 namespace flowjit::jit {
 
 FusedProgram fuse(const ir::Graph& g, const std::string& job_name, FusionOptions opts) {
-  return fusion_detail::Fuser(g, job_name, opts).run();
+  std::set<int> unfused;
+  for (;;) {
+    try {
+      return fusion_detail::Fuser(g, job_name, opts, unfused).run();
+    } catch (const fusion_detail::SplitEpilogue& s) {
+      FJ_CHECK(unfused.insert(s.matmul_pos).second,
+               "fusion: the epilogue of the same matmul was split twice");
+    }
+  }
 }
 
 }  // namespace flowjit::jit

@@ -428,13 +428,25 @@ def gather(params: Blob, indices: Blob, validate_indices: Optional[bool] = None,
            batch_dims: int = 0, name: Optional[str] = None) -> Blob:
     """params indexed along `axis` by integer `indices` (TensorFlow's rule:
     shape params[:axis] + indices[batch_dims:] + params[axis+1:]); an index
-    outside [0, params.shape[axis]) is an error of the run."""
+    outside [0, params.shape[axis]) is an error of the run. As in OneFlow,
+    ``axis == batch_dims > 0`` is a batch gather over all but the last axis
+    of `indices` when those match params' leading axes, whatever batch_dims
+    says (BERT's ``gather(seq, positions, axis=2, batch_dims=2)``)."""
     _blob(params, "gather", "params")
     _blob(indices, "gather", "indices")
     ax = batch_dims if axis is None else axis
     if not _ops._is_int(ax) or not _ops._is_int(batch_dims):
         _trace.fail(TypeError, f"gather: axis and batch_dims must be ints, got {axis!r} and {batch_dims!r}")
     rank = len(params.shape)
+    nb = len(indices.shape) - 1
+    if (batch_dims > 0 and ax % max(rank, 1) == batch_dims and nb >= 1 and batch_dims != nb
+            and nb < rank and tuple(indices.shape[:nb]) == tuple(params.shape[:nb])):
+        # OneFlow's rule: gather with axis == batch_dims > 0 is its batch_gather,
+        # whose batch axes are all but the last of `indices` whatever batch_dims
+        # says (BERT's gather(seq, positions, axis=2, batch_dims=2) of a
+        # (B, S, H) and a (B, P) blob is (B, P, H)). Where batch_dims is that
+        # count it is TensorFlow's rule too.
+        ax = batch_dims = nb
     if -rank <= ax < rank:
         indices = _ops.checked_index(indices, params.shape[ax % rank], "gather: indices", "gather")
     return _ops.make(K.gather, [params, indices], {"axis": int(ax), "batch_dims": int(batch_dims)},

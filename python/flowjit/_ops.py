@@ -633,6 +633,7 @@ def checked_index(x: Blob, limit: int, what: str, api: str) -> Blob:
 
 def sparse_softmax_cross_entropy_with_logits(labels: Blob, logits: Blob, name: Optional[str] = None) -> Blob:
     """Per-sample cross entropy: -log softmax(logits)[label]; shape logits.shape[:-1].
+    Labels of shape logits.shape[:-1] + (1,) are taken as logits.shape[:-1], as OneFlow does.
     A label outside [0, classes) is an error of the run.
 
     Example:
@@ -643,6 +644,9 @@ def sparse_softmax_cross_entropy_with_logits(labels: Blob, logits: Blob, name: O
         [1.099, 0.408]
     """
     api = "sparse_softmax_cross_entropy_with_logits"
+    if (isinstance(labels, Blob) and isinstance(logits, Blob) and len(labels.shape) == len(logits.shape)
+            and labels.shape and labels.shape[-1] == 1):
+        labels = reshape(labels, list(labels.shape[:-1]))  # OneFlow takes (N, 1) labels as (N,)
     if isinstance(logits, Blob) and logits.shape:
         labels = checked_index(labels, logits.shape[-1], f"{api}: labels", api)
     return make(K.sparse_softmax_cross_entropy, [labels, logits], name=name, api=api)

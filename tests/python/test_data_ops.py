@@ -94,3 +94,61 @@ def test_a_synthetic_resnet_block_trains_on_decode_random():
 
     losses = [float(train().item()) for _ in range(30)]
     assert all(np.isfinite(losses)) and losses[-1] < 0.5 * losses[0]
+
+
+def test_gather_with_axis_equal_to_batch_dims_is_oneflows_batch_gather():
+    """BERT's _GatherIndexes: gather(seq (B, S, H), positions (B, P), axis=2,
+    batch_dims=2) is OneFlow's batch_gather: out[b, p] = seq[b, positions[b, p]]."""
+    flow.clear_default_session()
+
+    @flow.global_function()
+    def job(seq: tp.Numpy.Placeholder((2, 5, 3)), pos: tp.Numpy.Placeholder((2, 4), dtype=flow.int32)) -> tp.Numpy:
+        return flow.gather(params=seq, indices=pos, axis=2, batch_dims=2)
+
+    seq = np.arange(30, dtype=np.float32).reshape(2, 5, 3)
+    pos = np.array([[0, 4, 1, 1], [3, 2, 0, 4]], np.int32)
+    got = job(seq, pos)
+    assert got.shape == (2, 4, 3)
+    np.testing.assert_array_equal(got, np.stack([seq[b, pos[b]] for b in range(2)]))
+
+
+def test_sparse_cross_entropy_takes_n_by_1_labels():
+    flow.clear_default_session()
+
+    @flow.global_function()
+    def job(y: tp.Numpy.Placeholder((3, 1), dtype=flow.int32), x: tp.Numpy.Placeholder((3, 2))) -> tp.Numpy:
+        return flow.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=x)
+
+    x = np.array([[0, 1], [2, 0], [0, 0]], np.float32)
+    y = np.array([[1], [0], [1]], np.int32)
+    want = -np.log(np.exp(x[np.arange(3), y[:, 0]]) / np.exp(x).sum(1))
+    got = job(y, x)
+    assert got.shape == (3,)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_attention_scores_with_a_broadcast_mask_compile_and_match_numpy():
+    """A (B, H, S, S) batched matmul whose epilogue adds a (B, 1, 1, S) mask:
+    the mask's batch strides (S, 0) do not collapse into one batch dim, so
+    fusion keeps the matmul out of the epilogue's kernel instead of refusing
+    the job (BERT's attention)."""
+    flow.clear_default_session()
+    B, H, S, D = 2, 3, 5, 4
+
+    @flow.global_function()
+    def job(q: tp.Numpy.Placeholder((B, H, S, D)), k: tp.Numpy.Placeholder((B, H, S, D)),
+            mask: tp.Numpy.Placeholder((B, 1, 1, S))) -> tp.Numpy:
+        scores = flow.matmul(q, k, transpose_b=True) * 0.5 + mask
+        return flow.nn.softmax(scores)
+
+    rng = np.random.default_rng(3)
+    q, k = rng.normal(size=(2, B, H, S, D)).astype(np.float32)
+    mask = np.where(rng.random((B, 1, 1, S)) < 0.3, -1e4, 0).astype(np.float32)
+    s = q @ k.transpose(0, 1, 3, 2) * 0.5 + mask
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(job(q, k, mask), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_oneflow_op_conf_enums_import_from_their_oneflow_path():
+    import flowjit.core.operator.op_conf_pb2 as op_conf_util
+    assert (op_conf_util.kNone, op_conf_util.kTanH, op_conf_util.kSigmoid, op_conf_util.kRelu) == (0, 1, 2, 3)

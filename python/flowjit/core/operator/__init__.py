@@ -1,0 +1,1 @@
+"""``oneflow.core.operator``: see :mod:`flowjit.core.operator.op_conf_pb2`."""
