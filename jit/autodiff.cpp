@@ -40,7 +40,7 @@ NodeRef unreduce_value(const NodeRef& n) { return unreduce(n, n); }
 Grads vjp_Identity(const NodeRef&, const NodeRef& dy) { return {dy}; }
 Grads vjp_Cast(const NodeRef& n, const NodeRef& dy) {
   const NodeRef& x = n->input(0);
-  if (!is_float(x->dtype())) return {nullptr};
+  if (!gradient_flows_into(OpKind::Cast, x->dtype())) return {nullptr};
   return {cast(dy, x->dtype())};
 }
 Grads vjp_Neg(const NodeRef&, const NodeRef& dy) { return {neg(dy)}; }
@@ -393,6 +393,31 @@ Grads vjp(const NodeRef& n, const NodeRef& dy) {
 
 }  // namespace
 
+bool gradient_flows_into(OpKind op, DType operand) {
+  if (is_float(operand)) return true;
+  if (!is_int(operand)) return false;
+  switch (op) {
+    case OpKind::Identity:
+    case OpKind::Cast:
+    case OpKind::Neg:
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mul:
+    case OpKind::Maximum:
+    case OpKind::Minimum:
+    case OpKind::Where:
+    case OpKind::Reshape:
+    case OpKind::Transpose:
+    case OpKind::Broadcast:
+    case OpKind::Slice:
+    case OpKind::Pad:
+    case OpKind::ReduceSum:
+      return true;
+    default:
+      return false;
+  }
+}
+
 std::vector<NodeRef> gradients(const NodeRef& y, const NodeRef& seed,
                                const std::vector<NodeRef>& wrt) {
   FJ_CHECK(seed->type() == y->type(), "gradient seed type ", seed->type().str(), " vs ",
@@ -436,7 +461,7 @@ std::vector<NodeRef> gradients(const NodeRef& y, const NodeRef& seed,
              " gradients");
     for (size_t i = 0; i < gs.size(); ++i) {
       const NodeRef& in = n->input(i);
-      if (!gs[i] || !needs.count(in.get()) || !is_float(in->dtype())) continue;
+      if (!gs[i] || !needs.count(in.get()) || !gradient_flows_into(n->op(), in->dtype())) continue;
       FJ_CHECK(gs[i]->type() == in->type(), "VJP of ", op_name(n->op()), " operand ", i,
                " has type ", gs[i]->type().str(), " but the operand is ", in->type().str());
       auto& slot = adj[in.get()];

@@ -22,4 +22,11 @@ namespace flowjit::jit {
 std::vector<ir::NodeRef> gradients(const ir::NodeRef& y, const ir::NodeRef& seed,
                                    const std::vector<ir::NodeRef>& wrt);
 
+// Whether a gradient flows from op `op` into an operand of dtype `operand`.
+// Floats always; bools never; integers, as in OneFlow (whose kernels carry
+// integer gradients through casts), through the ops that only add, multiply,
+// select or move values: identity, cast, neg, add, sub, mul, maximum,
+// minimum, where, reshape, transpose, broadcast, slice, pad, reduce_sum.
+bool gradient_flows_into(ir::OpKind op, ir::DType operand);
+
 }  // namespace flowjit::jit

@@ -275,8 +275,10 @@ class Lowering {
     std::vector<NodeRef> wrt = params;
     wrt.insert(wrt.end(), watched.begin(), watched.end());
     for (const NodeRef& loss : losses) {
-      FJ_USER_CHECK(is_float(loss->dtype()), ErrorKind::Type,
-                    "minimize: the loss must be a floating-point blob, got ", loss->type().str());
+      FJ_USER_CHECK(is_float(loss->dtype()) || is_int(loss->dtype()), ErrorKind::Type,
+                    "minimize: the loss must be a number blob (float or, as OneFlow allows, "
+                    "integer), got ",
+                    loss->type().str());
       double n = static_cast<double>(std::max<int64_t>(1, loss->type().numel()));
       // As OneFlow: the loss is seeded with ones (times a loss scale) and only
       // the variables' gradients are scaled by 1 / (loss elements), so a

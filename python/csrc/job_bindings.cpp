@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "ir/error.h"
+#include "jit/autodiff.h"
 #include "jit/cache.h"
 #include "jit/compile.h"
 #include "python/csrc/bindings.h"
@@ -489,6 +490,10 @@ void register_jobs(py::module_& m) {
         for (auto& [n, t] : j.job().new_variables) out.push_back(n);
         return out;
       });
+
+  // Whether autodiff passes a gradient from op into an operand of dtype
+  // (the Python walk that finds the variables a loss reaches asks it).
+  m.def("gradient_flows_into", &jit::gradient_flows_into);
 
   m.def(
       "compile_job",

@@ -9,7 +9,7 @@ from typing import Optional, Sequence, Tuple, Union
 from . import _C, _dtypes, _ops, _trace
 from ._activations import gelu
 from ._blob import Blob
-from ._composite import _triangle, floating, number
+from ._composite import _triangle, blob, floating, number
 from ._conv import dropout
 
 K = _C.OpKind
@@ -64,8 +64,15 @@ def fused_scale_tril(x: Blob, diagonal: int = 0, fill_value: Union[int, float] =
         [[2.0, -1.0], [6.0, 8.0]]
     """
     api = "fused_scale_tril"
-    floating(x, api, "x")
+    blob(x, api, "x")
     s = number(scale, api, "scale")
+    if x.dtype in _dtypes.FLOATS:
+        pass
+    elif x.dtype is not _dtypes.bool_ and float(s).is_integer():
+        s = int(s)  # OneFlow's kernel scales an integer blob by an integer
+    else:
+        _trace.fail(TypeError, f"{api}: x must be a number blob, and an integer x takes an integral scale; "
+                    f"got {x.dtype.name} and scale={scale!r}")
     y = _triangle(_ops.multiply(x, s) if s != 1.0 else x, diagonal, fill_value, api, True)
     return y if name is None else _ops.identity(y, name=name)
 

@@ -118,9 +118,9 @@ def watch_diff(blob_watched, handler_or_prompt=None):
         # An optimizer's minimize later in the body makes it a train job (OneFlow);
         # JobFunction checks at the end of the trace (predict_watch_diff_error).
         b._counts.setdefault("predict_watch_diff", loc)
-    if blob_watched.dtype not in _dtypes.FLOATS:
+    if blob_watched.dtype is _dtypes.bool_:
         _trace.fail(TypeError, f"flow.watch_diff: blob '{blob_watched.name}' is {blob_watched.dtype!r}; only "
-                    "floating-point blobs have gradients", loc)
+                    "number blobs have gradients (integer ones as OneFlow carries them through casts)", loc)
     b.watch_diffs.append((blob_watched,) + _handler_and_form(handler_or_prompt, f"{blob_watched.name} diff",
                                                              "flow.watch_diff", loc))
 

@@ -307,7 +307,8 @@ class grad_clipping:  # noqa: N801
 # ---------------------------------------------------------------- optimizers
 
 # Ops through which no gradient flows (ops.def: grad = Zero); a gradient also
-# stops at any non-float value (jit/autodiff.cpp).
+# stops where jit/autodiff.cpp's gradient_flows_into says so (bools always,
+# integers outside the ops that add, multiply, select or move values).
 _NO_GRADIENT_OPS = frozenset(getattr(_C.OpKind, n) for n in (
     "parameter", "variable", "fill", "iota", "random_uniform", "random_normal", "truncated_normal",
     "sign", "floor", "ceil", "round", "logical_not", "equal", "not_equal", "less", "less_equal",
@@ -326,11 +327,12 @@ def _variables_with_gradient(losses):
     """
     names = set()
     seen = {}  # (op, shape, dtype) -> [visited nodes]
-    stack = [l._node for l in losses]
+    stack = [(l._node, None) for l in losses]  # (node, the op that reads it; None: a loss)
     while stack:
-        n = stack.pop()
-        if n.dtype not in _FLOAT_DTYPES:
-            continue
+        n, user = stack.pop()
+        if n.dtype not in _FLOAT_DTYPES and not (
+                _C.gradient_flows_into(_C.OpKind.identity if user is None else user, n.dtype)):
+            continue  # (a loss is seeded as through an identity: integer losses take gradients)
         bucket = seen.setdefault((n.op, n.shape, n.dtype), [])
         if any(n.same(m) for m in bucket):
             continue
@@ -338,7 +340,7 @@ def _variables_with_gradient(losses):
         if n.op == _C.OpKind.variable:
             names.add(n.attr("name"))
         elif n.op not in _NO_GRADIENT_OPS:
-            stack.extend(n.inputs)
+            stack.extend((i, n.op) for i in n.inputs)
     return names
 
 
