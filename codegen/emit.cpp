@@ -618,6 +618,10 @@ Value* ExprEmitter::eval_here(int node) {
 
 Value* ExprEmitter::cast(Value* v, DType from, DType to) {
   if (from == to) return v;
+  // A half value computed in a float32 register (a fused chain or
+  // reduction) is rounded to its type before it converts: a cast reads the
+  // value the half type holds, as if it had been stored.
+  if (ir::is_half(from) && !ir::is_half(to)) v = from_mem(b_, to_mem(b_, v, from), from);
   llvm::Type* tt =
       v->getType()->isVectorTy()
           ? with_width(

@@ -311,3 +311,15 @@ def test_amp_float16_dynamic_loss_scale_skips_overflowing_steps():
     final = flow.get_all_variables()[opt.LOSS_SCALE_VARIABLE].numpy()[0]
     assert final <= 2.0 ** 24  # float16 gradients are finite from here on
     assert not np.array_equal(flow.get_all_variables()["h-weight"].numpy(), w0)
+
+
+@pytest.mark.parametrize("fdt,ndt", HALF, ids=IDS)
+def test_a_cast_out_of_a_half_type_reads_the_rounded_value(fdt, ndt):
+    """A fused reduction or chain holds its half result in a float32
+    register; a cast to float32 in the same kernel must still see the value
+    the half type holds (what OneFlow's fp16 reduce_sum tests compare)."""
+    x = np.random.default_rng(9).uniform(0, 1, (4, 67)).astype(ndt)
+    got = predict(lambda a: flow.cast(flow.math.reduce_sum(a * 1.5, axis=1), flow.float32), x)
+    want = (x.astype(np.float32) * 1.5).astype(ndt).astype(np.float32).sum(1).astype(ndt).astype(np.float32)
+    np.testing.assert_array_equal(got.astype(ndt).astype(np.float32), got)  # representable in the half type
+    np.testing.assert_allclose(got, want, **TOL[ndt.name])
