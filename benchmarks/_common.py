@@ -6,6 +6,7 @@ alone), never by CI or pytest.
 import importlib
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -371,6 +372,25 @@ def print_rows(rows, title=None):
     print("(flowjit x: flowjit's speedup over that row on the same case, from the best figures; "
           "> 1 means flowjit is faster)")
     sys.stdout.flush()
+
+
+def markdown(rows, machine_info, title="Current results"):
+    """The rows as the markdown section benchmarks/README.md keeps per host
+    kind: a heading naming the host kind, a line with the host, date,
+    flowjit build (commit) and load, then one table (`run_all.py --markdown`)."""
+    speedups(rows)
+    out = [f"## {title}: {host_kind()}", "",
+           f"{machine_info['model']}, {machine_info['cpus']} CPUs, AVX-512: {machine_info['avx512']}; "
+           f"{machine_info['date']}; {re.sub(r' from .*? [(]git', ' (git', flowjit_build())}; "
+           f"load average {load_average()[0]:.2f} at the end.",
+           "", "| bench | case | impl | best | median | unit | flowjit x | note |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        sp = "" if r.get("speedup") is None else f"{r['speedup']:.2f}"
+        note = str(r["note"]).replace("|", "\\|")
+        out.append(f"| {r['bench']} | {r['case']} | {r['impl']} | {fmt(r['best'])} | {fmt(r['median'])} | "
+                   f"{r['unit']} | {sp} | {note} |")
+    return "\n".join(out) + "\n"
 
 
 # A small train step through torch.compile, run in a child process: inductor's

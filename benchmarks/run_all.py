@@ -2,6 +2,7 @@
 measured in this run, and checks the [perf] issue's targets (PASS/MISS).
 
     python benchmarks/run_all.py        (or: tools/dev.sh bench)
+    python benchmarks/run_all.py --markdown results.md   # the README's section for this host kind
 
 Each bench_*.py also runs alone. Benchmarks are run by hand, never by CI.
 """
@@ -125,6 +126,9 @@ def main():
                          "the machine is shared, and other builds disturb every figure")
     ap.add_argument("--compile-repeat", type=int, default=2, metavar="N",
                     help="fresh processes per compile-time cell (default 2)")
+    ap.add_argument("--markdown", metavar="PATH",
+                    help="also write the results as the markdown section benchmarks/README.md keeps for "
+                         "this host kind (host, date, commit and one table) to PATH ('-': stdout)")
     args = ap.parse_args()
     C.fair_env()
     m = C.header()
@@ -157,6 +161,14 @@ def main():
     print("\n== targets")
     for name, status, detail in check_targets(rows):
         print(f"{status:4}  {name:40}  {detail}")
+    if args.markdown:
+        text = C.markdown(rows, m)
+        if args.markdown == "-":
+            print("\n" + text)
+        else:
+            with open(args.markdown, "w") as f:
+                f.write(text)
+            print(f"# markdown section written to {args.markdown}")
 
 
 if __name__ == "__main__":
