@@ -66,6 +66,9 @@ struct JobDescription {
   std::vector<ir::NodeRef> watched_grads;
   std::string source;     // "file.py:12" of the job function
   std::string signature;  // the placeholder signature, for the cache
+  // A job run once (the variables' initializer): compiled for a short
+  // compile (O0) rather than for speed.
+  bool run_once = false;
   // parts > 1: compile the per-device graph of a job spread over devices.
   DistributeOptions distribution;
   // The job a failed check names, when not `name` (a segment of a staged job).

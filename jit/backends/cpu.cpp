@@ -34,8 +34,7 @@ std::string compile_counts(const cg::CompiledObject& obj, bool run_once) {
 class CpuBackend : public Backend {
  public:
   explicit CpuBackend(const JobDescription& job)
-      : target_(cg::host_target_id()),
-        run_once_(job.signature.rfind("init:", 0) == 0) {  // the variables' initializer job
+      : target_(cg::host_target_id()), run_once_(job.run_once) {
     if (job.distribution.parts > 1)  // the per-device program of a distributed job
       placement_ = "x" + std::to_string(job.distribution.parts) +
                    (job.distribution.mirrored ? " mirrored" : " devices");

@@ -89,6 +89,20 @@ jit::OptimizerConfig optimizer_from_dict(const py::dict& d) {
 
 // Keeps Python objects alive on a worker thread and drops them only with the
 // GIL held (on the callback thread).
+// compile_job's request (flowjit._C.CompileRequest): the traced graph's
+// parts, the training setup and the settings, by name.
+struct CompileRequestPy {
+  std::string name;
+  bool train = false;
+  bool run_once = false;  // the variables' initializer: compiled at O0
+  std::vector<PyNode> params, outputs, effects, losses, trainable, watched_grads;
+  py::object lr = py::none(), step = py::none();  // rank-0 nodes of a train job
+  py::object optimizer = py::none();              // the optimizer's config dict
+  std::string source, signature;
+  py::dict settings;                     // keep_text, device, mixed_precision, ...
+  py::object distribution = py::none();  // a job spread over devices: its plan dict
+};
+
 struct PyRefs {
   std::vector<py::object> objs;
   ~PyRefs() {
@@ -495,15 +509,46 @@ void register_jobs(py::module_& m) {
   // (the Python walk that finds the variables a loss reaches asks it).
   m.def("gradient_flows_into", &jit::gradient_flows_into);
 
+  // What Python asks compile_job for, as one record with named fields.
+  py::class_<CompileRequestPy>(m, "CompileRequest")
+      .def(py::init<>())
+      .def_readwrite("name", &CompileRequestPy::name)
+      .def_readwrite("train", &CompileRequestPy::train)
+      .def_readwrite("run_once", &CompileRequestPy::run_once)
+      .def_readwrite("params", &CompileRequestPy::params)
+      .def_readwrite("outputs", &CompileRequestPy::outputs)
+      .def_readwrite("effects", &CompileRequestPy::effects)
+      .def_readwrite("losses", &CompileRequestPy::losses)
+      .def_readwrite("lr", &CompileRequestPy::lr)
+      .def_readwrite("step", &CompileRequestPy::step)
+      .def_readwrite("trainable", &CompileRequestPy::trainable)
+      .def_readwrite("optimizer", &CompileRequestPy::optimizer)
+      .def_readwrite("source", &CompileRequestPy::source)
+      .def_readwrite("signature", &CompileRequestPy::signature)
+      .def_readwrite("settings", &CompileRequestPy::settings)
+      .def_readwrite("distribution", &CompileRequestPy::distribution)
+      .def_readwrite("watched_grads", &CompileRequestPy::watched_grads);
+
   m.def(
       "compile_job",
-      [](const std::string& name, bool train, const std::vector<PyNode>& params,
-         const std::vector<PyNode>& outputs, const std::vector<PyNode>& effects,
-         const std::vector<PyNode>& losses, py::object lr, py::object step,
-         const std::vector<PyNode>& trainable, py::object optimizer, const std::string& source,
-         const std::string& signature, py::dict settings, py::object distribution,
-         const std::vector<PyNode>& watched_grads) {
+      [](const CompileRequestPy& req) {
+        const std::string& name = req.name;
+        const bool train = req.train;
+        const auto& params = req.params;
+        const auto& outputs = req.outputs;
+        const auto& effects = req.effects;
+        const auto& losses = req.losses;
+        const py::object& lr = req.lr;
+        const py::object& step = req.step;
+        const auto& trainable = req.trainable;
+        const py::object& optimizer = req.optimizer;
+        const std::string& source = req.source;
+        const std::string& signature = req.signature;
+        const py::dict& settings = req.settings;
+        const py::object& distribution = req.distribution;
+        const auto& watched_grads = req.watched_grads;
         jit::JobDescription job;
+        job.run_once = req.run_once;
         job.name = name;
         job.train = train;
         job.graph.name = name;
@@ -634,10 +679,7 @@ void register_jobs(py::module_& m) {
         return std::make_shared<CompiledJobPy>(std::move(cj), generation, s.target.gpu_variables,
                                                group);
       },
-      py::arg("name"), py::arg("train"), py::arg("params"), py::arg("outputs"), py::arg("effects"),
-      py::arg("losses"), py::arg("lr"), py::arg("step"), py::arg("trainable"), py::arg("optimizer"),
-      py::arg("source"), py::arg("signature"), py::arg("settings"),
-      py::arg("distribution") = py::none(), py::arg("watched_grads") = std::vector<PyNode>{});
+      py::arg("request"));
 }
 
 }  // namespace flowjit::python

@@ -365,9 +365,10 @@ def _create_pending_variables(builder):
         _trace.pop()
     for name, (shape, dtype, initializer, seed, trainable) in builder.pending.items():
         _C.create_variable(name, list(shape), dtype.c, trainable)
-    signature = "init:" + ",".join(sorted(builder.pending))
-    compiled = _C.compile_job(init.job_name, False, [], [], effects, [], None, None, [], None,
-                              getattr(builder, "source", ""), signature, {})
+    req = _C.CompileRequest()
+    req.name, req.effects, req.run_once = init.job_name, effects, True
+    req.source, req.signature = getattr(builder, "source", ""), "init:" + ",".join(sorted(builder.pending))
+    compiled = _C.compile_job(req)
     compiled.try_run(())
     for name in builder.pending:
         _C.mark_initialized(name)
@@ -1043,11 +1044,14 @@ class JobFunction:
                 _dtypes.float16 if settings.get("device") == "gpu" else _dtypes.bfloat16)
             settings["mixed_precision"] = half.name
         t_compile = _inspect.now_ns()
+        req = _C.CompileRequest()
+        req.name, req.train, req.source, req.signature = self._name, builder.type == "train", self._source, sig
+        req.params, req.outputs, req.effects = builder.params, [o._node for o in outs], list(builder.effects)
+        req.losses, req.lr, req.step, req.trainable, req.optimizer = losses, lr, step, trainable, opt
+        req.watched_grads = [blob._node for blob, _, _ in builder.watch_diffs]
+        req.settings, req.distribution = settings, dist
         with _tf32_for(self._config, settings):
-            job = _C.compile_job(self._name, builder.type == "train", builder.params,
-                                 [o._node for o in outs], list(builder.effects), losses, lr, step,
-                                 trainable, opt, self._source, sig, settings, dist,
-                                 [blob._node for blob, _, _ in builder.watch_diffs])
+            job = _C.compile_job(req)
         t_done = _inspect.now_ns()
         stages.append(_inspect.Stage("compile" + (" (disk cache hit)" if job.from_disk_cache else ""),
                                      t_compile, t_done - t_compile, tid))
