@@ -923,7 +923,11 @@ class Gen:
                 return None
             out = made[-1]
             p.outputs = [out]
-            p.weights = _array(d, out.value.shape, "float64", special=False, lo=-1, hi=1)
+            if out.value.size <= 1024:
+                p.weights = _array(d, out.value.shape, "float64", special=False, lo=-1, hi=1)
+            else:   # Hypothesis draws lists of at most a few thousand elements
+                rng = np.random.default_rng(d(st.integers(0, 2 ** 32 - 1)))
+                p.weights = rng.uniform(-1, 1, out.value.shape)
             p.inputs.append(("lw", p.weights))
             p.grad = _fd_grad(p)
             if p.grad is None:
