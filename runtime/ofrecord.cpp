@@ -7,6 +7,8 @@
 #include <fstream>
 #include <random>
 
+#include <turbojpeg.h>
+
 #include "ir/error.h"
 
 namespace flowjit::runtime::ofrecord {
@@ -313,6 +315,114 @@ std::vector<std::vector<char>> Reader::next() {
   return batch;
 }
 
+namespace {
+
+// Bilinear resize of an interleaved uint8 image with half-pixel centers
+// (OpenCV's INTER_LINEAR, which OneFlow's image ops use), rounding to nearest.
+std::vector<uint8_t> resize_bilinear(const std::vector<uint8_t>& src, int64_t h, int64_t w,
+                                     int64_t c, int64_t oh, int64_t ow) {
+  std::vector<uint8_t> out(static_cast<size_t>(oh * ow * c));
+  double sy = static_cast<double>(h) / oh, sx = static_cast<double>(w) / ow;
+  for (int64_t y = 0; y < oh; ++y) {
+    double fy = std::max(0.0, (y + 0.5) * sy - 0.5);
+    auto y0 = std::min(static_cast<int64_t>(fy), h - 1);
+    int64_t y1 = std::min(y0 + 1, h - 1);
+    double ay = fy - y0;
+    for (int64_t x = 0; x < ow; ++x) {
+      double fx = std::max(0.0, (x + 0.5) * sx - 0.5);
+      auto x0 = std::min(static_cast<int64_t>(fx), w - 1);
+      int64_t x1 = std::min(x0 + 1, w - 1);
+      double ax = fx - x0;
+      for (int64_t k = 0; k < c; ++k) {
+        auto at = [&](int64_t yy, int64_t xx) {
+          return static_cast<double>(src[(yy * w + xx) * c + k]);
+        };
+        double v = (1 - ay) * ((1 - ax) * at(y0, x0) + ax * at(y0, x1)) +
+                   ay * ((1 - ax) * at(y1, x0) + ax * at(y1, x1));
+        out[(y * ow + x) * c + k] = static_cast<uint8_t>(std::lround(std::clamp(v, 0.0, 255.0)));
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<uint8_t> crop(const std::vector<uint8_t>& src, int64_t w, int64_t c, int64_t y0,
+                          int64_t x0, int64_t ch, int64_t cw) {
+  std::vector<uint8_t> out(static_cast<size_t>(ch * cw * c));
+  for (int64_t y = 0; y < ch; ++y)
+    std::memcpy(out.data() + y * cw * c, src.data() + ((y0 + y) * w + x0) * c,
+                static_cast<size_t>(cw * c));
+  return out;
+}
+
+}  // namespace
+
+void Reader::decode_image(const Field& field, std::string_view jpeg, char* out,
+                          const std::string& where) {
+  const Field::Image& im = field.image;
+  tjhandle tj = tjInitDecompress();
+  FJ_CHECK(tj != nullptr, "libjpeg-turbo: cannot create a decompressor");
+  struct Free {
+    tjhandle h;
+    ~Free() { tjDestroy(h); }
+  } free_tj{tj};
+  int w = 0, h = 0, sub = 0, space = 0;
+  auto* data = reinterpret_cast<const unsigned char*>(jpeg.data());
+  FJ_USER_CHECK(tjDecompressHeader3(tj, data, static_cast<unsigned long>(jpeg.size()), &w, &h, &sub,
+                                    &space) == 0,
+                ErrorKind::Value, "ofrecord image decoder: feature '", field.name, "' of ", where,
+                " is not a JPEG image flowjit can decode (", tjGetErrorStr2(tj), ")");
+  const int64_t c = 3;
+  std::vector<uint8_t> img(static_cast<size_t>(int64_t{w} * h * c));
+  FJ_USER_CHECK(tjDecompress2(tj, data, static_cast<unsigned long>(jpeg.size()), img.data(), w, 0,
+                              h, im.bgr ? TJPF_BGR : TJPF_RGB, TJFLAG_ACCURATEDCT) == 0,
+                ErrorKind::Value, "ofrecord image decoder: feature '", field.name, "' of ", where,
+                ": ", tjGetErrorStr2(tj));
+  int64_t ih = h, iw = w;
+  if (im.random_crop) {
+    std::uniform_real_distribution<double> area(im.area_min, im.area_max);
+    std::uniform_real_distribution<double> log_ratio(std::log(im.ratio_min),
+                                                     std::log(im.ratio_max));
+    for (int a = 0; a < im.attempts; ++a) {
+      double target = area(image_rng_) * static_cast<double>(ih * iw);
+      double ratio = std::exp(log_ratio(image_rng_));
+      auto cw = static_cast<int64_t>(std::lround(std::sqrt(target * ratio)));
+      auto ch = static_cast<int64_t>(std::lround(std::sqrt(target / ratio)));
+      if (cw < 1 || ch < 1 || cw > iw || ch > ih) continue;
+      std::uniform_int_distribution<int64_t> py(0, ih - ch), px(0, iw - cw);
+      int64_t y0 = py(image_rng_), x0 = px(image_rng_);
+      img = crop(img, iw, c, y0, x0, ch, cw);
+      ih = ch, iw = cw;
+      break;
+    }
+  }
+  if (im.resize_h > 0) {
+    img = resize_bilinear(img, ih, iw, c, im.resize_h, im.resize_w);
+    ih = im.resize_h, iw = im.resize_w;
+  } else if (im.shorter > 0) {
+    double s = static_cast<double>(im.shorter) / static_cast<double>(std::min(ih, iw));
+    int64_t oh = std::max<int64_t>(1, std::lround(ih * s)),
+            ow = std::max<int64_t>(1, std::lround(iw * s));
+    img = resize_bilinear(img, ih, iw, c, oh, ow);
+    ih = oh, iw = ow;
+  }
+  if (im.crop_h > 0) {
+    FJ_USER_CHECK(im.crop_h <= ih && im.crop_w <= iw, ErrorKind::Value,
+                  "ofrecord image decoder: ", where, ": a ", im.crop_h, "x", im.crop_w,
+                  " crop of a ", ih, "x", iw, " image");
+    // OneFlow's offset: the room left times the position, truncated.
+    auto y0 = static_cast<int64_t>(static_cast<double>(ih - im.crop_h) * im.pos_y);
+    auto x0 = static_cast<int64_t>(static_cast<double>(iw - im.crop_w) * im.pos_x);
+    img = crop(img, iw, c, y0, x0, im.crop_h, im.crop_w);
+    ih = im.crop_h, iw = im.crop_w;
+  }
+  FJ_USER_CHECK(field.shape == ir::Shape({ih, iw, c}), ErrorKind::Value,
+                "ofrecord image decoder: ", where, " gives a ", ih, "x", iw,
+                " image, but the blob's shape is ", ir::shape_str(field.shape),
+                "; resize it to a fixed size or crop it");
+  std::memcpy(out, img.data(), img.size());
+}
+
 void Reader::decode_into(const std::vector<std::pair<std::string, Feature>>& rec, int64_t row,
                          std::vector<std::vector<char>>& batch, const std::string& where) {
   for (size_t fi = 0; fi < opt_.fields.size(); ++fi) {
@@ -326,6 +436,13 @@ void Reader::decode_into(const std::vector<std::pair<std::string, Feature>>& rec
     char* base = batch[fi].data() + row * n * ir::dtype_bytes(field.dtype);
     std::memset(base, 0, static_cast<size_t>(n * ir::dtype_bytes(field.dtype)));
     using K = Feature::Kind;
+    if (field.is_image) {
+      FJ_USER_CHECK(f->kind == K::Bytes && f->bytes.size() == 1, ErrorKind::Value,
+                    "ofrecord image decoder: feature '", field.name, "' of ", where,
+                    " must hold one bytes value (an encoded image)");
+      decode_image(field, f->bytes[0], base, where);
+      continue;
+    }
     if (f->kind == K::Bytes) {
       // OneFlow's raw decoder reads the first bytes value as int8 elements.
       FJ_USER_CHECK(f->bytes.size() == 1, ErrorKind::Value, "ofrecord_raw_decoder: feature '",
@@ -354,6 +471,7 @@ void Reader::decode_into(const std::vector<std::pair<std::string, Feature>>& rec
 void Reader::run() {
   try {
     std::mt19937_64 rng(opt_.seed);
+    image_rng_.seed(opt_.seed ^ 0x9E3779B97F4A7C15ull);
     std::vector<size_t> order(opt_.files.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     auto new_batch = [&] {

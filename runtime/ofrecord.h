@@ -22,6 +22,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <random>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -64,6 +65,26 @@ struct Field {
   ir::Shape shape;
   ir::DType dtype = ir::DType::Float32;
   bool truncate = false;
+  // An image field: the feature's one bytes value is a JPEG file, decoded
+  // (OneFlow's OFRecordImageDecoder[RandomCrop]), resized and cropped into a
+  // uint8 (height, width, channels) element; `shape` is that size.
+  struct Image {
+    bool bgr = false;  // channel order of the result (OneFlow's color_space)
+    // A random crop of the decoded image first (OneFlow's RandomCropGenerator):
+    // an area in [area_min, area_max] of the image and an aspect ratio
+    // log-uniform in [ratio_min, ratio_max], `attempts` tries, else the whole image.
+    bool random_crop = false;
+    double area_min = 0.08, area_max = 1.0, ratio_min = 0.75, ratio_max = 4.0 / 3.0;
+    int attempts = 10;
+    // Then a bilinear resize (half-pixel centers): to resize_h x resize_w, or
+    // its shorter side to `shorter` keeping the aspect ratio (0: none).
+    int64_t resize_h = 0, resize_w = 0, shorter = 0;
+    // Then a crop of crop_h x crop_w at (pos_y, pos_x) in [0, 1] of the room left.
+    int64_t crop_h = 0, crop_w = 0;
+    double pos_y = 0.5, pos_x = 0.5;
+  };
+  bool is_image = false;
+  Image image;
 };
 
 struct ReaderOptions {
@@ -98,6 +119,8 @@ class Reader {
   void run();
   void decode_into(const std::vector<std::pair<std::string, Feature>>& rec, int64_t row,
                    std::vector<std::vector<char>>& batch, const std::string& where);
+  void decode_image(const Field& field, std::string_view jpeg, char* out, const std::string& where);
+  std::mt19937_64 image_rng_;  // the image crops' random numbers (the reader's thread only)
 
   ReaderOptions opt_;
   std::thread thread_;

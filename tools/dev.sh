@@ -25,7 +25,7 @@ VENV="${FLOWJIT_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 JOBS="${FLOWJIT_BUILD_JOBS:-$(nproc)}"
 
-APT_PACKAGES="llvm-19-dev libtbb-dev libgloo-dev dataset-fashion-mnist libgtest-dev cmake ninja-build ccache g++ python3-dev clang-format-19 openmpi-bin"
+APT_PACKAGES="llvm-19-dev libtbb-dev libgloo-dev libturbojpeg0-dev dataset-fashion-mnist libgtest-dev cmake ninja-build ccache g++ python3-dev clang-format-19 openmpi-bin"
 
 log() { printf '\033[1m[dev.sh]\033[0m %s\n' "$*"; }
 die() { printf '\033[1m[dev.sh]\033[0m error: %s\n' "$*" >&2; exit 1; }
@@ -74,7 +74,7 @@ install_pip() {
   log "installing Python build and test requirements into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check --upgrade pip
   "$PY" -m pip install -q --disable-pip-version-check "numpy>=1.22" "ml_dtypes>=0.2" "pybind11>=2.12" \
-    "scikit-build-core>=0.10" pytest "ruff==0.17.*" hypothesis onnx onnxruntime
+    "scikit-build-core>=0.10" pytest "ruff==0.17.*" hypothesis onnx onnxruntime pillow
 }
 
 build() {

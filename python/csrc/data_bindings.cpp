@@ -14,24 +14,50 @@ namespace ofr = runtime::ofrecord;
 
 void register_data(py::module_& m) {
   py::class_<ofr::Reader, std::shared_ptr<ofr::Reader>>(m, "OFRecordReader")
-      .def(py::init(
-               [](std::vector<std::string> files, int64_t batch_size, bool shuffle,
-                  int64_t shuffle_buffer, bool shuffle_after_epoch, uint64_t seed,
-                  const std::vector<std::tuple<std::string, std::vector<int64_t>, ir::DType, bool>>&
-                      fields,
-                  int prefetch) {
-                 ofr::ReaderOptions o;
-                 o.files = std::move(files);
-                 o.batch_size = batch_size;
-                 o.shuffle = shuffle;
-                 o.shuffle_buffer = shuffle_buffer;
-                 o.shuffle_after_epoch = shuffle_after_epoch;
-                 o.seed = seed;
-                 o.prefetch = prefetch;
-                 for (const auto& [name, shape, dtype, truncate] : fields)
-                   o.fields.push_back({name, shape, dtype, truncate});
-                 return std::make_shared<ofr::Reader>(std::move(o));
-               }),
+      // fields: dicts with name, shape, dtype, truncate and, for an image
+      // field, "image": a dict of ofrecord::Field::Image's members.
+      .def(py::init([](std::vector<std::string> files, int64_t batch_size, bool shuffle,
+                       int64_t shuffle_buffer, bool shuffle_after_epoch, uint64_t seed,
+                       const std::vector<py::dict>& fields, int prefetch) {
+             ofr::ReaderOptions o;
+             o.files = std::move(files);
+             o.batch_size = batch_size;
+             o.shuffle = shuffle;
+             o.shuffle_buffer = shuffle_buffer;
+             o.shuffle_after_epoch = shuffle_after_epoch;
+             o.seed = seed;
+             o.prefetch = prefetch;
+             for (const py::dict& d : fields) {
+               ofr::Field f;
+               f.name = d["name"].cast<std::string>();
+               f.shape = d["shape"].cast<std::vector<int64_t>>();
+               f.dtype = d["dtype"].cast<ir::DType>();
+               f.truncate = d.contains("truncate") && d["truncate"].cast<bool>();
+               if (d.contains("image") && !d["image"].is_none()) {
+                 py::dict im = d["image"].cast<py::dict>();
+                 f.is_image = true;
+                 auto get = [&](const char* k, auto& v) {
+                   if (im.contains(k)) v = im[k].cast<std::decay_t<decltype(v)>>();
+                 };
+                 get("bgr", f.image.bgr);
+                 get("random_crop", f.image.random_crop);
+                 get("area_min", f.image.area_min);
+                 get("area_max", f.image.area_max);
+                 get("ratio_min", f.image.ratio_min);
+                 get("ratio_max", f.image.ratio_max);
+                 get("attempts", f.image.attempts);
+                 get("resize_h", f.image.resize_h);
+                 get("resize_w", f.image.resize_w);
+                 get("shorter", f.image.shorter);
+                 get("crop_h", f.image.crop_h);
+                 get("crop_w", f.image.crop_w);
+                 get("pos_y", f.image.pos_y);
+                 get("pos_x", f.image.pos_x);
+               }
+               o.fields.push_back(std::move(f));
+             }
+             return std::make_shared<ofr::Reader>(std::move(o));
+           }),
            py::arg("files"), py::arg("batch_size"), py::arg("shuffle"), py::arg("shuffle_buffer"),
            py::arg("shuffle_after_epoch"), py::arg("seed"), py::arg("fields"),
            py::arg("prefetch") = 2)

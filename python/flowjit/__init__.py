@@ -54,7 +54,7 @@ from ._variables import (constant_initializer, get_all_variables, get_variable, 
                          random_uniform_initializer, truncated_normal, truncated_normal_initializer,
                          variance_scaling_initializer, xavier_normal_initializer,
                          xavier_uniform_initializer, zeros_initializer)
-from . import config, data, distribute, distributed, env, layers, math, nn, optimizer, scope  # noqa: F401
+from . import config, data, distribute, distributed, env, image, layers, math, nn, optimizer, scope  # noqa: F401
 from . import checkpoint, train  # noqa: F401
 from . import losses, regularizers  # noqa: F401
 from ._legacy import FixedTensorDef, MirroredTensorDef, watch, watch_diff  # noqa: F401
@@ -112,7 +112,7 @@ _process.register()  # at exit: finish async work, report errors nobody saw; os.
 # ---------------------------------------------------------------- public names
 # The public modules; dir() of each shows its API (its __all__), not what it
 # imported (numbers, np, other flowjit modules).
-_PUBLIC_MODULES = ("checkpoint", "config", "data", "distribute", "distributed", "env", "layers", "losses", "math", "nn",
+_PUBLIC_MODULES = ("checkpoint", "config", "data", "distribute", "distributed", "env", "image", "layers", "losses", "math", "nn",
                    "optimizer", "regularizers", "scope", "train", "typing")
 
 

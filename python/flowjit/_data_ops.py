@@ -111,15 +111,17 @@ class OFRecordSource:
         self.builder, self.files, self.batch_size = builder, files, batch_size
         self.shuffle, self.shuffle_buffer, self.shuffle_after_epoch = shuffle, shuffle_buffer, shuffle_after_epoch
         self.seed, self.name = seed, name
-        self.fields = []   # (feature name, shape, dtype, truncate)
+        self.fields = []   # (feature name, shape, dtype, truncate, image spec dict or None)
         self.params = []   # the job parameters the fields feed
+        self.image_blobs = {}  # (feature, image spec) -> its blob: decoded once per call
         self.shape = (batch_size,)  # OneFlow's record blob: one record per row
 
     def open(self):
         """The native reader of this source (a new one per compiled job)."""
         return _C.OFRecordReader(self.files, self.batch_size, self.shuffle, self.shuffle_buffer,
                                  self.shuffle_after_epoch, self.seed,
-                                 [(n, list(s), d.c, t) for n, s, d, t in self.fields])
+                                 [{"name": n, "shape": list(s), "dtype": d.c, "truncate": t, "image": im}
+                                  for n, s, d, t, im in self.fields])
 
     def __repr__(self):
         return f"<OFRecord source {self.name}: {len(self.files)} part file(s), batch {self.batch_size}>"
@@ -206,7 +208,7 @@ def OFRecordRawDecoder(input_blob: OFRecordSource, blob_name: str, shape: Sequen
     index = len(b.params)
     pname = name or f"{src.name}-{blob_name}"
     blob = b.placeholder(index, pname, [src.batch_size] + [int(d) for d in shape], dt)
-    src.fields.append((blob_name, tuple(int(d) for d in shape), dt, bool(truncate or auto_zero_padding)))
+    src.fields.append((blob_name, tuple(int(d) for d in shape), dt, bool(truncate or auto_zero_padding), None))
     src.params.append(index)
     return blob
 
@@ -214,20 +216,158 @@ def OFRecordRawDecoder(input_blob: OFRecordSource, blob_name: str, shape: Sequen
 ofrecord_raw_decoder = OFRecordRawDecoder
 
 
-def _needs_tensor_buffers(api):
-    def f(*args, **kwargs):
-        _trace.fail(NotImplementedError, f"flow.{api}: it yields OneFlow tensor buffers (a variable-length "
-                    "value per record), which flowjit does not have yet; flow.data.OFRecordRawDecoder "
-                    "decodes fixed-length features")
-    f.__name__ = api.split(".")[-1]
-    f.__doc__ = (f"Not supported yet: OneFlow's {api} yields tensor buffers (variable-length values), "
-                 "which flowjit does not have; raises NotImplementedError.")
-    return f
 
 
-OFRecordBytesDecoder = _needs_tensor_buffers("data.OFRecordBytesDecoder")
-ofrecord_bytes_decoder = OFRecordBytesDecoder
-OFRecordImageDecoder = _needs_tensor_buffers("data.OFRecordImageDecoder")
+# ---------------------------------------------------------------- images in OFRecords
+
+class ImageSource:
+    """What the OFRecord image decoders return while tracing: the encoded
+    image feature of a reader and what to do to it (decode, random crop,
+    resize, crop), all done by the reader's native thread. It becomes a
+    uint8 (batch, height, width, 3) blob, once its size is fixed, through
+    ``flow.image.CropMirrorNormalize`` (or ``flow.image.Resize`` to a fixed
+    size, then any op)."""
+
+    def __init__(self, src, blob_name, spec, api):
+        self.src, self.blob_name, self.spec, self.api = src, blob_name, dict(spec), api
+
+    def _with(self, api, **kw):
+        spec = dict(self.spec)
+        spec.update(kw)
+        return ImageSource(self.src, self.blob_name, spec, api)
+
+    def fixed_size(self):
+        """(height, width) when the pipeline fixes it, else None."""
+        s = self.spec
+        if s.get("crop_h"):
+            return int(s["crop_h"]), int(s["crop_w"])
+        if s.get("resize_h"):
+            return int(s["resize_h"]), int(s["resize_w"])
+        return None
+
+    def blob(self, name=None):
+        """The decoded batch as a uint8 (batch, height, width, 3) blob, a
+        parameter of the job the reader fills every call."""
+        size = self.fixed_size()
+        if size is None:
+            _trace.fail(NotImplementedError, f"{self.api}: the images of '{self.blob_name}' have no fixed size "
+                        "yet (each keeps its own): resize them to a fixed size (flow.image.Resize with "
+                        "target_size=(width, height)) or crop them (flow.image.CropMirrorNormalize with "
+                        "crop_h and crop_w); flowjit compiles static shapes")
+        b = _trace.require_builder(f"flow.{self.api}")
+        src = self.src
+        key = (self.blob_name, tuple(sorted(self.spec.items())))
+        if key in src.image_blobs:  # the same images read twice: one field, one random crop
+            return src.image_blobs[key]
+        index = len(b.params)
+        blob = b.placeholder(index, name or f"{src.name}-{self.blob_name}-image",
+                             [src.batch_size, size[0], size[1], 3], _dtypes.uint8)
+        src.fields.append((self.blob_name, (size[0], size[1], 3), _dtypes.uint8, False, dict(self.spec)))
+        src.params.append(index)
+        src.image_blobs[key] = blob
+        return blob
+
+    def __repr__(self):
+        return f"<images of '{self.blob_name}' from {self.src.name}: {self.spec}>"
+
+
+class BytesSource:
+    """What ``flow.data.OFRecordBytesDecoder`` returns while tracing: a
+    bytes feature of each record, for ``flow.data.ImageDecoderRandomCropResize``
+    (flowjit has no blob of variable-length bytes)."""
+
+    def __init__(self, src, blob_name):
+        self.src, self.blob_name = src, blob_name
+
+    def __repr__(self):
+        return f"<bytes of '{self.blob_name}' from {self.src.name}>"
+
+
+def _color_space(api, color_space, channels=None):
+    if channels is not None and channels != 3:
+        _trace.fail(NotImplementedError, f"{api}: channels={channels!r}: flowjit decodes 3-channel images")
+    cs = "BGR" if color_space is None else str(color_space).upper()
+    if cs not in ("RGB", "BGR"):
+        _trace.fail(NotImplementedError, f"{api}: color_space {color_space!r}: flowjit decodes RGB or BGR")
+    return cs == "BGR"
+
+
+def _reader_of(api, input_blob):
+    if not isinstance(input_blob, OFRecordSource):
+        _trace.fail(TypeError, f"{api}: input_blob must be what flow.data.ofrecord_reader returned, got "
+                    f"{type(input_blob).__name__}")
+    return input_blob
+
+
+def _crop_spec(api, num_attempts, random_area, random_aspect_ratio):
+    area = [0.08, 1.0] if random_area is None else [float(v) for v in random_area]
+    ratio = [0.75, 4.0 / 3.0] if random_aspect_ratio is None else [float(v) for v in random_aspect_ratio]
+    if len(area) != 2 or not 0 < area[0] <= area[1] <= 1:
+        _trace.fail(ValueError, f"{api}: random_area must be [min, max] with 0 < min <= max <= 1, got {random_area!r}")
+    if len(ratio) != 2 or not 0 < ratio[0] <= ratio[1]:
+        _trace.fail(ValueError, f"{api}: random_aspect_ratio must be [min, max] with 0 < min <= max, got "
+                    f"{random_aspect_ratio!r}")
+    attempts = 10 if num_attempts is None else int(num_attempts)
+    return {"random_crop": True, "area_min": area[0], "area_max": area[1], "ratio_min": ratio[0],
+            "ratio_max": ratio[1], "attempts": attempts}
+
+
+def OFRecordImageDecoder(input_blob: OFRecordSource, blob_name: str, color_space: str = "BGR",
+                         name: Optional[str] = None) -> ImageSource:
+    """The JPEG image in feature ``blob_name`` of every record, decoded to
+    3 channels in ``color_space`` (RGB or BGR) by the reader's native
+    thread (libjpeg-turbo). Give it a fixed size with ``flow.image.Resize``
+    or ``flow.image.CropMirrorNormalize``."""
+    api = "data.OFRecordImageDecoder"
+    return ImageSource(_reader_of(api, input_blob), blob_name, {"bgr": _color_space(api, color_space)}, api)
+
+
+def OFRecordImageDecoderRandomCrop(input_blob: OFRecordSource, blob_name: str, color_space: str = "BGR",
+                                   num_attempts: int = 10, seed: Optional[int] = None,
+                                   random_area: Sequence[float] = (0.08, 1.0),
+                                   random_aspect_ratio: Sequence[float] = (0.75, 1.333333),
+                                   name: Optional[str] = None) -> ImageSource:
+    """As :func:`OFRecordImageDecoder`, then a random crop of each image
+    (OneFlow's: an area in ``random_area`` of the image and an aspect ratio
+    log-uniform in ``random_aspect_ratio``, ``num_attempts`` tries, else the
+    whole image), new at every call. The numbers come from the reader's seed."""
+    api = "data.OFRecordImageDecoderRandomCrop"
+    spec = {"bgr": _color_space(api, color_space)}
+    spec.update(_crop_spec(api, num_attempts, random_area, random_aspect_ratio))
+    return ImageSource(_reader_of(api, input_blob), blob_name, spec, api)
+
+
+def OFRecordBytesDecoder(input_blob: OFRecordSource, blob_name: str, name: Optional[str] = None) -> BytesSource:
+    """The bytes feature ``blob_name`` of every record, for
+    :func:`ImageDecoderRandomCropResize` (OneFlow's GPU image path). flowjit
+    has no blob of variable-length bytes, so it feeds only that decoder."""
+    return BytesSource(_reader_of("data.OFRecordBytesDecoder", input_blob), blob_name)
+
+
+def ImageDecoderRandomCropResize(input_blob: BytesSource, target_width: int, target_height: int,
+                                 num_attempts: Optional[int] = None, seed: Optional[int] = None,
+                                 random_area: Optional[Sequence[float]] = None,
+                                 random_aspect_ratio: Optional[Sequence[float]] = None,
+                                 num_workers: Optional[int] = None, warmup_size: Optional[int] = None,
+                                 max_num_pixels: Optional[int] = None, name: Optional[str] = None) -> Blob:
+    """The JPEG images of a bytes feature decoded (RGB), randomly cropped as
+    :func:`OFRecordImageDecoderRandomCrop` does and resized to
+    ``target_height`` x ``target_width``: a uint8 (batch, height, width, 3)
+    blob. ``num_workers``, ``warmup_size`` and ``max_num_pixels`` tune
+    OneFlow's GPU decoder and change nothing here."""
+    api = "data.ImageDecoderRandomCropResize"
+    if not isinstance(input_blob, BytesSource):
+        _trace.fail(TypeError, f"{api}: input_blob must be what flow.data.OFRecordBytesDecoder returned, got "
+                    f"{type(input_blob).__name__}")
+    for what, v in (("target_width", target_width), ("target_height", target_height)):
+        if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < 1:
+            _trace.fail(ValueError, f"{api}: {what} must be an int >= 1, got {v!r}")
+    spec = {"bgr": False, "resize_h": int(target_height), "resize_w": int(target_width)}
+    spec.update(_crop_spec(api, num_attempts, random_area, random_aspect_ratio))
+    return ImageSource(input_blob.src, input_blob.blob_name, spec, api).blob(name)
+
+
 ofrecord_image_decoder = OFRecordImageDecoder
-OFRecordImageDecoderRandomCrop = _needs_tensor_buffers("data.OFRecordImageDecoderRandomCrop")
 ofrecord_image_decoder_random_crop = OFRecordImageDecoderRandomCrop
+ofrecord_bytes_decoder = OFRecordBytesDecoder
+image_decoder_random_crop_resize = ImageDecoderRandomCropResize

@@ -14,8 +14,9 @@ import zlib
 
 import numpy as np
 
-from ._data_ops import (OFRecordBytesDecoder, OFRecordImageDecoder, OFRecordImageDecoderRandomCrop,
-                        OFRecordRawDecoder, decode_random, ofrecord_bytes_decoder, ofrecord_image_decoder,
+from ._data_ops import (ImageDecoderRandomCropResize, OFRecordBytesDecoder, OFRecordImageDecoder,
+                        OFRecordImageDecoderRandomCrop, OFRecordRawDecoder, decode_random,
+                        image_decoder_random_crop_resize, ofrecord_bytes_decoder, ofrecord_image_decoder,
                         ofrecord_image_decoder_random_crop, ofrecord_raw_decoder, ofrecord_reader)
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
     "ofrecord_image_decoder",
     "OFRecordImageDecoderRandomCrop",
     "ofrecord_image_decoder_random_crop",
+    "ImageDecoderRandomCropResize",
+    "image_decoder_random_crop_resize",
     "load_mnist",
     "load_fashion_mnist",
     "DatasetNotFoundError",

@@ -11,8 +11,8 @@ From the command line::
 
     python -m flowjit.ofrecord npz data.npz out_dir [--parts 4]
         # one record per row of the arrays in data.npz, a feature per array
-    python -m flowjit.ofrecord images image_dir out_dir [--parts 4]
-        # image_dir/<class>/<file>: features "encoded" (the file's bytes),
+    python -m flowjit.ofrecord images image_dir out_dir [--parts 4] [--suffix-length 5]
+        # image_dir/<class>/<file.jpg>: features "encoded" (the file's bytes),
         # "class/label" (int32, the class folders in sorted order) and
         # "filename" (bytes)
 """
@@ -88,7 +88,7 @@ def write(out_dir: str, records: Iterable[Mapping[str, Any]], parts: int = 1, pa
     return names
 
 
-def write_npz(npz_path: str, out_dir: str, parts: int = 1) -> List[str]:
+def write_npz(npz_path: str, out_dir: str, parts: int = 1, part_name_suffix_length: int = -1) -> List[str]:
     """One record per row of the arrays of an .npz file (a feature per
     array; they must share their first extent)."""
     with np.load(npz_path) as z:
@@ -100,11 +100,13 @@ def write_npz(npz_path: str, out_dir: str, parts: int = 1) -> List[str]:
         raise ValueError(f"ofrecord.write_npz: the arrays must share their first extent, got "
                          f"{ {k: a.shape for k, a in arrays.items()} }")
     rows = next(iter(n.values()))
-    return write(out_dir, ({k: a[i] for k, a in arrays.items()} for i in range(rows)), parts)
+    return write(out_dir, ({k: a[i] for k, a in arrays.items()} for i in range(rows)), parts,
+                 part_name_suffix_length=part_name_suffix_length)
 
 
 def write_image_folder(image_dir: str, out_dir: str, parts: int = 1,
-                       extensions: Optional[Iterable[str]] = (".jpg", ".jpeg", ".png")) -> List[str]:
+                       extensions: Optional[Iterable[str]] = (".jpg", ".jpeg"),
+                       part_name_suffix_length: int = -1) -> List[str]:
     """image_dir/<class>/<image>: a record per image with its file's bytes
     ("encoded"), its class's index among the sorted class folders
     ("class/label", int32) and its file name ("filename")."""
@@ -121,7 +123,7 @@ def write_image_folder(image_dir: str, out_dir: str, parts: int = 1,
                 with open(os.path.join(image_dir, c, f), "rb") as fh:
                     yield {"encoded": fh.read(), "class/label": np.int32(label), "filename": f.encode()}
 
-    return write(out_dir, records(), parts)
+    return write(out_dir, records(), parts, part_name_suffix_length=part_name_suffix_length)
 
 
 def main(argv=None):
@@ -134,11 +136,14 @@ def main(argv=None):
     for p in (a, b):
         p.add_argument("out_dir")
         p.add_argument("--parts", type=int, default=1)
+        p.add_argument("--suffix-length", type=int, default=-1,
+                       help="zero-pad the part numbers to this many digits (OneFlow's part_name_suffix_length)")
     args = ap.parse_args(argv)
     if args.what == "npz":
-        files = write_npz(args.npz, args.out_dir, args.parts)
+        files = write_npz(args.npz, args.out_dir, args.parts, args.suffix_length)
     else:
-        files = write_image_folder(args.image_dir, args.out_dir, args.parts)
+        files = write_image_folder(args.image_dir, args.out_dir, args.parts,
+                                   part_name_suffix_length=args.suffix_length)
     total = sum(os.path.getsize(f) for f in files)
     print(f"wrote {len(files)} part file(s), {total:,} bytes, in {args.out_dir}")
 

@@ -1,0 +1,145 @@
+"""Images in OFRecord data sets ([zoo]): JPEG decoding (libjpeg-turbo), the
+random crop and the resizes on the reader's native thread, and
+flow.image.CropMirrorNormalize in generated code, against PIL's decoder and
+a numpy bilinear resize with half-pixel centers (as OpenCV's INTER_LINEAR,
+which OneFlow's image ops use). Pixels may differ by 1 (rounding of halves)."""
+import os
+from typing import Tuple
+
+import numpy as np
+import pytest
+
+import flowjit as flow
+import flowjit.ofrecord as ofr
+import flowjit.typing as tp
+
+Image = pytest.importorskip("PIL.Image")
+
+
+def _bilinear(a, oh, ow):
+    h, w, _ = a.shape
+    ys = np.maximum((np.arange(oh) + 0.5) * h / oh - 0.5, 0)
+    xs = np.maximum((np.arange(ow) + 0.5) * w / ow - 0.5, 0)
+    y0, x0 = np.minimum(ys.astype(int), h - 1), np.minimum(xs.astype(int), w - 1)
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+    ay, ax = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
+    a = a.astype(np.float64)
+    v = (1 - ay) * ((1 - ax) * a[y0][:, x0] + ax * a[y0][:, x1]) + ay * ((1 - ax) * a[y1][:, x0] + ax * a[y1][:, x1])
+    return np.clip(np.round(v), 0, 255)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    files = []
+    for c in ("cat", "dog"):
+        os.makedirs(root / "imgs" / c)
+        for i in range(3):
+            h, w = rng.integers(20, 40, 2)
+            a = (rng.random((h, w, 3)) * 255).astype(np.uint8)
+            path = root / "imgs" / c / f"{i}.jpg"
+            Image.fromarray(a).save(path, quality=95)
+            files.append(path)
+    ofr.write_image_folder(str(root / "imgs"), str(root / "ofr"), parts=1)
+    return str(root / "ofr"), files
+
+
+def test_decode_resize_shorter_and_center_crop_match_pil(dataset):
+    d, files = dataset
+    flow.clear_default_session()
+
+    @flow.global_function()
+    def val() -> Tuple[tp.Numpy, tp.Numpy]:
+        r = flow.data.ofrecord_reader(d, batch_size=6)
+        img = flow.data.OFRecordImageDecoder(r, "encoded", color_space="RGB")
+        label = flow.data.OFRecordRawDecoder(r, "class/label", shape=(), dtype=flow.int32)
+        rsz = flow.image.Resize(img, resize_side="shorter", keep_aspect_ratio=True, target_size=20)
+        out = flow.image.CropMirrorNormalize(rsz[0], color_space="RGB", output_layout="NHWC", crop_h=16,
+                                             crop_w=16, output_dtype=flow.float)
+        return out, label
+
+    out, label = val()
+    assert out.shape == (6, 16, 16, 3) and out.dtype == np.float32 and label.tolist() == [0, 0, 0, 1, 1, 1]
+    for i, path in enumerate(files):
+        a = np.asarray(Image.open(path).convert("RGB"))
+        h, w, _ = a.shape
+        s = 20 / min(h, w)
+        oh, ow = max(1, round(h * s)), max(1, round(w * s))
+        y0, x0 = int((oh - 16) * 0.5), int((ow - 16) * 0.5)  # OneFlow truncates the offset
+        ref = _bilinear(a, oh, ow)[y0:y0 + 16, x0:x0 + 16]
+        assert np.abs(out[i] - ref).max() <= 1, path
+
+
+def test_random_crop_resize_mirror_normalize(dataset):
+    d, _ = dataset
+    flow.clear_default_session()
+    mean, std = [10.0, 20.0, 30.0], [2.0, 4.0, 8.0]
+
+    @flow.global_function()
+    def train(flip: tp.Numpy.Placeholder((6,), dtype=flow.int8)) -> Tuple[tp.Numpy, tp.Numpy]:
+        r = flow.data.ofrecord_reader(d, batch_size=6)
+        img = flow.data.OFRecordImageDecoderRandomCrop(r, "encoded", color_space="RGB")
+        rsz = flow.image.Resize(img, target_size=(12, 10))[0]  # (width, height)
+        raw = flow.image.CropMirrorNormalize(rsz, output_layout="NHWC", color_space="RGB")
+        out = flow.image.CropMirrorNormalize(rsz, mirror_blob=flip, color_space="RGB", mean=mean, std=std)
+        return raw, out
+
+    flip = np.array([0, 1, 0, 1, 1, 0], np.int8)
+    raw, out = train(flip)
+    assert raw.shape == (6, 10, 12, 3) and out.shape == (6, 3, 10, 12)  # NCHW by default
+    assert raw.min() >= 0 and raw.max() <= 255
+    want = raw.copy()
+    want[flip != 0] = want[flip != 0][:, :, ::-1]
+    want = ((want - np.array(mean)) / np.array(std)).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-5)
+    raw2, _ = train(flip)
+    assert not np.array_equal(raw, raw2)  # new crops every call (the data set loops)
+
+
+def test_the_bytes_path_crops_and_resizes(dataset):
+    d, _ = dataset
+    flow.clear_default_session()
+
+    @flow.global_function()
+    def job() -> tp.Numpy:
+        r = flow.data.ofrecord_reader(d, batch_size=3)
+        enc = flow.data.OFRecordBytesDecoder(r, "encoded")
+        return flow.data.ImageDecoderRandomCropResize(enc, target_width=8, target_height=6)
+
+    out = job()
+    assert out.shape == (3, 6, 8, 3) and out.dtype == np.uint8
+
+
+def test_errors_say_what_is_missing(dataset, tmp_path):
+    d, _ = dataset
+    flow.clear_default_session()
+
+    @flow.global_function()
+    def no_size() -> tp.Numpy:
+        r = flow.data.ofrecord_reader(d, batch_size=2)
+        return flow.image.CropMirrorNormalize(flow.data.OFRecordImageDecoder(r, "encoded"))
+
+    with pytest.raises(NotImplementedError, match=r"have no fixed size yet"):
+        no_size()
+    ofr.write(tmp_path, [{"encoded": b"not a jpeg"}])
+    flow.clear_default_session()
+
+    @flow.global_function()
+    def bad() -> tp.Numpy:
+        r = flow.data.ofrecord_reader(str(tmp_path), batch_size=1)
+        img = flow.image.Resize(flow.data.OFRecordImageDecoder(r, "encoded"), target_size=(4, 4))[0]
+        return flow.image.CropMirrorNormalize(img)
+
+    with pytest.raises(ValueError, match=r"feature 'encoded' of '.*part-0' record 0 is not a JPEG image"):
+        bad()
+    flow.clear_default_session()
+
+    @flow.global_function()
+    def scale() -> tp.Numpy:
+        r = flow.data.ofrecord_reader(d, batch_size=1)
+        _, s, _ = flow.image.Resize(flow.data.OFRecordImageDecoder(r, "encoded"), target_size=(4, 4))
+        return s.shape
+
+    with pytest.raises(NotImplementedError, match=r"scale output is not produced by flowjit yet"):
+        scale()
