@@ -7,7 +7,9 @@
 #include <fstream>
 #include <random>
 
+#ifdef FLOWJIT_HAVE_TURBOJPEG
 #include <turbojpeg.h>
+#endif
 
 #include "ir/error.h"
 
@@ -357,8 +359,22 @@ std::vector<uint8_t> crop(const std::vector<uint8_t>& src, int64_t w, int64_t c,
 
 }  // namespace
 
+bool jpeg_support() {
+#ifdef FLOWJIT_HAVE_TURBOJPEG
+  return true;
+#else
+  return false;
+#endif
+}
+
 void Reader::decode_image(const Field& field, std::string_view jpeg, char* out,
                           const std::string& where) {
+#ifndef FLOWJIT_HAVE_TURBOJPEG
+  (void)jpeg, (void)out;
+  throw_user(
+      ErrorKind::NotImplemented, "ofrecord image decoder: feature '", field.name, "' of ", where,
+      ": this flowjit was built without libjpeg-turbo (install libturbojpeg0-dev and rebuild)");
+#else
   const Field::Image& im = field.image;
   tjhandle tj = tjInitDecompress();
   FJ_CHECK(tj != nullptr, "libjpeg-turbo: cannot create a decompressor");
@@ -421,6 +437,7 @@ void Reader::decode_image(const Field& field, std::string_view jpeg, char* out,
                 " image, but the blob's shape is ", ir::shape_str(field.shape),
                 "; resize it to a fixed size or crop it");
   std::memcpy(out, img.data(), img.size());
+#endif
 }
 
 void Reader::decode_into(const std::vector<std::pair<std::string, Feature>>& rec, int64_t row,

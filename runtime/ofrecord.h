@@ -87,6 +87,9 @@ struct Field {
   Image image;
 };
 
+// Whether this build decodes JPEG images (it links libjpeg-turbo).
+bool jpeg_support();
+
 struct ReaderOptions {
   std::vector<std::string> files;  // the part files, in order
   int64_t batch_size = 1;

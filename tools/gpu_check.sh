@@ -83,9 +83,9 @@ log "building $TARGETS with $JOBS jobs"
 # shellcheck disable=SC2086
 ninja -C "$BUILD" -j "$JOBS" $TARGETS || fail "build"
 log "building gpu_bench"
-# The runtime's own link dependencies, as CMake found them (Gloo, when the
-# runtime carries the multi-process communicator).
-EXTRA_LIBS=$(sed -n 's/^GLOO_LIBRARY:FILEPATH=//p' "$BUILD/CMakeCache.txt")
+# The runtime's own link dependencies, as CMake found them: Gloo (the
+# multi-process communicator) and libjpeg-turbo when it was found.
+EXTRA_LIBS="$(sed -n 's/^GLOO_LIBRARY:FILEPATH=//p' "$BUILD/CMakeCache.txt") $(sed -n 's/^TURBOJPEG_LIBRARY:FILEPATH=\(\/.*\)/\1/p' "$BUILD/CMakeCache.txt")"
 "${CXX:-g++}" -std=c++17 -O2 -I"$ROOT" -I"$BUILD/generated" -isystem "$("$LLVM_CONFIG" --includedir)" \
   "$ROOT/benchmarks/gpu_bench.cpp" \
   "$BUILD/libflowjit_jit.a" "$BUILD/libflowjit_codegen.a" "$BUILD/libflowjit_runtime.a" "$BUILD/libflowjit_ir.a" \

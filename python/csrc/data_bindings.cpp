@@ -82,6 +82,8 @@ void register_data(py::module_& m) {
            })
       .def_property_readonly("records_read", &ofr::Reader::records_read);
 
+  m.def("ofrecord_jpeg_support", &ofr::jpeg_support);
+
   // One framed OFRecord (int64 length + protobuf) from [(key, kind, values)],
   // kind one of "bytes", "float", "double", "int32", "int64".
   m.def("ofrecord_encode",

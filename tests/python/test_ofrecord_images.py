@@ -14,6 +14,8 @@ import flowjit.ofrecord as ofr
 import flowjit.typing as tp
 
 Image = pytest.importorskip("PIL.Image")
+pytestmark = pytest.mark.skipif(not flow._C.ofrecord_jpeg_support(),
+                                reason="this flowjit was built without libjpeg-turbo (libturbojpeg0-dev)")
 
 
 def _bilinear(a, oh, ow):
