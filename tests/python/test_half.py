@@ -16,6 +16,9 @@ import flowjit as flow
 import flowjit.typing as tp
 from flowjit import optimizer as opt
 
+# The references cast out-of-range and NaN values on purpose.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning",
+                                        "ignore:invalid value encountered in cast:RuntimeWarning")
 HALF = [(flow.float16, np.dtype(np.float16)), (flow.bfloat16, np.dtype(ml_dtypes.bfloat16))]
 IDS = ["float16", "bfloat16"]
 TOL = {"float16": dict(rtol=2e-3, atol=1e-3), "bfloat16": dict(rtol=1.6e-2, atol=1e-2)}
