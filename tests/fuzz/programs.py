@@ -596,6 +596,10 @@ class Gen:
                 if name == "reduce_prod":   # a partial product may overflow (then inf * 0 = NaN, order-dependent)
                     fin = np.abs(a[np.isfinite(a)])
                     scale = max(1.0, _absmax(res), float(np.prod(np.maximum(fin, 1.0)))) * 4
+                    # or underflow to 0 before it meets an infinity (0 * inf = NaN): fragile
+                    tiny = fin[(fin > 0) & (fin < 1)]
+                    if np.isinf(a).any() and float(np.prod(tiny)) < float(np.finfo(x.dtype).tiny):
+                        scale = float(np.finfo(x.dtype).max)
             else:
                 fn = {"reduce_sum": np.sum, "reduce_max": np.max, "reduce_min": np.min, "reduce_prod": np.prod}[name]
                 res = fn(x.value, axis=ax, keepdims=keep, dtype=x.value.dtype) if name in (
