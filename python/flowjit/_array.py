@@ -9,7 +9,8 @@ distributed and fused through its parts:
   reflect/replicate pads   concats of (reversed) slices
   scatter_nd, unsorted_segment_sum   compare-and-sum over the index dims
   sort, argsort, top_k     ranks by comparison: rank(i) = #{j: x_j < x_i} +
-                  #{j < i: x_j == x_i}, then a compare-and-sum; O(n^2) per row
+                  #{j < i: x_j == x_i} (NaN the largest), then a compare-and-sum
+                  to the order and a gather of the values; O(n^2) per row
 Index rule: gathers clamp an index into [0, extent); scatters and segment sums
 drop entries whose index is out of range.
 """
@@ -17,6 +18,8 @@ import builtins as _b
 import math as _math
 import numbers
 from typing import Any, List, Optional, Sequence, Union
+
+import numpy as np
 
 from . import _C, _dtypes, _trace
 from . import _ops
@@ -51,8 +54,29 @@ def _raw_slice(x, begin, step, shape, api):
     return _ops.make(K.slice, [x], {"begin": list(begin), "step": list(step), "shape": list(shape)}, api=api)
 
 
+_INTS = (_dtypes.int8, _dtypes.uint8, _dtypes.int32, _dtypes.int64)
+
+
+def _pad_value(value, dtype, api):
+    """The pad attribute: an exact int for integer dtypes (a float rounds
+    int64 beyond 2^53; a float value is truncated, as int() does), else a float."""
+    if not isinstance(value, (numbers.Real, np.bool_)):
+        _trace.fail(TypeError, f"{api}: the pad value must be a number, got {type(value).__name__}")
+    if dtype not in _INTS:
+        return float(value)
+    if not isinstance(value, numbers.Integral) and not _math.isfinite(value):
+        _trace.fail(ValueError, f"{api}: the pad value {value} is not finite, so {dtype!r} has no such "
+                    f"value")
+    v = int(value)
+    info = np.iinfo(dtype.np)
+    if not info.min <= v <= info.max:
+        _trace.fail(OverflowError, f"{api}: the pad value {v} is out of bounds for {dtype!r} (range "
+                    f"{info.min}..{info.max})")
+    return v
+
+
 def _raw_pad(x, lo, hi, value, api, name=None):
-    v = float(value)
+    v = _pad_value(value, x.dtype, api)
     return _ops.make(K.pad, [x], {"pads_lo": list(lo), "pads_hi": list(hi), "pad_value": v}, name=name,
                      api=api)
 
@@ -555,22 +579,34 @@ def _last(x, axis, api):
 
 def _ranks(x, descending):
     """rank of each element along the last dim: the number of elements before
-    it in the sorted order (ties in index order), int32."""
+    it in the sorted order (ties in index order), int32.
+
+    The order is numpy's total order: -inf < ... < -0.0 == 0.0 < ... < inf <
+    NaN, every NaN equal (so NaNs keep their index order); descending is its
+    reverse, NaN first (TensorFlow's top_k)."""
     n = x.shape[-1]
     xi = _ops.expand_dims(x, -1)   # [..., i, 1]
     xj = _ops.expand_dims(x, -2)   # [..., 1, j]
     before = _ops.greater(xj, xi) if descending else _ops.less(xj, xi)
+    tie = _ops.equal(xj, xi)
+    if x.dtype in _dtypes.FLOATS:
+        # Comparisons with NaN are false: NaN (x != x) sorts after every number.
+        ni, nj = _ops.not_equal(xi, xi), _ops.not_equal(xj, xj)
+        nan_before = _ops.logical_and(nj, _ops.logical_not(ni)) if descending else \
+            _ops.logical_and(ni, _ops.logical_not(nj))
+        before = _ops.logical_or(before, nan_before)
+        tie = _ops.logical_or(tie, _ops.logical_and(ni, nj))
     earlier = _ops.less(_iota([n, n], 1, _dtypes.int32), _iota([n, n], 0, _dtypes.int32))  # j < i
-    ahead = _ops.logical_or(before, _ops.logical_and(_ops.equal(xj, xi), earlier))
+    ahead = _ops.logical_or(before, _ops.logical_and(tie, earlier))
     return _ops.reduce_sum(_ops.cast(ahead, _dtypes.int32), -1)
 
 
-def _by_rank(rank, values):
-    """out[..., r] = values[..., i] where rank[..., i] == r."""
+def _by_rank(rank):
+    """out[..., r] = i where rank[..., i] == r (int32)."""
     n = rank.shape[-1]
     hit = _ops.equal(_ops.expand_dims(rank, -2), _iota([n, n], 0, _dtypes.int32))  # [..., r, i]
-    v = _ops.broadcast_to(_ops.expand_dims(values, -2), list(rank.shape[:-1]) + [n, n])
-    return _masked_sum(hit, v, [-1], "sort")
+    idx = _ops.broadcast_to(_iota([1, n], 1, _dtypes.int32), list(rank.shape[:-1]) + [n, n])
+    return _masked_sum(hit, idx, [-1], "sort")
 
 
 def _direction(direction, api):
@@ -587,14 +623,12 @@ def _sorted(x, axis, direction, api, want_values):
     if x.dtype is _dtypes.bool_:
         _trace.fail(TypeError, f"{api}: cannot sort a bool tensor; cast it first")
     y, inv = _last(x, axis, api)
-    rank = _ranks(y, _direction(direction, api))
-    n = y.shape[-1]
+    order = _by_rank(_ranks(y, _direction(direction, api)))
     if want_values:
-        out = _by_rank(rank, y)
-    else:
-        idx = _ops.broadcast_to(_iota([n], 0, _dtypes.int32), list(y.shape))
-        out = _by_rank(rank, idx)
-    return out if inv is None else _ops.transpose(out, inv)
+        # A gather moves the values exactly (NaN, infinities and -0.0 too).
+        r = len(y.shape)
+        order = _ops.make(K.gather, [y, order], {"axis": r - 1, "batch_dims": r - 1}, api=api)
+    return order if inv is None else _ops.transpose(order, inv)
 
 
 def sort(input: Blob, axis: int = -1, direction: str = "ASCENDING", name: Optional[str] = None) -> Blob:
