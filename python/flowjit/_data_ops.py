@@ -144,6 +144,11 @@ def _part_files(api, ofrecord_dir, data_part_num, part_name_prefix, part_name_su
             _trace.fail(FileNotFoundError, f"{api}: part file '{path}' does not exist (data_part_num="
                         f"{data_part_num}, part_name_prefix={part_name_prefix!r}, part_name_suffix_length="
                         f"{part_name_suffix_length})")
+        if os.path.islink(path) and os.stat(os.path.dirname(os.path.abspath(path))).st_uid != os.geteuid():
+            # A link planted in another user's folder must not make this
+            # process read (and train on, and later save) its own files.
+            _trace.fail(PermissionError, f"{api}: part file '{path}' is a symbolic link in a folder owned by "
+                        "another user; copy the data set or link the folder itself")
         files.append(path)
     return files
 

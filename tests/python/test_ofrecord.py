@@ -166,3 +166,34 @@ def test_unsupported_decoders_say_why(tmp_path):
         ofr.encode([1, 2])
     with pytest.raises(TypeError, match=r"feature 'c': cannot store values of dtype complex64"):
         ofr.encode({"c": np.complex64(1)})
+
+
+def test_a_link_planted_in_another_users_folder_is_refused(tmp_path):
+    """The hostile-input rule: a part file that is a symbolic link in a
+    folder someone else owns is not followed (it could point at this
+    user's private files)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a folder owned by another user")
+    ofr.write(tmp_path / "mine", _records(2))
+    other = tmp_path / "other"
+    other.mkdir()
+    os.symlink(tmp_path / "mine" / "part-0", other / "part-0")
+    os.chown(other, 12345, 12345)
+    flow.clear_default_session()
+
+    @flow.global_function()
+    def job() -> tp.Numpy:
+        r = flow.data.ofrecord_reader(str(other), batch_size=1)
+        return flow.data.OFRecordRawDecoder(r, "y", shape=(), dtype=flow.int32)
+
+    with pytest.raises(PermissionError, match=r"is a symbolic link in a folder owned by another user"):
+        job()
+    os.chown(other, os.geteuid(), os.getegid())  # a link in one's own folder is followed
+    flow.clear_default_session()
+
+    @flow.global_function()
+    def job2() -> tp.Numpy:
+        r = flow.data.ofrecord_reader(str(other), batch_size=1)
+        return flow.data.OFRecordRawDecoder(r, "y", shape=(), dtype=flow.int32)
+
+    assert job2().tolist() == [0]
