@@ -112,7 +112,15 @@ def pad(x: Blob, paddings: Sequence[Any], constant_value: float = 0, mode: str =
         name: Optional[str] = None) -> Blob:
     """x padded by paddings[d] = (before, after) elements along each dim d:
     `constant_value` (mode "constant"), the mirror image without the edge
-    ("reflect") or the edge repeated ("replicate"/"symmetric" is not)."""
+    ("reflect") or the edge repeated ("replicate"/"symmetric" is not).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.pad(x, [(0, 1), (1, 0)], constant_value=9)
+        >>> job(np.float32([[1, 2], [3, 4]])).tolist()
+        [[9.0, 1.0, 2.0], [9.0, 3.0, 4.0], [9.0, 9.0, 9.0]]
+    """
     x = _blob(x, "pad")
     pairs = _pairs(paddings, len(x.shape), "pad")
     mode = str(mode).lower()
@@ -162,17 +170,41 @@ def _pad2d(x, padding, api):
 
 def constant_pad2d(x: Blob, padding: Union[int, Sequence[int]], constant_value: float = 0,
                    name: Optional[str] = None) -> Blob:
-    """NCHW x padded by padding = [left, right, top, bottom] with a constant."""
+    """NCHW x padded by padding = [left, right, top, bottom] with a constant.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 1, 2))) -> tp.Numpy:
+        ...     return flow.constant_pad2d(x, [1, 0, 0, 1], constant_value=7)
+        >>> job(np.float32([[[[1, 2]]]])).tolist()
+        [[[[7.0, 1.0, 2.0], [7.0, 7.0, 7.0]]]]
+    """
     return pad(x, _pad2d(x, padding, "constant_pad2d"), constant_value, "constant", name)
 
 
 def reflection_pad2d(x: Blob, padding: Union[int, Sequence[int]], name: Optional[str] = None) -> Blob:
-    """NCHW x padded by [left, right, top, bottom] mirror images."""
+    """NCHW x padded by [left, right, top, bottom] mirror images.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 1, 3))) -> tp.Numpy:
+        ...     return flow.reflection_pad2d(x, [1, 1, 0, 0])
+        >>> job(np.float32([[[[1, 2, 3]]]])).tolist()
+        [[[[2.0, 1.0, 2.0, 3.0, 2.0]]]]
+    """
     return pad(x, _pad2d(x, padding, "reflection_pad2d"), 0, "reflect", name)
 
 
 def replication_pad2d(x: Blob, padding: Union[int, Sequence[int]], name: Optional[str] = None) -> Blob:
-    """NCHW x padded by [left, right, top, bottom] copies of the edge."""
+    """NCHW x padded by [left, right, top, bottom] copies of the edge.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 1, 3))) -> tp.Numpy:
+        ...     return flow.replication_pad2d(x, [1, 1, 0, 0])
+        >>> job(np.float32([[[[1, 2, 3]]]])).tolist()
+        [[[[1.0, 1.0, 2.0, 3.0, 3.0]]]]
+    """
     return pad(x, _pad2d(x, padding, "replication_pad2d"), 0, "replicate", name)
 
 
@@ -180,7 +212,15 @@ def replication_pad2d(x: Blob, padding: Union[int, Sequence[int]], name: Optiona
 
 def slice(x: Blob, begin: Sequence[Optional[int]], size: Sequence[int], name: Optional[str] = None) -> Blob:  # noqa: A001 - OneFlow's name
     """x[begin[d] : begin[d] + size[d]] along each dim; a None begin is 0 and
-    a None or -1 size runs to the end."""
+    a None or -1 size runs to the end.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.slice(x, begin=[0, 1], size=[2, 2])
+        >>> job(np.float32([[1, 2, 3], [4, 5, 6]])).tolist()
+        [[2.0, 3.0], [5.0, 6.0]]
+    """
     x = _blob(x, "slice")
     shape = list(x.shape)
     if not isinstance(begin, (list, tuple)) or not isinstance(size, (list, tuple)):
@@ -196,7 +236,15 @@ def slice(x: Blob, begin: Sequence[Optional[int]], size: Sequence[int], name: Op
 def slice_v2(x: Blob, slice_tup_list: Sequence[Sequence[Optional[int]]], name: Optional[str] = None) -> Blob:
     """x[start:stop:step] per dim, slice_tup_list[d] = (start, stop, step) with
     Python's rules (None bounds, negative values count from the end, negative
-    steps walk backwards); missing trailing dims are whole."""
+    steps walk backwards); missing trailing dims are whole.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 4))) -> tp.Numpy:
+        ...     return flow.slice_v2(x, [(None, None, None), (None, None, -2)])   # x[:, ::-2]
+        >>> job(np.float32([[1, 2, 3, 4], [5, 6, 7, 8]])).tolist()
+        [[4.0, 2.0], [8.0, 6.0]]
+    """
     x = _blob(x, "slice_v2")
     shape = list(x.shape)
     if not isinstance(slice_tup_list, (list, tuple)) or len(slice_tup_list) > len(shape):
@@ -270,7 +318,15 @@ def slice_update(x: Blob, update: Blob, slice_tup_list: Sequence[Sequence[Option
     """x with its slice x[start:stop:step, ...] replaced by `update`
     (slice_tup_list[d] = (start, stop, step) per dim, as in slice_v2; the
     update has the slice's shape). The result is a new blob; the gradient
-    reaches x outside the slice and `update` inside it."""
+    reaches x outside the slice and `update` inside it.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,)), u: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.slice_update(x, u, [(1, 3, 1)])
+        >>> job(np.float32([1, 2, 3, 4]), np.float32([0, 0])).tolist()
+        [1.0, 0.0, 0.0, 4.0]
+    """
     x = _blob(x, "slice_update", "x")
     update = _blob(update, "slice_update", "update")
     if update.dtype is not x.dtype:
@@ -290,7 +346,16 @@ def slice_update(x: Blob, update: Blob, slice_tup_list: Sequence[Sequence[Option
 def split(x: Blob, num_or_size_splits: Union[int, Sequence[int]], axis: int = 0,
           name: Optional[str] = None) -> List[Blob]:
     """x cut along `axis` into num equal pieces or pieces of the given sizes
-    (one size may be -1: the rest); returns a list."""
+    (one size may be -1: the rest); returns a list.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((5,))) -> tp.Numpy:
+        ...     a, b = flow.split(x, [2, -1])
+        ...     return b
+        >>> job(np.float32([1, 2, 3, 4, 5])).tolist()
+        [3.0, 4.0, 5.0]
+    """
     x = _blob(x, "split")
     axis = _axis(x, 0 if axis is None else axis, "split")
     n = x.shape[axis]
@@ -317,7 +382,15 @@ def split(x: Blob, num_or_size_splits: Union[int, Sequence[int]], axis: int = 0,
 
 def concat(values: Sequence[Blob], axis: int = 0, max_dim_size: Optional[int] = None,
            name: Optional[str] = None) -> Blob:
-    """The inputs joined along `axis`: the sum of each padded into its range."""
+    """The inputs joined along `axis`: the sum of each padded into its range.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(a: tp.Numpy.Placeholder((1, 2)), b: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.concat([a, b], axis=0)
+        >>> job(np.float32([[1, 2]]), np.float32([[3, 4], [5, 6]])).tolist()
+        [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+    """
     if isinstance(values, Blob) or not isinstance(values, (list, tuple)) or not values:
         _trace.fail(TypeError, "concat: values must be a non-empty list of Blobs")
     for i, v in enumerate(values):
@@ -354,7 +427,15 @@ def concat(values: Sequence[Blob], axis: int = 0, max_dim_size: Optional[int] = 
 
 
 def stack(values: Sequence[Blob], axis: int = 0, name: Optional[str] = None) -> Blob:
-    """The inputs (all of one shape) joined along a new axis."""
+    """The inputs (all of one shape) joined along a new axis.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(a: tp.Numpy.Placeholder((2,)), b: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.stack([a, b], axis=1)
+        >>> job(np.float32([1, 2]), np.float32([3, 4])).tolist()
+        [[1.0, 3.0], [2.0, 4.0]]
+    """
     if isinstance(values, Blob) or not isinstance(values, (list, tuple)) or not values:
         _trace.fail(TypeError, "stack: values must be a non-empty list of Blobs")
     for i, v in enumerate(values):
@@ -367,7 +448,15 @@ def stack(values: Sequence[Blob], axis: int = 0, name: Optional[str] = None) -> 
 
 
 def flatten(input: Blob, start_dim: int = 0, end_dim: int = -1, name: Optional[str] = None) -> Blob:
-    """input with dims start_dim..end_dim merged into one."""
+    """input with dims start_dim..end_dim merged into one.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3, 4))) -> tp.Numpy:
+        ...     return flow.flatten(x, start_dim=1)
+        >>> job(np.zeros((2, 3, 4), np.float32)).shape
+        (2, 12)
+    """
     x = _blob(input, "flatten")
     r = len(x.shape)
     if r == 0:
@@ -384,7 +473,15 @@ def flatten(input: Blob, start_dim: int = 0, end_dim: int = -1, name: Optional[s
 
 
 def expand(x: Blob, expand_size: Sequence[int], name: Optional[str] = None) -> Blob:
-    """x broadcast to expand_size; -1 keeps x's extent, new dims go first."""
+    """x broadcast to expand_size; -1 keeps x's extent, new dims go first.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 2))) -> tp.Numpy:
+        ...     return flow.expand(x, [2, -1])
+        >>> job(np.float32([[1, 2]])).tolist()
+        [[1.0, 2.0], [1.0, 2.0]]
+    """
     x = _blob(x, "expand")
     size = _ops._int_list(expand_size, "expand", "expand_size")
     r, k = len(x.shape), len(size)
@@ -405,7 +502,15 @@ def expand(x: Blob, expand_size: Sequence[int], name: Optional[str] = None) -> B
 
 
 def tile(input: Blob, multiples: Sequence[int], name: Optional[str] = None) -> Blob:
-    """input repeated multiples[d] times along each dim (numpy.tile)."""
+    """input repeated multiples[d] times along each dim (numpy.tile).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.tile(x, [3])
+        >>> job(np.float32([1, 2])).tolist()
+        [1.0, 2.0, 1.0, 2.0, 1.0, 2.0]
+    """
     x = _blob(input, "tile")
     reps = _ops._int_list(multiples, "tile", "multiples")
     if any(m < 0 for m in reps):
@@ -425,7 +530,15 @@ def tile(input: Blob, multiples: Sequence[int], name: Optional[str] = None) -> B
 
 def range(start: float, limit: Optional[float] = None, delta: float = 1, dtype: Optional[DTypeLike] = None,  # noqa: A001 - OneFlow's name
           name: Optional[str] = None) -> Blob:
-    """start, start + delta, ... below limit (numpy.arange); int64 for ints."""
+    """start, start + delta, ... below limit (numpy.arange); int64 for ints.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job() -> tp.Numpy:
+        ...     return flow.range(1, 10, 3)
+        >>> job().tolist()
+        [1, 4, 7]
+    """
     if limit is None:
         start, limit = 0, start
     for what, v in (("start", start), ("limit", limit), ("delta", delta)):
@@ -455,7 +568,15 @@ def gather(params: Blob, indices: Blob, validate_indices: Optional[bool] = None,
     outside [0, params.shape[axis]) is an error of the run. As in OneFlow,
     ``axis == batch_dims > 0`` is a batch gather over all but the last axis
     of `indices` when those match params' leading axes, whatever batch_dims
-    says (BERT's ``gather(seq, positions, axis=2, batch_dims=2)``)."""
+    says (BERT's ``gather(seq, positions, axis=2, batch_dims=2)``).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3, 2)), i: tp.Numpy.Placeholder((2,), dtype=flow.int32)) -> tp.Numpy:
+        ...     return flow.gather(x, i)   # rows i of x
+        >>> job(np.float32([[1, 2], [3, 4], [5, 6]]), np.int32([2, 0])).tolist()
+        [[5.0, 6.0], [1.0, 2.0]]
+    """
     _blob(params, "gather", "params")
     _blob(indices, "gather", "indices")
     ax = batch_dims if axis is None else axis
@@ -479,7 +600,15 @@ def gather(params: Blob, indices: Blob, validate_indices: Optional[bool] = None,
 
 def gather_nd(params: Blob, indices: Blob, name: Optional[str] = None) -> Blob:
     """params[indices[..., 0], ..., indices[..., K-1]] (K = indices.shape[-1]);
-    an index outside its dim is an error of the run."""
+    an index outside its dim is an error of the run.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 2)), i: tp.Numpy.Placeholder((2, 2), dtype=flow.int32)) -> tp.Numpy:
+        ...     return flow.gather_nd(x, i)   # x[1, 0] and x[0, 1]
+        >>> job(np.float32([[1, 2], [3, 4]]), np.int32([[1, 0], [0, 1]])).tolist()
+        [3.0, 2.0]
+    """
     _blob(params, "gather_nd", "params")
     _blob(indices, "gather_nd", "indices")
     k = indices.shape[-1] if indices.shape else 0
@@ -505,7 +634,15 @@ def _masked_sum(hit, values, axes, api):
 def scatter_nd(indices: Blob, updates: Blob, shape: Sequence[int], name: Optional[str] = None) -> Blob:
     """A zero tensor of `shape` with updates[j...] added at position
     indices[j...] (shape [..., K]); duplicate indices add up, out-of-range
-    ones are an error of the run."""
+    ones are an error of the run.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(i: tp.Numpy.Placeholder((2, 1), dtype=flow.int32), u: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.scatter_nd(i, u, [4])
+        >>> job(np.int32([[1], [3]]), np.float32([5, 6])).tolist()
+        [0.0, 5.0, 0.0, 6.0]
+    """
     _check_index(indices, "scatter_nd")
     _blob(updates, "scatter_nd", "updates")
     shape = _ops._int_list(shape, "scatter_nd")
@@ -536,7 +673,15 @@ def unsorted_segment_sum(data: Blob, segment_ids: Blob, num_segments: int, axis:
                          name: Optional[str] = None) -> Blob:
     """out[..., s, ...] = sum of data[..., i..., ...] over the i with
     segment_ids[i...] == s; segment_ids index data from `axis`; an id outside
-    [0, num_segments) is an error of the run."""
+    [0, num_segments) is an error of the run.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,)), s: tp.Numpy.Placeholder((4,), dtype=flow.int32)) -> tp.Numpy:
+        ...     return flow.math.unsorted_segment_sum(x, s, num_segments=3)
+        >>> job(np.float32([1, 2, 3, 4]), np.int32([0, 2, 0, 2])).tolist()
+        [4.0, 0.0, 6.0]
+    """
     _blob(data, "unsorted_segment_sum", "data")
     _check_index(segment_ids, "unsorted_segment_sum", "segment_ids")
     axis = _axis(data, axis, "unsorted_segment_sum")
@@ -560,7 +705,16 @@ def unsorted_segment_sum(data: Blob, segment_ids: Blob, num_segments: int, axis:
 
 def unsorted_segment_sum_like(data: Blob, segment_ids: Blob, like: Blob, axis: int = 0,
                               name: Optional[str] = None) -> Blob:
-    """unsorted_segment_sum with num_segments = like.shape[axis]."""
+    """unsorted_segment_sum with num_segments = like.shape[axis].
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,)), s: tp.Numpy.Placeholder((4,), dtype=flow.int32),
+        ...         like: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.math.unsorted_segment_sum_like(x, s, like)
+        >>> job(np.float32([1, 2, 3, 4]), np.int32([0, 2, 0, 2]), np.zeros(3, np.float32)).tolist()
+        [4.0, 0.0, 6.0]
+    """
     return unsorted_segment_sum(data, segment_ids, like.shape[axis], axis, name)
 
 
@@ -632,13 +786,29 @@ def _sorted(x, axis, direction, api, want_values):
 
 
 def sort(input: Blob, axis: int = -1, direction: str = "ASCENDING", name: Optional[str] = None) -> Blob:
-    """input sorted along `axis` (ties keep their order)."""
+    """input sorted along `axis` (ties keep their order).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        ...     return flow.sort(x, direction="DESCENDING")
+        >>> job(np.float32([3, 1, 4, 2])).tolist()
+        [4.0, 3.0, 2.0, 1.0]
+    """
     out = _sorted(input, axis, direction, "sort", True)
     return _ops.identity(out, name=name) if name else out
 
 
 def argsort(input: Blob, axis: int = -1, direction: str = "ASCENDING", name: Optional[str] = None) -> Blob:
-    """int32 indices that sort input along `axis` (stable)."""
+    """int32 indices that sort input along `axis` (stable).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        ...     return flow.argsort(x)
+        >>> job(np.float32([3, 1, 4, 2])).tolist()
+        [1, 3, 0, 2]
+    """
     out = _sorted(input, axis, direction, "argsort", False)
     return _ops.identity(out, name=name) if name else out
 
@@ -647,7 +817,15 @@ def top_k(input: Blob, axis: int = -1, k: int = 1, sorted: bool = True,  # noqa:
           name: Optional[str] = None) -> Blob:
     """int32 indices of the k largest entries along `axis`, largest first, ties
     in index order (OneFlow's top_k returns the indices); a k larger than the
-    axis gives all of them. Note OneFlow's argument order: top_k(x, axis, k)."""
+    axis gives all of them. Note OneFlow's argument order: top_k(x, axis, k).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        ...     return flow.math.top_k(x, k=2)
+        >>> job(np.float32([3, 1, 4, 2])).tolist()
+        [2, 0]
+    """
     _blob(input, "top_k")
     if not input.shape:
         _trace.fail(ValueError, "top_k: input must have rank >= 1")
@@ -672,7 +850,15 @@ def in_top_k(targets: Blob, predictions: Blob, k: int, name: Optional[str] = Non
     """Whether predictions[i, targets[i]] is among the k largest of row i
     (ties with the k-th count as in), bool [N]. As in OneFlow and TensorFlow,
     a row with a non-finite prediction (NaN or infinity) or a target outside
-    [0, C) gives False."""
+    [0, C) gives False.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(t: tp.Numpy.Placeholder((2,), dtype=flow.int32), p: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.math.in_top_k(t, p, k=2)
+        >>> job(np.int32([0, 1]), np.float32([[0.1, 0.5, 0.4], [0.2, 0.7, 0.1]])).tolist()
+        [False, True]
+    """
     _check_index(targets, "in_top_k", "targets")
     _blob(predictions, "in_top_k", "predictions")
     if len(predictions.shape) != 2 or list(targets.shape) != [predictions.shape[0]]:
@@ -699,7 +885,18 @@ def in_top_k(targets: Blob, predictions: Blob, k: int, name: Optional[str] = Non
 
 def assign(ref: Blob, value: Blob, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> None:
     """Writes value into the variable `ref` when the job runs (after every
-    read of its old value)."""
+    read of its old value).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     v = flow.get_variable("v", shape=(2,), initializer=flow.zeros_initializer())
+        ...     old = flow.identity(v)
+        ...     flow.assign(v, x)
+        ...     return old
+        >>> job(np.float32([1, 2])).tolist(), job(np.float32([3, 4])).tolist()
+        ([0.0, 0.0], [1.0, 2.0])
+    """
     b = _trace.require_builder("flow.assign")
     _blob(ref, "assign", "ref")
     _blob(value, "assign", "value")
@@ -723,7 +920,15 @@ def assign(ref: Blob, value: Blob, dtype: Optional[DTypeLike] = None, name: Opti
 
 def broadcast_to_compatible_with(x: Blob, compatible: Sequence[Blob], name: Optional[str] = None) -> Blob:
     """x broadcast (numpy rules) to the shape that x and every blob of
-    `compatible` broadcast to together (only their shapes are read)."""
+    `compatible` broadcast to together (only their shapes are read).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 2)), y: tp.Numpy.Placeholder((3, 1))) -> tp.Numpy:
+        ...     return flow.broadcast_to_compatible_with(x, [y])
+        >>> job(np.float32([[1, 2]]), np.zeros((3, 1), np.float32)).tolist()
+        [[1.0, 2.0], [1.0, 2.0], [1.0, 2.0]]
+    """
     api = "broadcast_to_compatible_with"
     _blob(x, api, "x")
     if isinstance(compatible, Blob) or not isinstance(compatible, (list, tuple)):
@@ -757,7 +962,16 @@ def _scatter_checks(params, indices, updates, api):
 def tensor_scatter_nd_add(params: Blob, indices: Blob, updates: Blob, name: Optional[str] = None) -> Blob:
     """params with updates[j...] added at position indices[j...] (shape
     [..., K]); duplicate indices add up; an out-of-range index is an error
-    of the run."""
+    of the run.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,)), i: tp.Numpy.Placeholder((2, 1), dtype=flow.int32),
+        ...         u: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.tensor_scatter_nd_add(x, i, u)
+        >>> job(np.float32([1, 1, 1]), np.int32([[0], [0]]), np.float32([5, 6])).tolist()
+        [12.0, 1.0, 1.0]
+    """
     api = "tensor_scatter_nd_add"
     _scatter_checks(params, indices, updates, api)
     s = scatter_nd(indices, updates, list(params.shape))
@@ -768,7 +982,16 @@ def tensor_scatter_nd_update(params: Blob, indices: Blob, updates: Blob, name: O
     """params with the slice at indices[j...] replaced by updates[j...]
     (indices of shape [..., K]); where an index repeats, the last of its
     updates (in row-major order of indices) is written. The gradient goes to
-    params where nothing was written and to each written update."""
+    params where nothing was written and to each written update.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,)), i: tp.Numpy.Placeholder((2, 1), dtype=flow.int32),
+        ...         u: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.tensor_scatter_nd_update(x, i, u)
+        >>> job(np.float32([1, 1, 1]), np.int32([[2], [0]]), np.float32([5, 6])).tolist()
+        [6.0, 1.0, 5.0]
+    """
     api = "tensor_scatter_nd_update"
     _scatter_checks(params, indices, updates, api)
     ishape = list(indices.shape)
@@ -798,7 +1021,15 @@ def tensor_scatter_nd_update(params: Blob, indices: Blob, updates: Blob, name: O
 
 def zero_pad2d(x: Blob, padding: Union[int, Sequence[int]], name: Optional[str] = None) -> Blob:
     """NCHW x padded with zeros by padding = [left, right, top, bottom] (an
-    int pads all four sides)."""
+    int pads all four sides).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 1, 1))) -> tp.Numpy:
+        ...     return flow.zero_pad2d(x, 1)
+        >>> job(np.float32([[[[5]]]])).tolist()
+        [[[[0.0, 0.0, 0.0], [0.0, 5.0, 0.0], [0.0, 0.0, 0.0]]]]
+    """
     return pad(x, _pad2d(x, padding, "zero_pad2d"), 0, "constant", name)
 
 
@@ -806,7 +1037,16 @@ def same_padding(x: Blob, padding: str, data_format: str, kernel_size: Sequence[
                  dilation_rate: Sequence[int], name: Optional[str] = None) -> Blob:
     """x zero-padded so that a convolution with these kernel sizes, strides
     and dilations gives ceil(in / stride) outputs per spatial dim; the odd
-    pixel goes after ("SAME_UPPER") or before ("SAME_LOWER")."""
+    pixel goes after ("SAME_UPPER") or before ("SAME_LOWER").
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 1, 4, 4))) -> tp.Numpy:
+        ...     return flow.same_padding(x, "SAME_UPPER", "NCHW", kernel_size=[3, 3], strides=[1, 1],
+        ...                              dilation_rate=[1, 1])
+        >>> job(np.ones((1, 1, 4, 4), np.float32)).shape
+        (1, 1, 6, 6)
+    """
     api = "same_padding"
     _blob(x, api, "x")
     mode = str(padding).upper()
@@ -834,14 +1074,30 @@ def same_padding(x: Blob, padding: str, data_format: str, kernel_size: Sequence[
 
 
 def reshape_like(x: Blob, like: Blob, name: Optional[str] = None) -> Blob:
-    """x reshaped to like's shape (the sizes must agree; like's values are not read)."""
+    """x reshaped to like's shape (the sizes must agree; like's values are not read).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,)), like: tp.Numpy.Placeholder((2, 2))) -> tp.Numpy:
+        ...     return flow.reshape_like(x, like)
+        >>> job(np.float32([1, 2, 3, 4]), np.zeros((2, 2), np.float32)).tolist()
+        [[1.0, 2.0], [3.0, 4.0]]
+    """
     _blob(x, "reshape_like", "x")
     _blob(like, "reshape_like", "like")
     return _ops.reshape(x, list(like.shape), name=name)
 
 
 def reverse(input: Blob, axis: Union[int, Sequence[int]], name: Optional[str] = None) -> Blob:
-    """input with the order of its elements reversed along each axis of `axis`."""
+    """input with the order of its elements reversed along each axis of `axis`.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.reverse(x, axis=1)
+        >>> job(np.float32([[1, 2, 3], [4, 5, 6]])).tolist()
+        [[3.0, 2.0, 1.0], [6.0, 5.0, 4.0]]
+    """
     x = _blob(input, "reverse")
     axes = _ops._int_list(axis, "reverse", "axis")
     tups = [(None, None, None)] * len(x.shape)
@@ -853,7 +1109,15 @@ def reverse(input: Blob, axis: Union[int, Sequence[int]], name: Optional[str] = 
 def dim_gather(input: Blob, dim: int, index: Blob, name: Optional[str] = None) -> Blob:
     """out[i...] = input[i...] with coordinate `dim` replaced by index[i...]
     (numpy.take_along_axis; index has input's rank and extents no larger
-    than input's); an index outside input's dim is an error of the run."""
+    than input's); an index outside input's dim is an error of the run.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3)), i: tp.Numpy.Placeholder((2, 1), dtype=flow.int32)) -> tp.Numpy:
+        ...     return flow.dim_gather(x, 1, i)   # x[r, i[r, 0]] for each row r
+        >>> job(np.float32([[1, 2, 3], [4, 5, 6]]), np.int32([[2], [0]])).tolist()
+        [[3.0], [4.0]]
+    """
     api = "dim_gather"
     x = _blob(input, api)
     _check_index(index, api, "index")
@@ -869,7 +1133,16 @@ def dim_gather(input: Blob, dim: int, index: Blob, name: Optional[str] = None) -
 
 
 def identity_n(inputs: Sequence[Blob], name: Optional[str] = None) -> List[Blob]:
-    """A copy of each blob of `inputs`, as a list."""
+    """A copy of each blob of `inputs`, as a list.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(a: tp.Numpy.Placeholder((1,)), b: tp.Numpy.Placeholder((1,))) -> tp.Numpy:
+        ...     c, d = flow.identity_n([a, b])
+        ...     return c + d
+        >>> job(np.float32([1]), np.float32([2])).tolist()
+        [3.0]
+    """
     if isinstance(inputs, Blob) or not isinstance(inputs, (list, tuple)):
         _trace.fail(TypeError, f"identity_n: inputs must be a list of Blobs, got {type(inputs).__name__}")
     return [_ops.identity(_blob(x, "identity_n", f"inputs[{i}]")) for i, x in enumerate(inputs)]
@@ -879,20 +1152,44 @@ def amp_white_identity(x: Blob, name: Optional[str] = None) -> Blob:
     """x unchanged: OneFlow marks with it a value mixed precision may run in
     half precision. flowjit's pass decides from the ops themselves (matmuls
     and convolutions, and the elementwise ops fed by them), so the mark
-    changes nothing."""
+    changes nothing.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.amp_white_identity(x)
+        >>> job(np.float32([1, 2])).tolist()
+        [1.0, 2.0]
+    """
     return _ops.identity(_blob(x, "amp_white_identity", "x"), name=name)
 
 
 def elem_cnt(inputs: Blob, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
     """The number of elements of `inputs`, a shape (1,) blob (int32 unless
-    dtype is given)."""
+    dtype is given).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.elem_cnt(x)
+        >>> job(np.zeros((2, 3), np.float32)).tolist()
+        [6]
+    """
     return reduced_shape_elem_cnt(inputs, None, dtype, name)
 
 
 def reduced_shape_elem_cnt(input_blob: Blob, axis: Optional[Sequence[int]] = None,
                            dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
     """The product of input_blob's extents along `axis` (all when None), a
-    shape (1,) blob (int32 unless dtype is given)."""
+    shape (1,) blob (int32 unless dtype is given).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3, 4))) -> tp.Numpy:
+        ...     return flow.math.reduced_shape_elem_cnt(x, axis=[1, 2])
+        >>> job(np.zeros((2, 3, 4), np.float32)).tolist()
+        [12]
+    """
     x = _blob(input_blob, "reduced_shape_elem_cnt", "input_blob")
     axes = _b.range(len(x.shape)) if axis is None else \
         [_axis(x, a, "reduced_shape_elem_cnt") for a in _ops._int_list(axis, "reduced_shape_elem_cnt", "axis")]
@@ -913,14 +1210,30 @@ def _not_finite(x, api):
 
 
 def count_not_finite(x: Blob, name: Optional[str] = None) -> Blob:
-    """The number of NaNs and infinities in x, an int64 blob of shape (1,)."""
+    """The number of NaNs and infinities in x, an int64 blob of shape (1,).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return flow.count_not_finite(x)
+        >>> job(np.float32([1, np.nan, np.inf])).tolist()
+        [2]
+    """
     out = _ops.reshape(_not_finite(x, "count_not_finite"), [1])
     return _ops.identity(out, name=name) if name else out
 
 
 def multi_count_not_finite(x: Optional[Sequence[Blob]] = None, name: Optional[str] = None) -> Blob:
     """The number of NaNs and infinities in all the blobs of x together, an
-    int64 blob of shape (1,)."""
+    int64 blob of shape (1,).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,)), y: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.multi_count_not_finite([x, y])
+        >>> job(np.float32([1, np.nan]), np.float32([-np.inf, 2])).tolist()
+        [2]
+    """
     if isinstance(x, Blob) or not isinstance(x, (list, tuple)) or not x:
         _trace.fail(TypeError, "multi_count_not_finite: x must be a non-empty list of Blobs")
     total = None
@@ -933,7 +1246,15 @@ def multi_count_not_finite(x: Optional[Sequence[Blob]] = None, name: Optional[st
 def diag(input: Blob, diagonal: int = 0, name: Optional[str] = None) -> Blob:
     """For a vector: the square matrix with input on its `diagonal`-th
     diagonal (above the main one when > 0) and zeros elsewhere. For a
-    matrix: the vector of its `diagonal`-th diagonal."""
+    matrix: the vector of its `diagonal`-th diagonal.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.diag(x)
+        >>> job(np.float32([1, 2])).tolist()
+        [[1.0, 0.0], [0.0, 2.0]]
+    """
     x = _blob(input, "diag")
     if not _ops._is_int(diagonal):
         _trace.fail(TypeError, f"diag: diagonal must be an int, got {diagonal!r}")
@@ -967,13 +1288,31 @@ def _dynamic_shape(api):
 
 def argwhere(condition: Blob, dtype: Optional[DTypeLike] = None, name: Optional[str] = None) -> Blob:
     """Not supported: the coordinates of condition's nonzero elements form a
-    blob whose shape depends on the data, which flowjit cannot compile."""
+    blob whose shape depends on the data, which flowjit cannot compile.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.argwhere(x)
+        >>> job(np.float32([0, 1]))
+        Traceback (most recent call last):
+        NotImplementedError: ...
+    """
     _dynamic_shape("argwhere")
 
 
 def nonzero(a: Blob, name: Optional[str] = None) -> Blob:
     """Not supported: the indices of a's nonzero elements form a blob whose
-    shape depends on the data, which flowjit cannot compile."""
+    shape depends on the data, which flowjit cannot compile.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.nonzero(x)
+        >>> job(np.float32([0, 1]))
+        Traceback (most recent call last):
+        NotImplementedError: ...
+    """
     _dynamic_shape("nonzero")
 
 
@@ -998,7 +1337,15 @@ def _repeats(b):
 
 def repeat(input: Blob, repeat_num: int, name: Optional[str] = None) -> Blob:
     """input handed to `repeat_num` micro-batch steps of the ops that follow,
-    up to an acc(..., repeat_num), which sums them (OneFlow's time axis)."""
+    up to an acc(..., repeat_num), which sums them (OneFlow's time axis).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.acc(flow.repeat(x, 3) * 2, 3)   # three steps of x * 2, summed
+        >>> job(np.float32([1, 2])).tolist()
+        [6.0, 12.0]
+    """
     x = _blob(input, "repeat")
     if not _ops._is_int(repeat_num) or repeat_num < 1:
         _trace.fail(ValueError, f"repeat: repeat_num must be an int >= 1, got {repeat_num!r}")
@@ -1011,7 +1358,15 @@ def acc(one: Blob, max_acc_num: int, name: Optional[str] = None) -> Blob:
     """The sum of `one` over the max_acc_num micro-batch steps that a
     repeat(..., max_acc_num) upstream of it started: max_acc_num times one
     step's value, since the ops in between are deterministic (a random op
-    between repeat and acc raises NotImplementedError)."""
+    between repeat and acc raises NotImplementedError).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.acc(flow.repeat(x, 4), 4)
+        >>> job(np.float32([1, 2])).tolist()
+        [4.0, 8.0]
+    """
     x = _blob(one, "acc", "one")
     if not _ops._is_int(max_acc_num) or max_acc_num < 1:
         _trace.fail(ValueError, f"acc: max_acc_num must be an int >= 1, got {max_acc_num!r}")
@@ -1042,13 +1397,31 @@ def acc(one: Blob, max_acc_num: int, name: Optional[str] = None) -> Blob:
 
 def pack(input: Blob, pack_num: int, name: Optional[str] = None) -> Blob:
     """Not supported: OneFlow's pack joins `pack_num` micro-batch executions'
-    pieces, which flowjit does not have."""
+    pieces, which flowjit does not have.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.pack(x, 2)
+        >>> job(np.float32([0, 1]))
+        Traceback (most recent call last):
+        NotImplementedError: ...
+    """
     _micro_batches("pack")
 
 
 def unpack(input: Blob, unpack_num: int, name: Optional[str] = None) -> Blob:
     """Not supported: OneFlow's unpack splits its input over `unpack_num`
-    micro-batch executions, which flowjit does not have."""
+    micro-batch executions, which flowjit does not have.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return flow.unpack(x, 2)
+        >>> job(np.float32([0, 1]))
+        Traceback (most recent call last):
+        NotImplementedError: ...
+    """
     _micro_batches("unpack")
 
 
@@ -1057,7 +1430,15 @@ def unsorted_batch_segment_sum(data: Blob, segment_ids: Blob, num_segments: int,
     """unsorted_segment_sum within each batch: segment_ids of shape [B..., N]
     index the axis after data's batch axes [B...]; the result is
     [B..., num_segments, rest...]. An id outside [0, num_segments) is an
-    error of the run."""
+    error of the run.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((1, 3)), s: tp.Numpy.Placeholder((1, 3), dtype=flow.int32)) -> tp.Numpy:
+        ...     return flow.math.unsorted_batch_segment_sum(x, s, num_segments=2)
+        >>> job(np.float32([[1, 2, 3]]), np.int32([[1, 0, 1]])).tolist()
+        [[2.0, 4.0]]
+    """
     api = "unsorted_batch_segment_sum"
     _blob(data, api, "data")
     _check_index(segment_ids, api, "segment_ids")
@@ -1079,7 +1460,15 @@ def unsorted_batch_segment_sum(data: Blob, segment_ids: Blob, num_segments: int,
 
 def pad_grad(x: Blob, paddings: Sequence[Any], constant_value: float = 0, name: Optional[str] = None) -> Blob:
     """The gradient of pad: x (the padded blob's gradient) with
-    paddings[d] = (before, after) elements cut off each dim d."""
+    paddings[d] = (before, after) elements cut off each dim d.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(g: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        ...     return flow.pad_grad(g, [(1, 2)])
+        >>> job(np.float32([1, 2, 3, 4])).tolist()
+        [2.0]
+    """
     x = _blob(x, "pad_grad")
     pairs = _pairs(paddings, len(x.shape), "pad_grad")
     begin, shape = [], []
@@ -1095,7 +1484,15 @@ def pad_grad(x: Blob, paddings: Sequence[Any], constant_value: float = 0, name: 
 def dynamic_reshape(x: Blob, shape: Sequence[int], name: Optional[str] = None) -> Blob:
     """x reshaped to `shape` (one extent may be -1). OneFlow's dynamic blobs
     take their concrete shape here: a job compiles once per concrete input
-    shape, so this is reshape."""
+    shape, so this is reshape.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     return flow.dynamic_reshape(x, [-1])
+        >>> job(np.float32([[1, 2, 3], [4, 5, 6]])).tolist()
+        [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    """
     return _ops.reshape(_blob(x, "dynamic_reshape", "x"), shape, name=name)
 
 
@@ -1104,6 +1501,18 @@ def categorical_ordinal_encode(table: Blob, size: Blob, input_tensor: Blob, hash
     """The ordinal of each element of input_tensor: 1, 2, ... for distinct
     values in the order they first appear (across runs), 0 for 0; `table`
     (2 * capacity,) and `size` (1,) are the encoder's state variables (see
-    flowjit._encode)."""
+    flowjit._encode).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((3,), dtype=flow.int64)) -> tp.Numpy:
+        ...     table = flow.get_variable("table", shape=(16,), dtype=flow.int64, initializer=flow.zeros_initializer(),
+        ...                               trainable=False)
+        ...     size = flow.get_variable("size", shape=(1,), dtype=flow.int64, initializer=flow.zeros_initializer(),
+        ...                              trainable=False)
+        ...     return flow.categorical_ordinal_encode(table, size, x)
+        >>> job(np.int64([9, 4, 9])).tolist(), job(np.int64([4, 6, 0])).tolist()
+        ([1, 2, 1], [2, 3, 0])
+    """
     from . import _encode
     return _encode.categorical_ordinal_encode(table, size, input_tensor, hash_precomputed, name)
