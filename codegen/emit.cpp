@@ -75,9 +75,7 @@ llvm::Type* mem_type(llvm::LLVMContext& c, DType t) {
 
 Value* from_mem(llvm::IRBuilderBase& b, Value* v, DType t) {
   llvm::Type* vt = v->getType();
-  int width = vt->isVectorTy()
-                  ? static_cast<int>(llvm::cast<llvm::FixedVectorType>(vt)->getNumElements())
-                  : 1;
+  int width = lanes_of(vt);
   auto wide = [&](llvm::Type* s) { return with_width(s, width); };
   switch (t) {
     case DType::Bool:
@@ -96,9 +94,7 @@ Value* from_mem(llvm::IRBuilderBase& b, Value* v, DType t) {
 
 Value* to_mem(llvm::IRBuilderBase& b, Value* v, DType t) {
   llvm::Type* vt = v->getType();
-  int width = vt->isVectorTy()
-                  ? static_cast<int>(llvm::cast<llvm::FixedVectorType>(vt)->getNumElements())
-                  : 1;
+  int width = lanes_of(vt);
   auto wide = [&](llvm::Type* s) { return with_width(s, width); };
   auto k32 = [&](uint32_t c) { return llvm::ConstantInt::get(wide(b.getInt32Ty()), c); };
   switch (t) {
@@ -123,6 +119,11 @@ Value* to_mem(llvm::IRBuilderBase& b, Value* v, DType t) {
 
 llvm::Type* with_width(llvm::Type* scalar, int width) {
   return width == 1 ? scalar : llvm::FixedVectorType::get(scalar, width);
+}
+
+int lanes_of(llvm::Type* t) {
+  return t->isVectorTy() ? static_cast<int>(llvm::cast<llvm::FixedVectorType>(t)->getNumElements())
+                         : 1;
 }
 
 // ---------------------------------------------------------------- reductions
@@ -233,9 +234,7 @@ void ExprEmitter::pop_scope() {
 }
 
 void ExprEmitter::set_value(int node, Value* v) {
-  int w = v->getType()->isVectorTy()
-              ? static_cast<int>(llvm::cast<llvm::FixedVectorType>(v->getType())->getNumElements())
-              : 1;
+  int w = lanes_of(v->getType());
   scopes_.back()[{node, w}] = v;
 }
 
@@ -622,12 +621,7 @@ Value* ExprEmitter::cast(Value* v, DType from, DType to) {
   // reduction) is rounded to its type before it converts: a cast reads the
   // value the half type holds, as if it had been stored.
   if (ir::is_half(from) && !ir::is_half(to)) v = from_mem(b_, to_mem(b_, v, from), from);
-  llvm::Type* tt =
-      v->getType()->isVectorTy()
-          ? with_width(
-                reg_type(b_.getContext(), to),
-                static_cast<int>(llvm::cast<llvm::FixedVectorType>(v->getType())->getNumElements()))
-          : reg_type(b_.getContext(), to);
+  llvm::Type* tt = with_width(reg_type(b_.getContext(), to), lanes_of(v->getType()));
   if (to == DType::Bool) {
     return ir::is_float(from) ? b_.CreateFCmpUNE(v, llvm::Constant::getNullValue(v->getType()))
                               : b_.CreateICmpNE(v, llvm::Constant::getNullValue(v->getType()));
@@ -637,12 +631,7 @@ Value* ExprEmitter::cast(Value* v, DType from, DType to) {
     // converts to float16 directly (no double rounding); to bfloat16 it goes
     // through float32, as PyTorch and ml_dtypes convert it.
     if (from == DType::Float64 && to == DType::Float16) {
-      llvm::Type* ht =
-          with_width(b_.getHalfTy(),
-                     tt->isVectorTy()
-                         ? static_cast<int>(llvm::cast<llvm::FixedVectorType>(tt)->getNumElements())
-                         : 1);
-      return from_mem(b_, b_.CreateFPTrunc(v, ht), to);
+      return from_mem(b_, b_.CreateFPTrunc(v, with_width(b_.getHalfTy(), lanes_of(tt))), to);
     }
     return from_mem(b_, to_mem(b_, cast(v, from, DType::Float32), to), to);
   }

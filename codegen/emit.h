@@ -43,6 +43,7 @@ llvm::Type* mem_type(llvm::LLVMContext& c, DType t);  // i8 for bool
 llvm::Value* from_mem(llvm::IRBuilderBase& b, llvm::Value* v, DType t);
 llvm::Value* to_mem(llvm::IRBuilderBase& b, llvm::Value* v, DType t);
 llvm::Type* with_width(llvm::Type* scalar, int width);  // width 1: the scalar
+int lanes_of(llvm::Type* t);                            // 1 for a scalar
 
 // Reduction algebra, shared by loop and backend code.
 llvm::Value* reduce_identity(llvm::IRBuilderBase& b, OpKind op, DType t, int width);
