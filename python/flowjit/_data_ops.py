@@ -116,6 +116,16 @@ class OFRecordSource:
         self.image_blobs = {}  # (feature, image spec) -> its blob: decoded once per call
         self.shape = (batch_size,)  # OneFlow's record blob: one record per row
 
+    def add_field(self, builder, param_name, feature, shape, dtype, truncate=False, image=None):
+        """A field the reader decodes into a (batch_size, *shape) parameter of
+        the job, after the user's and the earlier fields'; returns its blob."""
+        shape = tuple(int(d) for d in shape)
+        index = len(builder.params)
+        blob = builder.placeholder(index, param_name, [self.batch_size, *shape], dtype)
+        self.fields.append((feature, shape, dtype, bool(truncate), image))
+        self.params.append(index)
+        return blob
+
     def open(self):
         """The native reader of this source (a new one per compiled job)."""
         return _C.OFRecordReader(self.files, self.batch_size, self.shuffle, self.shuffle_buffer,
@@ -210,12 +220,7 @@ def OFRecordRawDecoder(input_blob: OFRecordSource, blob_name: str, shape: Sequen
                     "with the largest length instead")
     dt = _ops._dtype(dtype, api)
     src = input_blob
-    index = len(b.params)
-    pname = name or f"{src.name}-{blob_name}"
-    blob = b.placeholder(index, pname, [src.batch_size] + [int(d) for d in shape], dt)
-    src.fields.append((blob_name, tuple(int(d) for d in shape), dt, bool(truncate or auto_zero_padding), None))
-    src.params.append(index)
-    return blob
+    return src.add_field(b, name or f"{src.name}-{blob_name}", blob_name, shape, dt, truncate or auto_zero_padding)
 
 
 ofrecord_raw_decoder = OFRecordRawDecoder
@@ -264,11 +269,8 @@ class ImageSource:
         key = (self.blob_name, tuple(sorted(self.spec.items())))
         if key in src.image_blobs:  # the same images read twice: one field, one random crop
             return src.image_blobs[key]
-        index = len(b.params)
-        blob = b.placeholder(index, name or f"{src.name}-{self.blob_name}-image",
-                             [src.batch_size, size[0], size[1], 3], _dtypes.uint8)
-        src.fields.append((self.blob_name, (size[0], size[1], 3), _dtypes.uint8, False, dict(self.spec)))
-        src.params.append(index)
+        blob = src.add_field(b, name or f"{src.name}-{self.blob_name}-image", self.blob_name,
+                             (size[0], size[1], 3), _dtypes.uint8, image=dict(self.spec))
         src.image_blobs[key] = blob
         return blob
 
