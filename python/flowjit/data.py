@@ -18,6 +18,7 @@ from ._data_ops import (ImageDecoderRandomCropResize, OFRecordBytesDecoder, OFRe
                         OFRecordImageDecoderRandomCrop, OFRecordRawDecoder, decode_random,
                         image_decoder_random_crop_resize, ofrecord_bytes_decoder, ofrecord_image_decoder,
                         ofrecord_image_decoder_random_crop, ofrecord_raw_decoder, ofrecord_reader)
+from ._megatron import MegatronGPTMMapDataLoader, megatron_gpt_mmap_data_loader
 
 __all__ = [
     "decode_random",
@@ -32,6 +33,8 @@ __all__ = [
     "ofrecord_image_decoder_random_crop",
     "ImageDecoderRandomCropResize",
     "image_decoder_random_crop_resize",
+    "megatron_gpt_mmap_data_loader",
+    "MegatronGPTMMapDataLoader",
     "load_mnist",
     "load_fashion_mnist",
     "DatasetNotFoundError",

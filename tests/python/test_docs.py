@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 import flowjit_names  # noqa: E402 - the docs' own list of public names
 
-MODULES = ["flowjit"] + [f"flowjit.{m}" for m in flow._PUBLIC_MODULES] + ["flowjit.cache", "flowjit.onnx", "flowjit.ofrecord"]
+MODULES = ["flowjit"] + [f"flowjit.{m}" for m in flow._PUBLIC_MODULES] + ["flowjit.cache", "flowjit.onnx", "flowjit.ofrecord",
+                                                                             "flowjit.megatron_data"]
 
 
 def _public(modname):
