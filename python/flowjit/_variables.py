@@ -354,11 +354,15 @@ def get_variable(name: str, shape: Optional[Sequence[int]] = None, dtype: Option
                  initializer: Optional[Initializer] = None, regularizer: Optional[Regularizer] = None,
                  trainable: Optional[bool] = None, model_name: Optional[str] = None,
                  random_seed: Optional[int] = None, distribute: Optional[Distribute] = None,
-                 reuse: bool = True) -> Blob:
+                 reuse: bool = True, parallel_distribution: Optional[Sequence[Any]] = None,
+                 nd_sbp: Optional[Sequence[Any]] = None) -> Blob:
     """The session variable `name` as a Blob of the job being traced.
 
     It is created with `initializer` (zeros by default) the first time a job
     naming it is traced successfully; later jobs see its current value.
+    `parallel_distribution` (OneFlow 0.4-0.5; `nd_sbp` later) is its SBP on
+    a device hierarchy: ``[]`` or ``["B"]`` lays it whole on each device,
+    ``["S(k)"]`` as ``distribute=flow.distribute.split(k)``.
 
     Example:
         >>> @flow.global_function()
@@ -370,6 +374,11 @@ def get_variable(name: str, shape: Optional[Sequence[int]] = None, dtype: Option
     """
     b = _trace.require_builder("flow.get_variable")
     loc = _trace.user_location()
+    if parallel_distribution is not None or nd_sbp is not None:
+        from .distribute import _from_sbp
+        sbp = _from_sbp("get_variable", parallel_distribution if parallel_distribution is not None else nd_sbp, loc)
+        if distribute is None:
+            distribute = sbp
     if not isinstance(name, str) or not name:
         _trace.fail(TypeError, f"get_variable: name must be a non-empty string, got {name!r}", loc)
     if shape is None:

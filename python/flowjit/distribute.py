@@ -53,6 +53,33 @@ def broadcast():
     return Distribute("broadcast")
 
 
+def _from_sbp(api, sbp, loc=None):
+    """OneFlow's SBP list (``parallel_distribution=`` / ``nd_sbp=``: strings
+    "B", "S(k)" or "P", or split()/broadcast() objects, one per axis of the
+    placement's hierarchy) as a Distribute, or None for an empty list."""
+    from . import _trace
+    if isinstance(sbp, (str, Distribute)):
+        sbp = [sbp]
+    if not isinstance(sbp, (list, tuple)):
+        _trace.fail(TypeError, f"{api}: parallel_distribution must be a list of SBP strings (\"B\", \"S(0)\"), "
+                    f"got {sbp!r}", loc)
+    if not sbp:
+        return None
+    if len(sbp) > 1:
+        _trace.fail(NotImplementedError, f"{api}: parallel_distribution {list(sbp)!r} lays a blob out on a "
+                    f"{len(sbp)}-D device hierarchy; flowjit places jobs on a flat list of devices (one SBP)", loc)
+    s = sbp[0]
+    if isinstance(s, Distribute):
+        return s
+    text = str(s).replace(" ", "")
+    if text == "B":
+        return Distribute("broadcast")
+    if text.startswith("S(") and text.endswith(")") and text[2:-1].lstrip("-").isdigit():
+        return Distribute("split", int(text[2:-1]))
+    _trace.fail(NotImplementedError if text == "P" else ValueError,
+                f"{api}: parallel_distribution entry {s!r}: flowjit lays variables out as \"B\" or \"S(k)\"", loc)
+
+
 def auto():
     """flowjit chooses."""
     return Distribute("auto")

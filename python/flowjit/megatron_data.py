@@ -14,8 +14,8 @@ version 1; see ``flowjit._megatron`` for the layout). From the command line::
 """
 import argparse
 import os
+import secrets
 import sys
-import tempfile
 from typing import Iterable, List, Optional, Sequence
 
 import numpy as np
@@ -41,7 +41,10 @@ def _token_dtype(dtype, largest, smallest):
 
 def _atomic_write(path, chunks):
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".part", dir=directory)
+    # O_EXCL on a fresh name (never through a planted link), mode 0666 less
+    # the umask as any data file (mkstemp's would be 0600)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(6)}.part")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             for c in chunks:

@@ -408,3 +408,47 @@ def test_a_small_gpt_trains_on_the_loader(tmp_path):
     losses = [float(train().mean()) for _ in range(40)]
     assert losses[0] > 2.0  # about log(16) = 2.77 at the start
     assert np.mean(losses[-5:]) < 0.5 * losses[0], losses
+
+
+def test_written_files_have_the_umask_mode_and_leave_no_temporary(tmp_path):
+    old = os.umask(0o022)
+    try:
+        md.write(tmp_path / "c", [[1, 2]])
+    finally:
+        os.umask(old)
+    assert sorted(os.listdir(tmp_path)) == ["c.bin", "c.idx"]
+    assert {os.stat(tmp_path / n).st_mode & 0o777 for n in ("c.bin", "c.idx")} == {0o644}
+
+
+# ---------------------------------------------------------------- what OneFlow's GPT program spells
+
+@pytest.mark.parametrize("kw,split", [({"parallel_distribution": []}, None), ({"parallel_distribution": ["B"]}, None),
+                                      ({"nd_sbp": ["S(0)"]}, 0), ({"parallel_distribution": "S(1)"}, 1)])
+def test_get_variable_takes_oneflows_parallel_distribution(kw, split):
+    flow.clear_default_session()
+
+    @flow.global_function()
+    def job() -> tp.Numpy:
+        w = flow.get_variable("w", shape=(2, 3), initializer=flow.ones_initializer(), **kw)
+        assert job_builder().split_vars.get("w") == split
+        return w
+
+    def job_builder():
+        from flowjit import _trace
+        return _trace.current()
+
+    assert job().tolist() == [[1.0] * 3] * 2
+
+
+@pytest.mark.parametrize("dist,exc,msg", [(["B", "S(0)"], NotImplementedError, "2-D device hierarchy"),
+                                          (["P"], NotImplementedError, "entry 'P'"),
+                                          (["Q"], ValueError, "entry 'Q'"), (3, TypeError, "list of SBP strings")])
+def test_get_variable_parallel_distribution_errors(dist, exc, msg):
+    flow.clear_default_session()
+
+    @flow.global_function()
+    def job() -> tp.Numpy:
+        return flow.get_variable("w", shape=(2,), parallel_distribution=dist)
+
+    with pytest.raises(exc, match=msg):
+        job()
