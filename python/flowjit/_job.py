@@ -1031,7 +1031,8 @@ class JobFunction:
                   else (n, ph) for (n, ph), k in zip(self._params, key)]
         dist = _devices.distribution(self._name, self._config, builder, params)
         if dist is not None and builder.data_sources:
-            raise NotImplementedError(f"job '{self._name}': flow.data.ofrecord_reader in a job spread over "
+            raise NotImplementedError(f"job '{self._name}': flow.data.ofrecord_reader or "
+                                      "megatron_gpt_mmap_data_loader in a job spread over "
                                       "several devices or processes is not supported yet (each would need "
                                       "its own shard of the records); read on one device")
         settings = {"keep_text": keep_text or bool(os.environ.get("FLOWJIT_KEEP_TEXT")),

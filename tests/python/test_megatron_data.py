@@ -452,3 +452,21 @@ def test_get_variable_parallel_distribution_errors(dist, exc, msg):
 
     with pytest.raises(exc, match=msg):
         job()
+
+
+def test_a_job_on_several_devices_is_refused_clearly(tmp_path):
+    md.write(tmp_path / "c", [[1, 2, 3, 4, 5], [6, 7, 8]])
+    flow.clear_default_session()
+    flow.config.cpu_device_num(2)
+    try:
+        @flow.global_function()
+        def job() -> tp.Numpy:
+            with flow.scope.placement("cpu", "0:0-1"):
+                t = flow.data.megatron_gpt_mmap_data_loader(str(tmp_path / "c"), 3, 4, 2, shuffle=False)
+                return t + 1
+
+        with pytest.raises(NotImplementedError, match="megatron_gpt_mmap_data_loader in a job spread over several"):
+            job()
+    finally:
+        flow.clear_default_session()
+        flow.config.cpu_device_num(1)
