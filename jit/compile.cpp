@@ -436,6 +436,7 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   program->set_writes_variables(out.writes_variables);
   if (!out.distributed) backend->bind(*program, store);
   out.gpu_loaded_from = program->loaded_from();
+  if (settings.keep_object) out.code_object = code.object;
   out.program = std::move(program);
   out.seconds_codegen = since(t_cg);
   out.seconds_total = since(t_start);

@@ -49,6 +49,9 @@ struct Target {
   bool allow_tf32 = false;  // tensor cores for float32 matmuls (Python: FLOWJIT_ALLOW_TF32=1)
   codegen::MathLibrary math = codegen::MathLibrary::Auto;
   bool run_ptxas = true;  // a cubin when ptxas is found, else the driver compiles the PTX
+  // Cpu: the x86-64 CPU the kernels are generated for, as LLVM names it
+  // ("x86-64-v3"); empty: the host (codegen/cpu/backend.h, CompileOptions::cpu).
+  std::string cpu;
   bool is_gpu() const { return kind == Kind::Gpu; }
 };
 
@@ -88,6 +91,8 @@ struct CompileSettings {
   bool keep_text = false;       // keep IR/LLVM text on the result even without debug
   bool fuse = true;             // FLOWJIT_DISABLE_FUSION=1 turns fusion off (tests)
   bool check_numerics = false;  // [harden] function_config().check_numerics(True)
+  // Keep the code object on the result (CompiledJob::code_object): exports.
+  bool keep_object = false;
   // [harden] Polled between stages, kernels and LLVM passes (CPU codegen);
   // true stops the compile with ir::Interrupted (Ctrl-C from Python).
   std::function<bool()> interrupted;
@@ -129,6 +134,9 @@ struct CompiledJob {
   std::string cache_key;
   std::vector<std::string> warnings;  // e.g. a cache that could not be written
   std::string gpu_loaded_from;        // GPU jobs: "cubin sm_90" or "ptx (driver JIT ...)"
+  // With CompileSettings::keep_object: the code the program runs (CPU: the
+  // object container of codegen/cpu/kernel_units.h).
+  std::vector<char> code_object;
   const runtime::Plan& plan() const { return program->plan(); }
 };
 

@@ -75,6 +75,24 @@ int64_t read_cache_size(int level, const char* type) {
   return 0;
 }
 
+// The features of LLVM's x86-64 CPU `name` (its own and those they imply),
+// every other feature of `feats` off; false when LLVM does not know the name.
+bool features_of_cpu(const std::string& name, llvm::StringMap<bool>& feats) {
+  if (llvm::X86::parseArchX86(name, /*Only64Bit=*/true) == llvm::X86::CK_None) return false;
+  llvm::SmallVector<llvm::StringRef, 128> named;
+  llvm::X86::getFeaturesForCPU(name, named, /*NeedPlus=*/false);
+  if (named.empty()) return false;
+  llvm::StringMap<bool> only;
+  for (auto& kv : feats) only[kv.first()] = false;
+  for (llvm::StringRef f : named) {
+    only[f] = true;
+    llvm::X86::updateImpliedFeatures(f, true, only);  // avx2 implies avx, sse4.2, ... sse2
+  }
+  only["64bit"] = true;  // the process is x86-64 whatever the CPU name lists
+  feats = std::move(only);
+  return true;
+}
+
 // FLOWJIT_CPU=<llvm cpu name> (x86-64-v2, x86-64-v3, znver3, skylake-avx512,
 // ...) generates code for that CPU instead of the host, when the host can
 // run it: tests and benchmarks of AVX2 or baseline (no FMA) code on a
@@ -97,25 +115,16 @@ bool cpu_override(llvm::StringMap<bool>& feats, std::string& cpu) {
       return false;
     }
   }
-  llvm::StringMap<bool> only;
-  for (auto& kv : feats) only[kv.first()] = false;
-  for (llvm::StringRef f : named) {
-    only[f] = true;
-    llvm::X86::updateImpliedFeatures(f, true, only);  // avx2 implies avx, sse4.2, ... sse2
-  }
-  only["64bit"] = true;  // the process is x86-64 whatever the CPU name lists
-  feats = std::move(only);
+  features_of_cpu(want, feats);
   cpu = want;
   return true;
 }
 
-CpuTarget detect_host() {
-  init_llvm();
+// The target of CPU `cpu` with features `feats`, the host's cache sizes and threads.
+CpuTarget make_target(const std::string& cpu, const llvm::StringMap<bool>& feats) {
   CpuTarget t;
   t.triple = llvm::sys::getProcessTriple();
-  t.cpu = llvm::sys::getHostCPUName().str();
-  auto feats = llvm::sys::getHostCPUFeatures();
-  cpu_override(feats, t.cpu);
+  t.cpu = cpu;
   std::vector<std::string> on;
   for (auto& kv : feats) on.push_back((kv.second ? "+" : "-") + kv.first().str());
   std::sort(on.begin(), on.end());
@@ -130,6 +139,14 @@ CpuTarget detect_host() {
   if (int64_t l2 = read_cache_size(2, "Unified")) t.l2_bytes = l2;
   t.threads = std::max(1u, std::thread::hardware_concurrency());
   return t;
+}
+
+CpuTarget detect_host() {
+  init_llvm();
+  std::string cpu = llvm::sys::getHostCPUName().str();
+  auto feats = llvm::sys::getHostCPUFeatures();
+  cpu_override(feats, cpu);
+  return make_target(cpu, feats);
 }
 
 // The CPU's transcendental functions: flowjit's own vectorizable polynomials.
@@ -309,6 +326,38 @@ const CpuTarget& host_target() {
   return t;
 }
 
+const CpuTarget& target_for(const std::string& cpu) {
+  if (cpu.empty()) return host_target();
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<CpuTarget>> named;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = named.find(cpu);
+  if (it != named.end()) return *it->second;
+  init_llvm();
+  auto feats = llvm::sys::getHostCPUFeatures();
+  if (!features_of_cpu(cpu, feats))
+    throw_user(ErrorKind::Value, "'", cpu,
+               "' is not an x86-64 CPU name LLVM knows (expected a level such as 'x86-64-v3' or a "
+               "CPU such as 'znver4', 'skylake-avx512')");
+  auto t = std::make_unique<CpuTarget>(make_target(cpu, feats));
+  return *named.emplace(cpu, std::move(t)).first->second;
+}
+
+bool host_runs(const std::string& cpu) {
+  if (cpu.empty()) return true;
+  target_for(cpu);  // UserError for an unknown name
+  auto host = llvm::sys::getHostCPUFeatures();
+  llvm::SmallVector<llvm::StringRef, 128> named;
+  llvm::X86::getFeaturesForCPU(cpu, named, /*NeedPlus=*/false);
+  for (llvm::StringRef f : named) {
+    auto it = host.find(f);
+    if (it != host.end() && !it->second) return false;
+  }
+  return true;
+}
+
+TargetId target_id_for(const std::string& cpu) { return target_for(cpu).target_id(); }
+
 // The matmul's tiles come from the features (vector width, registers, FMA);
 // its cache blocking and task split from the cache sizes and thread count,
 // so those are part of the key too.
@@ -436,7 +485,7 @@ bool seeded_body(const Kernel& k) {
 // each, so no IR optimization and fast instruction selection.
 std::shared_ptr<CompiledUnit> compile_thunks(const std::vector<SeedThunk>& thunks,
                                              const CompileOptions& opts) {
-  const CpuTarget& t = host_target();
+  const CpuTarget& t = target_for(opts.cpu);
   auto u = std::make_shared<CompiledUnit>();
   double t0 = thread_seconds();
   llvm::LLVMContext ctx;
@@ -491,7 +540,7 @@ struct EmittedUnit {
 
 EmittedUnit emit_unit(const Kernel& kernel, const std::string& symbol, const Level& level,
                       const CompileOptions& opts, std::string* unoptimized_ir) {
-  const CpuTarget& t = host_target();
+  const CpuTarget& t = target_for(opts.cpu);
   EmittedUnit e;
   e.u = std::make_shared<CompiledUnit>();
   e.u->symbol = symbol;
@@ -562,7 +611,7 @@ CompiledObject compile(const std::vector<Kernel>& kernels, std::vector<abi::Laun
   auto t_start = std::chrono::steady_clock::now();
   FJ_CHECK(launches.size() == kernels.size(), "compile: ", kernels.size(), " kernels but ",
            launches.size(), " launch records");
-  const CpuTarget& t = host_target();
+  const CpuTarget& t = target_for(opts.cpu);
   const Level level = level_for(opts.run_once);
   CompiledObject out;
   // 1. One unit per distinct kernel: its key is the kernel's structure, the
@@ -958,6 +1007,18 @@ llvm::Error define_half_helpers(llvm::orc::JITDylib& jd, llvm::orc::ExecutionSes
 }
 
 }  // namespace
+
+CodeParts unpack_code(const std::vector<char>& object) {
+  CodeParts out;
+  if (!is_container(object)) {
+    out.objects.push_back(object);
+    return out;
+  }
+  UnpackedObjects parts = unpack_objects(object);
+  for (auto& [p, n] : parts.objects) out.objects.emplace_back(p, p + n);
+  out.aliases.assign(parts.aliases.begin(), parts.aliases.end());
+  return out;
+}
 
 std::shared_ptr<LoadedCode> load(const std::vector<char>& object,
                                  const std::vector<std::string>& symbols) {

@@ -22,6 +22,10 @@ struct CompileOptions {
   // Kernels that run once (initializer jobs): a cheap LLVM pipeline (no IR
   // passes, O0, and fast instruction selection). The numbers they compute are the same.
   bool run_once = false;
+  // The x86-64 CPU the code is for, as LLVM names it ("x86-64-v3", "znver4"):
+  // empty for the host (or FLOWJIT_CPU's). A named CPU need not be one this
+  // host runs (exports for another machine); its cache sizes are the host's.
+  std::string cpu;
   // Polled between kernels and LLVM passes; true: stop with Interrupted
   // (ir/error.h) before the object is emitted. [harden: Ctrl-C]
   std::function<bool()> interrupted;
@@ -74,12 +78,26 @@ class LoadedCode {
 std::shared_ptr<LoadedCode> load(const std::vector<char>& object,
                                  const std::vector<std::string>& symbols);
 
+// The ELF objects of compile()'s code (CompiledObject::object) and, per
+// kernel symbol, the symbol that defines its code (exports link them
+// elsewhere). UserError(Runtime) for a damaged container.
+struct CodeParts {
+  std::vector<std::vector<char>> objects;
+  std::vector<std::pair<std::string, std::string>> aliases;  // kernel -> code symbol
+};
+CodeParts unpack_code(const std::vector<char>& object);
+
 // Forgets the kernels this process compiled (tests of the compile counters).
 void clear_kernel_cache();
 
 // The host as the disk-cache key sees it: triple, CPU name and features
 // (FLOWJIT_CPU's when set).
 TargetId host_target_id();
+// The target of CompileOptions::cpu `cpu` ("": the host's); UserError(Value)
+// for a name LLVM does not know as an x86-64 CPU.
+TargetId target_id_for(const std::string& cpu);
+// Whether this host can run code made for `cpu` (it has every feature).
+bool host_runs(const std::string& cpu);
 int host_vector_bits();
 // Whether the host's kernels fuse multiply-adds (an FMA unit, not masked by FLOWJIT_CPU).
 bool host_has_fma();

@@ -33,6 +33,8 @@ struct CpuTarget {
 };
 
 const CpuTarget& host_target();
+// CompileOptions::cpu's target: the host's when empty (backend.h).
+const CpuTarget& target_for(const std::string& cpu);
 
 // The kernel ABI: void name(ptr args, i64 begin, i64 end, ptr scratch).
 // A seeded body (`seeded`) takes a fifth argument, ptr seeds: the i64 seeds

@@ -33,8 +33,8 @@ std::string compile_counts(const cg::CompiledObject& obj, bool run_once) {
 
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(const JobDescription& job)
-      : target_(cg::host_target_id()), run_once_(job.run_once) {
+  CpuBackend(const JobDescription& job, const Target& target)
+      : target_(cg::target_id_for(target.cpu)), cpu_(target.cpu), run_once_(job.run_once) {
     if (job.distribution.parts > 1)  // the per-device program of a distributed job
       placement_ = "x" + std::to_string(job.distribution.parts) +
                    (job.distribution.mirrored ? " mirrored" : " devices");
@@ -54,6 +54,7 @@ class CpuBackend : public Backend {
     co.want_llvm_ir = req.want_llvm_ir;
     co.want_assembly = req.want_assembly;
     co.run_once = run_once_;
+    co.cpu = cpu_;
     co.interrupted = req.interrupted;
     cg::CompiledObject obj = cg::compile(kernels, code.plan.launches, co);
     log.stage("llvm emit", obj.seconds_emit);
@@ -114,14 +115,15 @@ class CpuBackend : public Backend {
 
  private:
   codegen::TargetId target_;
+  std::string cpu_;  // Target::cpu
   std::string placement_;
   bool run_once_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu(const JobDescription& job, const Target&) {
-  return std::make_unique<CpuBackend>(job);
+std::unique_ptr<Backend> make_cpu(const JobDescription& job, const Target& target) {
+  return std::make_unique<CpuBackend>(job, target);
 }
 
 }  // namespace flowjit::jit::backends

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -12,6 +13,7 @@
 #include "ir/error.h"
 #include "jit/autodiff.h"
 #include "jit/cache.h"
+#include "codegen/cpu/backend.h"
 #include "jit/compile.h"
 #include "python/csrc/bindings.h"
 #include "python/csrc/gpu_bindings.h"
@@ -499,6 +501,71 @@ void register_jobs(py::module_& m) {
                              [](const CompiledJobPy& j) { return j.job().seconds_codegen; })
       .def_property_readonly("seconds_passes",
                              [](const CompiledJobPy& j) { return j.job().seconds_passes; })
+      // What flowjit.export writes into a shared library: the kernels' ELF
+      // objects, the launch records with each kernel's code symbol, the
+      // buffers and the run's checks (CompileSettings::keep_object jobs).
+      .def("export_parts",
+           [](const CompiledJobPy& j) {
+             const jit::CompiledJob& cj = j.job();
+             FJ_USER_CHECK(!cj.code_object.empty() && cj.program && cj.program->device() == "cpu",
+                           ErrorKind::Value, "job '", cj.program ? cj.plan().job_name : "?",
+                           "' was not compiled for export (a CPU job compiled with keep_object)");
+             const runtime::Plan& plan = cj.plan();
+             codegen::cpu::CodeParts parts = codegen::cpu::unpack_code(cj.code_object);
+             std::map<std::string, std::string> aliases(parts.aliases.begin(), parts.aliases.end());
+             py::dict d;
+             py::list objects;
+             for (const std::vector<char>& o : parts.objects) objects.append(py::bytes(o.data(), o.size()));
+             d["objects"] = objects;
+             auto types = [](const std::vector<ir::TensorType>& ts) {
+               py::list out;
+               for (const ir::TensorType& t : ts)
+                 out.append(py::make_tuple(ir::dtype_name(t.dtype), t.shape));
+               return out;
+             };
+             d["inputs"] = types(plan.inputs);
+             d["outputs"] = types(plan.outputs);
+             py::list vars;
+             for (auto& [name, t] : plan.variables)
+               vars.append(py::make_tuple(name, ir::dtype_name(t.dtype), t.shape));
+             d["variables"] = vars;
+             py::list launches;
+             for (const runtime::Launch& l : plan.launches) {
+               py::dict r;
+               auto alias = aliases.find(l.symbol);
+               r["symbol"] = alias == aliases.end() ? l.symbol : alias->second;
+               r["collective"] = l.collective.has_value();
+               py::list args;
+               for (const runtime::BufferRef& b : l.args)
+                 args.append(py::make_tuple(static_cast<int>(b.kind), b.index, b.offset_bytes));
+               r["args"] = args;
+               const runtime::CpuRange* g = l.cpu();
+               r["range"] = g ? g->range : 0;
+               r["grain"] = g ? g->grain : 1;
+               r["scratch_bytes"] = g ? g->scratch_bytes : 0;
+               r["summary"] = l.summary;
+               launches.append(r);
+             }
+             d["launches"] = launches;
+             d["arena_bytes"] = plan.arena_bytes;
+             d["status_offset"] = plan.status_offset;
+             py::list checks;
+             for (const runtime::RunCheck& c : plan.checks) {
+               py::dict r;
+               r["job"] = c.job.empty() ? plan.job_name : c.job;
+               r["what"] = c.what;
+               r["where"] = c.where;
+               r["limit"] = c.limit;
+               r["limits"] = c.limits;
+               r["shape"] = c.shape;
+               r["numerics"] = c.numerics;
+               checks.append(r);
+             }
+             d["checks"] = checks;
+             d["writes_variables"] = cj.writes_variables;
+             d["job"] = plan.job_name;
+             return d;
+           })
       .def_property_readonly("new_variables", [](const CompiledJobPy& j) {
         std::vector<std::string> out;
         for (auto& [n, t] : j.job().new_variables) out.push_back(n);
@@ -590,6 +657,9 @@ void register_jobs(py::module_& m) {
         if (settings.contains("keep_text")) s.keep_text = settings["keep_text"].cast<bool>();
         if (settings.contains("check_numerics"))  // [harden]
           s.check_numerics = settings["check_numerics"].cast<bool>();
+        // flowjit.export: keep the code object, for this x86-64 CPU ("": the host).
+        if (settings.contains("keep_object")) s.keep_object = settings["keep_object"].cast<bool>();
+        if (settings.contains("cpu")) s.target.cpu = settings["cpu"].cast<std::string>();
         // "device": "cpu" (the default) or "gpu" with "gpu": its ordinal.
         std::string device =
             settings.contains("device") ? settings["device"].cast<std::string>() : "cpu";

@@ -416,6 +416,11 @@ void register_session(py::module_& m) {
       },
       py::arg("seconds") = 0.5);
   m.def("assembly_from_ir", &codegen::cpu::assembly_from_ir);
+  // An x86-64 CPU name for code made elsewhere (flowjit.export): its target
+  // string and whether this host runs its code. UserError for unknown names.
+  m.def("cpu_target", [](const std::string& cpu) {
+    return py::make_tuple(codegen::cpu::target_id_for(cpu).str(), codegen::cpu::host_runs(cpu));
+  });
   m.def("build_info", [] {
     py::dict d;
     d["version"] = jit::flowjit_version();

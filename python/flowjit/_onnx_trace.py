@@ -81,10 +81,11 @@ def topological(roots: List[Any]) -> Tuple[List[Any], List[List[int]], List[int]
     return nodes, ops, [new[ids.find(r)] for r in roots]
 
 
-def trace(job: Any, training: bool) -> Traced:
+def trace_forward(job: Any, training: bool, what: str) -> Tuple[Any, List[Any]]:
     """Traces `job` (a JobFunction) for its declared shapes, as a predict job
-    unless `training` (then as the job's own type), and creates the
-    variables its results read that the session does not have yet."""
+    unless `training` (then as the job's own type): its builder and its
+    result blobs, in order. `what` names the caller in errors
+    ("flowjit.onnx.export")."""
     job._prepare_session()
     job_type = job._type if training else "predict"
     builder = _job.JobBuilder(job.job_name, job_type, job._config)
@@ -94,8 +95,8 @@ def trace(job: Any, training: bool) -> Traced:
     for pname, ph in job._params:
         if ph.kind == "ListListNumpy":
             raise NotImplementedError(
-                f"flowjit.onnx.export: job '{job.job_name}': parameter '{pname}' is a tp.ListListNumpy "
-                "placeholder, whose number of arrays is known only from a call; an ONNX model takes a "
+                f"{what}: job '{job.job_name}': parameter '{pname}' is a tp.ListListNumpy "
+                "placeholder, whose number of arrays is known only from a call; an export takes a "
                 "fixed list of inputs (use tp.Numpy placeholders)")
         # A tp.ListNumpy placeholder is one input of its declared (largest) shape.
         blobs.append(builder.placeholder(index, pname, ph.shape, ph.dtype))
@@ -114,18 +115,30 @@ def trace(job: Any, training: bool) -> Traced:
     else:
         _job._flatten_result(result, job._ret, job.job_name, outs)
     if not outs:
-        raise ValueError(f"flowjit.onnx.export: job '{job.job_name}' returns nothing, so its ONNX model "
-                         "would have no outputs")
+        raise ValueError(f"{what}: job '{job.job_name}' returns nothing, so its export would have no "
+                         "outputs")
+    return builder, outs
+
+
+def create_read_variables(builder: Any, nodes: List[Any]) -> None:
+    """Creates and initializes, as a call would, the variables among `nodes`
+    that the session does not have yet (a job never called): those the
+    results read only, so that an optimizer's state is left to the train job."""
+    read = {n.attr("name") for n in nodes if n.op == _C.OpKind.variable}
+    builder.pending = {k: v for k, v in builder.pending.items() if k in read}
+    _job._create_pending_variables(builder)
+
+
+def trace(job: Any, training: bool) -> Traced:
+    """Traces `job` (a JobFunction) for its declared shapes, as a predict job
+    unless `training` (then as the job's own type), and creates the
+    variables its results read that the session does not have yet."""
+    builder, outs = trace_forward(job, training, "flowjit.onnx.export")
     nodes, operands, roots = topological([o._node for o in outs])
     # Placeholders: their place among the nodes (none when no result reads one).
     params = []
     for p in builder.params:
         at = next((i for i, n in enumerate(nodes) if n.op == _C.OpKind.parameter and n.same(p)), -1)
         params.append((p.attr("name"), at, p))
-    # Variables the session does not have yet (a job never called): created
-    # and initialized as a call would, those the results read only, so that
-    # an optimizer's state is left to the train job.
-    read = {n.attr("name") for n in nodes if n.op == _C.OpKind.variable}
-    builder.pending = {k: v for k, v in builder.pending.items() if k in read}
-    _job._create_pending_variables(builder)
+    create_read_variables(builder, nodes)
     return Traced(job.job_name, job._source, nodes, operands, params, [(o.name, r) for o, r in zip(outs, roots)])
