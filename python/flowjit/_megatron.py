@@ -182,14 +182,23 @@ class MT19937:
     def __init__(self, seed):
         self._bg = np.random.MT19937()
         self._bg._legacy_seeding(int(seed) & _M32)
-        self._buf, self._pos = [], 0
+        self._buf, self._pos = np.zeros(0, np.uint64), 0
+
+    def raw(self, k):
+        """The next `k` numbers (a uint64 array)."""
+        if self._pos + k > len(self._buf):
+            self._buf = np.concatenate([self._buf[self._pos:], self._bg.random_raw(max(k, 4096))])
+            self._pos = 0
+        out = self._buf[self._pos:self._pos + k]
+        self._pos += k
+        return out
+
+    def unread(self, k):
+        """Gives back the last `k` numbers `raw` returned."""
+        self._pos -= k
 
     def __call__(self):
-        if self._pos == len(self._buf):
-            self._buf, self._pos = self._bg.random_raw(4096).tolist(), 0
-        v = self._buf[self._pos]
-        self._pos += 1
-        return v
+        return int(self.raw(1)[0])
 
     def uniform(self, a, b):
         """``std::uniform_int_distribution(a, b)(g)`` of libstdc++ 11+ for a
@@ -209,6 +218,29 @@ class MT19937:
                 low = p & _M32
         return (p >> 32) + a
 
+    def swap_positions(self, n):
+        """``uniform(0, i)`` for i = 1 .. n - 1 in turn (the draws of a plain
+        Fisher-Yates shuffle), vectorized: a block of draws at a time, cut
+        at the first one the rejection step redraws."""
+        out = np.empty(max(n - 1, 0), np.int64)
+        i = 1
+        while i < n:
+            k = min(n - i, 1 << 20)
+            r = self.raw(k)
+            ranges = np.arange(i + 1, i + 1 + k, dtype=np.uint64)
+            p = r * ranges
+            low = p & np.uint64(_M32)
+            threshold = (np.uint64(_M32 + 1) - ranges) % ranges
+            bad = np.flatnonzero(low < threshold)
+            ok = k if bad.size == 0 else int(bad[0])
+            out[i - 1:i - 1 + ok] = (p[:ok] >> np.uint64(32)).astype(np.int64)
+            if ok < k:
+                self.unread(k - ok)  # redraw from the rejected one on
+                out[i - 1 + ok] = self.uniform(0, i + ok)
+                ok += 1
+            i += ok
+        return out
+
 
 def std_shuffle(arr, g):
     """``std::shuffle(arr.begin(), arr.end(), g)`` as libstdc++ 11+ does it
@@ -218,8 +250,8 @@ def std_shuffle(arr, g):
     if n < 2:
         return
     a = arr.tolist()
-    uniform = g.uniform
     if _M32 // n >= n:
+        uniform = g.uniform
         i = 1
         if n % 2 == 0:
             j = uniform(0, 1)
@@ -235,8 +267,7 @@ def std_shuffle(arr, g):
             a[i], a[p1] = a[p1], a[i]
             i += 1
     else:
-        for i in range(1, n):
-            j = uniform(0, i)
+        for i, j in enumerate(g.swap_positions(n).tolist(), 1):
             a[i], a[j] = a[j], a[i]
     arr[:] = a
 
@@ -413,7 +444,8 @@ def megatron_gpt_mmap_data_loader(data_file_prefix: str, seq_length: int, num_sa
     the job). ``dtype`` is ``flow.int64`` (default) or ``flow.int32``.
     With ``start_from_saved_progress`` the batch number lives in an int64
     variable (``<name>-iteration-...``), so a checkpoint saves it and a
-    loaded one resumes there. ``parallel_distribution`` / ``nd_sbp`` place
+    loaded one resumes there (each call reads it, so it waits for the
+    job's previous calls). ``parallel_distribution`` / ``nd_sbp`` place
     OneFlow's loader on several devices; here the job reads on one device.
     Write such a data set with :mod:`flowjit.megatron_data`.
 

@@ -141,6 +141,14 @@ def test_shuffle_is_std_shuffle_with_mt19937():
     assert [g() for _ in range(10000)][-1] == 4123659995
 
 
+def test_vectorized_swap_positions_redraw_as_the_scalar_distribution():
+    n = 300_000  # about n^2 / 2^33 = 10 rejected draws
+    a, b = _megatron.MT19937(42), _megatron.MT19937(42)
+    fast = a.swap_positions(n)
+    assert fast.tolist() == [b.uniform(0, i) for i in range(1, n)]
+    assert a() == b()  # and the same numbers consumed
+
+
 # ---------------------------------------------------------------- the loader's batches
 
 def test_writer_round_trip_and_dtype_choice(tmp_path):
