@@ -1030,7 +1030,11 @@ class JobFunction:
         params = [(n, tp.ListNumpy.Placeholder(ph.shape, ph.dtype)) if ph.kind == "Numpy" and _is_split_key(k)
                   else (n, ph) for (n, ph), k in zip(self._params, key)]
         dist = _devices.distribution(self._name, self._config, builder, params)
-        if dist is not None and builder.data_sources:
+        # A Megatron loader's batch is the same whatever the devices (OneFlow's
+        # shards of S(0) read consecutive samples): in the consistent view of
+        # one process it is an input like the user's, split by the runtime.
+        if dist is not None and any(not getattr(src, "whole_batch_input", False) or dist.get("mirrored", True)
+                                    or dist.get("whole_outputs", True) for src in builder.data_sources):
             raise NotImplementedError(f"job '{self._name}': flow.data.ofrecord_reader or "
                                       "megatron_gpt_mmap_data_loader in a job spread over "
                                       "several devices or processes is not supported yet (each would need "

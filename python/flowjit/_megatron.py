@@ -384,6 +384,7 @@ class MegatronSource:
         self.progress = progress  # the name of the iteration variable (start_from_saved_progress) or None
         self.fields = [name]
         self.params = []
+        self.whole_batch_input = True  # the batch does not depend on the devices the job runs on
 
     def open(self):
         """The reader of this source: a new one per compiled job, starting at

@@ -462,13 +462,47 @@ def test_get_variable_parallel_distribution_errors(dist, exc, msg):
         job()
 
 
-def test_a_job_on_several_devices_is_refused_clearly(tmp_path):
-    md.write(tmp_path / "c", [[1, 2, 3, 4, 5], [6, 7, 8]])
+@pytest.mark.parametrize("placement", ["0:0-1", "layers"])
+def test_a_job_on_several_devices_reads_the_same_batches(tmp_path, placement):
+    """OneFlow's test_1n4d: the loader split S(0) over devices gives the
+    batches of one device (its shards read consecutive samples); here the
+    batch is a whole input of the consistent view, or of a job whose layers
+    lie on different devices."""
+    md.write(tmp_path / "c", _docs([7, 5, 9, 3, 8]))
+    one = _loader_job(str(tmp_path / "c"), 4, 20, 4, random_seed=3)
+    want = [one().tolist() for _ in range(3)]
     flow.clear_default_session()
     flow.config.cpu_device_num(2)
     try:
         @flow.global_function()
         def job() -> tp.Numpy:
+            if placement == "layers":
+                with flow.scope.placement("cpu", "0:0"):
+                    t = flow.data.megatron_gpt_mmap_data_loader(str(tmp_path / "c"), 4, 20, 4, random_seed=3)
+                    t = t * 2
+                with flow.scope.placement("cpu", "0:1"):
+                    return t // 2
+            with flow.scope.placement("cpu", placement):
+                t = flow.data.megatron_gpt_mmap_data_loader(str(tmp_path / "c"), 4, 20, 4, random_seed=3,
+                                                            parallel_distribution=["S(0)"])
+                return t + 0
+
+        assert [job().tolist() for _ in range(3)] == want
+    finally:
+        flow.clear_default_session()
+        flow.config.cpu_device_num(1)
+
+
+def test_a_mirrored_job_on_several_devices_is_refused_clearly(tmp_path):
+    md.write(tmp_path / "c", [[1, 2, 3, 4, 5], [6, 7, 8]])
+    flow.clear_default_session()
+    flow.config.cpu_device_num(2)
+    try:
+        cfg = flow.FunctionConfig()
+        cfg.default_logical_view(flow.scope.mirrored_view())
+
+        @flow.global_function(function_config=cfg)
+        def job() -> tp.ListNumpy:
             with flow.scope.placement("cpu", "0:0-1"):
                 t = flow.data.megatron_gpt_mmap_data_loader(str(tmp_path / "c"), 3, 4, 2, shuffle=False)
                 return t + 1
