@@ -6,10 +6,12 @@ computed one), so a name added to the API appears in the reference without
 editing the docs, and a name without a docstring fails the build (see
 ``missing_docstring`` below; the build runs with -W).
 """
+import functools
 import importlib
 import inspect
 import re
 import types
+from pathlib import Path
 
 from docutils import nodes
 from docutils.statemachine import StringList
@@ -33,6 +35,29 @@ def _kind(value):
 # name): a second name for one (an alias such as flow.name_scope) gets a
 # :no-index: entry, so there is one target per class.
 _documented_classes = set()
+# The modules with an API page (a flowjit-module directive in the sources),
+# found when the build starts.
+_page_modules = set()
+
+
+def _start(app):
+    _documented_classes.clear()
+    _page_modules.clear()
+    for page in Path(app.srcdir).rglob("*.rst"):
+        _page_modules.update(re.findall(r"^\.\. flowjit-module:: (\S+)", page.read_text(), re.M))
+
+
+def _alias_of_an_entry(modname, name, cls):
+    """Whether modname.name is a second name for a class that has an entry
+    under its own: the name it was defined with, in its defining module,
+    which has an API page (flow.optimizer.PolynomialSchduler, OneFlow's
+    spelling, for PolynomialScheduler; flow.name_scope for
+    flow.scope.namespace). That entry is the class's target, wherever the
+    alias comes in the build."""
+    home, own = cls.__module__, cls.__qualname__
+    if (modname, name) == (home, own) or home not in _page_modules:
+        return False
+    return own in public_names(importlib.import_module(home))
 
 
 class FlowjitModule(SphinxDirective):
@@ -57,9 +82,10 @@ class FlowjitModule(SphinxDirective):
             if kind == "autoclass":
                 lines += ["   :members:", "   :special-members: __call__"]
                 key = (value.__module__, value.__qualname__)
-                if key in _documented_classes:
+                if key in _documented_classes or _alias_of_an_entry(modname, name, value):
                     lines.append("   :no-index:")
-                _documented_classes.add(key)
+                else:
+                    _documented_classes.add(key)
             elif kind == "autodata":
                 lines.append("   :no-value:" if not _short_repr(value) else f"   :annotation: = {_short_repr(value)}")
             lines.append("")
@@ -94,8 +120,71 @@ def plain_bars(app, what, name, obj, options, lines):
             in_block, block_indent = True, indent
 
 
+# viewcode's "[docs]" link back from a highlighted source line.
+_BACKLINK = re.compile(r'(<div class="viewcode-block" id="([^"]+)">\s*<a class="viewcode-back" href=")'
+                       r'([^"#]*)#([^"]*)(")')
+
+
+@functools.lru_cache(maxsize=None)
+def _module(modname):
+    try:
+        return importlib.import_module(modname)
+    except ImportError:
+        return None
+
+
+def _resolve(modname, dotted):
+    """modname's attribute dotted ("Blob.shape"), or None."""
+    obj = _module(modname)
+    if obj is None:
+        return None
+    for part in dotted.split("."):
+        try:
+            obj = inspect.getattr_static(obj, part)
+        except AttributeError:
+            return None
+    return obj
+
+
+def viewcode_backlinks(app, pagename, templatename, context, doctree):
+    """Points each "[docs]" link of a highlighted source page
+    (sphinx.ext.viewcode) at an entry that exists. An object documented
+    under several modules (flow.math.relu and flow.nn.relu, flow.Blob and
+    flow.nn.Blob) gets from viewcode the page of the last entry but the
+    module of the first one, an anchor that page does not have (found by
+    tools/check_links.py): the link goes instead to an entry, preferably on
+    that page, whose name leads to the same object."""
+    if not pagename.startswith("_modules/") or "body" not in context:
+        return
+    objects = app.env.get_domain("py").objects
+    by_last = {}
+    for fullname in objects:
+        by_last.setdefault(fullname.rsplit(".", 1)[-1], []).append(fullname)
+    source_module = pagename[len("_modules/"):].replace("/", ".")
+
+    def fix(m):
+        name, page, anchor = m.group(2), m.group(3), m.group(4)
+        entry = objects.get(anchor)
+        if entry is not None and app.builder.get_relative_uri(pagename, entry.docname) == page:
+            return m.group(0)
+        obj = _resolve(source_module, name)
+        if obj is None:
+            return m.group(0)
+        same = [f for f in by_last.get(name.rsplit(".", 1)[-1], ()) if f.endswith("." + name) and
+                _resolve(f[:-len(name) - 1], name) is obj]
+        if not same:
+            return m.group(0)
+        best = min(same, key=lambda f: (app.builder.get_relative_uri(pagename, objects[f].docname) != page,
+                                        len(f), f))
+        uri = app.builder.get_relative_uri(pagename, objects[best].docname)
+        return f"{m.group(1)}{uri}#{objects[best].node_id}{m.group(5)}"
+
+    context["body"] = _BACKLINK.sub(fix, context["body"])
+
+
 def setup(app):
     app.add_directive("flowjit-module", FlowjitModule)
-    app.connect("builder-inited", lambda app: _documented_classes.clear())
+    app.connect("builder-inited", _start)
     app.connect("autodoc-process-docstring", plain_bars, priority=600)
+    app.connect("html-page-context", viewcode_backlinks)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
