@@ -132,17 +132,32 @@ lint() {
 }
 
 # The API reference and guides (docs/), from the docstrings of the built
-# package; any Sphinx or docutils warning fails the build.
+# package; any Sphinx or docutils warning fails the build, and so does a
+# broken link. Each step runs even when one before failed, and the function
+# fails if any did: run_suite calls it on the left of `||`, where bash's
+# errexit (set -e) is off.
 docs_build() {
   "$PY" -c 'import sphinx' 2>/dev/null ||
     "$PY" -m pip install -q --disable-pip-version-check "sphinx>=7,<10"
+  local rc=0
   log "docs: sphinx -W into build/docs/html"
-  "$PY" -m sphinx -E -W --keep-going -q -b html docs build/docs/html
+  # Into an empty folder: Sphinx leaves the pages of an earlier build there
+  # (viewcode's source pages are not even rewritten), and the link check
+  # would count them as the site.
+  rm -rf build/docs/html
+  "$PY" -m sphinx -E -W --keep-going -q -b html docs build/docs/html || rc=1
+  # Every relative link, image and #anchor of the built pages and of the
+  # Markdown pages users read leads somewhere; external URLs are checked for
+  # their form only (no network here: the output counts them as not
+  # fetched; tools/check_links.py --online fetches them).
+  log "docs: link check (tools/check_links.py)"
+  "$PY" tools/check_links.py build/docs/html README.md benchmarks/README.md docs/*.md || rc=1
   # The guides' testcode blocks and the >>> example of every public op's
   # docstring (each docstring in a fresh session, see docs/conf.py), run
   # and their printed output compared; a differing output fails the build.
   log "docs: sphinx -b doctest"
-  "$PY" -m sphinx -E -W --keep-going -q -b doctest docs build/docs/doctest
+  "$PY" -m sphinx -E -W --keep-going -q -b doctest docs build/docs/doctest || rc=1
+  [ $rc -eq 0 ] || { log "docs: failed (see above)"; return 1; }
   log "docs: open build/docs/html/index.html"
 }
 
