@@ -75,24 +75,52 @@ class FlowjitModule(SphinxDirective):
             value = getattr(module, name)
             if isinstance(value, types.ModuleType):
                 continue  # submodules have their own pages
-            kind = _kind(value)
-            if kind != "autodata" and not inspect.getdoc(value):
+            if _kind(value) != "autodata" and not inspect.getdoc(value):
                 logger.warning(f"{modname}.{name} has no docstring", location=self.get_location())
-            lines.append(f".. {kind}:: {modname}.{name}")
-            if kind == "autoclass":
-                lines += ["   :members:", "   :special-members: __call__"]
-                key = (value.__module__, value.__qualname__)
-                if key in _documented_classes or _alias_of_an_entry(modname, name, value):
-                    lines.append("   :no-index:")
-                else:
-                    _documented_classes.add(key)
-            elif kind == "autodata":
-                lines.append("   :no-value:" if not _short_repr(value) else f"   :annotation: = {_short_repr(value)}")
-            lines.append("")
+            lines += entry_lines(modname, name, value)
         node = nodes.section()
         node.document = self.state.document
         self.state.nested_parse(StringList(lines, source=self.get_source_info()[0]), self.content_offset, node)
         return node.children
+
+
+def entry_lines(modname, name, value):
+    """The autodoc directive, with its options, of modname.name."""
+    kind = _kind(value)
+    lines = [f".. {kind}:: {modname}.{name}"]
+    if kind == "autoclass":
+        lines += ["   :members:", "   :special-members: __call__"]
+        inherited = _inherited_members_option(value)
+        if inherited:
+            lines.append(f"   :inherited-members: {inherited}")
+        key = (value.__module__, value.__qualname__)
+        if key in _documented_classes or _alias_of_an_entry(modname, name, value):
+            lines.append("   :no-index:")
+        else:
+            _documented_classes.add(key)
+    elif kind == "autodata":
+        lines.append("   :no-value:" if not _short_repr(value) else f"   :annotation: = {_short_repr(value)}")
+    return lines + [""]
+
+
+def _inherited_members_option(cls):
+    """The value of autodoc's ``:inherited-members:`` for a class that
+    inherits documented public methods or properties from a flowjit base
+    (SGD's ``minimize`` from Optimizer, a scheduler's ``learning_rate``), so
+    that its entry shows them: the bases outside flowjit, whose members stay
+    out (``object``'s, ``Exception``'s). None when it inherits nothing from
+    flowjit."""
+    for name in dir(cls):
+        if name.startswith("_") or name in vars(cls):
+            continue
+        owner = next((b for b in cls.__mro__ if name in vars(b)), None)
+        member = vars(owner)[name] if owner is not None else None
+        if owner is not None and owner.__module__.startswith("flowjit") and \
+                isinstance(member, (types.FunctionType, property)) and inspect.getdoc(member):
+            break
+    else:
+        return None
+    return ", ".join(dict.fromkeys(b.__name__ for b in cls.__mro__[1:] if not b.__module__.startswith("flowjit")))
 
 
 def _short_repr(value):

@@ -65,3 +65,21 @@ def test_public_signatures_have_type_hints(fn):
     hints = typing.get_type_hints(fn)
     params = [p for p in inspect.signature(fn).parameters if p not in ("self", "args", "kwargs")]
     assert params and all(p in hints for p in params), (params, hints)
+
+
+def test_the_reference_shows_what_optimizers_and_schedulers_inherit():
+    # minimize is Optimizer's, learning_rate _Scheduler's: the classes' entries
+    # list them (autodoc's :inherited-members:, less object's members);
+    # classes that inherit only from outside flowjit (exceptions) do not.
+    pytest.importorskip("sphinx")
+    import flowjit_api
+
+    for cls in (flow.optimizer.SGD, flow.optimizer.Adam, flow.optimizer.LazyAdam, flow.optimizer.LAMB,
+                flow.optimizer.CosineScheduler):
+        lines = flowjit_api.entry_lines("flowjit.optimizer", cls.__name__, cls)
+        assert lines[0] == f".. autoclass:: flowjit.optimizer.{cls.__name__}"
+        assert "   :inherited-members: object" in lines, lines
+    for name in ("CacheWarning", "Size", "Blob"):
+        assert not any(":inherited-members:" in line for line in
+                       flowjit_api.entry_lines("flowjit", name, getattr(flow, name)))
+    assert ">>>" in inspect.getdoc(flow.optimizer.SGD.minimize)
