@@ -77,7 +77,24 @@ class Blob:
     Layout attributes (OneFlow's): ``distribute`` is what was declared
     (flow.distribute.split on a variable, ``with_distribute``), auto where
     nothing was; ``split_axis`` adds what is known while tracing (see there).
-    Shapes are static (``is_dynamic`` False)."""
+    Shapes are static (``is_dynamic`` False).
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2, 3))) -> tp.Numpy:
+        ...     y = flow.math.relu(x) * 2 + 1   # ops and operators on blobs give blobs
+        ...     print(y)                        # while tracing: no data yet
+        ...     print(y.shape, y.dtype, len(y))
+        ...     return y                        # the call returns its value as numpy
+        >>> job(np.float32([[1, -2, 3], [-4, 5, -6]]))   # traced (and printing) on this first call
+        Blob(name='add_1', shape=(2, 3), dtype=flow.float32, job='job')
+        (2, 3) flow.float32 2
+        array([[ 3.,  1.,  7.],
+               [ 1., 11.,  1.]], dtype=float32)
+        >>> job(np.float32([[0, 0, 0], [1, 1, 1]]))      # later calls only run the compiled job
+        array([[1., 1., 1.],
+               [3., 3., 3.]], dtype=float32)
+    """
 
     __slots__ = ("_node", "_builder", "_name", "_placement", "_distribute", "__weakref__")
 
