@@ -57,14 +57,37 @@ class _Placeholder:
 
 class Numpy:
     """A numpy array: as a parameter annotation use ``Numpy.Placeholder``;
-    as a return annotation, ``tp.Numpy`` means one array."""
+    as a return annotation, ``tp.Numpy`` means one array.
+
+    Example:
+        >>> @flow.global_function()
+        ... def row_sums(x: tp.Numpy.Placeholder((2, 2), dtype=flow.int32)) -> tp.Numpy:
+        ...     return flow.math.reduce_sum(x, axis=1)
+        >>> row_sums(np.int32([[1, 2], [3, 4]]))
+        array([3, 7], dtype=int32)
+        >>> row_sums(np.int32([1, 2]))   # a Numpy placeholder takes exactly its shape
+        Traceback (most recent call last):
+        ValueError: job 'row_sums': parameter 'x' is declared with shape (2, 2) but the array has ...
+    """
 
     class Placeholder(_Placeholder):
         kind = "Numpy"
 
 
 class ListNumpy:
-    """A list of numpy arrays, one per device."""
+    """A list of numpy arrays, one per device. A ``ListNumpy.Placeholder``
+    takes arrays of any shape of its rank with at most its elements
+    (OneFlow's dynamic blobs); each new shape compiles once.
+
+    Example:
+        >>> @flow.global_function()
+        ... def plus_one(x: tp.ListNumpy.Placeholder((4,))) -> tp.ListNumpy:
+        ...     return x + 1
+        >>> plus_one([np.float32([1, 2])])
+        [array([2., 3.], dtype=float32)]
+        >>> plus_one([np.float32([1, 2, 3])])
+        [array([2., 3., 4.], dtype=float32)]
+    """
 
     class Placeholder(_Placeholder):
         kind = "ListNumpy"
@@ -87,14 +110,36 @@ class _Generic:
 
 
 class Bundle:
-    """``Bundle[T]``: any nesting of tuples, lists and dicts whose leaves are T."""
+    """``Bundle[T]``: any nesting of tuples, lists and dicts whose leaves are T.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((2,))) -> tp.Bundle[tp.Numpy]:
+        ...     return {"x": x, "pair": (x + 1, x * 2)}
+        >>> out = job(np.float32([1, 2]))
+        >>> out["x"]
+        array([1., 2.], dtype=float32)
+        >>> out["pair"]
+        (array([2., 3.], dtype=float32), array([2., 4.], dtype=float32))
+    """
 
     def __class_getitem__(cls, item):
         return _Generic("Bundle", item)
 
 
 class Callback:
-    """``Callback[T]``: the call returns at once; pass it a function taking T."""
+    """``Callback[T]``: the call returns at once; pass it a function taking T.
+
+    Example:
+        >>> @flow.global_function()
+        ... def double(x: tp.Numpy.Placeholder((3,))) -> tp.Callback[tp.Numpy]:
+        ...     return x * 2
+        >>> results = []
+        >>> double(np.ones(3, np.float32))(results.append)   # queued; returns at once
+        >>> flow.sync_default_session()                       # waits for every queued call
+        >>> results
+        [array([2., 2., 2.], dtype=float32)]
+    """
 
     def __class_getitem__(cls, item):
         return _Generic("Callback", item)
