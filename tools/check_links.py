@@ -97,7 +97,8 @@ REF_DEF = re.compile(r"^ {0,3}\[([^\]]+)\]:\s*(<[^>]*>|\S+)")
 REF_USE = re.compile(r"\]\[([^\]]*)\]")
 AUTOLINK = re.compile(r"<((?:https?|mailto|ftp):[^\s<>]*)>", re.I)
 BARE_URL = re.compile(r"(?<![\w(<\"'=/])https?://[^\s<>\"'\]]+", re.I)
-HTML_ATTR = re.compile(r"<(a|img|source|iframe|video|audio)\b[^>]*?\b(href|src)\s*=\s*(\"[^\"]*\"|'[^']*')", re.I)
+HTML_ATTR = re.compile(r"<(a|img|source|iframe|video|audio)\b[^>]*?\b(href|src)\s*=\s*(\"[^\"]*\"|'[^']*')",
+                       re.I)
 HTML_ID = re.compile(r"<[a-z][^>]*?\b(?:id|name)\s*=\s*(\"[^\"]*\"|'[^']*')", re.I)
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
 
@@ -136,7 +137,8 @@ def markdown_text_lines(text):
     for n, line in enumerate(text.splitlines(), 1):
         if fence:
             m = FENCE.match(line)
-            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not line[m.end():].strip():
+            closing = m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence)
+            if closing and not line[m.end():].strip():
                 fence = None
             continue
         m = FENCE.match(line)
@@ -506,7 +508,8 @@ def main(argv=None):
     for source, line, message in sorted(checker.problems, key=lambda p: (str(p[0]), p[1])):
         print(f"{checker.show(source)}:{line}: {message}")
     c = checker.counts
-    print(f"check_links: {c['pages_html']} HTML pages and {c['pages_md']} Markdown files, {c['links']} links: "
+    print(f"check_links: {c['pages_html']} HTML pages and {c['pages_md']} Markdown files, "
+          f"{c['links']} links: "
           f"{c['relative']} relative ({c['anchors']} with an anchor) checked, {c['external']} external "
           f"({external}), {c['unchecked']} mailto/data/javascript not checked; "
           f"{len(checker.problems)} broken")

@@ -120,7 +120,8 @@ def _inherited_members_option(cls):
             break
     else:
         return None
-    return ", ".join(dict.fromkeys(b.__name__ for b in cls.__mro__[1:] if not b.__module__.startswith("flowjit")))
+    outside = (b.__name__ for b in cls.__mro__[1:] if not b.__module__.startswith("flowjit"))
+    return ", ".join(dict.fromkeys(outside))
 
 
 def _short_repr(value):
