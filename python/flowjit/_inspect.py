@@ -130,7 +130,20 @@ class CompiledJob:
     loop-level kernels, LLVM IR and assembly (kept when compiled through
     job.lower().compile(), or with FLOWJIT_DEBUG>=3/4), the launch plan and,
     for jobs over several devices, the distribution. Other attributes are
-    those of the underlying flowjit._C.CompiledJob."""
+    those of the underlying flowjit._C.CompiledJob.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(x: tp.Numpy.Placeholder((4,))) -> tp.Numpy:
+        ...     return flow.math.exp(x) + 1
+        >>> compiled = job.compile()   # traced and compiled for the declared shapes, not run
+        >>> compiled
+        <flowjit compiled job 'job' [Numpy:float32(4,)] on cpu: 1 kernels, arena 0 bytes>
+        >>> compiled.as_text("fusion").splitlines()   # exp and + fused into one kernel
+        ['k0_exp_add: %0 %2 -> out0']
+        >>> job(np.zeros(4, np.float32))   # the call runs what was compiled
+        array([2., 2., 2., 2.], dtype=float32)
+    """
 
     def __init__(self, job: Any, name: str, signature: str, stages: Sequence[Stage] = ()):
         self._job = job
