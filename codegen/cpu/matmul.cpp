@@ -160,9 +160,18 @@ class IdentityFolder final : public llvm::IRBuilderFolder {
 // vectors along n. Dot: for skinny outputs (n <= kSkinny) whose operands are
 // both contiguous along k (x @ W^T with W stored (out, in)), vectors run along
 // k instead: MR rows x NR columns of k-vector accumulators, one horizontal sum
-// per output at the end, no packing and no lanes wasted on a short n.
+// per output at the end, no packing and no lanes wasted on a short n. The
+// Dot path also takes short outputs (m <= kDotRows) of any n whose B is
+// contiguous along k (a predict call of x @ W^T at batch 1): a matrix-vector
+// product streaming W's rows once, where the GEMM path would transpose all of
+// W into a packed buffer first; its column tiles then run in a loop and its
+// tasks split the columns.
 enum class Path { Gemm, Dot };
 constexpr int64_t kSkinny = 10;
+constexpr int64_t kDotRows = 4;
+// A wide Dot matmul takes a thread per this many bytes of B (memory-bound:
+// each B element is read once per row tile).
+constexpr int64_t kDotBytesPerTask = 128 << 10;
 // k steps per iteration of the GEMM micro-kernel's loop.
 constexpr int64_t kKUnroll = 2;
 // How many k steps ahead the micro-kernel prefetches a B row read in place.
@@ -261,19 +270,24 @@ int64_t wanted_tasks(const MatMulSpec& mm, const CpuTarget& t) {
 
 bool dot_applies(const MatMulSpec& mm, int vl) {
   return mm.plain(0) && mm.plain(1) && mm.a.strides[2] == 1 && mm.b.strides[1] == 1 &&
-         mm.n <= kSkinny && mm.k >= 2 * vl && mm.m > 0 && mm.batch > 0;
+         (mm.n <= kSkinny || mm.m <= kDotRows) && mm.k >= 2 * vl && mm.m > 0 && mm.batch > 0 &&
+         mm.n > 0;
 }
+
+// A Dot matmul whose column tiles run in a loop (n > kSkinny).
+bool wide_dot(const MatMulSpec& mm) { return mm.n > kSkinny; }
 
 // Dot tile: MR x NR accumulators plus MR A vectors, one B vector and one spare
 // (a product temporary without FMA) must fit the registers; NR <= VL so one
 // vector holds a tile row's sums for the epilogue. Best: most accumulators
 // doing useful work (edge tiles waste some), then fewest loads per FMA.
-Blocking choose_dot(const MatMulSpec& mm, Blocking bl, const CpuTarget& t) {
+Blocking choose_dot(const MatMulSpec& mm, Blocking bl, const CpuTarget& t, int elem_bytes) {
   bl.path = Path::Dot;
   bl.pack_a = bl.pack_b = false;
   double best = -1;
   for (int c = 1; c <= std::min<int64_t>({mm.n, bl.vl, 8}); ++c) {
-    int ce = static_cast<int>(ceil_div(mm.n, ceil_div(mm.n, c)));  // even split of n
+    // An even split of a short n; a wide one's tiles are all c wide but its last.
+    int ce = wide_dot(mm) ? c : static_cast<int>(ceil_div(mm.n, ceil_div(mm.n, c)));
     for (int r = 1; r <= std::min<int64_t>(mm.m, 8); ++r) {
       if (r * ce + r + 2 > bl.regs) continue;
       double eff = static_cast<double>(mm.m * mm.n) / (round_up(mm.m, r) * round_up(mm.n, ce));
@@ -282,16 +296,27 @@ Blocking choose_dot(const MatMulSpec& mm, Blocking bl, const CpuTarget& t) {
     }
   }
   int64_t want = wanted_tasks(mm, t);
-  int64_t row_groups = std::min<int64_t>(ceil_div(want, mm.batch), ceil_div(mm.m, bl.mr));
-  row_groups = std::max<int64_t>(1, row_groups);
-  bl.task_rows = round_up(ceil_div(mm.m, row_groups), bl.mr);
-  bl.row_groups = ceil_div(mm.m, bl.task_rows);
-  bl.task_cols = mm.n;
-  bl.col_blocks = 1;
+  if (wide_dot(mm)) {
+    // All rows per task (m <= kDotRows); the columns split for the threads.
+    int64_t b_bytes = mm.n * mm.k * elem_bytes;
+    want = std::max(want, std::min<int64_t>(t.threads, b_bytes / kDotBytesPerTask));
+    bl.task_rows = round_up(mm.m, bl.mr);
+    bl.row_groups = 1;
+    int64_t col_blocks = std::clamp<int64_t>(ceil_div(want, mm.batch), 1, ceil_div(mm.n, bl.nr));
+    bl.task_cols = round_up(ceil_div(mm.n, col_blocks), bl.nr);
+    bl.col_blocks = ceil_div(mm.n, bl.task_cols);
+  } else {
+    int64_t row_groups = std::min<int64_t>(ceil_div(want, mm.batch), ceil_div(mm.m, bl.mr));
+    row_groups = std::max<int64_t>(1, row_groups);
+    bl.task_rows = round_up(ceil_div(mm.m, row_groups), bl.mr);
+    bl.row_groups = ceil_div(mm.m, bl.task_rows);
+    bl.task_cols = mm.n;
+    bl.col_blocks = 1;
+  }
   bl.kc = mm.k;
   bl.mc = bl.task_rows;
-  bl.nc = mm.n;
-  bl.tasks = mm.batch * bl.row_groups;
+  bl.nc = bl.task_cols;
+  bl.tasks = mm.batch * bl.row_groups * bl.col_blocks;
   return bl;
 }
 
@@ -299,7 +324,7 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   Blocking bl;
   bl.vl = t.lanes(elem_bytes);
   bl.regs = vector_registers(t);
-  if (dot_applies(mm, bl.vl)) return choose_dot(mm, bl, t);
+  if (dot_applies(mm, bl.vl)) return choose_dot(mm, bl, t, elem_bytes);
   const int regs = bl.regs;
   // Accumulators MR x (NR / VL) plus NR / VL B vectors plus one broadcast
   // (and one product temporary where there is no FMA).
@@ -554,27 +579,53 @@ class MatMulEmitter {
 
   // ---------------------------------------------------------------- dot
 
-  // One task: rows [m_lo, m_hi) of one batch, all n columns, in tiles of MR
-  // rows x NR columns (the column tiles unrolled: n <= kSkinny).
+  // One task: rows [m_lo, m_hi) and columns [n_lo, n_hi) of one batch, in
+  // tiles of MR rows x NR columns: a short n's column tiles unrolled, a wide
+  // one's in a loop (and the last, narrower tile of the last column block).
   void emit_dot_task(Value* task) {
-    bi_ = b_.CreateSDiv(task, i64(bl_.row_groups));
-    Value* rg = b_.CreateSRem(task, i64(bl_.row_groups));
+    Value* per_batch = i64(bl_.row_groups * bl_.col_blocks);
+    bi_ = b_.CreateSDiv(task, per_batch);
+    Value* rem = b_.CreateSRem(task, per_batch);
+    Value* rg = b_.CreateSDiv(rem, i64(bl_.col_blocks));
+    Value* cb = b_.CreateSRem(rem, i64(bl_.col_blocks));
     m_lo_ = b_.CreateMul(rg, i64(bl_.task_rows));
     m_hi_ = min64(b_.CreateAdd(m_lo_, i64(bl_.task_rows)), i64(mm_.m));
-    n_lo_ = i64(0);
-    n_hi_ = i64(mm_.n);
+    n_lo_ = b_.CreateMul(cb, i64(bl_.task_cols));
+    n_hi_ = min64(b_.CreateAdd(n_lo_, i64(bl_.task_cols)), i64(mm_.n));
+    if (!wide_dot(mm_)) {
+      emit_for(
+          b_, m_lo_, m_hi_, bl_.mr,
+          [&](Value* m0) {
+            for (int64_t n0 = 0; n0 < mm_.n; n0 += bl_.nr)
+              emit_dot_tile(m0, i64(n0), static_cast<int>(std::min<int64_t>(bl_.nr, mm_.n - n0)));
+          },
+          "dm");
+      return;
+    }
+    const int64_t whole = mm_.n / bl_.nr * bl_.nr;  // columns in whole tiles
+    const int edge = static_cast<int>(mm_.n - whole);
     emit_for(
         b_, m_lo_, m_hi_, bl_.mr,
         [&](Value* m0) {
-          for (int64_t n0 = 0; n0 < mm_.n; n0 += bl_.nr)
-            emit_dot_tile(m0, n0, static_cast<int>(std::min<int64_t>(bl_.nr, mm_.n - n0)));
+          emit_for(
+              b_, n_lo_, min64(n_hi_, i64(whole)), bl_.nr,
+              [&](Value* n0) { emit_dot_tile(m0, n0, bl_.nr); }, "dn");
+          if (edge == 0) return;
+          llvm::LLVMContext& c = m_.getContext();
+          auto* tail = llvm::BasicBlock::Create(c, "dn.edge", f_);
+          auto* done = llvm::BasicBlock::Create(c, "dn.done", f_);
+          b_.CreateCondBr(b_.CreateICmpEQ(n_hi_, i64(mm_.n)), tail, done);
+          b_.SetInsertPoint(tail);
+          emit_dot_tile(m0, i64(whole), edge);
+          b_.CreateBr(done);
+          b_.SetInsertPoint(done);
         },
         "dm");
   }
 
   // acc[i][j] += A[m0 + i, k:k+VL] * B[k:k+VL, n0 + j] over k, then each
   // row's cols horizontal sums go into one vector for the epilogue.
-  void emit_dot_tile(Value* m0, int64_t n0, int cols) {
+  void emit_dot_tile(Value* m0, Value* n0, int cols) {
     const int mr = bl_.mr, vl = bl_.vl;
     std::vector<llvm::AllocaInst*> acc(mr * cols);
     {
@@ -594,7 +645,7 @@ class MatMulEmitter {
       std::vector<Value*> av(mr);
       for (int i = 0; i < mr; ++i) av[i] = load(a_ptr(row[i], k));
       for (int j = 0; j < cols; ++j) {
-        Value* bv = load(b_ptr(k, i64(n0 + j)));
+        Value* bv = load(b_ptr(k, b_.CreateAdd(n0, i64(j))));
         for (int i = 0; i < mr; ++i) {
           Value* c = b_.CreateLoad(vt_, acc[i * cols + j]);
           b_.CreateStore(fma(av[i], bv, c), acc[i * cols + j]);
@@ -622,10 +673,10 @@ class MatMulEmitter {
       for (int j = 0; j < cols; ++j) sc[j] = b_.CreateExtractElement(v, i64(j));
       if (native_masks() || cols == vl) {
         b_.CreateStore(v, sums);
-        epilogue(i, 0, m0, i64(n0), sums, mask);
+        epilogue(i, 0, m0, n0, sums, mask);
       } else {
         for (int j = 0; j < cols; ++j)
-          epilogue_at(b_.CreateAdd(m0, i64(i)), i64(n0 + j), sc[j], nullptr, 1);
+          epilogue_at(b_.CreateAdd(m0, i64(i)), b_.CreateAdd(n0, i64(j)), sc[j], nullptr, 1);
       }
       b_.CreateBr(next);
       b_.SetInsertPoint(next);
