@@ -10,10 +10,10 @@
 #include <thread>
 #include <tuple>
 
+#include "codegen/cpu/backend.h"
 #include "ir/error.h"
 #include "jit/autodiff.h"
 #include "jit/cache.h"
-#include "codegen/cpu/backend.h"
 #include "jit/compile.h"
 #include "python/csrc/bindings.h"
 #include "python/csrc/gpu_bindings.h"
@@ -515,7 +515,8 @@ void register_jobs(py::module_& m) {
              std::map<std::string, std::string> aliases(parts.aliases.begin(), parts.aliases.end());
              py::dict d;
              py::list objects;
-             for (const std::vector<char>& o : parts.objects) objects.append(py::bytes(o.data(), o.size()));
+             for (const std::vector<char>& o : parts.objects)
+               objects.append(py::bytes(o.data(), o.size()));
              d["objects"] = objects;
              auto types = [](const std::vector<ir::TensorType>& ts) {
                py::list out;

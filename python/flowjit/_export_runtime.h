@@ -18,7 +18,7 @@
 
 #define FJ_HIDDEN __attribute__((visibility("hidden")))
 
-typedef void (*fj_kernel)(char *const *args, int64_t begin, int64_t end, char *scratch);
+typedef void (*fj_kernel)(char* const* args, int64_t begin, int64_t end, char* scratch);
 
 /* A launch argument: abi::BufferKind's order. */
 enum { FJ_INPUT = 0, FJ_OUTPUT = 1, FJ_VARIABLE = 2, FJ_ARENA = 3 };
@@ -39,27 +39,27 @@ typedef struct {
 /* A check of the run (an index range, or NaN/infinity): the status buffer's
  * int64 words {check + 1, value, flat position, 0} name the first that fails. */
 typedef struct {
-  const char *text; /* "job 'j', file.py:3: one_hot: indices" */
+  const char* text; /* "job 'j', file.py:3: one_hot: indices" */
   int32_t numerics;
   int32_t rank;
-  const int64_t *shape;
-  int64_t limit;         /* -1: limits[last index % num_limits] */
-  const int64_t *limits;
+  const int64_t* shape;
+  int64_t limit; /* -1: limits[last index % num_limits] */
+  const int64_t* limits;
   int32_t num_limits;
 } fj_check;
 
 typedef struct {
-  const char *job;
+  const char* job;
   int32_t num_inputs, num_outputs, num_variables, num_launches, num_checks;
   const int64_t *input_bytes, *output_bytes;
-  const unsigned char *variable_data; /* every variable, each 64-byte aligned */
-  const int64_t *variable_offsets;
-  const fj_launch *launches;
-  const fj_arg *args;
+  const unsigned char* variable_data; /* every variable, each 64-byte aligned */
+  const int64_t* variable_offsets;
+  const fj_launch* launches;
+  const fj_arg* args;
   int64_t arena_bytes;
   int64_t status_offset; /* -1: no checks */
   int64_t scratch_bytes; /* the largest launch's */
-  const fj_check *checks;
+  const fj_check* checks;
 } fj_plan;
 
 typedef struct fj_context fj_context;
@@ -70,10 +70,10 @@ typedef struct fj_context fj_context;
 #define FJ_ERROR_CHECK 2    /* a check of the run failed (fj_last_error says which) */
 #define FJ_ERROR_MEMORY 3   /* memory for a call could not be allocated */
 
-FJ_HIDDEN fj_context *fj_create(const fj_plan *plan, int num_threads);
-FJ_HIDDEN void fj_destroy(fj_context *ctx);
-FJ_HIDDEN int fj_run(fj_context *ctx, const void *const *inputs, void *const *outputs);
-FJ_HIDDEN const char *fj_last_error(void);
-FJ_HIDDEN int fj_num_threads(const fj_context *ctx);
+FJ_HIDDEN fj_context* fj_create(const fj_plan* plan, int num_threads);
+FJ_HIDDEN void fj_destroy(fj_context* ctx);
+FJ_HIDDEN int fj_run(fj_context* ctx, const void* const* inputs, void* const* outputs);
+FJ_HIDDEN const char* fj_last_error(void);
+FJ_HIDDEN int fj_num_threads(const fj_context* ctx);
 
 #endif

@@ -237,7 +237,7 @@ class _Library:
             f"fj_variables, {P}_variable_offsets, {P}_launches, {P}_args, {parts['arena_bytes']}LL, "
             f"{status}LL, {scratch}LL, {P}_checks}};",
             "",
-            f"#define FJ_API __attribute__((visibility(\"default\")))",
+            "#define FJ_API __attribute__((visibility(\"default\")))",
             f"FJ_API {P}_context *{P}_create(int num_threads) {{",
             f"  return ({P}_context *)fj_create(&{P}_plan, num_threads);",
             "}",

@@ -24,18 +24,19 @@ static const long long out_bytes[] = OUT_BYTES;
 enum { NI = sizeof in_bytes / sizeof in_bytes[0], NO = sizeof out_bytes / sizeof out_bytes[0] };
 
 static FN(_context) * ctx;
-static void *ins[NI + 1];
-static void *first[NO + 1];
+static void* ins[NI + 1];
+static void* first[NO + 1];
 static int calls = 1;
 static int mismatches = 0, failures = 0;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
-static void *worker(void *arg) {
+static void* worker(void* arg) {
   (void)arg;
-  void *outs[NO + 1];
-  for (int i = 0; i < NO; ++i) outs[i] = (char *)malloc((size_t)out_bytes[i] + 1) + 1; /* unaligned */
+  void* outs[NO + 1];
+  for (int i = 0; i < NO; ++i)
+    outs[i] = (char*)malloc((size_t)out_bytes[i] + 1) + 1; /* unaligned */
   for (int c = 0; c < calls; ++c) {
-    if (FN(_run_arrays)(ctx, (const void *const *)ins, outs) != FLOWJIT_OK) {
+    if (FN(_run_arrays)(ctx, (const void* const*)ins, outs) != FLOWJIT_OK) {
       pthread_mutex_lock(&mu);
       ++failures;
       pthread_mutex_unlock(&mu);
@@ -48,16 +49,16 @@ static void *worker(void *arg) {
         pthread_mutex_unlock(&mu);
       }
   }
-  for (int i = 0; i < NO; ++i) free((char *)outs[i] - 1);
+  for (int i = 0; i < NO; ++i) free((char*)outs[i] - 1);
   return NULL;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char** argv) {
   if (argc < 1 + NI + NO) {
     fprintf(stderr, "usage: driver IN... OUT... [THREADS CALLS]\n");
     return 1;
   }
-  FILE *maps = fopen("/proc/self/maps", "r");
+  FILE* maps = fopen("/proc/self/maps", "r");
   char line[4096];
   while (maps && fgets(line, sizeof line, maps))
     if (strstr(line, "python") || strstr(line, "LLVM") || strstr(line, "libtbb")) {
@@ -67,7 +68,7 @@ int main(int argc, char **argv) {
   if (maps) fclose(maps);
   for (int i = 0; i < NI; ++i) {
     ins[i] = aligned_alloc(64, ((size_t)in_bytes[i] + 63) / 64 * 64 + 64);
-    FILE *f = fopen(argv[1 + i], "rb");
+    FILE* f = fopen(argv[1 + i], "rb");
     if (!f || fread(ins[i], 1, (size_t)in_bytes[i], f) != (size_t)in_bytes[i]) {
       fprintf(stderr, "cannot read %s\n", argv[1 + i]);
       return 1;
@@ -81,8 +82,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "create: %s\n", FN(_last_error)());
     return 2;
   }
-  for (int i = 0; i < NO; ++i) first[i] = aligned_alloc(64, ((size_t)out_bytes[i] + 63) / 64 * 64 + 64);
-  if (FN(_run_arrays)(ctx, (const void *const *)ins, first) != FLOWJIT_OK) {
+  for (int i = 0; i < NO; ++i)
+    first[i] = aligned_alloc(64, ((size_t)out_bytes[i] + 63) / 64 * 64 + 64);
+  if (FN(_run_arrays)(ctx, (const void* const*)ins, first) != FLOWJIT_OK) {
     fprintf(stderr, "%s\n", FN(_last_error)());
     return 2;
   }
@@ -97,7 +99,7 @@ int main(int argc, char **argv) {
     }
   }
   for (int i = 0; i < NO; ++i) {
-    FILE *f = fopen(argv[1 + NI + i], "wb");
+    FILE* f = fopen(argv[1 + NI + i], "wb");
     if (!f || fwrite(first[i], 1, (size_t)out_bytes[i], f) != (size_t)out_bytes[i]) return 1;
     fclose(f);
   }
