@@ -124,11 +124,15 @@ run_suite() {
 # The developer habits CI holds: C++ formatted by the pinned clang-format,
 # Python clean under ruff (pyproject.toml), the C++ layering. Also run by
 # .pre-commit-config.yaml.
+# Each check runs even when one before failed, and the function fails if any
+# did (run_suite calls it on the left of `||`, where errexit is off).
 lint() {
   log "lint: layering, clang-format-19, ruff"
-  "$PY" tools/check_layering.py
-  git ls-files '*.cpp' '*.h' | xargs clang-format-19 --dry-run -Werror
-  "$VENV/bin/ruff" check python tests benchmarks examples tools
+  local rc=0
+  "$PY" tools/check_layering.py || rc=1
+  git ls-files '*.cpp' '*.h' '*.c' | xargs clang-format-19 --dry-run -Werror || rc=1
+  "$VENV/bin/ruff" check python tests benchmarks examples tools || rc=1
+  return $rc
 }
 
 # The API reference and guides (docs/), from the docstrings of the built
