@@ -9,6 +9,7 @@
 #include <tbb/task_arena.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -152,6 +153,56 @@ Geometry read_geometry(std::istream& ls) {
   return r;
 }
 
+// A check's text fields as one token: '%', whitespace and control
+// characters as %XX; "-" for an empty text.
+std::string token_text(const std::string& s) {
+  if (s.empty()) return "-";
+  std::string out;
+  for (unsigned char c : s) {
+    if (c == '%' || c <= ' ' || c == 0x7f) {
+      char hex[4];
+      std::snprintf(hex, sizeof hex, "%%%02X", c);
+      out += hex;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+std::string untoken_text(const std::string& t) {
+  if (t == "-") return "";
+  std::string out;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t[i] != '%') {
+      out += t[i];
+      continue;
+    }
+    if (i + 2 >= t.size() || !std::isxdigit(static_cast<unsigned char>(t[i + 1])) ||
+        !std::isxdigit(static_cast<unsigned char>(t[i + 2])))
+      bad_plan("bad escape in '" + t + "'");
+    out += static_cast<char>(std::stoi(t.substr(i + 1, 2), nullptr, 16));
+    i += 2;
+  }
+  return out;
+}
+
+std::string int_list(const std::vector<int64_t>& v) {
+  if (v.empty()) return "-";
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+std::vector<int64_t> parse_int_list(const std::string& t) {
+  std::vector<int64_t> out;
+  if (t == "-") return out;
+  std::istringstream is(t);
+  std::string item;
+  while (std::getline(is, item, ',')) out.push_back(std::stoll(item));
+  return out;
+}
+
 }  // namespace
 
 bool Plan::same_program(const Plan& o) const {
@@ -176,6 +227,12 @@ std::string Plan::serialize() const {
   for (auto& t : inputs) os << "input " << type_text(t) << "\n";
   for (auto& t : outputs) os << "output " << type_text(t) << "\n";
   for (auto& [n, t] : variables) os << "variable " << type_text(t) << " " << n << "\n";
+  // The run's checks (exports run the plan without fusion to remake them).
+  if (status_offset >= 0) os << "status " << status_offset << "\n";
+  for (const RunCheck& c : checks)
+    os << "check " << c.limit << " " << (c.numerics ? 1 : 0) << " " << c.device_split << " "
+       << int_list(c.shape) << " " << int_list(c.limits) << " " << token_text(c.job) << " "
+       << token_text(c.where) << " " << token_text(c.what) << "\n";
   for (auto& l : launches) {
     os << "launch " << l.symbol << " ";
     write_geometry(os, l.geometry);
@@ -217,6 +274,22 @@ Plan Plan::deserialize(const std::string& text) {
         ls >> t;
         std::getline(ls >> std::ws, n);
         p.variables.emplace_back(n, parse_type(t));
+      } else if (key == "status") {
+        if (!(ls >> p.status_offset) || p.status_offset < 0) bad_plan("bad status line");
+      } else if (key == "check") {
+        RunCheck c;
+        int numerics = 0;
+        std::string shape, limits, job, where, what;
+        if (!(ls >> c.limit >> numerics >> c.device_split >> shape >> limits >> job >> where >>
+              what))
+          bad_plan("bad check line '" + line + "'");
+        c.numerics = numerics != 0;
+        c.shape = parse_int_list(shape);
+        c.limits = parse_int_list(limits);
+        c.job = untoken_text(job);
+        c.where = untoken_text(where);
+        c.what = untoken_text(what);
+        p.checks.push_back(std::move(c));
       } else if (key == "launch") {
         Launch l;
         ls >> l.symbol;
@@ -289,6 +362,9 @@ Plan Plan::deserialize(const std::string& text) {
   }
   if (!ended) bad_plan("truncated (no 'end' line)");
   // Structural checks so that a damaged plan can never address memory wrongly.
+  if (p.status_offset >= 0 && p.status_offset + 32 > p.arena_bytes)
+    bad_plan("status buffer outside the arena");
+  if (!p.checks.empty() && p.status_offset < 0) bad_plan("checks without a status buffer");
   for (auto& l : p.launches)
     if (l.collective && l.collective->complete_before > static_cast<int64_t>(p.launches.size()))
       bad_plan("completion point out of range in " + l.symbol);

@@ -84,8 +84,9 @@ struct Plan {
   std::vector<std::pair<std::string, ir::TensorType>> variables;
   std::vector<Launch> launches;
   int64_t arena_bytes = 0;
-  // [harden] Not serialized: fusion makes them for every compile, also on a
-  // disk-cache hit (whose launches must equal fusion's).
+  // [harden] Fusion makes them for every compile, also on a disk-cache hit
+  // (whose launches must equal fusion's); plan.txt keeps them too ("status",
+  // "check" lines) for what runs a cached plan without fusion (exports).
   int64_t status_offset = -1;  // arena offset of the status buffer, -1: no checks
   std::vector<RunCheck> checks;
 

@@ -427,6 +427,67 @@ PyObject* cache_warning() {
   return cls;
 }
 
+// What flowjit.export writes into a shared library: the kernels' ELF
+// objects, the launch records with each kernel's code symbol, the buffers'
+// types and the run's checks.
+py::dict export_parts(const runtime::Plan& plan, const std::vector<char>& object) {
+  codegen::cpu::CodeParts parts = codegen::cpu::unpack_code(object);
+  std::map<std::string, std::string> aliases(parts.aliases.begin(), parts.aliases.end());
+  py::dict d;
+  py::list objects;
+  for (const std::vector<char>& o : parts.objects) objects.append(py::bytes(o.data(), o.size()));
+  d["objects"] = objects;
+  auto types = [](const std::vector<ir::TensorType>& ts) {
+    py::list out;
+    for (const ir::TensorType& t : ts) out.append(py::make_tuple(ir::dtype_name(t.dtype), t.shape));
+    return out;
+  };
+  d["inputs"] = types(plan.inputs);
+  d["outputs"] = types(plan.outputs);
+  py::list vars;
+  for (auto& [name, t] : plan.variables)
+    vars.append(py::make_tuple(name, ir::dtype_name(t.dtype), t.shape));
+  d["variables"] = vars;
+  py::list launches;
+  for (const runtime::Launch& l : plan.launches) {
+    py::dict r;
+    auto alias = aliases.find(l.symbol);
+    r["symbol"] = alias == aliases.end() ? l.symbol : alias->second;
+    r["collective"] = l.collective.has_value();
+    py::list args;
+    for (const runtime::BufferRef& b : l.args)
+      args.append(py::make_tuple(static_cast<int>(b.kind), b.index, b.offset_bytes));
+    r["args"] = args;
+    const runtime::CpuRange* g = l.cpu();
+    FJ_USER_CHECK(g != nullptr || l.collective, ErrorKind::Value, "job '", plan.job_name,
+                  "': launch ", l.symbol,
+                  " is not a CPU launch (a GPU plan cannot be exported as CPU code)");
+    r["range"] = g ? g->range : 0;
+    r["grain"] = g ? g->grain : 1;
+    r["scratch_bytes"] = g ? g->scratch_bytes : 0;
+    r["summary"] = l.summary;
+    launches.append(r);
+  }
+  d["launches"] = launches;
+  d["arena_bytes"] = plan.arena_bytes;
+  d["status_offset"] = plan.status_offset;
+  py::list checks;
+  for (const runtime::RunCheck& c : plan.checks) {
+    py::dict r;
+    r["job"] = c.job.empty() ? plan.job_name : c.job;
+    r["what"] = c.what;
+    r["where"] = c.where;
+    r["limit"] = c.limit;
+    r["limits"] = c.limits;
+    r["shape"] = c.shape;
+    r["numerics"] = c.numerics;
+    checks.append(r);
+  }
+  d["checks"] = checks;
+  d["job"] = plan.job_name;
+  return d;
+}
+
 }  // namespace
 
 void register_jobs(py::module_& m) {
@@ -504,67 +565,16 @@ void register_jobs(py::module_& m) {
       // What flowjit.export writes into a shared library: the kernels' ELF
       // objects, the launch records with each kernel's code symbol, the
       // buffers and the run's checks (CompileSettings::keep_object jobs).
+      // What flowjit.export writes into a shared library (a CPU job compiled
+      // with keep_object): see export_parts.
       .def("export_parts",
            [](const CompiledJobPy& j) {
              const jit::CompiledJob& cj = j.job();
              FJ_USER_CHECK(!cj.code_object.empty() && cj.program && cj.program->device() == "cpu",
                            ErrorKind::Value, "job '", cj.program ? cj.plan().job_name : "?",
                            "' was not compiled for export (a CPU job compiled with keep_object)");
-             const runtime::Plan& plan = cj.plan();
-             codegen::cpu::CodeParts parts = codegen::cpu::unpack_code(cj.code_object);
-             std::map<std::string, std::string> aliases(parts.aliases.begin(), parts.aliases.end());
-             py::dict d;
-             py::list objects;
-             for (const std::vector<char>& o : parts.objects)
-               objects.append(py::bytes(o.data(), o.size()));
-             d["objects"] = objects;
-             auto types = [](const std::vector<ir::TensorType>& ts) {
-               py::list out;
-               for (const ir::TensorType& t : ts)
-                 out.append(py::make_tuple(ir::dtype_name(t.dtype), t.shape));
-               return out;
-             };
-             d["inputs"] = types(plan.inputs);
-             d["outputs"] = types(plan.outputs);
-             py::list vars;
-             for (auto& [name, t] : plan.variables)
-               vars.append(py::make_tuple(name, ir::dtype_name(t.dtype), t.shape));
-             d["variables"] = vars;
-             py::list launches;
-             for (const runtime::Launch& l : plan.launches) {
-               py::dict r;
-               auto alias = aliases.find(l.symbol);
-               r["symbol"] = alias == aliases.end() ? l.symbol : alias->second;
-               r["collective"] = l.collective.has_value();
-               py::list args;
-               for (const runtime::BufferRef& b : l.args)
-                 args.append(py::make_tuple(static_cast<int>(b.kind), b.index, b.offset_bytes));
-               r["args"] = args;
-               const runtime::CpuRange* g = l.cpu();
-               r["range"] = g ? g->range : 0;
-               r["grain"] = g ? g->grain : 1;
-               r["scratch_bytes"] = g ? g->scratch_bytes : 0;
-               r["summary"] = l.summary;
-               launches.append(r);
-             }
-             d["launches"] = launches;
-             d["arena_bytes"] = plan.arena_bytes;
-             d["status_offset"] = plan.status_offset;
-             py::list checks;
-             for (const runtime::RunCheck& c : plan.checks) {
-               py::dict r;
-               r["job"] = c.job.empty() ? plan.job_name : c.job;
-               r["what"] = c.what;
-               r["where"] = c.where;
-               r["limit"] = c.limit;
-               r["limits"] = c.limits;
-               r["shape"] = c.shape;
-               r["numerics"] = c.numerics;
-               checks.append(r);
-             }
-             d["checks"] = checks;
+             py::dict d = export_parts(cj.plan(), cj.code_object);
              d["writes_variables"] = cj.writes_variables;
-             d["job"] = plan.job_name;
              return d;
            })
       .def_property_readonly("new_variables", [](const CompiledJobPy& j) {
@@ -572,6 +582,14 @@ void register_jobs(py::module_& m) {
         for (auto& [n, t] : j.job().new_variables) out.push_back(n);
         return out;
       });
+
+  // A cached CPU entry's plan text and code object as flowjit.export's parts
+  // (flowjit-cache export). ValueError for a damaged plan or container.
+  m.def("plan_export_parts", [](const std::string& plan_text, const py::bytes& object) {
+    std::string bytes = object;
+    runtime::Plan plan = runtime::Plan::deserialize(plan_text);
+    return export_parts(plan, std::vector<char>(bytes.begin(), bytes.end()));
+  });
 
   // Whether autodiff passes a gradient from op into an operand of dtype
   // (the Python walk that finds the variables a loss reaches asks it).

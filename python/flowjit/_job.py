@@ -1170,6 +1170,13 @@ class JobFunction:
                                "FLOWJIT_PROFILE=1 set) before asking for its profile")
         return list(self._cache.values())[-1].view.profile()
 
+    def export(self, path: "typing.Union[str, os.PathLike]", **kwargs: typing.Any) -> typing.Any:
+        """``flowjit.export.export(self, path, **kwargs)``: this job (a train
+        job: its forward) as a shared library with a C header, holding the
+        variables' current values; returns the ExportedLibrary."""
+        from . import export as _export
+        return _export.export(self, path, **kwargs)
+
     def export_chrome_trace(self, path: str) -> str:
         """Writes this job's compile stages and kernel launches (FLOWJIT_PROFILE=1)
         as a Chrome/Perfetto trace JSON file; returns the path."""

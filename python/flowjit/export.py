@@ -157,7 +157,9 @@ class _Library:
     """The generated sources of one library: the variables' blob, the plan
     tables and entry points of each job, and the header."""
 
-    def __init__(self) -> None:
+    def __init__(self, values: Any = None) -> None:
+        # name -> the variable's value (default: the session's)
+        self.values = values or _C.variable_value
         self.var_offsets: Dict[str, int] = {}
         self.blob = bytearray()
         self.objects: List[bytes] = []
@@ -168,11 +170,11 @@ class _Library:
     def variable(self, name: str, dtype: str, shape: Sequence[int]) -> int:
         if name in self.var_offsets:
             return self.var_offsets[name]
-        value = np.ascontiguousarray(_C.variable_value(name))
+        value = np.ascontiguousarray(self.values(name))
         want = tuple(int(d) for d in shape)
         if tuple(value.shape) != want or getattr(_dtypes.of_numpy(value.dtype), 'name', None) != dtype:
-            raise RuntimeError(f"flowjit.export: variable '{name}' holds {value.dtype}{tuple(value.shape)} "
-                               f"in the session but the job was compiled for {dtype}{want}")
+            raise ValueError(f"flowjit.export: variable '{name}' holds {value.dtype}{tuple(value.shape)} "
+                             f"but the job was compiled for {dtype}{want}")
         while len(self.blob) % 64:
             self.blob.append(0)
         self.var_offsets[name] = len(self.blob)
@@ -184,7 +186,8 @@ class _Library:
             if o not in self.objects:
                 self.objects.append(o)
 
-    def add_job(self, parts: Dict[str, Any], prefix: str, outs: List[Any], job: Any) -> ExportedJob:
+    def add_job(self, parts: Dict[str, Any], prefix: str, in_names: List[str], out_names: List[str],
+                source: str = "") -> ExportedJob:
         P = prefix
         U = prefix.upper()
         if any(l["collective"] for l in parts["launches"]):
@@ -192,8 +195,6 @@ class _Library:
                                       "devices); export a job on one device")
         self.add_objects(parts["objects"])
         var_offsets = [self.variable(n, d, s) for n, d, s in parts["variables"]]
-        in_names = _unique([_c_name(pname, "input") for pname, _ in job._params])
-        out_names = _unique([_c_name(o.name or f"out{i}", "output") for i, o in enumerate(outs)])
         if len(in_names) != len(parts["inputs"]):
             raise RuntimeError(f"flowjit.export: job '{parts['job']}' compiled {len(parts['inputs'])} inputs "
                                f"for {len(in_names)} placeholders")
@@ -257,7 +258,7 @@ class _Library:
               "  return fj_run((fj_context *)ctx, in, out);",
               "}", ""]
         h = self.header
-        h += [f"/* ---- job '{parts['job']}'{' (' + job._source + ')' if job._source else ''}: "
+        h += [f"/* ---- job '{parts['job']}'{' (' + source + ')' if source else ''}: "
               f"{len(launches)} kernel launches per call. */", ""]
         for kind, items in (("INPUT", inputs), ("OUTPUT", outputs)):
             h.append(f"#define {U}_NUM_{kind}S {len(items)}")
@@ -369,7 +370,45 @@ def export(jobs: Union[Any, Sequence[Any]], path: Union[str, "os.PathLike[str]"]
     exported = []
     for j, prefix in zip(job_list, prefixes):
         parts, outs = _compile_for_export(j, cpu)
-        exported.append(lib.add_job(parts, prefix, outs, j))
+        in_names = _unique([_c_name(pname, "input") for pname, _ in j._params])
+        out_names = _unique([_c_name(o.name or f"out{i}", "output") for i, o in enumerate(outs)])
+        exported.append(lib.add_job(parts, prefix, in_names, out_names, j._source))
+    return _link(lib, exported, path, header_path, cc, cpu, target)
+
+
+def export_cached(plan_text: str, code_object: bytes, path: Union[str, "os.PathLike[str]"], *,
+                  target: str, variables: Optional[Dict[str, np.ndarray]] = None, name: Optional[str] = None,
+                  header: Optional[Union[str, "os.PathLike[str]"]] = None,
+                  compiler: Optional[str] = None) -> ExportedLibrary:
+    """A shared library from a disk-cache entry's plan and code object
+    (``flowjit-cache export``): the inputs are named in0, in1, ..., the
+    outputs out0, ...; `variables` ({name: array}, e.g. a checkpoint's
+    ``flow.checkpoint.get(dir)``) must hold every variable the plan reads.
+    `target` is the entry's target string."""
+    path = os.fspath(path)
+    header_path = os.fspath(header) if header is not None else os.path.splitext(path)[0] + ".h"
+    parts = _C.plan_export_parts(plan_text, code_object)  # ValueError for a damaged plan
+    prefix = _check_prefix(name or _c_name(parts["job"], "job"))
+    variables = variables or {}
+    missing = [n for n, _, _ in parts["variables"] if n not in variables]
+    if missing:
+        raise ValueError(f"flowjit.export: job '{parts['job']}' reads {len(parts['variables'])} variable(s) and "
+                         f"the values given lack {', '.join(repr(m) for m in missing[:5])}"
+                         f"{' ...' if len(missing) > 5 else ''} (give a checkpoint with them: "
+                         "flow.checkpoint.save(dir) after training)")
+    cc = _compiler(compiler)
+    lib = _Library(lambda n: variables[n])
+    in_names = [f"in{i}" for i in range(len(parts["inputs"]))]
+    out_names = [f"out{i}" for i in range(len(parts["outputs"]))]
+    exported = [lib.add_job(parts, prefix, in_names, out_names)]
+    cpu = target.split(";")[1] if ";" in target else ""
+    return _link(lib, exported, path, header_path, cc, cpu, target)
+
+
+def _link(lib: _Library, exported: List[ExportedJob], path: str, header_path: str, cc: str, cpu: str,
+          target: str) -> ExportedLibrary:
+    """Writes the library at `path` and its header at `header_path`."""
+    prefixes = [e.prefix for e in exported]
     out_dir = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(out_dir):
         raise FileNotFoundError(f"flowjit.export: the folder of {path!r} does not exist")

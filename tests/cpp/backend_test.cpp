@@ -98,6 +98,40 @@ TEST(Backend, SameProgramIgnoresOnlyWhatCodegenDecides) {
     damaged.replace(damaged.find("7 3 64"), 6, bad);
     EXPECT_THROW(runtime::Plan::deserialize(damaged), UserError) << bad;
   }
+  // The run's checks travel with the plan (exports run it without fusion):
+  // texts with spaces, '%' and newlines come back exactly.
+  runtime::Plan k = b;
+  k.arena_bytes = 64;
+  k.status_offset = 32;
+  runtime::RunCheck check;
+  check.what = "one_hot: indices 100% \"odd\"\nline";
+  check.where = "my file.py:12";
+  check.limit = -1;
+  check.limits = {3, 4};
+  check.shape = {2, 5};
+  check.device_split = 0;
+  k.checks = {check, runtime::RunCheck{"numerics", "", 0, {}, {7}, true, -1, "other job"}};
+  runtime::Plan back = runtime::Plan::deserialize(k.serialize());
+  EXPECT_EQ(back.status_offset, 32);
+  ASSERT_EQ(back.checks.size(), 2u);
+  EXPECT_EQ(back.checks[0].what, check.what);
+  EXPECT_EQ(back.checks[0].where, check.where);
+  EXPECT_EQ(back.checks[0].limits, check.limits);
+  EXPECT_EQ(back.checks[0].shape, check.shape);
+  EXPECT_EQ(back.checks[0].device_split, 0);
+  EXPECT_TRUE(back.checks[1].numerics);
+  EXPECT_EQ(back.checks[1].job, "other job");
+  EXPECT_TRUE(back.checks[1].where.empty());
+  EXPECT_EQ(back.serialize(), k.serialize());
+  // A status buffer outside the arena, or checks without one, are refused.
+  std::string kt = k.serialize();
+  for (auto [from, to] : {std::pair<std::string, std::string>{"status 32", "status 40"},
+                          {"status 32\n", ""},
+                          {"my%20", "my%2z"}}) {
+    std::string damaged = kt;
+    damaged.replace(damaged.find(from), from.size(), to);
+    EXPECT_THROW(runtime::Plan::deserialize(damaged), UserError) << to;
+  }
 }
 
 TEST(Backend, CpuCompileLoadBindRunThroughTheInterface) {

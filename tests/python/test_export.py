@@ -221,3 +221,35 @@ def test_errors(tmp_path):
 
     with pytest.raises(NotImplementedError, match="assigns variables"):
         fe.export(counts, tmp_path / "a.so")
+
+
+def test_flowjit_cache_export_of_an_entry_with_a_checkpoint(tmp_path, monkeypatch, capsys):
+    from flowjit.cache import cli
+    monkeypatch.setenv("FLOWJIT_CACHE_DIR", str(tmp_path / "cache"))
+
+    @flow.global_function(type="predict")
+    def cached_pick(table: tp.Numpy.Placeholder((5, 3)),
+                    idx: tp.Numpy.Placeholder((4,), dtype=flow.int32)) -> tp.Numpy:
+        w = flow.get_variable("cached_pick_w", shape=(3,), initializer=flow.random_normal_initializer())
+        return flow.math.tanh(flow.gather(table, idx) * w)
+
+    table = np.linspace(-2, 2, 15, dtype=np.float32).reshape(5, 3)
+    idx = np.array([4, 0, 2, 2], np.int32)
+    ref = cached_pick(table, idx)
+    key = cached_pick.compiled_jobs()[0].cache_key
+    flow.checkpoint.save(str(tmp_path / "ckpt"))
+    out = tmp_path / "libcached.so"
+    # Without the variables' values: refused, naming the variable.
+    assert cli.main(["export", key[:12], str(out)]) == 2
+    assert "cached_pick_w" in capsys.readouterr().err and not out.exists()
+    assert cli.main(["export", key[:12], str(out), "--checkpoint", str(tmp_path / "ckpt")]) == 0
+    assert "cached_pick_create/_run/_destroy" in capsys.readouterr().out
+    job = fe.ExportedJob("cached_pick", "cached_pick", [("in0", "float32", (5, 3)), ("in1", "int32", (4,))],
+                         [("out0", "float32", (4, 3))], 1, 0)
+    lib = fe.ExportedLibrary(str(out), str(tmp_path / "libcached.h"), "", "", 0, 0, [job])
+    assert "int cached_pick_run(cached_pick_context *ctx, const float *in0, const int32_t *in1, float *out0);" \
+        in Path(lib.header).read_text()
+    assert_bits(run_c(lib, job, tmp_path, [table, idx]), ref)  # the entry's own code
+    # The plan keeps the run's checks: the message names the job, the line and the index.
+    with pytest.raises(AssertionError, match=r"gather: indices holds 9 at \[1\], outside the valid range"):
+        run_c(lib, job, tmp_path, [table, np.array([0, 9, 0, 0], np.int32)])

@@ -26,7 +26,7 @@ import sys
 import time
 
 from . import fmt
-from .store import DEFAULT_MAX_BYTES, Cache, CacheError, default_dir
+from .store import DEFAULT_MAX_BYTES, Cache, CacheError, default_dir, short_target
 
 # show's sections: flag, file, title
 _SECTIONS = (
@@ -298,6 +298,42 @@ def cmd_show(cache, args, style):
         return status
     _out("\n".join(parts).lstrip("\n"))
     return status
+
+
+# ---------------------------------------------------------------- export
+
+def cmd_export(cache, args, style):
+    """A CPU entry as a shared library with a C header (flowjit.export), its
+    variables' values from a checkpoint."""
+    e = cache.find(args.key)
+    if e.meta is None:
+        raise CacheError(f"entry {e.key[:12]} is damaged: {e.error} (run `flowjit-cache verify --remove`)")
+    if e.is_gpu:
+        raise CacheError(f"entry {e.key[:12]} holds GPU code; exporting GPU code is not supported yet "
+                         "(export a CPU entry)")
+    if not e.authenticated():
+        # Linking its object means running its code: only code this cache's key
+        # authenticates, as the compiler would load it.
+        raise CacheError(f"entry {e.key[:12]} is not authenticated by this cache's key, so its code is not "
+                         "exported (`flowjit-cache verify` says why)")
+    from flowjit import checkpoint, export
+    try:
+        plan = e.read("plan.txt").decode("utf-8")
+        obj = e.read("object.o")
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise CacheError(f"entry {e.key[:12]}: {exc}") from None
+    values = checkpoint.get(args.checkpoint) if args.checkpoint else {}
+    lib = export.export_cached(plan, obj, args.output, target=e.get("target", ""), variables=values,
+                               name=args.name, header=args.header)
+    job = lib.jobs[0]
+    if args.json:
+        _json({"key": e.key, "library": lib.library, "header": lib.header, "bytes": lib.size_bytes,
+               "prefix": job.prefix, "inputs": job.inputs, "outputs": job.outputs})
+    else:
+        _out(f"wrote {lib.library} ({lib.size_bytes} bytes, {job.kernels} kernel launches, variables "
+             f"{lib.variables_bytes} bytes) and {lib.header}: {job.prefix}_create/_run/_destroy for job "
+             f"'{job.job}' on {short_target(e.get('target', ''))}")
+    return 0
 
 
 # ---------------------------------------------------------------- stats
@@ -615,6 +651,15 @@ def _parser():
                         "stdout; also SVG when `dot` is installed)")
     s.set_defaults(fn=cmd_show)
 
+    s = sub.add_parser("export", help="a CPU entry as a shared library with a C header (variables from a "
+                                      "checkpoint)")
+    s.add_argument("key")
+    s.add_argument("output", help="the library to write, e.g. libmodel.so")
+    s.add_argument("--checkpoint", help="a checkpoint directory (flow.checkpoint.save) holding the variables")
+    s.add_argument("--name", help="the C prefix of the entry points (default: the job's name)")
+    s.add_argument("--header", help="the header to write (default: OUTPUT with .h)")
+    s.set_defaults(fn=cmd_export)
+
     s = sub.add_parser("stats", help="entries, size, hits, by job")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_stats)
@@ -660,7 +705,7 @@ def main(argv=None):
         else:
             _err(err_style, str(e))
         return 2
-    except ValueError as e:  # bad --max-bytes and the like
+    except (ValueError, RuntimeError) as e:  # bad --max-bytes, an export without a C compiler, ...
         _err(err_style, str(e))
         return 2
     except BrokenPipeError:  # `flowjit-cache show KEY --llvm | head`

@@ -391,7 +391,8 @@ def plan_problem(text, num_kernels=None):
         return "missing header"
     if "end" not in lines:
         return "truncated (no 'end' line)"
-    known = {"job", "arena", "input", "output", "variable", "launch", "collective", "summary", "end"}
+    known = {"job", "arena", "input", "output", "variable", "status", "check", "launch", "collective", "summary",
+             "end"}
     launches = 0
     for ln in lines[1:lines.index("end")]:
         word = ln.split(" ", 1)[0]
