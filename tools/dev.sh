@@ -179,7 +179,8 @@ run_tests() {
   grep -qw avx512f /proc/cpuinfo || other=x86-64-v2
   run_suite "pytest (FLOWJIT_CPU=$other)" env FLOWJIT_CPU=$other "$PY" -m pytest -q \
     tests/python/test_ops.py tests/python/test_ops_extra.py tests/python/test_conv.py \
-    tests/python/test_autodiff.py tests/python/test_fusion.py
+    tests/python/test_autodiff.py tests/python/test_fusion.py tests/python/test_matmul_paths.py \
+    tests/python/test_export.py
   run_suite "pytest (slow: end-to-end training)" "$PY" -m pytest -q -m slow tests/python
   log "summary"
   printf '  %s\n' "${SUMMARIES[@]}"
