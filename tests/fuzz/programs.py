@@ -7,8 +7,15 @@ supports, odd and empty shapes, special values (NaN, +-inf, -0.0, extremes),
 then one to four ops of the public API (elementwise with broadcasting and
 Python scalars, reductions, matmul, conv2d and pooling, array ops, sorts,
 casts), fused or with FLOWJIT_DISABLE_FUSION=1; train jobs (float64) also
-compare the gradient of a variable (flow.watch_diff, and the SGD update it
-makes) with central differences of the reference.
+compare the gradient of a variable (flow.watch_diff) with central
+differences of the reference, and the variable after one update of the
+drawn optimizer (SGD with or without momentum, SGDW, Adam, AdamW, LazyAdam,
+RMSProp, LAMB, LARS; weight decay, gradient clipping) with the reference's
+update of that gradient (_ref_update, OneFlow's update rules). Some jobs run
+on 2 CPU devices (flow.config.cpu_device_num(2)): in the consistent view
+(one logical job, the batch split where it divides) or the mirrored view
+(each device gets the whole inputs; each device's results must be the
+one-device job's, within the same tolerance).
 
 The program is generated together with its reference value: each op's
 reference runs as it is drawn, so later ops know their operands' shapes and
@@ -40,6 +47,11 @@ The reference's contract, where numpy and OneFlow/flowjit could differ:
     minimum of two values likewise, and -0.0 < +0.0 there (IEEE 754-2019's
     maximum/minimum; numpy returns either zero). max/min over an empty extent
     is not drawn; the sign of a zero that reduce_max/min return is not compared.
+  * optimizers: the variable after one update from fresh state must be the
+    reference's update of the gradient flowjit reports (VAR_RTOL); the rate
+    is a float32 value (OneFlow's), Adam's bias correction scales the rate;
+    a mirrored job's watch_diff joins the devices' gradients along axis 0
+    (as a tp.Numpy result does) and the update uses their mean.
   * average pooling divides by the number of input elements in the window
     (TensorFlow's and OneFlow's rule, not PyTorch's count_include_pad);
     pooling padding that leaves a window with no input element is refused.
@@ -113,11 +125,34 @@ class Program:
     var_init: Optional[np.ndarray] = None   # train: the variable "w" (value name "w")
     weights: Optional[np.ndarray] = None    # train: loss = sum(out * weights)
     grad: Optional[np.ndarray] = None       # train: the reference gradient (NaN: not checked)
+    opt: Optional["Opt"] = None             # train: the optimizer (None: SGD(lr=1), momentum=0)
+    devices: int = 1                        # 2: flow.config.cpu_device_num(2)
+    view: str = "consistent"                # 2 devices: "consistent" (one logical job) or "mirrored"
+    # (every device gets the same whole inputs; each device's outputs are the reference)
     ops: List[str] = field(default_factory=list)
+    got_grad: Optional[np.ndarray] = None   # train: flowjit's gradient, where the update was wrong
 
     # ------------------------------------------------------------ source text
-    def listy(self):
+    def empty(self):
         return any(0 in a.shape for _, a in self.inputs) or any(0 in v.value.shape for v in self.outputs)
+
+    def listy(self):
+        return self.mirrored() or self.empty()
+
+    def mirrored(self):
+        """On several devices: the mirrored view (drawn, or for empty shapes, whose
+        tp.ListNumpy takes one array per device in either view)."""
+        return self.devices > 1 and (self.view == "mirrored" or self.empty())
+
+    def copies(self):
+        """How many arrays each argument and result has (one per device in the mirrored view)."""
+        return self.devices if self.mirrored() else 1
+
+    def optimizer_source(self):
+        if self.opt is None:
+            return ("flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [1.0]), "
+                    "momentum=0).minimize(loss)")
+        return self.opt.source()
 
     def job_source(self):
         lst = self.listy()
@@ -134,13 +169,16 @@ class Program:
                     f"initializer=flow.constant_initializer(0.0))"] + body
             out = self.outputs[0].name
             body += [f"loss = flow.math.reduce_sum(flow.math.multiply({out}, lw))",
-                     "flow.watch_diff(w, _grads.append)",
-                     "flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [1.0]), "
-                     "momentum=0).minimize(loss)"]
+                     "flow.watch_diff(w, _grads.append)", self.optimizer_source()]
         names = ", ".join(v.name for v in self.outputs) if self.outputs else self.inputs[0][0]
         body.append(f"return ({names},)")
         typ = "train" if self.train else "predict"
-        return (f"@flow.global_function(type={typ!r})\n"
+        head, cfg = "", ""
+        if self.devices > 1:   # (flow.config.cpu_device_num(devices) is called before)
+            head = ("_cfg = flow.function_config()\n"
+                    f"_cfg.default_logical_view(flow.scope.{'mirrored' if self.mirrored() else 'consistent'}_view())\n")
+            cfg = ", function_config=_cfg"
+        return (head + f"@flow.global_function(type={typ!r}{cfg})\n"
                 f"def job({', '.join(params)}) -> Tuple[{', '.join([ret] * n)}]:\n"
                 + textwrap.indent("\n".join(body), "    ") + "\n")
 
@@ -148,45 +186,65 @@ class Program:
         out = []
         for _, a in self.inputs:
             arr = f"np.array({a.tolist()!r}, dtype=np.{a.dtype.name}).reshape({a.shape!r})"
-            out.append(f"[{arr}]" if self.listy() else arr)
+            if not self.listy():
+                out.append(arr)
+            else:   # a list of one array per device (the mirrored view: the same on each)
+                out.append(f"[{arr}]" + (f" * {self.copies()}" if self.copies() > 1 else ""))
         return out
 
     def reproducer(self, what):
         """A self-contained pytest test that fails while the finding stands."""
-        env = "" if self.fusion else "    monkeypatch.setenv('FLOWJIT_DISABLE_FUSION', '1')\n"
+        env = "" if self.fusion else "monkeypatch.setenv('FLOWJIT_DISABLE_FUSION', '1')\n"
         lines = ["import numpy as np", "import pytest", "from typing import Tuple",
                  "import flowjit as flow", "import flowjit.typing as tp",
                  "nan, inf = float('nan'), float('inf')", "", "",
                  "def test_fuzz_finding(monkeypatch):",
                  f"    # {what}"]
-        src = env + "    _grads = []\n" if self.train else env
-        src += textwrap.indent(self.job_source(), "    ")
+        src = env + "_grads = []\n" if self.train else env
+        src += self.job_source()
         if self.train:
-            src += (f"    flow.load_variables({{'w': np.array({self.var_init.tolist()!r}, "
+            src += (f"flow.load_variables({{'w': np.array({self.var_init.tolist()!r}, "
                     f"dtype=np.float64).reshape({self.var_init.shape!r})}})\n")
         args = ", ".join(self.args_source())
         if self.refused is not None:
-            src += ("    with pytest.raises((TypeError, ValueError, OverflowError, NotImplementedError)):\n"
-                    f"        job({args})\n")
+            src += ("with pytest.raises((TypeError, ValueError, OverflowError, NotImplementedError)):\n"
+                    f"    job({args})\n")
         else:
-            src += f"    got = job({args})\n"
+            src += f"got = job({args})\n"
             for i, v in enumerate(self.outputs):
-                g = f"got[{i}][0]" if self.listy() else f"got[{i}]"
                 want = f"np.array({v.value.tolist()!r}, dtype=np.{v.value.dtype.name}).reshape({v.value.shape!r})"
-                if v.exact or v.dtype not in FLOATS:
-                    src += f"    np.testing.assert_array_equal({g}, {want})\n"
-                    if v.dtype in FLOATS:
-                        src += f"    assert (np.signbit({g}) == np.signbit({want})).all()  # -0.0\n"
-                else:
-                    src += (f"    np.testing.assert_allclose({g}, {want}, rtol={RTOL[v.dtype]}, "
-                            f"atol={ATOL[v.dtype] * v.scale:.3g})\n")
+                for j in range(self.copies()):
+                    g = f"got[{i}][{j}]" if self.listy() else f"got[{i}]"
+                    if v.exact or v.dtype not in FLOATS:
+                        src += f"np.testing.assert_array_equal({g}, {want})\n"
+                        if v.dtype in FLOATS:
+                            src += f"assert (np.signbit({g}) == np.signbit({want})).all()  # -0.0\n"
+                    else:
+                        src += (f"np.testing.assert_allclose({g}, {want}, rtol={RTOL[v.dtype]}, "
+                                f"atol={ATOL[v.dtype] * v.scale:.3g})\n")
             if self.train:
-                src += "    flow.sync_default_session()\n"
-                src += (f"    want = np.array({self.grad.tolist()!r}).reshape({self.grad.shape!r})  "
+                src += "flow.sync_default_session()\n"
+                src += (f"want = np.array({self.grad.tolist()!r}).reshape({self.grad.shape!r})  "
                         "# central differences; nan: a kink, not checked\n")
-                src += ("    ok = np.isnan(want) | np.isclose(_grads[0], want, rtol=1e-4, atol=1e-6 * "
-                        "max(1.0, np.nanmax(np.abs(want), initial=0)))\n    assert ok.all(), (_grads[0], want)\n")
-        return "\n".join(lines) + "\n" + src
+                g = "_grads[0]"
+                if self.mirrored():   # watch_diff joins the devices' gradients along axis 0
+                    src += "g = np.split(np.asarray(_grads[0]), 2)[0]\n"
+                    g = "g"
+                src += (f"ok = np.isnan(want) | np.isclose({g}, want, rtol=1e-4, atol=1e-6 * "
+                        f"max(1.0, np.nanmax(np.abs(want), initial=0)))\nassert ok.all(), ({g}, want)\n")
+                if self.got_grad is not None:   # the update from the gradient flowjit computed
+                    kind = self.opt.kind if self.opt else "SGD"
+                    want_w = _ref_update(self.opt, self.var_init, self.got_grad)
+                    src += (f"# w after one {kind} update (tests/fuzz/programs.py's _ref_update) of the "
+                            "gradient flowjit computed\n"
+                            f"w_want = np.array({want_w.tolist()!r}).reshape({want_w.shape!r})\n"
+                            "np.testing.assert_allclose(flow.get_all_variables()['w'], w_want, "
+                            f"rtol={VAR_RTOL}, atol={VAR_RTOL} * {_var_scale(self.var_init, want_w):.3g})\n")
+        if self.devices > 1:
+            src = (f"flow.clear_default_session()\nflow.config.cpu_device_num({self.devices})\ntry:\n"
+                   + textwrap.indent(src, "    ")
+                   + "finally:\n    flow.clear_default_session()\n    flow.config.cpu_device_num(1)\n")
+        return "\n".join(lines) + "\n" + textwrap.indent(src, "    ")
 
 
 # ---------------------------------------------------------------- value strategies
@@ -326,6 +384,111 @@ def _same_pads(size, k, s):
     out = -(-size // s)
     total = max((out - 1) * s + k - size, 0)
     return (total // 2, total - total // 2)
+
+
+# ---------------------------------------------------------------- train: optimizers and their reference
+
+VAR_RTOL = 1e-9   # the variable after the update: float64 arithmetic, a few roundings
+
+
+@dataclass
+class Opt:
+    """A flow.optimizer optimizer of a train job, every hyperparameter given."""
+    kind: str                   # the class name in flow.optimizer
+    lr: float
+    kw: dict                    # its hyperparameters (keyword arguments)
+    sched: bool = True          # the rate as PiecewiseConstantScheduler([], [lr]), else the number
+    clip: Optional[float] = None   # grad_clipping=by_global_norm(clip)
+
+    def source(self):
+        lr = f"flow.optimizer.PiecewiseConstantScheduler([], [{self.lr!r}])" if self.sched else repr(self.lr)
+        args = [lr] + [f"{k}={v!r}" for k, v in self.kw.items()]
+        if self.clip is not None:
+            args.append(f"grad_clipping=flow.optimizer.grad_clipping.by_global_norm({self.clip!r})")
+        return f"flow.optimizer.{self.kind}({', '.join(args)}).minimize(loss)"
+
+
+OPTIMIZERS = ["SGD", "SGDW", "Adam", "AdamW", "LazyAdam", "RMSProp", "LAMB", "LARS"]
+
+
+def _draw_opt(d):
+    """None (SGD, lr 1, no momentum: w - g) or an optimizer with drawn hyperparameters."""
+    if d(st.integers(0, 2)) == 0:
+        return None
+    kind = d(st.sampled_from(OPTIMIZERS))
+    one = lambda *xs: d(st.sampled_from(xs))   # noqa: E731
+    kw = {}
+    if kind in ("SGD", "SGDW"):
+        kw["momentum"] = one(0.0, 0.5, 0.9)
+    elif kind in ("Adam", "AdamW", "LazyAdam", "LAMB"):
+        kw.update(beta1=one(0.9, 0.5, 0.0), beta2=one(0.999, 0.9, 0.5), epsilon=one(1e-8, 1e-6, 1e-3, 0.5))
+        if kind in ("Adam", "AdamW"):
+            kw["do_bias_correction"] = d(st.booleans())
+    elif kind == "RMSProp":
+        kw.update(decay_rate=one(0.99, 0.9, 0.5), epsilon=one(1e-8, 1e-3, 0.5), centered=d(st.booleans()))
+    elif kind == "LARS":
+        kw.update(momentum_beta=one(0.0, 0.9), epsilon=one(1e-9, 1e-3), lars_coefficient=one(1e-4, 0.1, 1.0))
+    if kind in ("SGDW", "AdamW", "LAMB", "LARS"):
+        kw["weight_decay"] = one(0.0, 0.01, 0.5)
+    clip = one(0.1, 1.0, 100.0) if d(st.integers(0, 3)) == 0 else None
+    return Opt(kind, one(1.0, 0.5, 0.1, 0.01, 3.0), kw, d(st.booleans()), clip)
+
+
+def _norm(a):
+    return math.sqrt(float(np.sum(np.square(a))))
+
+
+def _ref_update(o, w, g):
+    """The variable after one update, from fresh optimizer state (zero
+    moments), of the gradient g, in float64: OneFlow's update rules (its
+    model_update kernels and flow.optimizer's documentation). As in OneFlow
+    the rate is a float32 value; Adam's bias correction scales the rate
+    (computed in float64, then rounded to float32), not m and v."""
+    w, g = w.astype(np.float64), np.asarray(g, np.float64)
+    if o is None:
+        return w - g
+    k = o.kw
+    lr = float(np.float32(o.lr))
+    if o.clip is not None:   # g * clip / max(||g||, clip), over all the variables' gradients (here one)
+        g = g * (o.clip / max(_norm(g), o.clip))
+    wd = k.get("weight_decay", 0.0)
+    if o.kind in ("SGD", "SGDW"):
+        # v = momentum * v - lr * g with v = 0; w += v - lr * wd * w
+        return w - lr * g - lr * wd * w
+    if o.kind in ("Adam", "AdamW", "LazyAdam", "LAMB"):
+        b1, b2, eps = k["beta1"], k["beta2"], k["epsilon"]
+        m, v = (1 - b1) * g, (1 - b2) * g * g
+        if o.kind == "LAMB":
+            # step t = 1: m_hat = m / (1 - beta1), v_hat = v / (1 - beta2);
+            # d = m_hat / (sqrt(v_hat) + eps); trust = ||w|| / ||d||, 1 where a
+            # norm is 0 (OneFlow's LambGradFunctor/LambUpdateFunctor: the
+            # weight decay term is not part of ||d||); w -= lr * trust * (d + wd * w)
+            dd = (m / (1 - b1)) / (np.sqrt(v / (1 - b2)) + eps)
+            wn, dn = _norm(w), _norm(dd)
+            trust = wn / dn if wn > 0 and dn > 0 else 1.0
+            return w - lr * trust * (dd + wd * w)
+        if k.get("do_bias_correction", o.kind == "LazyAdam"):
+            lr = float(np.float32(o.lr * math.sqrt(1 - b2) / (1 - b1)))
+        return w - lr * (m / (np.sqrt(v) + eps) + wd * w)
+    if o.kind == "RMSProp":
+        dr, eps = k["decay_rate"], k["epsilon"]
+        ms = (1 - dr) * g * g
+        if k["centered"]:
+            mg = (1 - dr) * g
+            ms = ms - mg * mg
+        return w - lr * g / np.sqrt(ms + eps)
+    if o.kind == "LARS":
+        # local = lr * coeff * ||w|| / (eps + ||g|| + wd * ||w||), lr where a
+        # norm is 0; v = momentum * v - local * g (v = 0); w += v - local * wd * w
+        eps, coeff = k["epsilon"], k["lars_coefficient"]
+        wn, gn = _norm(w), _norm(g)
+        local = lr * coeff * wn / (eps + gn + wd * wn) if wn > 0 and gn > 0 else lr
+        return w - local * g - local * wd * w
+    raise AssertionError(o.kind)
+
+
+def _var_scale(w0, want):
+    return max(1.0, _absmax(w0), _absmax(want - w0))
 
 
 # ---------------------------------------------------------------- the generator
@@ -896,7 +1059,10 @@ class Gen:
         d = self.draw
         p = self.p
         p.fusion = d(st.booleans())
+        if d(st.integers(0, 5)) == 5:   # (shrinks toward one device)
+            p.devices, p.view = 2, d(st.sampled_from(["consistent", "mirrored"]))
         if self.train:
+            p.opt = _draw_opt(d)
             shape = _shape(d, rank=d(st.integers(1, 4)), allow_empty=False, max_extent=3)
             p.var_init = _array(d, shape, "float64", special=False, lo=-2, hi=2)
             self.vals.append(Val("w", "float64", p.var_init, True, _absmax(p.var_init)))
@@ -1195,6 +1361,7 @@ def _worker_main():
         os.environ["FLOWJIT_DISABLE_FUSION"] = "" if req["fusion"] else "1"
         try:
             flow.clear_default_session()
+            flow.config.cpu_device_num(req.get("devices", 1))
             grads = []
             ns = {"flow": flow, "tp": tp, "Tuple": _Tuple, "np": np, "_grads": grads}
             exec(req["source"], ns)  # noqa: S102 - the fuzzer's own generated job
@@ -1206,7 +1373,7 @@ def _worker_main():
             if req["train"]:
                 flow.sync_default_session()
                 var = np.asarray(flow.get_all_variables()["w"])
-            res = ("ok", [np.asarray(g[0] if isinstance(g, list) else g) for g in got],
+            res = ("ok", [[np.asarray(a) for a in g] if isinstance(g, list) else np.asarray(g) for g in got],
                    [np.asarray(g) for g in grads], var)
         except Exception as e:  # noqa: BLE001 - reported to the parent as the case's result
             res = ("error", type(e).__name__, f"{e}\n{traceback.format_exc()[-2000:]}")
@@ -1268,10 +1435,10 @@ def _report(v, got, bad):
 
 def check_program(p: Program, worker: Worker) -> Optional[str]:
     """None when flowjit agrees with the reference, else what differs."""
-    listy = p.listy()
-    args = [[a] if listy else a for _, a in p.inputs]
+    n = p.copies()
+    args = [[a] * n if p.listy() else a for _, a in p.inputs]
     req = {"source": p.job_source(), "args": args, "fusion": p.fusion, "train": p.train,
-           "var_init": p.var_init}
+           "var_init": p.var_init, "devices": p.devices}
     res = worker.run(req)
     kind = res[0]
     if kind in ("crash", "hang"):
@@ -1286,24 +1453,40 @@ def check_program(p: Program, worker: Worker) -> Optional[str]:
     outs, grads, var = res[1], res[2], res[3]
     if len(outs) != len(p.outputs):
         return f"{len(outs)} outputs, expected {len(p.outputs)}"
+    where = f" ({p.devices} devices, {'mirrored' if p.mirrored() else 'consistent'} view)" \
+        if p.devices > 1 else ""
     for v, g in zip(p.outputs, outs):
-        msg = _compare(v, g)
-        if msg:
-            return msg
+        parts = g if isinstance(g, list) else [g]
+        if len(parts) != n:
+            return f"{v.name}: {len(parts)} arrays, expected {n} (one per device){where}"
+        for j, part in enumerate(parts):
+            msg = _compare(v, part)
+            if msg:
+                return msg + (f" on device {j}" if n > 1 else "") + where
     if p.train:
         if len(grads) != 1:
-            return f"watch_diff called {len(grads)} times, expected once"
+            return f"watch_diff called {len(grads)} times, expected once{where}"
         g = grads[0]
+        if p.mirrored():   # watch_diff joins the devices' gradients along axis 0 (as a tp.Numpy result)
+            if g.ndim < 1 or g.shape[0] != n * p.grad.shape[0]:
+                return f"gradient shape {g.shape}, expected {n} of {p.grad.shape} joined along axis 0{where}"
+            g = np.split(g, n)[0]
         if g.shape != p.grad.shape:
-            return f"gradient shape {g.shape}, expected {p.grad.shape}"
+            return f"gradient shape {g.shape}, expected {p.grad.shape}{where}"
         tol = 1e-6 * max(1.0, float(np.nanmax(np.abs(p.grad), initial=0)))
         ok = np.isnan(p.grad) | np.isclose(g, p.grad, rtol=1e-4, atol=tol)
         if not ok.all():
             i = tuple(int(j) for j in np.argwhere(~ok)[0])
-            return f"gradient of w at {i}: got {g[i]!r}, expected {p.grad[i]!r} (central differences)"
-        want_var = p.var_init - g
-        if var is None or not np.allclose(var, want_var, rtol=1e-12, atol=1e-12):
-            return f"SGD(lr=1) left w = {var!r}, expected w - grad = {want_var!r}"
+            return f"gradient of w at {i}: got {g[i]!r}, expected {p.grad[i]!r} (central differences){where}"
+        with np.errstate(all="ignore"):
+            want_var = _ref_update(p.opt, p.var_init, g)
+        scale = _var_scale(p.var_init, want_var)
+        if var is None or var.shape != want_var.shape or not np.allclose(var, want_var, rtol=VAR_RTOL,
+                                                                         atol=VAR_RTOL * scale):
+            p.got_grad = g
+            opt = p.opt.source().replace(".minimize(loss)", "") if p.opt else "SGD(lr=1, momentum=0)"
+            return (f"after one update of {opt}, w = {var!r}, expected {want_var!r} (from the gradient "
+                    f"{g!r}){where}")
     return None
 
 
@@ -1377,8 +1560,18 @@ class Fuzzer:
                 if stop_on_first:
                     return
             except Exception as e:  # noqa: BLE001 - a bug of the fuzzer itself
-                self.findings.append((f"fuzzer error: {type(e).__name__}: {e}", traceback.format_exc()))
-                return
+                from hypothesis.errors import FlakyFailure
+                if isinstance(e, FlakyFailure) and last.get("p") is not None:
+                    # The case failed, then passed when Hypothesis ran it again: a result
+                    # that depends on what ran before it in the worker, or on timing.
+                    msg = f"flaky (passed when run again): {last['msg']}"
+                    self.findings.append((msg, last["p"].reproducer(msg.splitlines()[0])))
+                else:
+                    self.findings.append((f"fuzzer error: {type(e).__name__}: {e}", traceback.format_exc()))
+                if self.on_finding:
+                    self.on_finding(len(self.findings), *self.findings[-1])
+                if stop_on_first or not isinstance(e, FlakyFailure):
+                    return
             else:
                 if last.get("broken"):
                     self.findings.append((f"fuzzer error: {last['broken']}", ""))

@@ -38,11 +38,22 @@ def fuzzer():
     fz.close()
 
 
-def test_deterministic_slice(fuzzer):
-    """A fixed, derandomized slice of the fuzzer, open known findings left out."""
+def test_deterministic_slice(fuzzer, monkeypatch):
+    """A fixed, derandomized slice of the fuzzer, open known findings left out;
+    it draws train jobs with each kind of optimizer and jobs on 2 devices."""
+    kinds = set()
+    check = programs.check_program
+
+    def counting(p, worker):
+        kinds.add(p.opt.kind if p.opt else "SGD(lr=1)" if p.train else "predict")
+        if p.devices > 1:
+            kinds.add("mirrored" if p.mirrored() else "consistent")
+        return check(p, worker)
+    monkeypatch.setattr(programs, "check_program", counting)
     fuzzer.run(seed=0, max_examples=SLICE_EXAMPLES, derandomize=True, stop_on_first=True)
     assert fuzzer.cases >= SLICE_EXAMPLES // 2, fuzzer.cases
     assert not fuzzer.findings, "\n\n".join(f"{m}\n{r}" for m, r in fuzzer.findings)
+    assert {"consistent", "mirrored", "SGD(lr=1)", "Adam", "RMSProp", "LAMB", "LARS"} <= kinds, kinds
 
 
 def _program(source_lines, x, want, exact=True):
@@ -79,6 +90,68 @@ def test_fuzzer_survives_a_crash_and_a_hang():
         assert programs.check_program(ok, fz.worker) is None   # a fresh worker
     finally:
         fz.close()
+
+
+def _train_program(opt, devices=1, view="consistent"):
+    """w -> tanh(x0 * w), loss sum(out * lw): one update of `opt` on 1 or 2 devices."""
+    p = programs.Program(train=True, opt=opt, devices=devices, view=view)
+    p.var_init = np.array([0.5, -1.25, 2.0])
+    x = np.array([[1.0, 2.0, -3.0], [0.5, -0.25, 4.0]])
+    p.weights = np.array([[0.5, -1.0, 0.25], [1.0, 0.75, -0.5]])
+    p.inputs = [("x0", x), ("lw", p.weights)]
+    p.lines = ["v0 = flow.math.tanh(flow.math.multiply(x0, w))"]
+    p.outputs = [programs.Val("v0", "float64", np.tanh(x * p.var_init), False, 4.0)]
+    p.grad = programs._fd_grad(p)
+    return p
+
+
+def _optimizers():
+    if programs is None:
+        return [None]
+    O = programs.Opt
+    return [None,
+            O("SGD", 0.5, {"momentum": 0.9}, clip=1.0),
+            O("SGDW", 0.1, {"momentum": 0.5, "weight_decay": 0.5}, sched=False),
+            O("Adam", 0.1, {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8, "do_bias_correction": True}),
+            O("AdamW", 0.1, {"beta1": 0.5, "beta2": 0.9, "epsilon": 1e-3, "do_bias_correction": False,
+                             "weight_decay": 0.5}),
+            O("LazyAdam", 0.5, {"beta1": 0.9, "beta2": 0.9, "epsilon": 1e-6}),
+            O("RMSProp", 0.1, {"decay_rate": 0.9, "epsilon": 1e-3, "centered": True}),
+            O("LAMB", 0.1, {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-6, "weight_decay": 0.5}),
+            O("LARS", 0.5, {"momentum_beta": 0.9, "epsilon": 1e-9, "lars_coefficient": 0.1,
+                            "weight_decay": 0.5})]
+
+
+@pytest.mark.parametrize("opt", _optimizers(), ids=lambda o: o.kind if o else "SGD-lr1")
+def test_fuzzer_optimizer_reference_agrees_on_1_and_2_devices(fuzzer, opt):
+    """The reference of one update (programs._ref_update) agrees with flowjit
+    for each optimizer, on one device and on two (consistent, mirrored)."""
+    for devices, view in ((1, "consistent"), (2, "consistent"), (2, "mirrored")):
+        p = _train_program(opt, devices, view)
+        assert programs.check_program(p, fuzzer.worker) is None, (devices, view)
+
+
+def test_fuzzer_reports_a_wrong_update_with_a_reproducer(fuzzer, monkeypatch):
+    # LAMB's trust ratio taken over d + weight_decay * w (the paper's rule,
+    # not OneFlow's): the fuzzer tells the updates apart
+    opt = _optimizers()[7]
+    right = programs._ref_update
+
+    def paper_lamb(o, w, g):
+        k = o.kw
+        d = (1 - k["beta1"]) * g / (1 - k["beta1"])
+        d = d / (np.sqrt((1 - k["beta2"]) * g * g / (1 - k["beta2"])) + k["epsilon"]) + k["weight_decay"] * w
+        return w - float(np.float32(o.lr)) * programs._norm(w) / programs._norm(d) * d
+    p = _train_program(opt, 2, "mirrored")
+    monkeypatch.setattr(programs, "_ref_update", paper_lamb)
+    msg = programs.check_program(p, fuzzer.worker)
+    assert msg is not None and msg.startswith("after one update of flow.optimizer.LAMB(") \
+        and msg.endswith("(2 devices, mirrored view)"), msg
+    repro = p.reproducer(msg)
+    assert "flow.config.cpu_device_num(2)" in repro and "w_want = " in repro
+    compile(repro, "<reproducer>", "exec")
+    monkeypatch.setattr(programs, "_ref_update", right)
+    assert programs.check_program(p, fuzzer.worker) is None
 
 
 def test_fuzzer_finds_an_open_finding_when_asked(fuzzer):
