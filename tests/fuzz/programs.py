@@ -1298,13 +1298,39 @@ class Worker:
             time.sleep(5 * (attempt + 1))
         raise RuntimeError(f"the fuzzer's worker cannot start (import flowjit):\n{err}")
 
+    def _waited(self):
+        """Per thread of the worker: the nanoseconds it was runnable but waited
+        for a CPU (/proc/PID/task/TID/schedstat; empty where there is none)."""
+        out = {}
+        try:
+            tids = os.listdir(f"/proc/{self.proc.pid}/task")
+        except OSError:
+            return out
+        for tid in tids:
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{tid}/schedstat") as f:
+                    out[tid] = int(f.read().split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+        return out
+
     def _read(self, timeout):
-        """One message from the worker, or None (it died or said nothing in time)."""
+        """One message from the worker, or None (it died), or "timeout": it said
+        nothing for `timeout` seconds, not counting the time its busiest-waiting
+        thread waited for a CPU (a worker at nice 19 on shared cores is starved,
+        not hung), or for 20 * timeout seconds of wall time."""
         import selectors
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout):
-            return "timeout"
+        t0, w0 = time.monotonic(), self._waited()
+        while not sel.select(0.25):
+            wall = time.monotonic() - t0
+            if wall < timeout:
+                continue
+            w = self._waited()
+            starved = max((w[t] - w0.get(t, 0) for t in w), default=0) / 1e9
+            if wall - starved >= timeout or wall >= 20 * timeout:
+                return "timeout"
         head = self.proc.stdout.read(8)
         if len(head) < 8:
             return None
