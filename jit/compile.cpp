@@ -203,9 +203,10 @@ std::shared_ptr<runtime::Program> load_cached(DiskCache& cache, const std::strin
       code.plan = runtime::Plan::deserialize(hit.plan);
       if (!code.plan.same_program(fresh))
         throw_user(ErrorKind::Value, "its plan does not match the job's kernels");
-      // [harden] The run checks are not serialized: they come with fusion's plan.
+      // [harden] The run checks and the first variable write come with fusion's plan.
       code.plan.status_offset = fresh.status_offset;
       code.plan.checks = fresh.checks;
+      code.plan.first_variable_write = fresh.first_variable_write;
       code.target = backend.target();
       code.object = std::move(hit.object);
       code.files.clear();

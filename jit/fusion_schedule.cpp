@@ -242,6 +242,12 @@ void Fuser::build_and_schedule(FusedProgram& out) {
 
   auto names = value_names(g_);
   std::ostringstream desc;
+  plan.first_variable_write = static_cast<int64_t>(launches.size());
+  for (size_t li = 0; li < launches.size(); ++li)
+    if (writes_a_variable(launches[li])) {
+      plan.first_variable_write = static_cast<int64_t>(li);
+      break;
+    }
   for (size_t li = 0; li < launches.size(); ++li) {
     Built& b = *launches[li];
     runtime::Launch l;

@@ -647,6 +647,11 @@ void Executable::gather_variable_pieces(size_t index, void* dst, int64_t outer,
   comm_->all_gather(rank_, variable_ptrs_[index], dst, outer, piece_bytes);
 }
 
+std::atomic<bool>& interrupt_requested() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
 bool overlap_enabled() {
   const char* v = std::getenv("FLOWJIT_OVERLAP");
   return !(v && std::string(v) == "0");
@@ -805,6 +810,11 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
     if (li > 0 && checks_[li - 1] && collective_index_.empty() &&
         *reinterpret_cast<const int64_t*>(arena_.get() + plan_.status_offset) != 0)
       raise_failed_check();
+    // [harden] Ctrl-C: between launches, before any variable is written (the
+    // devices of a distributed job would have to stop together: they do not).
+    if (static_cast<int64_t>(li) < plan_.first_variable_write && collective_index_.empty() &&
+        interrupt_requested().load(std::memory_order_relaxed))
+      throw Interrupted();
     const Launch& l = plan_.launches[li];
     char* const* args = argbuf_.data() + arg_start_[li];
     KernelFn fn = fns_[li];

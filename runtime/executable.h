@@ -8,6 +8,7 @@
 // thread pool.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -89,6 +90,11 @@ struct Plan {
   // "check" lines) for what runs a cached plan without fusion (exports).
   int64_t status_offset = -1;  // arena offset of the status buffer, -1: no checks
   std::vector<RunCheck> checks;
+  // [harden] Ctrl-C: launches from this one on may write variables (fusion
+  // orders variable writers after every check); a run interrupted before it
+  // stops and leaves every variable as it was. 0 (unknown: a plan read back
+  // without fusion) never stops.
+  int64_t first_variable_write = 0;
 
   // Whether `o` launches the same kernels on the same buffers: equal but
   // for what codegen decides per launch (the geometry). The disk cache's
@@ -216,6 +222,13 @@ class Executable : public Program {
   bool bound_ = false;
   bool writes_variables_ = true;
 };
+
+// [harden] Ctrl-C during a run: set (from a signal handler) while a run that
+// Python's main thread called is in progress. A CPU executable without
+// collectives checks it between launches: before its first variable write
+// it stops there with ir::Interrupted; after, it completes. Cleared by the
+// caller before the run.
+std::atomic<bool>& interrupt_requested();
 
 // Threads used for parallel launches (the TBB pool size).
 int num_threads();

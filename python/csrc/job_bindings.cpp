@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -24,6 +25,56 @@
 namespace flowjit::python {
 
 namespace {
+
+// The thread that imported flowjit: Python's main thread, where signal
+// handlers run.
+std::thread::id& main_thread() {
+  static std::thread::id id = std::this_thread::get_id();
+  return id;
+}
+
+// [harden] While a synchronous run is in progress on the main thread: a
+// SIGINT handler in front of the one installed (Python's) that asks the run
+// to stop (runtime::interrupt_requested) and then calls it. Nothing is
+// installed when SIGINT is ignored or has its default action (Python is not
+// handling it). The destructor puts the handler back and clears the request.
+struct sigaction g_sigint_behind;
+
+void sigint_in_front(int sig, siginfo_t* info, void* context) {
+  runtime::interrupt_requested().store(true);
+  if (g_sigint_behind.sa_flags & SA_SIGINFO) {
+    if (g_sigint_behind.sa_sigaction) g_sigint_behind.sa_sigaction(sig, info, context);
+  } else if (g_sigint_behind.sa_handler != SIG_DFL && g_sigint_behind.sa_handler != SIG_IGN) {
+    g_sigint_behind.sa_handler(sig);
+  }
+}
+
+class SigintWatch {
+ public:
+  explicit SigintWatch(bool on) {
+    if (!on) return;
+    struct sigaction now;
+    if (sigaction(SIGINT, nullptr, &now) != 0) return;
+    if (!(now.sa_flags & SA_SIGINFO) && (now.sa_handler == SIG_DFL || now.sa_handler == SIG_IGN))
+      return;
+    g_sigint_behind = now;
+    runtime::interrupt_requested().store(false);
+    struct sigaction mine = now;
+    mine.sa_flags = (now.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
+    mine.sa_sigaction = &sigint_in_front;
+    installed_ = sigaction(SIGINT, &mine, nullptr) == 0;
+  }
+  ~SigintWatch() {
+    if (!installed_) return;
+    sigaction(SIGINT, &g_sigint_behind, nullptr);
+    runtime::interrupt_requested().store(false);
+  }
+  SigintWatch(const SigintWatch&) = delete;
+  SigintWatch& operator=(const SigintWatch&) = delete;
+
+ private:
+  bool installed_ = false;
+};
 
 std::vector<ir::NodeRef> refs(const std::vector<PyNode>& v) {
   std::vector<ir::NodeRef> out;
@@ -228,16 +279,39 @@ class CompiledJobPy {
     std::vector<void*> out_ptrs;
     out_ptrs.reserve(outs.size());
     for (auto& o : outs) out_ptrs.push_back(o.mutable_data());
-    bool cleared = false;
+    bool cleared = false, interrupted = false;
+    // [harden] Ctrl-C stops a long run of a one-device CPU job that Python's
+    // main thread called at the next launch before it writes a variable (a
+    // signal handler in front of Python's while it runs; not for runs under
+    // 2 ms, which would only pay for the two sigaction calls).
+    const bool watch = std::this_thread::get_id() == main_thread() &&
+                       dynamic_cast<runtime::Executable*>(program_.get()) != nullptr &&
+                       last_run_seconds_ >= 0.002;
     {
       GilRelease release;
       std::lock_guard<std::mutex> lock(s.run_mutex());
       // clear_default_session() in another thread may have freed this job's
       // variables between the check above and the lock: never run then.
       cleared = generation_ != s.generation();
-      if (!cleared) program_->run(ins.data(), out_ptrs.data());
+      if (!cleared) {
+        SigintWatch sigint(watch);
+        auto t0 = std::chrono::steady_clock::now();
+        try {
+          program_->run(ins.data(), out_ptrs.data());
+        } catch (const Interrupted&) {
+          interrupted = true;
+        }
+        last_run_seconds_ =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
     }
     if (cleared) throw_cleared();
+    if (interrupted) {
+      // Python's handler ran behind ours: its KeyboardInterrupt (or what the
+      // user's handler raises) is pending.
+      if (PyErr_CheckSignals() == 0) PyErr_SetNone(PyExc_KeyboardInterrupt);
+      throw py::error_already_set();
+    }
     return group_results(outs);
   }
 
@@ -407,6 +481,7 @@ class CompiledJobPy {
   };
 
   jit::CompiledJob job_;
+  double last_run_seconds_ = 1.0;  // of the last synchronous run (none yet: watch it)
   std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables_;
   // The job's program: job_.program, or the devices of a distributed job.
   std::shared_ptr<runtime::Program> program_;
@@ -491,6 +566,7 @@ py::dict export_parts(const runtime::Plan& plan, const std::vector<char>& object
 }  // namespace
 
 void register_jobs(py::module_& m) {
+  main_thread();  // the importing thread
   m.attr("CacheWarning") = py::handle(cache_warning());
   py::class_<CompiledJobPy, std::shared_ptr<CompiledJobPy>>(m, "CompiledJob")
       .def("try_run", &CompiledJobPy::try_run)
