@@ -430,7 +430,8 @@ def test_wide_and_deep_tower_trains_like_pytorch():
               label: tp.Numpy.Placeholder((B, 1))) -> tp.Numpy:
         logits = _flow_wide_deep(dense, deep_ids, wide_ids)
         loss = flow.math.reduce_mean(flow.nn.sigmoid_cross_entropy_with_logits(label, logits))
-        deep_names = [n for n in flow.optimizer.SGD(0.1).Variables() if n not in wide_names]
+        layers = [f"wdl-deep-fc{i}" for i in range(len(c["hidden"]))] + ["wdl-deep-out"]
+        deep_names = ["wdl-deep-embedding"] + [f"{n}-{p}" for n in layers for p in ("weight", "bias")]
         flow.optimizer.CombinedOptimizer([
             flow.optimizer.SGD(c["sgd_lr"], momentum=0.9, variables=wide_names),
             flow.optimizer.LazyAdam(c["adam_lr"], variables=deep_names),
