@@ -3,10 +3,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
 
+#ifdef FLOWJIT_HAVE_PNG
+#include <png.h>
+#endif
 #ifdef FLOWJIT_HAVE_TURBOJPEG
 #include <turbojpeg.h>
 #endif
@@ -367,33 +372,157 @@ bool jpeg_support() {
 #endif
 }
 
-void Reader::decode_image(const Field& field, std::string_view jpeg, char* out,
-                          const std::string& where) {
+bool png_support() {
+#ifdef FLOWJIT_HAVE_PNG
+  return true;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+#ifdef FLOWJIT_HAVE_PNG
+// libpng reports errors with longjmp: this function keeps only plain C
+// values between its setjmp and libpng's calls, so nothing needs unwinding.
+// 8 bits per channel, 3 channels (RGB, or BGR): gray is repeated, a palette
+// expanded, alpha dropped (not composited) and 16-bit samples cut to their
+// high byte, as OpenCV's imdecode(IMREAD_COLOR) reads them (OneFlow's
+// decoder). Returns 0, or 1 with `err` set; *out is malloc'ed.
+struct PngSource {
+  const unsigned char* data;
+  size_t size, at;
+};
+
+void png_read_memory(png_structp png, png_bytep dst, png_size_t n) {
+  auto* src = static_cast<PngSource*>(png_get_io_ptr(png));
+  if (src->size - src->at < n) png_error(png, "the image data ends early");
+  std::memcpy(dst, src->data + src->at, n);
+  src->at += n;
+}
+
+void png_on_error(png_structp png, png_const_charp msg) {
+  auto* err = static_cast<char*>(png_get_error_ptr(png));
+  std::snprintf(err, 256, "%s", msg);
+  png_longjmp(png, 1);
+}
+
+void png_on_warning(png_structp, png_const_charp) {}
+
+int png_decode(const unsigned char* data, size_t size, int bgr, unsigned char** out, int* w, int* h,
+               char* err) {
+  *out = nullptr;
+  png_structp png =
+      png_create_read_struct(PNG_LIBPNG_VER_STRING, err, png_on_error, png_on_warning);
+  if (png == nullptr) {
+    std::snprintf(err, 256, "cannot create a PNG reader");
+    return 1;
+  }
+  png_infop info = png_create_info_struct(png);
+  png_bytepp rows = nullptr;
+  PngSource src{data, size, 0};
+  if (info == nullptr || setjmp(png_jmpbuf(png))) {
+    std::free(rows);
+    std::free(*out);
+    *out = nullptr;
+    png_destroy_read_struct(&png, info ? &info : nullptr, nullptr);
+    if (info == nullptr) std::snprintf(err, 256, "cannot create a PNG reader");
+    return 1;
+  }
+  png_set_read_fn(png, &src, png_read_memory);
+  // Images are limited to 2^14 pixels a side (a decoded row fits in memory).
+  png_set_user_limits(png, 1 << 14, 1 << 14);
+  png_read_info(png, info);
+  png_uint_32 width = png_get_image_width(png, info), height = png_get_image_height(png, info);
+  int type = png_get_color_type(png, info);
+  if (png_get_bit_depth(png, info) == 16) png_set_strip_16(png);
+  if (type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+  if (type == PNG_COLOR_TYPE_GRAY && png_get_bit_depth(png, info) < 8)
+    png_set_expand_gray_1_2_4_to_8(png);
+  if (type == PNG_COLOR_TYPE_GRAY || type == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
+  if (type & PNG_COLOR_MASK_ALPHA) png_set_strip_alpha(png);
+  if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_tRNS_to_alpha(png), png_set_strip_alpha(png);
+  if (bgr) png_set_bgr(png);
+  png_set_interlace_handling(png);
+  png_read_update_info(png, info);
+  if (png_get_rowbytes(png, info) != static_cast<png_size_t>(width) * 3) {
+    std::snprintf(err, 256, "an unexpected PNG layout (%u bytes per row)",
+                  static_cast<unsigned>(png_get_rowbytes(png, info)));
+    png_destroy_read_struct(&png, &info, nullptr);
+    return 1;
+  }
+  *out = static_cast<unsigned char*>(std::malloc(static_cast<size_t>(width) * height * 3));
+  rows = static_cast<png_bytepp>(std::malloc(sizeof(png_bytep) * height));
+  if (*out == nullptr || rows == nullptr) png_error(png, "out of memory");
+  for (png_uint_32 y = 0; y < height; ++y) rows[y] = *out + static_cast<size_t>(y) * width * 3;
+  png_read_image(png, rows);
+  png_read_end(png, nullptr);
+  std::free(rows);
+  png_destroy_read_struct(&png, &info, nullptr);
+  *w = static_cast<int>(width);
+  *h = static_cast<int>(height);
+  return 0;
+}
+#endif
+
+bool is_png(std::string_view b) { return b.size() >= 8 && b.substr(0, 8) == "\x89PNG\r\n\x1a\n"; }
+
+}  // namespace
+
+// The pixels of an encoded JPEG or PNG image: h x w x 3 bytes, RGB or BGR.
+std::vector<uint8_t> Reader::decode_pixels(const Field& field, std::string_view bytes, int* w,
+                                           int* h, const std::string& where) {
+  const bool bgr = field.image.bgr;
+  if (is_png(bytes)) {
+#ifndef FLOWJIT_HAVE_PNG
+    throw_user(ErrorKind::NotImplemented, "ofrecord image decoder: feature '", field.name, "' of ",
+               where,
+               " is a PNG image, and this flowjit was built without libpng (install "
+               "libpng-dev and rebuild)");
+#else
+    unsigned char* px = nullptr;
+    char err[256] = {0};
+    FJ_USER_CHECK(png_decode(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(),
+                             bgr ? 1 : 0, &px, w, h, err) == 0,
+                  ErrorKind::Value, "ofrecord image decoder: feature '", field.name, "' of ", where,
+                  " is not a PNG image flowjit can decode (", err, ")");
+    std::vector<uint8_t> img(px, px + static_cast<size_t>(*w) * *h * 3);
+    std::free(px);
+    return img;
+#endif
+  }
 #ifndef FLOWJIT_HAVE_TURBOJPEG
-  (void)jpeg, (void)out;
   throw_user(
       ErrorKind::NotImplemented, "ofrecord image decoder: feature '", field.name, "' of ", where,
       ": this flowjit was built without libjpeg-turbo (install libturbojpeg0-dev and rebuild)");
 #else
-  const Field::Image& im = field.image;
   tjhandle tj = tjInitDecompress();
   FJ_CHECK(tj != nullptr, "libjpeg-turbo: cannot create a decompressor");
   struct Free {
     tjhandle h;
     ~Free() { tjDestroy(h); }
   } free_tj{tj};
-  int w = 0, h = 0, sub = 0, space = 0;
-  auto* data = reinterpret_cast<const unsigned char*>(jpeg.data());
-  FJ_USER_CHECK(tjDecompressHeader3(tj, data, static_cast<unsigned long>(jpeg.size()), &w, &h, &sub,
+  int sub = 0, space = 0;
+  auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  FJ_USER_CHECK(tjDecompressHeader3(tj, data, static_cast<unsigned long>(bytes.size()), w, h, &sub,
                                     &space) == 0,
                 ErrorKind::Value, "ofrecord image decoder: feature '", field.name, "' of ", where,
-                " is not a JPEG image flowjit can decode (", tjGetErrorStr2(tj), ")");
-  const int64_t c = 3;
-  std::vector<uint8_t> img(static_cast<size_t>(int64_t{w} * h * c));
-  FJ_USER_CHECK(tjDecompress2(tj, data, static_cast<unsigned long>(jpeg.size()), img.data(), w, 0,
-                              h, im.bgr ? TJPF_BGR : TJPF_RGB, TJFLAG_ACCURATEDCT) == 0,
+                " is not a JPEG or PNG image flowjit can decode (", tjGetErrorStr2(tj), ")");
+  std::vector<uint8_t> img(static_cast<size_t>(int64_t{*w} * *h * 3));
+  FJ_USER_CHECK(tjDecompress2(tj, data, static_cast<unsigned long>(bytes.size()), img.data(), *w, 0,
+                              *h, bgr ? TJPF_BGR : TJPF_RGB, TJFLAG_ACCURATEDCT) == 0,
                 ErrorKind::Value, "ofrecord image decoder: feature '", field.name, "' of ", where,
                 ": ", tjGetErrorStr2(tj));
+  return img;
+#endif
+}
+
+void Reader::decode_image(const Field& field, std::string_view encoded, char* out,
+                          const std::string& where) {
+  const Field::Image& im = field.image;
+  int w = 0, h = 0;
+  std::vector<uint8_t> img = decode_pixels(field, encoded, &w, &h, where);
+  const int64_t c = 3;
   int64_t ih = h, iw = w;
   if (im.random_crop) {
     std::uniform_real_distribution<double> area(im.area_min, im.area_max);
@@ -437,7 +566,6 @@ void Reader::decode_image(const Field& field, std::string_view jpeg, char* out,
                 " image, but the blob's shape is ", ir::shape_str(field.shape),
                 "; resize it to a fixed size or crop it");
   std::memcpy(out, img.data(), img.size());
-#endif
 }
 
 void Reader::decode_into(const std::vector<std::pair<std::string, Feature>>& rec, int64_t row,

@@ -89,6 +89,8 @@ struct Field {
 
 // Whether this build decodes JPEG images (it links libjpeg-turbo).
 bool jpeg_support();
+// Whether this build decodes PNG images (it links libpng).
+bool png_support();
 
 struct ReaderOptions {
   std::vector<std::string> files;  // the part files, in order
@@ -122,7 +124,10 @@ class Reader {
   void run();
   void decode_into(const std::vector<std::pair<std::string, Feature>>& rec, int64_t row,
                    std::vector<std::vector<char>>& batch, const std::string& where);
-  void decode_image(const Field& field, std::string_view jpeg, char* out, const std::string& where);
+  void decode_image(const Field& field, std::string_view encoded, char* out,
+                    const std::string& where);
+  std::vector<uint8_t> decode_pixels(const Field& field, std::string_view encoded, int* w, int* h,
+                                     const std::string& where);
   std::mt19937_64 image_rng_;  // the image crops' random numbers (the reader's thread only)
 
   ReaderOptions opt_;

@@ -25,7 +25,7 @@ VENV="${FLOWJIT_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 JOBS="${FLOWJIT_BUILD_JOBS:-$(nproc)}"
 
-APT_PACKAGES="llvm-19-dev libtbb-dev libgloo-dev libturbojpeg0-dev dataset-fashion-mnist libgtest-dev cmake ninja-build ccache g++ python3-dev clang-format-19 openmpi-bin"
+APT_PACKAGES="llvm-19-dev libtbb-dev libgloo-dev libturbojpeg0-dev libpng-dev dataset-fashion-mnist libgtest-dev cmake ninja-build ccache g++ python3-dev clang-format-19 openmpi-bin"
 
 log() { printf '\033[1m[dev.sh]\033[0m %s\n' "$*"; }
 die() { printf '\033[1m[dev.sh]\033[0m error: %s\n' "$*" >&2; exit 1; }

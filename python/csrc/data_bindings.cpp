@@ -83,6 +83,7 @@ void register_data(py::module_& m) {
       .def_property_readonly("records_read", &ofr::Reader::records_read);
 
   m.def("ofrecord_jpeg_support", &ofr::jpeg_support);
+  m.def("ofrecord_png_support", &ofr::png_support);
 
   // One framed OFRecord (int64 length + protobuf) from [(key, kind, values)],
   // kind one of "bytes", "float", "double", "int32", "int64".

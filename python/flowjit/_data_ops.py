@@ -321,9 +321,11 @@ def _crop_spec(api, num_attempts, random_area, random_aspect_ratio):
 
 def OFRecordImageDecoder(input_blob: OFRecordSource, blob_name: str, color_space: str = "BGR",
                          name: Optional[str] = None) -> ImageSource:
-    """The JPEG image in feature ``blob_name`` of every record, decoded to
-    3 channels in ``color_space`` (RGB or BGR) by the reader's native
-    thread (libjpeg-turbo). Give it a fixed size with ``flow.image.Resize``
+    """The JPEG or PNG image in feature ``blob_name`` of every record, decoded
+    to 3 channels in ``color_space`` (RGB or BGR) by the reader's native
+    thread (libjpeg-turbo, libpng; a PNG's alpha is dropped and its 16-bit
+    samples cut to 8, as OpenCV reads them for OneFlow). Give it a fixed
+    size with ``flow.image.Resize``
     or ``flow.image.CropMirrorNormalize``."""
     api = "data.OFRecordImageDecoder"
     return ImageSource(_reader_of(api, input_blob), blob_name, {"bgr": _color_space(api, color_space)}, api)
@@ -357,7 +359,7 @@ def ImageDecoderRandomCropResize(input_blob: BytesSource, target_width: int, tar
                                  random_aspect_ratio: Optional[Sequence[float]] = None,
                                  num_workers: Optional[int] = None, warmup_size: Optional[int] = None,
                                  max_num_pixels: Optional[int] = None, name: Optional[str] = None) -> Blob:
-    """The JPEG images of a bytes feature decoded (RGB), randomly cropped as
+    """The JPEG or PNG images of a bytes feature decoded (RGB), randomly cropped as
     :func:`OFRecordImageDecoderRandomCrop` does and resized to
     ``target_height`` x ``target_width``: a uint8 (batch, height, width, 3)
     blob. ``num_workers``, ``warmup_size`` and ``max_num_pixels`` tune

@@ -105,7 +105,7 @@ def write_npz(npz_path: str, out_dir: str, parts: int = 1, part_name_suffix_leng
 
 
 def write_image_folder(image_dir: str, out_dir: str, parts: int = 1,
-                       extensions: Optional[Iterable[str]] = (".jpg", ".jpeg"),
+                       extensions: Optional[Iterable[str]] = (".jpg", ".jpeg", ".png"),
                        part_name_suffix_length: int = -1) -> List[str]:
     """image_dir/<class>/<image>: a record per image with its file's bytes
     ("encoded"), its class's index among the sorted class folders

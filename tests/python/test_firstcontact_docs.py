@@ -116,7 +116,7 @@ def test_readme_and_dev_sh_agree_on_the_two_commands():
     apt = re.search(r'^APT_PACKAGES="([^"]+)"', dev, re.M).group(1).split()
     setup_text = readme[readme.index("## Two commands"):readme.index("## A first job")]
     said = {"llvm-19-dev": "LLVM 19", "libtbb-dev": "TBB", "libgloo-dev": "Gloo",
-            "libturbojpeg0-dev": "libjpeg-turbo",
+            "libturbojpeg0-dev": "libjpeg-turbo", "libpng-dev": "libpng",
             "dataset-fashion-mnist": "dataset-fashion-mnist", "libgtest-dev": "GoogleTest",
             "cmake": "CMake", "ninja-build": "Ninja", "ccache": "ccache", "g++": "g++",
             "python3-dev": None, "clang-format-19": "clang-format 19", "openmpi-bin": "Open MPI"}

@@ -133,7 +133,7 @@ def test_errors_say_what_is_missing(dataset, tmp_path):
         img = flow.image.Resize(flow.data.OFRecordImageDecoder(r, "encoded"), target_size=(4, 4))[0]
         return flow.image.CropMirrorNormalize(img)
 
-    with pytest.raises(ValueError, match=r"feature 'encoded' of '.*part-0' record 0 is not a JPEG image"):
+    with pytest.raises(ValueError, match=r"feature 'encoded' of '.*part-0' record 0 is not a JPEG or PNG image"):
         bad()
     flow.clear_default_session()
 
@@ -145,3 +145,77 @@ def test_errors_say_what_is_missing(dataset, tmp_path):
 
     with pytest.raises(NotImplementedError, match=r"scale output is not produced by flowjit yet"):
         scale()
+
+
+def test_png_images_of_every_kind_decode_as_opencv_reads_them(tmp_path):
+    """RGB, gray, palette (with and without transparency), RGBA and 16-bit
+    PNGs: 8-bit RGB (or BGR) pixels, gray repeated, alpha dropped (not
+    composited) and 16-bit samples cut to their high byte, as OpenCV's
+    imdecode(IMREAD_COLOR) gives OneFlow's decoder; PIL is the reference."""
+    from flowjit import _C
+    if not _C.ofrecord_png_support():
+        pytest.skip("this flowjit was built without libpng")
+    rng = np.random.default_rng(1)
+    h, w = 7, 9
+    rgb = (rng.random((h, w, 3)) * 255).astype(np.uint8)
+    rgba = np.concatenate([rgb, (rng.random((h, w, 1)) * 255).astype(np.uint8)], axis=2)
+    gray = rgb[..., 0]
+    wide = (rng.random((h, w, 3)) * 65535).astype(np.uint16)
+    images = {
+        "rgb": (Image.fromarray(rgb), rgb),
+        "rgba": (Image.fromarray(rgba, "RGBA"), rgb),
+        "gray": (Image.fromarray(gray), np.repeat(gray[..., None], 3, axis=2)),
+        "palette": (Image.fromarray(rgb).quantize(16), None),
+        "gray16": (Image.fromarray((gray.astype(np.uint16) * 257)), np.repeat(gray[..., None], 3, axis=2)),
+    }
+    pal_t = Image.fromarray(rgb).quantize(8)
+    pal_t.info["transparency"] = 0
+    images["palette_trns"] = (pal_t, None)
+    records, refs = [], []
+    for name, (img, ref) in images.items():
+        path = tmp_path / f"{name}.png"
+        img.save(path, **({"transparency": 0} if name == "palette_trns" else {}))
+        if ref is None:
+            ref = np.asarray(Image.open(path).convert("RGB"))
+        records.append({"encoded": path.read_bytes()})
+        refs.append(ref)
+    # 16-bit RGB (PIL cannot write it): the high bytes.
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    raw = b"".join(b"\x00" + wide[y].astype(">u2").tobytes() for y in range(h))
+    png16 = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0)) +
+             chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    records.append({"encoded": png16})
+    refs.append((wide >> 8).astype(np.uint8))
+    ofr.write(tmp_path / "ofr", records)
+    n = len(records)
+    for space in ("RGB", "BGR"):
+        flow.clear_default_session()
+
+        @flow.global_function()
+        def decode() -> tp.Numpy:
+            r = flow.data.ofrecord_reader(str(tmp_path / "ofr"), batch_size=n)
+            img = flow.data.OFRecordImageDecoder(r, "encoded", color_space=space)
+            rsz = flow.image.Resize(img, target_size=(w, h))[0]  # (width, height): the same size
+            return flow.image.CropMirrorNormalize(rsz, color_space=space, output_layout="NHWC",
+                                                  output_dtype=flow.float)
+
+        out = decode()
+        for i, ref in enumerate(refs):
+            want = ref if space == "RGB" else ref[..., ::-1]
+            np.testing.assert_array_equal(out[i], want.astype(np.float32), err_msg=f"{space} image {i}")
+    # A damaged PNG names the record and what libpng said.
+    ofr.write(tmp_path / "bad", [{"encoded": png16[:60]}])
+    flow.clear_default_session()
+
+    @flow.global_function()
+    def bad() -> tp.Numpy:
+        r = flow.data.ofrecord_reader(str(tmp_path / "bad"), batch_size=1)
+        img = flow.image.Resize(flow.data.OFRecordImageDecoder(r, "encoded"), target_size=(4, 4))[0]
+        return flow.image.CropMirrorNormalize(img)
+
+    with pytest.raises(ValueError, match=r"record 0 is not a PNG image flowjit can decode \(.+\)"):
+        bad()
