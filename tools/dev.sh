@@ -228,7 +228,7 @@ sanitize() {
   local sanpy="$SAN_DIR/venv/bin/python"
   if [ ! -x "$sanpy" ]; then
     "$BASE_PY" -m venv "$SAN_DIR/venv"
-    "$sanpy" -m pip install -q --disable-pip-version-check "numpy>=1.22" pytest
+    "$sanpy" -m pip install -q --disable-pip-version-check "numpy>=1.22" "ml_dtypes>=0.2" pytest hypothesis
   fi
   local asan ubsan
   asan=$(g++ -print-file-name=libasan.so)
