@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 
 #include "ir/diag.h"
@@ -85,10 +86,10 @@ void PassLog::dump(const std::string& stage, const std::string& text) {
   }
 }
 
-Graph optimize(const Graph& input, PassLog& log) {
+Graph optimize(const Graph& input, PassLog& log, const OptimizeOptions& options) {
   Graph g = input;
   bool composites_left = true;
-  auto run = [&](const char* name, Graph (*pass)(const Graph&)) {
+  auto run = [&](const char* name, const std::function<Graph(const Graph&)>& pass) {
     auto t0 = std::chrono::steady_clock::now();
     Graph next = pass(g);
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -108,7 +109,7 @@ Graph optimize(const Graph& input, PassLog& log) {
   run("transpose_fold", transpose_fold);
   run("layout", layout);
   run("decompose", decompose);
-  run("widen_half", widen_half);
+  run("widen_half", [&](const Graph& x) { return widen_half(x, options.gpu); });
   run("reshape_sink", reshape_sink);
   run("simplify", simplify);
   run("fold", fold);

@@ -24,10 +24,16 @@ struct PassLog {
   bool dump_failed = false;  // reported once per job
 };
 
+// What the passes may assume of the target.
+struct OptimizeOptions {
+  bool gpu = false;  // half-precision matmuls stay half (widen_half)
+};
+
 // Runs the passes in order, verifying the IR after each one:
-//   simplify, fold, cse, transpose_fold, layout, decompose, simplify, fold, dce
+//   simplify, fold, cse, transpose_fold, layout, decompose, widen_half,
+//   reshape_sink, simplify, fold, dce
 // CSE runs before decompose only, so the forward and backward expansions of a
 // softmax keep their own reductions and each fuses into one kernel.
-ir::Graph optimize(const ir::Graph& g, PassLog& log);
+ir::Graph optimize(const ir::Graph& g, PassLog& log, const OptimizeOptions& options = {});
 
 }  // namespace flowjit::jit

@@ -3,8 +3,9 @@
 #   1. builds flowjit's C++ tests and the GPU benchmark (CMake + Ninja)
 #   2. numerics: every GPU test kernel against the CPU backend on the GPU
 #      (the Nvptx* gtests with FLOWJIT_REQUIRE_GPU=1: NvptxDevice.* runs the
-#      whole suite of graphs, the seed's train step included, on the GPU and
-#      compares with the CPU; skips become failures), plus the GPU-less ones
+#      whole suite of graphs, the seed's train step and the float16/bfloat16
+#      matmuls on mma.m16n8k16 included, on the GPU and compares with the
+#      CPU; skips become failures), plus the GPU-less ones
 #      (ptxas for sm_80/sm_90, golden PTX, runtime, emulator)
 #   3. the Python suite's GPU-placed jobs against the same jobs on the CPU:
 #      tests/python/test_gpu.py with FLOWJIT_REQUIRE_GPU=1 (predict, train,

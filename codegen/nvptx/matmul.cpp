@@ -28,6 +28,16 @@
 //      C (16x8):      c0 (g, 2t) c1 (g, 2t+1) c2 (g+8, 2t) c3 (g+8, 2t+1)
 //    with g = lane / 4 and t = lane % 4. Shared rows are padded (A by 4, B
 //    by 8 words) so fragment reads hit 32 distinct banks.
+//  * float16/bfloat16 tensor cores (sm_80+): warps own 16 x 8
+//    mma.sync.m16n8k16 tiles on the operands' bits, accumulation FP32. A
+//    register holds two k-consecutive elements (the first in its low half):
+//      A (16x16, row): a0 (g, 2t..) a1 (g+8, 2t..) a2 (g, 2t+8..) a3 (g+8, 2t+8..)
+//      B (16x8, col):  b0 (k=2t.., n=g) b1 (k=2t+8.., n=g)
+//    C as above. Shared memory holds A as [m][k] and B as [n][k] (k
+//    contiguous), so each register is one 32-bit load. Before sm_80, half
+//    operands take the FMA path, converted to float32 when fetched.
+//  Half results are rounded to their type before the epilogue, as a float32
+//  matmul cast to the half type (jit/passes/widen_half, which the CPU uses).
 #include <llvm/IR/IntrinsicsNVPTX.h>
 
 #include <algorithm>
@@ -44,6 +54,9 @@ namespace {
 
 struct TileConfig {
   bool tensor_cores = false;
+  // The tensor-core kind: TF32 (float32 operands), or mma.m16n8k16 on
+  // float16/bfloat16 operands.
+  enum class Mma : uint8_t { Tf32, Half } mma = Mma::Tf32;
   int bm = 64, bn = 64, bk = 16;
   int tm = 4, tn = 4;            // FMA: elements per thread along m and n
   int warps_m = 2, warps_n = 2;  // tensor cores: warp grid; warp tile = (bm/warps_m) x (bn/warps_n)
@@ -54,6 +67,21 @@ struct TileConfig {
 TileConfig choose_tiles(const MatMulSpec& mm, DType dt, const GpuTarget& t) {
   TileConfig c;
   bool big = mm.m >= 128 && mm.n >= 128;
+  if (ir::is_half(dt) && t.sm >= 80) {
+    c.tensor_cores = true;
+    c.mma = TileConfig::Mma::Half;
+    c.bk = 16;
+    c.pad_a = c.pad_b = 8;  // 16-bit elements: rows 24 halves (48 bytes) apart
+    if (big) {
+      c.bm = c.bn = 128;
+      c.warps_m = 2;
+      c.warps_n = 4;
+    } else {
+      c.bm = c.bn = 64;
+      c.warps_m = c.warps_n = 2;
+    }
+    return c;
+  }
   if (dt == DType::Float32 && t.allow_tf32 && t.has_tensor_cores_tf32()) {
     c.tensor_cores = true;
     c.bk = 16;
@@ -86,7 +114,9 @@ class MatMulEmitter {
              "matmul kernel ", k.name, ": operand strides must be (batch, row, col) or digits");
     dt_ = k.args.at(mm_.a.arg).dtype;
     is_float_ = ir::is_float(dt_);
+    half_ = ir::is_half(dt_);
     cfg_ = choose_tiles(mm_, dt_, t);
+    half_mma_ = cfg_.tensor_cores && cfg_.mma == TileConfig::Mma::Half;
   }
 
   llvm::Function* emit(abi::GpuGrid& launch, KernelNotes& notes) {
@@ -95,8 +125,10 @@ class MatMulEmitter {
     b_.SetInsertPoint(llvm::BasicBlock::Create(c, "entry", f_));
     for (auto& a : f_->args()) ptrs_.push_back(&a);
     e_ = std::make_unique<ExprEmitter>(k_, b_, math_, ptrs_);
-    et_ = reg_type(c, dt_);
-    st_ = cfg_.tensor_cores ? b_.getInt32Ty() : et_;  // what shared memory holds
+    et_ = mem_type(c, dt_);  // an element in global memory
+    ct_ = reg_type(c, dt_);  // the FMA path's arithmetic (float32 for the half types)
+    // What shared memory holds: TF32 bits, half bits, or the arithmetic type.
+    st_ = !cfg_.tensor_cores ? ct_ : half_mma_ ? b_.getInt16Ty() : b_.getInt32Ty();
 
     tiles_m_ = ceil_div(mm_.m, cfg_.bm);
     tiles_n_ = ceil_div(mm_.n, cfg_.bn);
@@ -107,13 +139,17 @@ class MatMulEmitter {
     launch.block[0] = static_cast<uint32_t>(cfg_.threads());
     bool implicit = !mm_.plain(0) || !mm_.plain(1);
     notes.mapping = std::string(implicit ? "implicit-gemm " : "matmul ") +
-                    (cfg_.tensor_cores ? "tf32 mma " : "fma ") + std::to_string(cfg_.bm) + "x" +
-                    std::to_string(cfg_.bn) + "x" + std::to_string(cfg_.bk);
+                    (half_mma_           ? std::string(ir::dtype_name(dt_)) + " mma "
+                     : cfg_.tensor_cores ? std::string("tf32 mma ")
+                                         : std::string("fma ")) +
+                    std::to_string(cfg_.bm) + "x" + std::to_string(cfg_.bn) + "x" +
+                    std::to_string(cfg_.bk);
 
     lda_ = cfg_.tensor_cores ? cfg_.bk + cfg_.pad_a : cfg_.bm + cfg_.pad_a;
-    ldb_ = cfg_.bn + cfg_.pad_b;
+    // B: [k][n], or [n][k] for the half mma (its registers pair k values).
+    ldb_ = half_mma_ ? cfg_.bk + cfg_.pad_b : cfg_.bn + cfg_.pad_b;
     int64_t a_cells = cfg_.tensor_cores ? int64_t{cfg_.bm} * lda_ : int64_t{cfg_.bk} * lda_;
-    int64_t b_cells = int64_t{cfg_.bk} * ldb_;
+    int64_t b_cells = half_mma_ ? int64_t{cfg_.bn} * ldb_ : int64_t{cfg_.bk} * ldb_;
     as_ = shared_array(m_, k_.name + ".a", st_, a_cells);
     bs_ = shared_array(m_, k_.name + ".b", st_, b_cells);
     notes.static_shared_bytes =
@@ -298,10 +334,16 @@ class MatMulEmitter {
           v = b_.CreateSelect(ok, load_at(t, sgr, sgc), zero());
         }
       }
-      if (cfg_.tensor_cores)
-        v = b_.CreateIntrinsic(b_.getInt32Ty(), llvm::Intrinsic::nvvm_f2tf32_rna, {v});
-      b_.CreateStore(v, t.regs[e]);
+      b_.CreateStore(to_shared(v), t.regs[e]);
     }
+  }
+
+  // A fetched element (global memory's type) as shared memory holds it.
+  Value* to_shared(Value* v) {
+    if (half_mma_) return dt_ == DType::Float16 ? b_.CreateBitCast(v, b_.getInt16Ty()) : v;
+    if (cfg_.tensor_cores)
+      return b_.CreateIntrinsic(b_.getInt32Ty(), llvm::Intrinsic::nvvm_f2tf32_rna, {v});
+    return half_ ? from_mem(b_, v, dt_) : v;
   }
 
   Value* load_at(const TileLoad& t, Value* gr, Value* gc) {
@@ -389,6 +431,10 @@ class MatMulEmitter {
       t->sr = unit_step(dig_[op], true);
       t->sc = unit_step(dig_[op], false);
     }
+    if (half_mma_) {
+      tb.ld_r = 1;  // Bs[n][k]
+      tb.ld_c = ldb_;
+    }
     if (cfg_.tensor_cores) {
       ta.ld_r = lda_;  // As[m][k]
       ta.ld_c = 1;
@@ -423,7 +469,9 @@ class MatMulEmitter {
           fetch(tb, k0, n0_);
           b_.CreateBr(math);
           b_.SetInsertPoint(math);
-          if (cfg_.tensor_cores) {
+          if (half_mma_) {
+            emit_half_mma_math();
+          } else if (cfg_.tensor_cores) {
             emit_mma_math();
           } else {
             emit_fma_math();
@@ -440,7 +488,7 @@ class MatMulEmitter {
 
   void init_accumulators() {
     int n = cfg_.tensor_cores ? mma_mi() * mma_ni() * 4 : cfg_.tm * cfg_.tn;
-    llvm::Type* at = cfg_.tensor_cores ? b_.getFloatTy() : et_;
+    llvm::Type* at = cfg_.tensor_cores ? b_.getFloatTy() : ct_;
     for (int i = 0; i < n; ++i) {
       acc_.push_back(entry_alloca(f_, at, "acc"));
       b_.CreateStore(llvm::Constant::getNullValue(at), acc_.back());
@@ -456,7 +504,7 @@ class MatMulEmitter {
     Value* tx = b_.CreateURem(tid_, i32(fma_tx_count()));
     Value* ty = b_.CreateUDiv(tid_, i32(fma_tx_count()));
     std::vector<Value*> acc(acc_.size());
-    for (size_t i = 0; i < acc_.size(); ++i) acc[i] = b_.CreateLoad(et_, acc_[i]);
+    for (size_t i = 0; i < acc_.size(); ++i) acc[i] = b_.CreateLoad(ct_, acc_[i]);
     for (int kk = 0; kk < cfg_.bk; ++kk) {
       std::vector<Value*> av(cfg_.tm), bv(cfg_.tn);
       for (int i = 0; i < cfg_.tm; ++i)
@@ -533,10 +581,61 @@ class MatMulEmitter {
     for (size_t i = 0; i < acc_.size(); ++i) b_.CreateStore(acc[i], acc_[i]);
   }
 
+  // One 32-bit register of two 16-bit elements of shared memory at `idx`
+  // (even: the tiles' rows are an even number of elements apart).
+  Value* smem_pair(llvm::GlobalVariable* s, Value* idx32) {
+    Value* p = b_.CreateGEP(st_, s, b_.CreateZExt(idx32, b_.getInt64Ty()));
+    return b_.CreateAlignedLoad(b_.getInt32Ty(), p, llvm::Align(4));
+  }
+
+  void emit_half_mma_math() {
+    WarpCoords w = warp_coords();
+    llvm::Function* mma = llvm::Intrinsic::getDeclaration(
+        &m_, dt_ == DType::Float16 ? llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_f32_f32
+                                   : llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_bf16);
+    llvm::FunctionType* ft = mma->getFunctionType();
+    std::vector<Value*> acc(acc_.size());
+    for (size_t i = 0; i < acc_.size(); ++i) acc[i] = b_.CreateLoad(b_.getFloatTy(), acc_[i]);
+    Value* t2 = b_.CreateMul(w.t, i32(2));
+    for (int kk = 0; kk < cfg_.bk; kk += 16) {
+      std::vector<std::array<Value*, 4>> a(mma_mi());
+      std::vector<std::array<Value*, 2>> bf(mma_ni());
+      for (int mi = 0; mi < mma_mi(); ++mi) {
+        Value* row = b_.CreateAdd(w.rb, b_.CreateAdd(w.g, i32(mi * 16)));
+        Value* row8 = b_.CreateAdd(row, i32(8));
+        auto at = [&](Value* r, int dk) {
+          return smem_pair(
+              as_, b_.CreateAdd(b_.CreateMul(r, i32(lda_)), b_.CreateAdd(t2, i32(kk + dk))));
+        };
+        a[mi] = {at(row, 0), at(row8, 0), at(row, 8), at(row8, 8)};
+      }
+      for (int ni = 0; ni < mma_ni(); ++ni) {
+        Value* col = b_.CreateAdd(w.cb, b_.CreateAdd(w.g, i32(ni * 8)));
+        auto bt = [&](int dk) {
+          return smem_pair(
+              bs_, b_.CreateAdd(b_.CreateMul(col, i32(ldb_)), b_.CreateAdd(t2, i32(kk + dk))));
+        };
+        bf[ni] = {bt(0), bt(8)};
+      }
+      for (int mi = 0; mi < mma_mi(); ++mi)
+        for (int ni = 0; ni < mma_ni(); ++ni) {
+          int base = (mi * mma_ni() + ni) * 4;
+          std::vector<Value*> args = {a[mi][0],      a[mi][1],     a[mi][2],  a[mi][3],
+                                      bf[ni][0],     bf[ni][1],    acc[base], acc[base + 1],
+                                      acc[base + 2], acc[base + 3]};
+          for (unsigned i = 0; i < 6; ++i)  // <2 x half> for float16, i32 for bfloat16
+            args[i] = b_.CreateBitCast(args[i], ft->getParamType(i));
+          Value* r = b_.CreateCall(mma, args);
+          for (unsigned q = 0; q < 4; ++q) acc[base + q] = b_.CreateExtractValue(r, {q});
+        }
+    }
+    for (size_t i = 0; i < acc_.size(); ++i) b_.CreateStore(acc[i], acc_[i]);
+  }
+
   // ---------------------------------------------------------------- epilogue
 
   void emit_epilogue() {
-    llvm::Type* at = cfg_.tensor_cores ? b_.getFloatTy() : et_;
+    llvm::Type* at = cfg_.tensor_cores ? b_.getFloatTy() : ct_;
     if (cfg_.tensor_cores) {
       WarpCoords w = warp_coords();
       for (int mi = 0; mi < mma_mi(); ++mi)
@@ -561,6 +660,7 @@ class MatMulEmitter {
 
   // The epilogue at tile-local (r, c), guarded by the output bounds.
   void element(Value* r, Value* c, Value* accv) {
+    if (half_) accv = from_mem(b_, to_mem(b_, accv, dt_), dt_);  // the half type's value
     Value* m = b_.CreateAdd(m0_, b_.CreateZExt(r, b_.getInt64Ty()));
     Value* n = b_.CreateAdd(n0_, b_.CreateZExt(c, b_.getInt64Ty()));
     Value* ok = b_.getTrue();
@@ -598,11 +698,14 @@ class MatMulEmitter {
   const MatMulSpec& mm_;
   DType dt_;
   bool is_float_ = true;
+  bool half_ = false;      // float16 or bfloat16 operands
+  bool half_mma_ = false;  // ... on mma.m16n8k16
   TileConfig cfg_;
   llvm::Function* f_ = nullptr;
   std::vector<Value*> ptrs_;
   std::unique_ptr<ExprEmitter> e_;
-  llvm::Type* et_ = nullptr;
+  llvm::Type* et_ = nullptr;  // an element in global memory (mem_type)
+  llvm::Type* ct_ = nullptr;  // the FMA path's arithmetic (reg_type)
   llvm::Type* st_ = nullptr;
   int64_t tiles_m_ = 1, tiles_n_ = 1;
   int64_t lda_ = 0, ldb_ = 0;

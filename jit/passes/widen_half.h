@@ -7,12 +7,16 @@
 // rewrite: their kernels read and write the half types and compute in
 // float32 registers (codegen/emit.h, from_mem/to_mem). The casts are
 // elementwise, so fusion folds them into the producers and consumers.
+//
+// `half_matmuls` (GPU targets): matmuls stay in their half type, for the
+// GPU's half tensor cores (codegen/nvptx/matmul.cpp), which accumulate in
+// float32 and round once, as the widened form does.
 #pragma once
 
 #include "ir/graph.h"
 
 namespace flowjit::jit {
 
-ir::Graph widen_half(const ir::Graph& g);
+ir::Graph widen_half(const ir::Graph& g, bool half_matmuls = false);
 
 }  // namespace flowjit::jit

@@ -123,6 +123,26 @@ const char* kMatmulBiasRelu =
     "  %2 = relu(%1) : f32[256,512]\n"
     "  return %2\n}\n";
 
+// Half-precision matmuls (DT: f16 or bf16): a dense layer with a bias and
+// ReLU epilogue (64x64 tiles) and a plain one big enough for 128x128 tiles,
+// k = 72 (not a multiple of the mma's 16).
+std::string half_matmuls(const std::string& dt) {
+  std::string t =
+      "graph t {\n"
+      "  %x = parameter() {dtype=DT, index=0, name=\"x\", shape=[100,72]} : DT[100,72]\n"
+      "  %w = parameter() {dtype=DT, index=1, name=\"w\", shape=[136,72]} : DT[136,72]\n"
+      "  %b = parameter() {dtype=DT, index=2, name=\"b\", shape=[136]} : DT[136]\n"
+      "  %z = parameter() {dtype=DT, index=3, name=\"z\", shape=[160,72]} : DT[160,72]\n"
+      "  %y = parameter() {dtype=DT, index=4, name=\"y\", shape=[72,200]} : DT[72,200]\n"
+      "  %0 = matmul(%x, %w) {transpose_a=false, transpose_b=true} : DT[100,136]\n"
+      "  %1 = add(%0, %b) : DT[100,136]\n"
+      "  %2 = relu(%1) : DT[100,136]\n"
+      "  %3 = matmul(%z, %y) {transpose_a=false, transpose_b=false} : DT[160,200]\n"
+      "  return %2, %3\n}\n";
+  for (size_t at; (at = t.find("DT")) != std::string::npos;) t.replace(at, 2, dt);
+  return t;
+}
+
 const char* kSoftmax =
     "graph t {\n"
     "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[100,10]} : f32[100,10]\n"
@@ -433,6 +453,8 @@ const std::vector<Case>& suite() {
       c.push_back({"reductions_" + std::string(dtype_short_name(dt)), reductions_all(dt), {}});
     c.push_back({"matmul_bias_relu", parse_graph(kMatmulBiasRelu), {}});
     c.push_back({"matmul_variants", matmul_variants(), {}});
+    c.push_back({"matmul_f16", parse_graph(half_matmuls("f16")), {}});
+    c.push_back({"matmul_bf16", parse_graph(half_matmuls("bf16")), {}});
     for (DType dt : {DType::Float32, DType::Float64, DType::Int32, DType::Int64, DType::Int8,
                      DType::UInt8, DType::Bool, DType::Float16, DType::BFloat16})
       c.push_back(
@@ -452,9 +474,10 @@ const std::vector<Case>& suite() {
   return cases;
 }
 
-jit::FusedProgram fuse_graph(const Graph& g, const std::string& name) {
+// `gpu`: optimized for a GPU target (half matmuls stay half), as compile_job does.
+jit::FusedProgram fuse_graph(const Graph& g, const std::string& name, bool gpu = false) {
   jit::PassLog log;
-  Graph opt = jit::optimize(g, log);
+  Graph opt = jit::optimize(g, log, jit::OptimizeOptions{gpu});
   return jit::fuse(opt, name);
 }
 
@@ -538,7 +561,7 @@ const std::vector<Module>& suite_modules() {
   static const std::vector<Module> mods = [] {
     std::vector<Module> out;
     std::vector<jit::FusedProgram> fused;
-    for (const Case& c : suite()) fused.push_back(fuse_graph(c.graph, c.name));
+    for (const Case& c : suite()) fused.push_back(fuse_graph(c.graph, c.name, /*gpu=*/true));
     for (size_t i = 0; i < suite().size(); ++i)
       for (int sm : {80, 90})
         for (bool tf32 : {false, true}) {
@@ -671,6 +694,41 @@ TEST(NvptxGolden, MatmulEpilogueIsFusedIntoTheMatmulKernel) {
   EXPECT_GE(count(k, "selp.f32") + count(k, "max.f32"), 64u);
   EXPECT_GE(count(k, "st.global.f32"), 64u);
   EXPECT_EQ(k.find("mma.sync"), std::string::npos) << "no tensor cores unless allowed";
+}
+
+// [amp] Half matmuls on a GPU stay half (widen_half keeps them for GPU
+// targets) and run on mma.sync.m16n8k16 with float32 accumulation: 64x64
+// tiles of 4 warps (32 x 32 each: 2 x 4 mma tiles, one k-step of 16 per
+// tile) and 128x128 tiles of 8 (64 x 32: 4 x 4). The CPU widens them. Their
+// numerics against the CPU: NvptxEmulated.EveryCaseMatchesTheCpu
+// (matmul_f16, matmul_bf16), and NvptxDevice's on a GPU.
+TEST(NvptxGolden, HalfMatmulsUseMmaM16n8k16) {
+  for (const char* dt : {"f16", "bf16"}) {
+    Graph g = parse_graph(half_matmuls(dt));
+    auto cpu = fuse_graph(g, "t");
+    for (auto& k : cpu.kernels)
+      if (k.kind == codegen::Kernel::Kind::MatMul)
+        EXPECT_EQ(k.args[k.mm.a.arg].dtype, DType::Float32) << "the CPU widens " << k.name;
+    auto fp = fuse_graph(g, "t", /*gpu=*/true);
+    std::string name = std::string(dt) == "f16" ? "float16" : "bfloat16";
+    for (int sm : {80, 90}) {
+      auto m = compile(fp.kernels, sm);
+      std::vector<std::string> mappings;
+      for (size_t i = 0; i < fp.kernels.size(); ++i) {
+        if (fp.kernels[i].kind != codegen::Kernel::Kind::MatMul) continue;
+        mappings.push_back(m.notes[i].mapping);
+        std::string k = entry_text(m.ptx, fp.kernels[i].name);
+        std::string mma =
+            std::string("mma.sync.aligned.m16n8k16.row.col.f32.") + dt + "." + dt + ".f32";
+        bool big = m.notes[i].mapping.find("128x128") != std::string::npos;
+        EXPECT_EQ(count(k, mma), big ? 16u : 8u) << "sm_" << sm << " " << m.notes[i].mapping;
+        EXPECT_EQ(k.find("cvt.rna.tf32"), std::string::npos);
+      }
+      std::sort(mappings.begin(), mappings.end());
+      EXPECT_EQ(mappings, (std::vector<std::string>{"matmul " + name + " mma 128x128x16",
+                                                    "matmul " + name + " mma 64x64x16"}));
+    }
+  }
 }
 
 TEST(NvptxGolden, TensorCorePathUsesMmaSyncWhenAllowed) {
@@ -1097,6 +1155,40 @@ void mma_tf32(float* out, int32_t a0, int32_t a1, int32_t a2, int32_t a3, int32_
   yield(kWarpSync);
 }
 
+// mma.sync.m16n8k16 on float16 (bf16 = false) or bfloat16 operands: each
+// A and B register holds two k-consecutive elements, the first in its low
+// half (matmul.cpp's layouts); products and sums in float32.
+template <bool bf16>
+void mma_half(float* out, int32_t a0, int32_t a1, int32_t a2, int32_t a3, int32_t b0, int32_t b1,
+              float c0, float c1, float c2, float c3) {
+  auto& mine = g_m->frags[g_m->cur];
+  float cf[4] = {c0, c1, c2, c3};
+  uint32_t c[4];
+  std::memcpy(c, cf, 16);
+  mine = {uint32_t(a0), uint32_t(a1), uint32_t(a2), uint32_t(a3), uint32_t(b0),
+          uint32_t(b1), c[0],         c[1],         c[2],         c[3]};
+  yield(kWarpSync);
+  int base = warp_base(), g = lane() / 4, t = lane() % 4;
+  auto value = [](uint32_t reg, int k) {
+    auto bits = static_cast<uint16_t>(k % 2 ? reg >> 16 : reg & 0xffffu);
+    return ir::half_to_float(bits, bf16 ? DType::BFloat16 : DType::Float16);
+  };
+  auto A = [&](int r, int k) {
+    return value(g_m->frags[base + (r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)], k);
+  };
+  auto B = [&](int k, int n) {
+    return value(g_m->frags[base + n * 4 + (k % 8) / 2][4 + (k >= 8)], k);
+  };
+  int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+  float cs[4] = {c0, c1, c2, c3};
+  for (int q = 0; q < 4; ++q) {
+    float d = cs[q];
+    for (int k = 0; k < 16; ++k) d = std::fma(A(rows[q], k), B(k, cols[q]), d);
+    out[q] = d;
+  }
+  yield(kWarpSync);
+}
+
 [[noreturn]] void fiber_main() {
   g_m->fn(g_m->args);
   g_m->fibers[g_m->cur].done = true;
@@ -1245,15 +1337,21 @@ std::string host_ir(const std::string& gpu_ir, std::string* unsupported) {
                          {arg(1), arg(2)});
       } else if (name == "llvm.nvvm.f2tf32.rna") {
         r = b.CreateCall(host(reinterpret_cast<void*>(tf32_rna), i32, {f32}), {arg(0)});
-      } else if (name == "llvm.nvvm.mma.m16n8k8.row.col.tf32") {
+      } else if (name == "llvm.nvvm.mma.m16n8k8.row.col.tf32" ||
+                 name == "llvm.nvvm.mma.m16n8k16.row.col.f32.f32" ||
+                 name == "llvm.nvvm.mma.m16n8k16.row.col.bf16") {
         llvm::IRBuilder<> eb(&c->getFunction()->getEntryBlock(),
                              c->getFunction()->getEntryBlock().begin());
         auto* out = eb.CreateAlloca(llvm::ArrayType::get(f32, 4));
         std::vector<llvm::Value*> args = {out};
-        for (unsigned i = 0; i < 10; ++i) args.push_back(arg(i));
-        b.CreateCall(host(reinterpret_cast<void*>(mma_tf32), b.getVoidTy(),
-                          {ptr, i32, i32, i32, i32, i32, i32, f32, f32, f32, f32}),
-                     args);
+        for (unsigned i = 0; i < 10; ++i)  // float16 pairs arrive as <2 x half>
+          args.push_back(i < 6 ? b.CreateBitCast(arg(i), i32) : arg(i));
+        void* fn = llvm::StringRef(name).ends_with("tf32") ? reinterpret_cast<void*>(mma_tf32)
+                   : llvm::StringRef(name).ends_with("bf16")
+                       ? reinterpret_cast<void*>(mma_half<true>)
+                       : reinterpret_cast<void*>(mma_half<false>);
+        b.CreateCall(
+            host(fn, b.getVoidTy(), {ptr, i32, i32, i32, i32, i32, i32, f32, f32, f32, f32}), args);
         r = llvm::PoisonValue::get(c->getType());
         for (unsigned q = 0; q < 4; ++q)
           r = b.CreateInsertValue(
@@ -1853,7 +1951,7 @@ nv::CompileOptions emulator_options(int sm, const std::string& module_name = "")
 GpuJob gpu_job(const Graph& g, const std::shared_ptr<rc::Device>& dev, bool tf32,
                bool run_ptxas = true) {
   GpuJob j;
-  j.fp = fuse_graph(g, "t");
+  j.fp = fuse_graph(g, "t", /*gpu=*/true);
   int sm = codegen_sm(dev->info().sm);
   if (g_emulate) {
     nv::CompileOptions o = emulator_options(sm);
@@ -2509,6 +2607,10 @@ void random_input(void* p, const TensorType& t, bool labels, uint32_t seed) {
       case DType::Bool:
         static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(g() & 1);
         break;
+      case DType::Float16:
+      case DType::BFloat16:
+        static_cast<uint16_t*>(p)[i] = ir::float_to_half(static_cast<float>(u(g)), t.dtype);
+        break;
     }
   }
 }
@@ -2989,7 +3091,7 @@ void emulate_per_device_program(const jit::JobDescription& job) {
   Graph g = job.graph;
   g.name = job.name;
   jit::PassLog log;
-  Graph opt = jit::optimize(g, log);
+  Graph opt = jit::optimize(g, log, jit::OptimizeOptions{true});
   if (job.distribution.parts > 1) opt = jit::distribute(opt, job.distribution).local;
   jit::FusionOptions fo;
   fo.devices = std::max(1, job.distribution.parts);  // status all_gathers, guards of every device
