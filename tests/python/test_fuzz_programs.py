@@ -154,6 +154,24 @@ def test_fuzzer_reports_a_wrong_update_with_a_reproducer(fuzzer, monkeypatch):
     assert programs.check_program(p, fuzzer.worker) is None
 
 
+@needs_hypothesis
+def test_fuzzer_reference_gradient_leaves_out_a_kink_within_a_step_of_a_small_slope():
+    # maximum(w, 0) * 1e-5 at w = 1.19e-7, within the central difference's step
+    # (1e-6) of the kink: the difference straddles it (5.6e-6, where the
+    # gradient is 1e-5 or 0); the two steps' differences disagree by 4e-6, which
+    # the check's atol (1e-6) does not cover, so the element is not checked.
+    def grad(w):
+        p = programs.Program(train=True)
+        p.var_init, p.weights = np.array([w]), np.array([1e-5])
+        p.inputs = [("x0", np.array([0.0])), ("lw", p.weights)]
+        p.lines = ["v0 = flow.math.maximum(w, x0)"]
+        p.outputs = [programs.Val("v0", "float64", np.maximum(p.var_init, 0.0), True, 1.0)]
+        return programs._fd_grad(p)
+    assert np.isnan(grad(1.192092896e-07)[0])
+    np.testing.assert_allclose(grad(0.5), [1e-5], rtol=1e-6)   # away from the kink: checked
+    np.testing.assert_allclose(grad(-0.5), [0.0], atol=1e-12)
+
+
 def test_fuzzer_finds_an_open_finding_when_asked(fuzzer):
     """With the known findings drawn too, the fuzzer finds one (this fails
     once all of programs.KNOWN are fixed and removed: then delete it)."""
