@@ -34,8 +34,12 @@
 //      A (16x16, row): a0 (g, 2t..) a1 (g+8, 2t..) a2 (g, 2t+8..) a3 (g+8, 2t+8..)
 //      B (16x8, col):  b0 (k=2t.., n=g) b1 (k=2t+8.., n=g)
 //    C as above. Shared memory holds A as [m][k] and B as [n][k] (k
-//    contiguous), so each register is one 32-bit load. Before sm_80, half
-//    operands take the FMA path, converted to float32 when fetched.
+//    contiguous, rows 48 bytes apart), so the fragments are 8x8 matrices of
+//    16-byte rows that ldmatrix.x4 loads, four per instruction (lane l gives
+//    the address of row l % 8 of matrix l / 8): A's 16x16 as (rows 0-7,
+//    k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15), and two mma tiles' B as
+//    (n 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15). Before sm_80,
+//    half operands take the FMA path, converted to float32 when fetched.
 //  Half results are rounded to their type before the epilogue, as a float32
 //  matmul cast to the half type (jit/passes/widen_half, which the CPU uses).
 #include <llvm/IR/IntrinsicsNVPTX.h>
@@ -581,11 +585,14 @@ class MatMulEmitter {
     for (size_t i = 0; i < acc_.size(); ++i) b_.CreateStore(acc[i], acc_[i]);
   }
 
-  // One 32-bit register of two 16-bit elements of shared memory at `idx`
-  // (even: the tiles' rows are an even number of elements apart).
-  Value* smem_pair(llvm::GlobalVariable* s, Value* idx32) {
+  // ldmatrix.x4: four 8x8 matrices of 16-bit elements from shared memory,
+  // this lane giving the address of element `idx32` (the start of its row).
+  std::array<Value*, 4> ldmatrix_x4(llvm::GlobalVariable* s, Value* idx32) {
     Value* p = b_.CreateGEP(st_, s, b_.CreateZExt(idx32, b_.getInt64Ty()));
-    return b_.CreateAlignedLoad(b_.getInt32Ty(), p, llvm::Align(4));
+    Value* r = b_.CreateIntrinsic(llvm::Intrinsic::nvvm_ldmatrix_sync_aligned_m8n8_x4_b16,
+                                  {p->getType()}, {p});
+    return {b_.CreateExtractValue(r, {0}), b_.CreateExtractValue(r, {1}),
+            b_.CreateExtractValue(r, {2}), b_.CreateExtractValue(r, {3})};
   }
 
   void emit_half_mma_math() {
@@ -594,28 +601,32 @@ class MatMulEmitter {
         &m_, dt_ == DType::Float16 ? llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_f32_f32
                                    : llvm::Intrinsic::nvvm_mma_m16n8k16_row_col_bf16);
     llvm::FunctionType* ft = mma->getFunctionType();
+    FJ_CHECK(mma_ni() % 2 == 0, "matmul ", k_.name, ": an odd number of mma columns per warp");
     std::vector<Value*> acc(acc_.size());
     for (size_t i = 0; i < acc_.size(); ++i) acc[i] = b_.CreateLoad(b_.getFloatTy(), acc_[i]);
-    Value* t2 = b_.CreateMul(w.t, i32(2));
+    // This lane's row of an ldmatrix.x4: row lane % 8 of matrix q = lane / 8.
+    Value* lane = b_.CreateURem(tid_, i32(kWarp));
+    Value* r8 = b_.CreateURem(lane, i32(8));
+    Value* q = b_.CreateUDiv(lane, i32(8));
+    Value *q_lo = b_.CreateAnd(q, i32(1)), *q_hi = b_.CreateLShr(q, i32(1));
     for (int kk = 0; kk < cfg_.bk; kk += 16) {
       std::vector<std::array<Value*, 4>> a(mma_mi());
       std::vector<std::array<Value*, 2>> bf(mma_ni());
       for (int mi = 0; mi < mma_mi(); ++mi) {
-        Value* row = b_.CreateAdd(w.rb, b_.CreateAdd(w.g, i32(mi * 16)));
-        Value* row8 = b_.CreateAdd(row, i32(8));
-        auto at = [&](Value* r, int dk) {
-          return smem_pair(
-              as_, b_.CreateAdd(b_.CreateMul(r, i32(lda_)), b_.CreateAdd(t2, i32(kk + dk))));
-        };
-        a[mi] = {at(row, 0), at(row8, 0), at(row, 8), at(row8, 8)};
+        // A: matrices (rows +0/+8 by q's low bit, k +0/+8 by its high bit).
+        Value* row = b_.CreateAdd(b_.CreateAdd(w.rb, i32(mi * 16)),
+                                  b_.CreateAdd(b_.CreateMul(q_lo, i32(8)), r8));
+        Value* col = b_.CreateAdd(i32(kk), b_.CreateMul(q_hi, i32(8)));
+        a[mi] = ldmatrix_x4(as_, b_.CreateAdd(b_.CreateMul(row, i32(lda_)), col));
       }
-      for (int ni = 0; ni < mma_ni(); ++ni) {
-        Value* col = b_.CreateAdd(w.cb, b_.CreateAdd(w.g, i32(ni * 8)));
-        auto bt = [&](int dk) {
-          return smem_pair(
-              bs_, b_.CreateAdd(b_.CreateMul(col, i32(ldb_)), b_.CreateAdd(t2, i32(kk + dk))));
-        };
-        bf[ni] = {bt(0), bt(8)};
+      for (int ni = 0; ni < mma_ni(); ni += 2) {
+        // B of tiles ni and ni + 1: (n +0/+8 by q's high bit, k +0/+8 by its low bit).
+        Value* n = b_.CreateAdd(b_.CreateAdd(w.cb, i32(ni * 8)),
+                                b_.CreateAdd(b_.CreateMul(q_hi, i32(8)), r8));
+        Value* k = b_.CreateAdd(i32(kk), b_.CreateMul(q_lo, i32(8)));
+        std::array<Value*, 4> m4 = ldmatrix_x4(bs_, b_.CreateAdd(b_.CreateMul(n, i32(ldb_)), k));
+        bf[ni] = {m4[0], m4[1]};
+        bf[ni + 1] = {m4[2], m4[3]};
       }
       for (int mi = 0; mi < mma_mi(); ++mi)
         for (int ni = 0; ni < mma_ni(); ++ni) {
@@ -626,7 +637,7 @@ class MatMulEmitter {
           for (unsigned i = 0; i < 6; ++i)  // <2 x half> for float16, i32 for bfloat16
             args[i] = b_.CreateBitCast(args[i], ft->getParamType(i));
           Value* r = b_.CreateCall(mma, args);
-          for (unsigned q = 0; q < 4; ++q) acc[base + q] = b_.CreateExtractValue(r, {q});
+          for (unsigned c = 0; c < 4; ++c) acc[base + c] = b_.CreateExtractValue(r, {c});
         }
     }
     for (size_t i = 0; i < acc_.size(); ++i) b_.CreateStore(acc[i], acc_[i]);

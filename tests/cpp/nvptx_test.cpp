@@ -723,6 +723,9 @@ TEST(NvptxGolden, HalfMatmulsUseMmaM16n8k16) {
         bool big = m.notes[i].mapping.find("128x128") != std::string::npos;
         EXPECT_EQ(count(k, mma), big ? 16u : 8u) << "sm_" << sm << " " << m.notes[i].mapping;
         EXPECT_EQ(k.find("cvt.rna.tf32"), std::string::npos);
+        // A's fragments and two tiles' B fragments per ldmatrix.x4.
+        EXPECT_EQ(count(k, "ldmatrix.sync.aligned.m8n8.x4.shared.b16"), big ? 4u + 2u : 2u + 2u)
+            << m.notes[i].mapping;
       }
       std::sort(mappings.begin(), mappings.end());
       EXPECT_EQ(mappings, (std::vector<std::string>{"matmul " + name + " mma 128x128x16",
@@ -1189,6 +1192,24 @@ void mma_half(float* out, int32_t a0, int32_t a1, int32_t a2, int32_t a3, int32_
   yield(kWarpSync);
 }
 
+// ldmatrix.sync.aligned.m8n8.x4.b16: every lane gives the address of one
+// 16-byte row (lane l: row l % 8 of matrix l / 8); register j of lane l
+// gets elements 2 (l % 4) and 2 (l % 4) + 1 of row l / 4 of matrix j.
+void ldmatrix_x4(uint32_t* out, const char* addr) {
+  auto& mine = g_m->frags[g_m->cur];
+  auto a = reinterpret_cast<uint64_t>(addr);
+  mine[0] = static_cast<uint32_t>(a);
+  mine[1] = static_cast<uint32_t>(a >> 32);
+  yield(kWarpSync);
+  int base = warp_base(), g = lane() / 4, t = lane() % 4;
+  for (int j = 0; j < 4; ++j) {
+    const auto& src = g_m->frags[base + 8 * j + g];
+    auto* row = reinterpret_cast<const char*>(uint64_t{src[0]} | (uint64_t{src[1]} << 32));
+    std::memcpy(&out[j], row + 4 * t, 4);
+  }
+  yield(kWarpSync);
+}
+
 [[noreturn]] void fiber_main() {
   g_m->fn(g_m->args);
   g_m->fibers[g_m->cur].done = true;
@@ -1337,6 +1358,16 @@ std::string host_ir(const std::string& gpu_ir, std::string* unsupported) {
                          {arg(1), arg(2)});
       } else if (name == "llvm.nvvm.f2tf32.rna") {
         r = b.CreateCall(host(reinterpret_cast<void*>(tf32_rna), i32, {f32}), {arg(0)});
+      } else if (llvm::StringRef(name).starts_with("llvm.nvvm.ldmatrix.sync.aligned.m8n8.x4.b16")) {
+        llvm::IRBuilder<> eb(&c->getFunction()->getEntryBlock(),
+                             c->getFunction()->getEntryBlock().begin());
+        auto* out = eb.CreateAlloca(llvm::ArrayType::get(i32, 4));
+        b.CreateCall(host(reinterpret_cast<void*>(ldmatrix_x4), b.getVoidTy(), {ptr, ptr}),
+                     {out, b.CreateAddrSpaceCast(arg(0), ptr)});
+        r = llvm::PoisonValue::get(c->getType());
+        for (unsigned q = 0; q < 4; ++q)
+          r = b.CreateInsertValue(
+              r, b.CreateLoad(i32, b.CreateConstGEP2_32(out->getAllocatedType(), out, 0, q)), {q});
       } else if (name == "llvm.nvvm.mma.m16n8k8.row.col.tf32" ||
                  name == "llvm.nvvm.mma.m16n8k16.row.col.f32.f32" ||
                  name == "llvm.nvvm.mma.m16n8k16.row.col.bf16") {
