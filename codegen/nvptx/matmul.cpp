@@ -40,6 +40,12 @@
 //    k 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15), and two mma tiles' B as
 //    (n 0-7, k 0-7), (0-7, 8-15), (8-15, 0-7), (8-15, 8-15). Before sm_80,
 //    half operands take the FMA path, converted to float32 when fetched.
+//    When both operands are contiguous along k with rows, offsets and batch
+//    strides of whole 16-byte chunks (a dense layer's x @ W^T), tiles move
+//    global -> shared by cp.async (16 bytes, zero-filled past M, N and K)
+//    through kStages buffers: the copies of the next kStages - 1 tiles are
+//    in flight while one is multiplied; otherwise through registers as
+//    above.
 //  Half results are rounded to their type before the epilogue, as a float32
 //  matmul cast to the half type (jit/passes/widen_half, which the CPU uses).
 #include <llvm/IR/IntrinsicsNVPTX.h>
@@ -55,6 +61,9 @@ namespace flowjit::codegen::nvptx {
 using llvm::Value;
 
 namespace {
+
+// Shared-memory buffers of the cp.async pipeline (half mma).
+constexpr int kStages = 3;
 
 struct TileConfig {
   bool tensor_cores = false;
@@ -121,6 +130,13 @@ class MatMulEmitter {
     half_ = ir::is_half(dt_);
     cfg_ = choose_tiles(mm_, dt_, t);
     half_mma_ = cfg_.tensor_cores && cfg_.mma == TileConfig::Mma::Half;
+    // 16-byte chunks of 8 elements along k, every one aligned (buffers are).
+    auto chunked = [](const Access& a, int k_dim) {
+      int other = 3 - k_dim;
+      return a.strides.size() == 3 && a.strides[k_dim] == 1 && a.strides[other] % 8 == 0 &&
+             a.strides[0] % 8 == 0 && a.offset % 8 == 0;
+    };
+    async_ = half_mma_ && mm_.plain(0) && mm_.plain(1) && chunked(mm_.a, 2) && chunked(mm_.b, 1);
   }
 
   llvm::Function* emit(abi::GpuGrid& launch, KernelNotes& notes) {
@@ -152,8 +168,10 @@ class MatMulEmitter {
     lda_ = cfg_.tensor_cores ? cfg_.bk + cfg_.pad_a : cfg_.bm + cfg_.pad_a;
     // B: [k][n], or [n][k] for the half mma (its registers pair k values).
     ldb_ = half_mma_ ? cfg_.bk + cfg_.pad_b : cfg_.bn + cfg_.pad_b;
-    int64_t a_cells = cfg_.tensor_cores ? int64_t{cfg_.bm} * lda_ : int64_t{cfg_.bk} * lda_;
-    int64_t b_cells = half_mma_ ? int64_t{cfg_.bn} * ldb_ : int64_t{cfg_.bk} * ldb_;
+    a_cells_ = cfg_.tensor_cores ? int64_t{cfg_.bm} * lda_ : int64_t{cfg_.bk} * lda_;
+    b_cells_ = half_mma_ ? int64_t{cfg_.bn} * ldb_ : int64_t{cfg_.bk} * ldb_;
+    const int stages = async_ ? kStages : 1;
+    int64_t a_cells = a_cells_ * stages, b_cells = b_cells_ * stages;
     as_ = shared_array(m_, k_.name + ".a", st_, a_cells);
     bs_ = shared_array(m_, k_.name + ".b", st_, b_cells);
     notes.static_shared_bytes =
@@ -195,8 +213,14 @@ class MatMulEmitter {
       }
     }
 
+    a_stage_ = b_stage_ = i32(0);
     init_accumulators();
-    emit_k_loop();
+    if (async_) {
+      notes.mapping += " cp.async x" + std::to_string(kStages);
+      emit_async_k_loop();
+    } else {
+      emit_k_loop();
+    }
     emit_epilogue();
     b_.CreateRetVoid();
     return f_;
@@ -485,6 +509,85 @@ class MatMulEmitter {
         "kt");
   }
 
+  // ---------------------------------------------------------------- cp.async
+
+  // This thread's cp.async copies of K tile `kt` (i64) of one operand into
+  // stage `stage` (i32): `rows` rows (m of A, n of B) of bk elements, as
+  // 16-byte chunks (8 elements) at row * ld + chunk * 8 of the stage;
+  // global element (r0 + row, k) is at base + row * row_stride + k. Chunks
+  // past the rows or K are zero-filled (src-size 0 or the valid bytes).
+  void issue_tile(llvm::GlobalVariable* smem, int64_t cells, int64_t ld, Value* base,
+                  int64_t row_stride, Value* r0, int64_t limit_r, Value* kt, Value* stage,
+                  int rows) {
+    const int per_row = cfg_.bk / 8, chunks = rows * per_row;
+    FJ_CHECK(chunks % cfg_.threads() == 0, "matmul ", k_.name, ": cp.async chunks do not divide");
+    llvm::Function* cp =
+        llvm::Intrinsic::getDeclaration(&m_, llvm::Intrinsic::nvvm_cp_async_cg_shared_global_16_s);
+    llvm::Type* gptr = cp->getFunctionType()->getParamType(1);
+    Value* k0 = b_.CreateMul(kt, i64(cfg_.bk));
+    for (int e = 0; e < chunks / cfg_.threads(); ++e) {
+      Value* c = b_.CreateAdd(tid_, i32(int64_t{e} * cfg_.threads()));
+      Value* row = b_.CreateUDiv(c, i32(per_row));
+      Value* kc = b_.CreateMul(b_.CreateURem(c, i32(per_row)), i32(8));
+      Value* gr = b_.CreateAdd(r0, b_.CreateZExt(row, b_.getInt64Ty()));
+      Value* gk = b_.CreateAdd(k0, b_.CreateZExt(kc, b_.getInt64Ty()));
+      // Valid elements of the chunk: 0 past the rows, else min(8, K - k).
+      Value* left = b_.CreateSub(i64(mm_.k), gk);
+      Value* n = b_.CreateSelect(b_.CreateICmpSLT(left, i64(8)), left, i64(8));
+      n = b_.CreateSelect(b_.CreateICmpSLT(n, i64(0)), i64(0), n);
+      n = b_.CreateSelect(b_.CreateICmpSLT(gr, i64(limit_r)), n, i64(0));
+      // A chunk with nothing to read reads from the operand's start (valid).
+      Value* off = b_.CreateSelect(b_.CreateICmpSGT(n, i64(0)),
+                                   b_.CreateAdd(b_.CreateMul(gr, i64(row_stride)), gk), i64(0));
+      Value* src = b_.CreateAddrSpaceCast(b_.CreateGEP(et_, base, off), gptr);
+      Value* cell = b_.CreateAdd(b_.CreateMul(stage, i32(cells)),
+                                 b_.CreateAdd(b_.CreateMul(row, i32(ld)), kc));
+      Value* dst = b_.CreateGEP(st_, smem, b_.CreateZExt(cell, b_.getInt64Ty()));
+      b_.CreateCall(cp, {dst, src, b_.CreateTrunc(b_.CreateMul(n, i64(2)), b_.getInt32Ty())});
+    }
+  }
+
+  void issue_tiles(Value* kt, Value* stage) {
+    issue_tile(as_, a_cells_, lda_, a_base_, mm_.a.strides[1], m0_, mm_.m, kt, stage, cfg_.bm);
+    issue_tile(bs_, b_cells_, ldb_, b_base_, mm_.b.strides[2], n0_, mm_.n, kt, stage, cfg_.bn);
+  }
+
+  void commit() { b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_commit_group, {}, {}); }
+
+  // kStages - 1 tiles in flight: at tile kt, wait until its copies (this
+  // thread's) are done, barrier (everyone's), start tile kt + kStages - 1
+  // into the buffer tile kt - 1 used (all threads are past its math), then
+  // multiply tile kt. A group is committed every iteration, empty or not,
+  // so wait_group's count always means the same tiles.
+  void emit_async_k_loop() {
+    if (mm_.k == 0) return;  // the accumulators stay zero
+    const int64_t k_tiles = ceil_div(mm_.k, cfg_.bk);
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < k_tiles) issue_tiles(i64(s), i32(s));
+      commit();
+    }
+    emit_for(
+        b_, i64(0), i64(k_tiles), i64(1),
+        [&](Value* kt) {
+          b_.CreateIntrinsic(llvm::Intrinsic::nvvm_cp_async_wait_group, {}, {i32(kStages - 2)});
+          barrier(b_);
+          Value* next = b_.CreateAdd(kt, i64(kStages - 1));
+          auto* pre = llvm::BasicBlock::Create(m_.getContext(), "issue", f_);
+          auto* math = llvm::BasicBlock::Create(m_.getContext(), "math", f_);
+          b_.CreateCondBr(b_.CreateICmpSLT(next, i64(k_tiles)), pre, math);
+          b_.SetInsertPoint(pre);
+          issue_tiles(next, b_.CreateTrunc(b_.CreateURem(next, i64(kStages)), b_.getInt32Ty()));
+          b_.CreateBr(math);
+          b_.SetInsertPoint(math);
+          commit();
+          Value* stage = b_.CreateTrunc(b_.CreateURem(kt, i64(kStages)), b_.getInt32Ty());
+          a_stage_ = b_.CreateMul(stage, i32(a_cells_));
+          b_stage_ = b_.CreateMul(stage, i32(b_cells_));
+          emit_half_mma_math();
+        },
+        "kt");
+  }
+
   // ---------------------------------------------------------------- FMA math
 
   int fma_tx_count() const { return cfg_.bn / cfg_.tn; }
@@ -617,14 +720,16 @@ class MatMulEmitter {
         Value* row = b_.CreateAdd(b_.CreateAdd(w.rb, i32(mi * 16)),
                                   b_.CreateAdd(b_.CreateMul(q_lo, i32(8)), r8));
         Value* col = b_.CreateAdd(i32(kk), b_.CreateMul(q_hi, i32(8)));
-        a[mi] = ldmatrix_x4(as_, b_.CreateAdd(b_.CreateMul(row, i32(lda_)), col));
+        a[mi] = ldmatrix_x4(
+            as_, b_.CreateAdd(a_stage_, b_.CreateAdd(b_.CreateMul(row, i32(lda_)), col)));
       }
       for (int ni = 0; ni < mma_ni(); ni += 2) {
         // B of tiles ni and ni + 1: (n +0/+8 by q's high bit, k +0/+8 by its low bit).
         Value* n = b_.CreateAdd(b_.CreateAdd(w.cb, i32(ni * 8)),
                                 b_.CreateAdd(b_.CreateMul(q_hi, i32(8)), r8));
         Value* k = b_.CreateAdd(i32(kk), b_.CreateMul(q_lo, i32(8)));
-        std::array<Value*, 4> m4 = ldmatrix_x4(bs_, b_.CreateAdd(b_.CreateMul(n, i32(ldb_)), k));
+        std::array<Value*, 4> m4 =
+            ldmatrix_x4(bs_, b_.CreateAdd(b_stage_, b_.CreateAdd(b_.CreateMul(n, i32(ldb_)), k)));
         bf[ni] = {m4[0], m4[1]};
         bf[ni + 1] = {m4[2], m4[3]};
       }
@@ -709,8 +814,11 @@ class MatMulEmitter {
   const MatMulSpec& mm_;
   DType dt_;
   bool is_float_ = true;
-  bool half_ = false;      // float16 or bfloat16 operands
-  bool half_mma_ = false;  // ... on mma.m16n8k16
+  bool half_ = false;                              // float16 or bfloat16 operands
+  bool half_mma_ = false;                          // ... on mma.m16n8k16
+  bool async_ = false;                             // ... fed by the cp.async pipeline
+  int64_t a_cells_ = 0, b_cells_ = 0;              // one stage's shared elements
+  Value *a_stage_ = nullptr, *b_stage_ = nullptr;  // this K tile's stage offsets (elements)
   TileConfig cfg_;
   llvm::Function* f_ = nullptr;
   std::vector<Value*> ptrs_;
