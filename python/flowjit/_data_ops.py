@@ -115,6 +115,10 @@ class OFRecordSource:
         self.params = []   # the job parameters the fields feed
         self.image_blobs = {}  # (feature, image spec) -> its blob: decoded once per call
         self.shape = (batch_size,)  # OneFlow's record blob: one record per row
+        # One reader gives the whole batch: a consistent-view job on several
+        # devices of this process splits it as it splits any input
+        # (several processes would each need their own shard: refused).
+        self.whole_batch_input = True
 
     def add_field(self, builder, param_name, feature, shape, dtype, truncate=False, image=None):
         """A field the reader decodes into a (batch_size, *shape) parameter of

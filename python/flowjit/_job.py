@@ -1037,8 +1037,10 @@ class JobFunction:
                                     or dist.get("whole_outputs", True) for src in builder.data_sources):
             raise NotImplementedError(f"job '{self._name}': flow.data.ofrecord_reader or "
                                       "megatron_gpt_mmap_data_loader in a job spread over "
-                                      "several devices or processes is not supported yet (each would need "
-                                      "its own shard of the records); read on one device")
+                                      "several devices or processes is not supported yet in the mirrored "
+                                      "view or across processes (each would need its own shard of the "
+                                      "records); use the consistent view in one process, or read on one "
+                                      "device")
         settings = {"keep_text": keep_text or bool(os.environ.get("FLOWJIT_KEEP_TEXT")),
                     "check_numerics": bool(self._config.get("check_numerics", False)),
                     # Ctrl-C stops a compile on the main thread (signals go there).

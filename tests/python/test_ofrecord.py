@@ -197,3 +197,37 @@ def test_a_link_planted_in_another_users_folder_is_refused(tmp_path):
         return flow.data.OFRecordRawDecoder(r, "y", shape=(), dtype=flow.int32)
 
     assert job2().tolist() == [0]
+
+
+@pytest.mark.parametrize("placement", ["0:0-1", "layers"])
+def test_a_consistent_job_on_two_devices_reads_the_same_batches(tmp_path, placement):
+    """The reader gives the whole batch; the devices of a consistent-view job
+    (or the layers placed on each) get their parts of it, so the job sees the
+    records one device would."""
+    ofr.write(tmp_path, _records(6), parts=2)
+    one = _reader_job(str(tmp_path), 4, parts=2)
+    want = [[a.tolist() for a in one()] for _ in range(3)]
+    flow.clear_default_session()
+    flow.config.cpu_device_num(2)
+    try:
+        @flow.global_function()
+        def job() -> Tuple[tp.Numpy, tp.Numpy]:
+            def read():
+                r = flow.data.ofrecord_reader(str(tmp_path), batch_size=4, data_part_num=2)
+                x = flow.data.OFRecordRawDecoder(r, "x", shape=(4,), dtype=flow.float)
+                return x, flow.data.OFRecordRawDecoder(r, "y", shape=(), dtype=flow.int32)
+            if placement == "layers":
+                with flow.scope.placement("cpu", "0:0"):
+                    x, y = read()
+                    x = x * 2
+                with flow.scope.placement("cpu", "0:1"):
+                    return x / 2 + 1, y + 0
+            with flow.scope.placement("cpu", placement):
+                x, y = read()
+                return x + 1, y + 0
+
+        got = [[a.tolist() for a in job()] for _ in range(3)]
+        assert [g[0] for g in got] == [w[0] for w in want] and [g[1] for g in got] == [w[1] for w in want]
+    finally:
+        flow.clear_default_session()
+        flow.config.cpu_device_num(1)
