@@ -28,7 +28,18 @@ class FunctionConfig:
     the table is flowjit._function_settings.HINTS) are accepted as hints:
     checked for type, kept (``function_desc`` shows them) and ignored, each
     said once at FLOWJIT_DEBUG=1 with the reason. ``function_desc`` is a
-    read-only view of the settings."""
+    read-only view of the settings.
+
+    Example:
+        >>> config = flow.function_config()
+        >>> _ = config.default_data_type(flow.float)   # each setter returns the config
+        >>> _ = config.default_logical_view(flow.scope.consistent_view())
+        >>> @flow.global_function(type="predict", function_config=config)
+        ... def double(x: tp.Numpy.Placeholder((2,))) -> tp.Numpy:
+        ...     return x * 2
+        >>> double(np.array([1.5, -2.0], np.float32))
+        array([ 3., -4.], dtype=float32)
+    """
 
     _SETTINGS = ("default_data_type", "default_logical_view", "default_placement_scope",
                  "default_distribute_strategy", "recompile_limit", "allow_cpu_fallback", "train",
@@ -585,7 +596,21 @@ class _Compiled:
 
 
 class JobFunction:
-    """A traced, compiled, cached job: call it with numpy arrays."""
+    """A traced, compiled, cached job: call it with numpy arrays.
+
+    ``@flow.global_function`` makes one. The first call of each placeholder
+    signature traces the function and compiles it; later calls run the
+    compiled code.
+
+    Example:
+        >>> @flow.global_function(type="predict")
+        ... def scale(x: tp.Numpy.Placeholder((3,))) -> tp.Numpy:
+        ...     return x * 10
+        >>> scale(np.array([1, 2, 3], np.float32))
+        array([10., 20., 30.], dtype=float32)
+        >>> scale.job_name, len(scale.compiled_jobs())   # one signature compiled
+        ('scale', 1)
+    """
 
     def __init__(self, fn, job_type, config):
         functools.update_wrapper(self, fn)
