@@ -480,7 +480,7 @@ def run_model(name, spec, torch, nthreads, args):
         with C.blas_threads(nthreads):
             times = C.interleaved(fns, warmup=args.warmup, reps=args.reps, inner=1, cooldown_s=0.2)
         for impl, (best, med) in times.items():
-            note = f"{notes[impl]}; {spec['per_step_items'] / best:.0f} {spec['items']}/s"
+            note = f"{notes[impl]}; {C.fmt(spec['per_step_items'] / best)} {spec['items']}/s"
             rows.append(C.row(bench, case, impl, best * 1e3, med * 1e3, "ms/step", note))
     return rows
 
@@ -602,7 +602,9 @@ def run_input(flow, tp, torch, nthreads, cfg, args):
             notes[impl] = (f"torch DataLoader, {workers} worker processes" if workers
                            else "torch DataLoader, num_workers=0")
     if fns:
-        times = C.interleaved(fns, warmup=3, reps=args.reps + 2, target_s=1.0, cooldown_s=0.2)
+        # A fixed count of batches per repetition (an epoch of the set): a
+        # calibrated one would be fooled by the batches the loaders prefetched.
+        times = C.interleaved(fns, warmup=3, reps=args.reps + 2, inner=max(2, cfg["images"] // B), cooldown_s=0.2)
         fj = times.get("flowjit")
         for impl, (best, med) in times.items():
             r = C.row(bench, case, impl, B / best, B / med, "images/s", notes[impl])
