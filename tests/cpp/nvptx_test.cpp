@@ -1143,15 +1143,21 @@ int32_t tf32_rna(float x) {
   if ((b & 0x7f800000u) != 0x7f800000u) b = (b + 0x1000u) & ~0x1fffu;
   return static_cast<int32_t>(b);
 }
-void mma_tf32(float* out, int32_t a0, int32_t a1, int32_t a2, int32_t a3, int32_t b0, int32_t b1,
-              float c0, float c1, float c2, float c3) {
-  auto& mine = g_m->frags[g_m->cur];
+// An mma.sync's operands: this lane's registers where the warp's other
+// lanes read them, from one warp barrier to the next.
+void share_fragments(int32_t a0, int32_t a1, int32_t a2, int32_t a3, int32_t b0, int32_t b1,
+                     float c0, float c1, float c2, float c3) {
   float cf[4] = {c0, c1, c2, c3};
   uint32_t c[4];
   std::memcpy(c, cf, 16);
-  mine = {uint32_t(a0), uint32_t(a1), uint32_t(a2), uint32_t(a3), uint32_t(b0),
-          uint32_t(b1), c[0],         c[1],         c[2],         c[3]};
+  g_m->frags[g_m->cur] = {uint32_t(a0), uint32_t(a1), uint32_t(a2), uint32_t(a3), uint32_t(b0),
+                          uint32_t(b1), c[0],         c[1],         c[2],         c[3]};
   yield(kWarpSync);
+}
+
+void mma_tf32(float* out, int32_t a0, int32_t a1, int32_t a2, int32_t a3, int32_t b0, int32_t b1,
+              float c0, float c1, float c2, float c3) {
+  share_fragments(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3);
   int base = warp_base(), g = lane() / 4, t = lane() % 4;
   auto A = [&](int r, int k) {
     return bits_f(g_m->frags[base + (r % 8) * 4 + k % 4][(r >= 8) + 2 * (k >= 4)]);
@@ -1173,13 +1179,7 @@ void mma_tf32(float* out, int32_t a0, int32_t a1, int32_t a2, int32_t a3, int32_
 template <bool bf16>
 void mma_half(float* out, int32_t a0, int32_t a1, int32_t a2, int32_t a3, int32_t b0, int32_t b1,
               float c0, float c1, float c2, float c3) {
-  auto& mine = g_m->frags[g_m->cur];
-  float cf[4] = {c0, c1, c2, c3};
-  uint32_t c[4];
-  std::memcpy(c, cf, 16);
-  mine = {uint32_t(a0), uint32_t(a1), uint32_t(a2), uint32_t(a3), uint32_t(b0),
-          uint32_t(b1), c[0],         c[1],         c[2],         c[3]};
-  yield(kWarpSync);
+  share_fragments(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3);
   int base = warp_base(), g = lane() / 4, t = lane() % 4;
   auto value = [](uint32_t reg, int k) {
     auto bits = static_cast<uint16_t>(k % 2 ? reg >> 16 : reg & 0xffffu);
