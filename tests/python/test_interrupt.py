@@ -12,9 +12,13 @@ import time
 import pytest
 
 CHILD = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
     import numpy as np
     import flowjit as flow, flowjit.typing as tp
+    # A process started in the background by a shell without job control
+    # (CI's `... &`) inherits SIGINT ignored, and Python then leaves it so:
+    # the user's Ctrl-C handling is what this child tests.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     N = 512
     train = sys.argv[1] == "train"
 
