@@ -194,6 +194,7 @@ class CompiledJobPy {
       program_ = jit::make_staged(job_, s.store(), s.device_stores());
       job_.program = program_;  // the summary plan: job name, slots, variables
     }
+    one_cpu_executable_ = dynamic_cast<runtime::Executable*>(program_.get()) != nullptr;
     for (const runtime::ProgramSlot& slot : program_->input_slots())
       for (int d = 0; d < slot.arrays; ++d) in_types_.push_back(slot.type);
     for (const runtime::ProgramSlot& slot : program_->output_slots()) {
@@ -284,8 +285,7 @@ class CompiledJobPy {
     // main thread called at the next launch before it writes a variable (a
     // signal handler in front of Python's while it runs; not for runs under
     // 2 ms, which would only pay for the two sigaction calls).
-    const bool watch = std::this_thread::get_id() == main_thread() &&
-                       dynamic_cast<runtime::Executable*>(program_.get()) != nullptr &&
+    const bool watch = std::this_thread::get_id() == main_thread() && one_cpu_executable_ &&
                        last_run_seconds_ >= 0.002;
     {
       GilRelease release;
@@ -481,7 +481,8 @@ class CompiledJobPy {
   };
 
   jit::CompiledJob job_;
-  double last_run_seconds_ = 1.0;  // of the last synchronous run (none yet: watch it)
+  double last_run_seconds_ = 1.0;    // of the last synchronous run (none yet: watch it)
+  bool one_cpu_executable_ = false;  // program_ is one CPU executable (Ctrl-C may stop it)
   std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables_;
   // The job's program: job_.program, or the devices of a distributed job.
   std::shared_ptr<runtime::Program> program_;
