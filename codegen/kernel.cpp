@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "codegen/family.h"
 #include "ir/error.h"
 
 namespace flowjit::codegen {
@@ -168,6 +169,15 @@ std::string access_str(const Access& a) {
 std::string describe_kernel(const Kernel& k) {
   if (k.kind == Kernel::Kind::Collective) return "kernel " + k.name + " (" + k.summary + ")\n";
   std::ostringstream os;
+  if (k.kind == Kernel::Kind::Family) {
+    os << "kernel " << k.name << " family " << family_of(k).name
+       << " params=" << strides_str(k.params) << "\n";
+    for (size_t i = 0; i < k.args.size(); ++i)
+      os << "  arg" << i << ": " << ir::dtype_short_name(k.args[i].dtype) << "["
+         << k.args[i].elements << "]" << (k.args[i].read ? " r" : "")
+         << (k.args[i].written ? " w" : "") << "\n";
+    return os.str();
+  }
   os << "kernel " << k.name << " " << (k.kind == Kernel::Kind::MatMul ? "matmul" : "loop")
      << " domain=" << ir::shape_str(k.domain);
   if (k.has_reduction()) {

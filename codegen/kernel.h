@@ -155,7 +155,9 @@ struct KernelArg {
 struct Kernel {
   // Collective: no code; the runtime runs the collective that `name`
   // describes (runtime::CollectiveStep in runtime/executable.h) with args {operand, result}.
-  enum class Kind : uint8_t { Loop, MatMul, Collective };
+  // Family: a kernel of a registered family (codegen/family.h), args
+  // {operands..., result}, described by `family` and `params` alone.
+  enum class Kind : uint8_t { Loop, MatMul, Collective, Family };
 
   std::string name;  // symbol name, unique within a module
   Kind kind = Kind::Loop;
@@ -166,6 +168,10 @@ struct Kernel {
   std::vector<KNode> nodes;  // topological: operands come first
   std::vector<Store> stores;
   MatMulSpec mm;  // MatMul kernels
+  // Family kernels: the index of the family in kernel_families() and the
+  // parameters its emitters read.
+  int family = -1;
+  std::vector<int64_t> params;
   // The run's status buffer (int64[4], zero before a run) when the kernel
   // checks something: the first failing check writes {check + 1, value,
   // position} (a compare-exchange on word 0 decides which one).

@@ -1,4 +1,5 @@
 // kernel_cost: what a kernel computes and touches, from its description.
+#include "codegen/family.h"
 #include "codegen/kernel.h"
 
 namespace flowjit::codegen {
@@ -33,6 +34,7 @@ std::optional<KernelCost> kernel_cost(const Kernel& k) {
   for (const KNode& n : k.nodes) ops += arithmetic(n) ? 1 : 0;
   c.flops = ops * points;
   if (k.kind == Kernel::Kind::MatMul) c.flops += 2 * k.mm.m * k.mm.n * k.mm.k * k.mm.batch;
+  if (k.kind == Kernel::Kind::Family) c.flops = family_of(k).flops(k);
   for (const KernelArg& a : k.args) {
     const int64_t modes = static_cast<int64_t>(a.read) + static_cast<int64_t>(a.written);
     c.bytes += a.elements * ir::dtype_bytes(a.dtype) * (modes > 0 ? modes : 1);

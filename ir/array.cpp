@@ -144,6 +144,30 @@ TensorType infer_gather_nd(const TensorType& p, const TensorType& idx) {
   return {p.dtype, out};
 }
 
+// segment_sum(data, ids): out = data.shape[:axis] + [num_segments] +
+// data.shape[axis + m:], where ids = data.shape[:bd] + data.shape[axis:axis + m].
+TensorType infer_segment_sum(const TensorType& d, const TensorType& ids, Attrs& a) {
+  check_index("segment_sum", ids);
+  FJ_USER_CHECK(!is_bool(d.dtype), kType, "segment_sum: data must be numbers, got ", d.str());
+  int64_t axis = a.get_int("axis"), bd = a.get_int("batch_dims", 0), s = a.get_int("num_segments");
+  int64_t m = ids.rank() - bd;
+  FJ_USER_CHECK(bd >= 0 && bd <= axis && m >= 0 && axis + m <= d.rank(), kValue,
+                "segment_sum: segment ids ", ids.str(), " with ", bd,
+                " batch dims cannot index data ", d.str(), " from axis ", axis);
+  for (int64_t j = 0; j < ids.rank(); ++j) {
+    int64_t dd = j < bd ? j : axis + j - bd;
+    FJ_USER_CHECK(ids.shape[j] == d.shape[dd], kValue, "segment_sum: dim ", j, " of segment ids ",
+                  ids.str(), " is ", ids.shape[j], " but dim ", dd, " of data ", d.str(), " is ",
+                  d.shape[dd]);
+  }
+  FJ_USER_CHECK(s >= 0, kValue, "segment_sum: num_segments must be >= 0, got ", s);
+  Shape out(d.shape.begin(), d.shape.begin() + axis);
+  out.push_back(s);
+  out.insert(out.end(), d.shape.begin() + axis + m, d.shape.end());
+  a.set("batch_dims", bd);
+  return {d.dtype, out};
+}
+
 }  // namespace
 
 TensorType infer_array_view(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attrs) {
@@ -156,6 +180,8 @@ TensorType infer_array_view(OpKind op, const std::vector<NodeRef>& inputs, Attrs
       return infer_gather(inputs[0]->type(), inputs[1]->type(), attrs);
     case OpKind::GatherNd:
       return infer_gather_nd(inputs[0]->type(), inputs[1]->type());
+    case OpKind::SegmentSum:
+      return infer_segment_sum(inputs[0]->type(), inputs[1]->type(), attrs);
     default:
       FJ_CHECK(false, "infer_array_view: ", op_name(op));
   }

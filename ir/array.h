@@ -20,7 +20,8 @@
 
 namespace flowjit::ir {
 
-// Shape and dtype inference for the ops above (called by infer_type).
+// Shape and dtype inference for the ops above and segment_sum (called by
+// infer_type).
 TensorType infer_array_view(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attrs);
 
 }  // namespace flowjit::ir

@@ -285,6 +285,7 @@ TensorType infer_type(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attr
     case OpKind::Slice:
     case OpKind::Gather:
     case OpKind::GatherNd:
+    case OpKind::SegmentSum:
       return infer_array_view(op, inputs, attrs);
     case OpKind::RandomUniformAt: {
       const TensorType& off = in(inputs, 0);

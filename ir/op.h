@@ -34,6 +34,8 @@ enum OpTrait : uint32_t {
   kCollective = 1u << 11,     // communicates between the devices of a distributed job
   kAddressed = 1u << 12,      // view read through computed addresses (offsets, guarded or
                               // indirect coordinates): its operands must be in memory
+  kFamily = 1u << 13,         // computed by a kernel family of its own (codegen/family.h):
+                              // one kernel over contiguous operands, never fused
 };
 
 enum class GradKind : uint8_t { Rule, Zero, None };
@@ -68,5 +70,6 @@ inline bool is_collective(OpKind k) { return has_trait(k, kCollective); }
 inline bool is_contraction(OpKind k) { return has_trait(k, kContraction); }
 inline bool is_cheap(OpKind k) { return has_trait(k, kCheap); }
 inline bool is_addressed(OpKind k) { return has_trait(k, kAddressed); }
+inline bool is_family(OpKind k) { return has_trait(k, kFamily); }
 
 }  // namespace flowjit::ir

@@ -231,86 +231,86 @@ Grads vjp_Slice(const NodeRef& n, const NodeRef& dy) {
   return {make_node(OpKind::Pad, {g}, pa, n->loc())};
 }
 
-// Gathers: the gradient of params is a sum over the index dims of dy where
-// the (clamped) index equals the params position, a compare-and-reduce over
-// [index dims..., params dims...] that fusion makes one loop kernel.
+// Gathers: the gradient of params is a segment sum of dy whose segment ids
+// are the (clamped) indices: one segment_sum kernel (codegen/families), whose
+// cost is that of reading dy once, not of comparing every index with every
+// params row.
 NodeRef clamp_index(const NodeRef& idx, int64_t extent) {
   NodeRef hi =
       fill(static_cast<double>(std::max<int64_t>(extent - 1, 0)), {}, idx->dtype(), idx->loc());
   return binary(OpKind::Maximum, binary(OpKind::Minimum, idx, hi),
                 fill(0, {}, idx->dtype(), idx->loc()));
 }
-NodeRef iota(const Shape& s, int axis, DType dt) {
-  return make_node(OpKind::Iota, {},
-                   Attrs{{"shape", s}, {"dtype", dt}, {"axis", static_cast<int64_t>(axis)}});
-}
-// The forward gather checks its indices (check_index); the gradient reads
-// them unchecked.
-NodeRef gather_index(const NodeRef& n) {
+// The segment ids of a gather's gradient. A gather whose indices are
+// checked (check_index) fails its run on an index out of range, and a failed
+// run writes no variable, so the unchecked indices serve; an unchecked
+// gather clamps, and so do its segment ids (the gradient goes to the element
+// that was read).
+NodeRef gather_segment_ids(const NodeRef& n, int64_t extent) {
   const NodeRef& x = n->input(1);
-  return x->op() == OpKind::CheckIndex ? x->input(0) : x;
+  return x->op() == OpKind::CheckIndex ? x->input(0) : clamp_index(x, extent);
+}
+NodeRef segment_sum(const NodeRef& data, const NodeRef& ids, int64_t axis, int64_t batch_dims,
+                    int64_t segments, const SourceLoc& loc) {
+  return make_node(OpKind::SegmentSum, {data, ids},
+                   Attrs{{"axis", axis}, {"batch_dims", batch_dims}, {"num_segments", segments}},
+                   loc);
 }
 Grads vjp_Gather(const NodeRef& n, const NodeRef& dy) {
-  const NodeRef &p = n->input(0), idx = gather_index(n);
+  const NodeRef& p = n->input(0);
   if (!is_float(p->dtype())) return {nullptr, nullptr};
-  int axis = static_cast<int>(n->attrs().get_int("axis")),
-      bd = static_cast<int>(n->attrs().get_int("batch_dims"));
-  const Shape &ps = p->shape(), &is = idx->shape();
-  int rp = static_cast<int>(ps.size()), ni = static_cast<int>(is.size()) - bd;
-  // T = [p[:axis], idx[bd:], p[axis], p[axis+1:]]
-  Shape t(ps.begin(), ps.begin() + axis), dys = t, ids(is.begin(), is.begin() + bd);
-  ids.resize(axis, 1);
-  for (int j = bd; j < static_cast<int>(is.size()); ++j) {
-    t.push_back(is[j]);
-    dys.push_back(is[j]);
-    ids.push_back(is[j]);
-  }
-  t.push_back(ps[axis]);
-  dys.push_back(1);
-  ids.push_back(1);
-  for (int d = axis + 1; d < rp; ++d) {
-    t.push_back(ps[d]);
-    dys.push_back(ps[d]);
-    ids.push_back(1);
-  }
-  NodeRef ib = broadcast(reshape(clamp_index(idx, ps[axis]), ids), t);
-  NodeRef hit = binary(OpKind::Equal, ib, iota(t, axis + ni, idx->dtype()));
-  NodeRef sel = where(hit, broadcast(reshape(dy, dys), t), c(0, dy));
-  if (ni == 0) return {reshape(sel, ps), nullptr};
-  IntList axes;
-  for (int j = 0; j < ni; ++j) axes.push_back(axis + j);
-  return {reduce(OpKind::ReduceSum, sel, axes, false), nullptr};
+  int64_t axis = n->attrs().get_int("axis"), bd = n->attrs().get_int("batch_dims");
+  int64_t extent = p->shape()[axis];
+  return {segment_sum(dy, gather_segment_ids(n, extent), axis, bd, extent, n->loc()), nullptr};
 }
+// gather_nd: the K index components flattened into one id over params'
+// first K dims (in int64), then a segment sum over the index dims.
 Grads vjp_GatherNd(const NodeRef& n, const NodeRef& dy) {
-  const NodeRef &p = n->input(0), idx = gather_index(n);
+  const NodeRef &p = n->input(0), &x = n->input(1);
+  const NodeRef& idx = x->op() == OpKind::CheckIndex ? x->input(0) : x;
   if (!is_float(p->dtype())) return {nullptr, nullptr};
   const Shape &ps = p->shape(), &is = idx->shape();
-  int k = static_cast<int>(is.back()), nj = static_cast<int>(is.size()) - 1,
-      rp = static_cast<int>(ps.size());
-  // T = [idx[:-1], p...]
-  Shape t(is.begin(), is.end() - 1), dys = t, ids = t;
-  for (int d = 0; d < rp; ++d) {
-    t.push_back(ps[d]);
-    dys.push_back(d < k ? 1 : ps[d]);
-    ids.push_back(1);
-  }
-  NodeRef hit;
-  for (int c0 = 0; c0 < k; ++c0) {
+  int k = static_cast<int>(is.back());
+  Shape lead(is.begin(), is.end() - 1);
+  NodeRef flat;
+  int64_t segments = 1;
+  for (int c0 = k - 1; c0 >= 0; --c0) {
     IntList begin(is.size(), 0), step(is.size(), 1);
     Shape one = is;
     begin.back() = c0;
     one.back() = 1;
     NodeRef comp = make_node(OpKind::Slice, {idx},
                              Attrs{{"begin", begin}, {"step", step}, {"shape", one}}, n->loc());
-    NodeRef ib = broadcast(reshape(clamp_index(comp, ps[c0]), ids), t);
-    NodeRef h = binary(OpKind::Equal, ib, iota(t, nj + c0, idx->dtype()));
-    hit = hit ? binary(OpKind::LogicalAnd, hit, h) : h;
+    comp = make_node(OpKind::Cast, {reshape(clamp_index(comp, ps[c0]), lead)},
+                     Attrs{{"dtype", DType::Int64}}, n->loc());
+    if (segments != 1) comp = mul(comp, fill(static_cast<double>(segments), {}, DType::Int64));
+    flat = flat ? add(flat, comp) : comp;
+    segments *= ps[c0];
   }
-  NodeRef sel = where(hit, broadcast(reshape(dy, dys), t), c(0, dy));
-  if (nj == 0) return {reshape(sel, ps), nullptr};
-  IntList axes;
-  for (int j = 0; j < nj; ++j) axes.push_back(j);
-  return {reduce(OpKind::ReduceSum, sel, axes, false), nullptr};
+  Shape rows{segments};
+  rows.insert(rows.end(), ps.begin() + k, ps.end());
+  return {reshape(segment_sum(dy, flat, 0, 0, segments, n->loc()), ps), nullptr};
+}
+// segment_sum: each data row receives its segment's gradient, a gather of dy
+// by the ids; rows whose id is out of range (dropped) receive zero.
+Grads vjp_SegmentSum(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef &data = n->input(0), &ids = n->input(1);
+  if (!is_float(data->dtype())) return {nullptr, nullptr};
+  int64_t axis = n->attrs().get_int("axis"), bd = n->attrs().get_int("batch_dims"),
+          segments = n->attrs().get_int("num_segments");
+  if (segments == 0) return {c(0, data), nullptr};
+  NodeRef g = make_node(OpKind::Gather, {dy, clamp_index(ids, segments)},
+                        Attrs{{"axis", axis}, {"batch_dims", bd}}, n->loc());
+  // in range: ids as [batch dims, 1 per other outer dim, ids' dims, 1 per inner dim]
+  const Shape& ds = data->shape();
+  Shape mask_shape(ids->shape().begin(), ids->shape().begin() + bd);
+  mask_shape.resize(axis, 1);
+  mask_shape.insert(mask_shape.end(), ids->shape().begin() + bd, ids->shape().end());
+  mask_shape.resize(ds.size(), 1);
+  NodeRef in_range = binary(
+      OpKind::LogicalAnd, binary(OpKind::GreaterEqual, ids, fill(0, {}, ids->dtype(), ids->loc())),
+      binary(OpKind::Less, ids, fill(static_cast<double>(segments), {}, ids->dtype(), ids->loc())));
+  return {where(broadcast(reshape(in_range, mask_shape), ds), g, c(0, g)), nullptr};
 }
 
 Grads vjp_MatMul(const NodeRef& n, const NodeRef& dy) {

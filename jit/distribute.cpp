@@ -281,6 +281,8 @@ class Distributor {
       v = pad_or_slice(n, in);
     } else if (op == OpKind::Gather || op == OpKind::GatherNd) {
       v = gather(n, in);
+    } else if (op == OpKind::SegmentSum) {
+      v = segment_sum(n, in);
     } else if (op == OpKind::RandomUniformAt) {
       in[0] = box(n->input(0), Sbp::B());
       v = {Node::with_inputs(n, in), Sbp::B()};  // every device draws the whole, like a source
@@ -388,6 +390,31 @@ class Distributor {
       in[0] = box(n->input(0), Sbp::B());
       return local(Sbp::S(from_index(i.axis)));
     }
+    in[0] = box(n->input(0), Sbp::B());
+    in[1] = box(n->input(1), Sbp::B());
+    return local(Sbp::B());
+  }
+
+  // segment_sum(data, ids): data and ids split along the same indexed dim
+  // (data parallel: the gradient of an embedding) give partial sums; data
+  // split along an outer or inner dim it keeps (ids split with it along a
+  // batch dim, whole otherwise); partial data with whole ids stays partial
+  // (linear); otherwise both become whole.
+  Value segment_sum(const NodeRef& n, std::vector<NodeRef>& in) {
+    Sbp d = in_sbp(n, 0), i = in_sbp(n, 1);
+    int axis = static_cast<int>(n->attrs().get_int("axis")),
+        bd = static_cast<int>(n->attrs().get_int("batch_dims"));
+    int m = n->input(1)->rank() - bd;
+    auto local = [&](Sbp out) { return Value{Node::with_inputs(n, in), out}; };
+    if (d.kind == Sbp::Split) {
+      int a = d.axis;
+      if (a >= axis && a < axis + m && i.kind == Sbp::Split && i.axis == a - axis + bd)
+        return local(Sbp::P());
+      if (a < bd && i.kind == Sbp::Split && i.axis == a) return local(Sbp::S(a));
+      if (a >= bd && a < axis && i.kind == Sbp::Broadcast) return local(Sbp::S(a));
+      if (a >= axis + m && i.kind == Sbp::Broadcast) return local(Sbp::S(a - m + 1));
+    }
+    if (d.kind == Sbp::Partial && i.kind == Sbp::Broadcast) return local(Sbp::P());
     in[0] = box(n->input(0), Sbp::B());
     in[1] = box(n->input(1), Sbp::B());
     return local(Sbp::B());

@@ -3,10 +3,10 @@
 
 namespace flowjit::jit::fusion_detail {
 
-// Collectives write only their own buffer: a result or an assigned value
-// is copied out of it by a kernel.
+// Collectives and family kernels write only their own buffer: a result or
+// an assigned value is copied out of it by a kernel.
 bool Fuser::needs_identity_for_store(const NodeRef& n) {
-  return !is_compute(n) || is_duplicable(n) || is_collective(n->op());
+  return !is_compute(n) || is_duplicable(n) || is_collective(n->op()) || is_family(n->op());
 }
 
 Graph Fuser::materialize(const Graph& g) {
@@ -33,6 +33,10 @@ Graph Fuser::materialize(const Graph& g) {
     } else if (is_collective(n->op())) {
       // The runtime reads the operand as one contiguous buffer.
       if (!is_buffer_leaf(in[0]) && !is_compute(in[0])) in[0] = identity(in[0]);
+    } else if (is_family(n->op())) {
+      // A family kernel reads its operands as contiguous buffers.
+      for (NodeRef& x : in)
+        if (!is_buffer_leaf(x) && (!is_compute(x) || is_duplicable(x))) x = identity(x);
     }
     return Node::with_inputs(n, std::move(in));
   });
@@ -87,6 +91,8 @@ void Fuser::analyze() {
       if (auto v = resolve_view(n->input(0))) must_store_.insert(v->base.get());
     } else if (is_collective(n->op())) {
       must_store_.insert(n->input(0).get());
+    } else if (is_family(n->op())) {
+      for (const NodeRef& x : n->inputs()) must_store_.insert(x.get());
     }
   }
 }
@@ -177,6 +183,7 @@ void Fuser::grow(Group& g) {
     if (is_contraction(n->op())) return;  // operands are read by the matmul itself
     if (is_addressed_view(n)) return;     // and by the view's guarded loads
     if (is_collective(n->op())) return;   // and by the collective
+    if (is_family(n->op())) return;       // and by the family's kernel
     if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) return;
     for (size_t i = 0; i < n->inputs().size(); ++i) {
       const NodeRef& o = n->input(i);

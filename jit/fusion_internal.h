@@ -256,6 +256,7 @@ class Fuser {
   // A collective's launch: no kernel code, args {operand, result}, and the
   // typed step the runtime runs (the name is for dumps only).
   Built build_collective(Group& g);
+  Built build_family(Group& g);
 
   Built build_group(Group& g, const std::set<std::string>& deferred,
                     std::set<std::string>& hazards);

@@ -1,4 +1,5 @@
 // fusion: building each group's loop-level kernel, matmul and implicit-GEMM specs.
+#include "codegen/family.h"
 #include "jit/fusion_internal.h"
 
 namespace flowjit::jit::fusion_detail {
@@ -107,9 +108,45 @@ Built Fuser::build_collective(Group& g) {
   return b;
 }
 
+// A family kernel: args {operands..., result}, its params from the family's
+// record (codegen/family.h).
+Built Fuser::build_family(Group& g) {
+  Built b;
+  Kernel& k = b.k;
+  const NodeRef& n = g.root;
+  const codegen::KernelFamily* fam = codegen::family_for_op(n->op());
+  FJ_CHECK(fam != nullptr, "no kernel family computes ", op_name(n->op()));
+  k.kind = Kernel::Kind::Family;
+  k.family = static_cast<int>(
+      std::find(codegen::kernel_families().begin(), codegen::kernel_families().end(), fam) -
+      codegen::kernel_families().begin());
+  k.params = fam->params(*n);
+  k.name = kernel_name(static_cast<int>(g.id), g);
+  k.domain = n->shape();
+  k.reduced.assign(n->rank(), false);
+  KernelBuilder kb(*this, g, b);
+  for (const NodeRef& x : n->inputs()) {
+    Storage st;
+    if (x->op() == OpKind::Variable) {
+      st = {BufferKind::Variable, variable_index(x)};
+      b.var_reads.push_back(x->attrs().get_str("name"));
+    } else {
+      st = storage_of(x.get());
+    }
+    b.reads.push_back(x.get());
+    kb.arg_for(x.get(), st, x->dtype(), x->type().numel(), false);
+  }
+  FJ_CHECK(storage_.count(n.get()), "family kernel result without storage");
+  kb.arg_for(n.get(), storage_[n.get()], n->dtype(), n->type().numel(), true);
+  k.summary = fam->summary(k);
+  b.computes.push_back(n.get());
+  return b;
+}
+
 Built Fuser::build_group(Group& g, const std::set<std::string>& deferred,
                          std::set<std::string>& hazards) {
   if (is_collective(g.root->op())) return build_collective(g);
+  if (is_family(g.root->op())) return build_family(g);
   Built b;
   Kernel& k = b.k;
   k.name = kernel_name(static_cast<int>(g.id), g);

@@ -27,7 +27,7 @@ bool is_buffer_leaf(const NodeRef& n) {
 
 bool is_compute(const NodeRef& n) {
   return is_elementwise(n->op()) || is_reduce(n->op()) || is_contraction(n->op()) ||
-         is_collective(n->op());
+         is_collective(n->op()) || is_family(n->op());
 }
 
 bool is_addressed_view(const NodeRef& n) { return is_addressed(n->op()); }

@@ -41,6 +41,7 @@
 
 #include "codegen/cpu/cpu_codegen.h"
 #include "codegen/cpu/kernel_units.h"
+#include "codegen/family.h"
 #include "codegen/llvm_util.h"
 #include "codegen/mathlib.h"
 #include "ir/diag.h"
@@ -438,6 +439,17 @@ void emit_seed_thunks(llvm::Module& m, const std::vector<SeedThunk>& thunks, con
   }
 }
 
+llvm::Function* emit_family_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
+                                   abi::CpuRange& shape) {
+  using Emit = llvm::Function* (*)(llvm::Module&, const Kernel&, const CpuTarget&, abi::CpuRange&);
+  static const Emit emitters[] = {
+#define FAMILY(Op, name) emit_##name##_cpu,
+#include "codegen/families/families.def"
+  };
+  family_of(k);  // checks k.family
+  return emitters[k.family](m, k, t, shape);
+}
+
 std::vector<llvm::Value*> load_kernel_args(llvm::IRBuilderBase& b, llvm::Function* f, size_t n) {
   std::vector<llvm::Value*> out;
   auto* ptr = llvm::PointerType::getUnqual(b.getContext());
@@ -554,8 +566,9 @@ EmittedUnit emit_unit(const Kernel& kernel, const std::string& symbol, const Lev
   CpuMath math(t);
   Kernel k = kernel;
   k.name = symbol;
-  llvm::Function* f = k.kind == Kernel::Kind::MatMul
-                          ? emit_matmul_kernel(m, k, t, math, e.u->shape)
+  llvm::Function* f = k.kind == Kernel::Kind::MatMul ? emit_matmul_kernel(m, k, t, math, e.u->shape)
+                      : k.kind == Kernel::Kind::Family
+                          ? emit_family_kernel(m, k, t, e.u->shape)
                           : emit_loop_kernel(m, k, t, math, e.u->shape, seeded_body(k));
   if (k.guard_arg >= 0)  // args[guard_arg] is the status buffer
     add_status_guard(

@@ -73,6 +73,16 @@ void emit_seed_thunks(llvm::Module& m, const std::vector<SeedThunk>& thunks, con
 llvm::Function* emit_matmul_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
                                    MathProvider& math, abi::CpuRange& shape);
 
+// The kernel families' emitters (codegen/families/<name>/cpu.cpp), one per
+// line of families.def.
+#define FAMILY(Op, name)                                                                  \
+  llvm::Function* emit_##name##_cpu(llvm::Module& m, const Kernel& k, const CpuTarget& t, \
+                                    abi::CpuRange& shape);
+#include "codegen/families/families.def"
+// The emitter of family kernel `k`.
+llvm::Function* emit_family_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
+                                   abi::CpuRange& shape);
+
 // Smallest amount of work (element operations) worth a separate task.
 constexpr double kMinTaskCost = 32768;
 

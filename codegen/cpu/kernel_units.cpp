@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "codegen/family.h"
 #include "ir/error.h"
 
 namespace flowjit::codegen::cpu {
@@ -109,6 +110,12 @@ std::string structural_key(const Kernel& k, bool with_seeds) {
   w.ints(mm.b_cols);
   w.ints(mm.batch_digits);
   w.ints(k.reduce_order);
+  if (k.kind == Kernel::Kind::Family) {  // appended: other kernels' keys are unchanged
+    const std::string_view name = family_of(k).name;
+    w.u64(name.size());
+    for (char ch : name) w.u64(static_cast<unsigned char>(ch));
+    w.ints(k.params);
+  }
   return w.take();
 }
 

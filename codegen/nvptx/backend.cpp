@@ -12,6 +12,7 @@
 #include <mutex>
 #include <regex>
 
+#include "codegen/family.h"
 #include "codegen/llvm_util.h"
 #include "codegen/nvptx/nvptx_codegen.h"
 #include "ir/error.h"
@@ -24,6 +25,18 @@ void LLVMInitializeNVPTXAsmPrinter();
 }
 
 namespace flowjit::codegen::nvptx {
+
+llvm::Function* emit_family_kernel(llvm::Module& m, const Kernel& k, const GpuTarget& t,
+                                   abi::GpuGrid& launch, KernelNotes& notes) {
+  using Emit = llvm::Function* (*)(llvm::Module&, const Kernel&, const GpuTarget&, abi::GpuGrid&,
+                                   KernelNotes&);
+  static const Emit emitters[] = {
+#define FAMILY(Op, name) emit_##name##_nvptx,
+#include "codegen/families/families.def"
+  };
+  family_of(k);  // checks k.family
+  return emitters[k.family](m, k, t, launch, notes);
+}
 
 namespace {
 
@@ -137,9 +150,10 @@ CompiledModule compile(const std::vector<Kernel>& kernels, std::vector<abi::Laun
              " but the kernel is ", k.name);
     abi::GpuGrid grid;
     KernelNotes notes;
-    llvm::Function* f = k.kind == Kernel::Kind::MatMul
-                            ? emit_matmul_kernel(m, k, target, *math, grid, notes)
-                            : emit_loop_kernel(m, k, target, *math, grid, notes);
+    llvm::Function* f =
+        k.kind == Kernel::Kind::MatMul   ? emit_matmul_kernel(m, k, target, *math, grid, notes)
+        : k.kind == Kernel::Kind::Family ? emit_family_kernel(m, k, target, grid, notes)
+                                         : emit_loop_kernel(m, k, target, *math, grid, notes);
     if (k.guard_arg >= 0)  // the status buffer is the kernel's parameter guard_arg
       add_status_guard(
           f,

@@ -73,4 +73,13 @@ llvm::Function* emit_loop_kernel(llvm::Module& m, const Kernel& k, const GpuTarg
 llvm::Function* emit_matmul_kernel(llvm::Module& m, const Kernel& k, const GpuTarget& t,
                                    MathProvider& math, abi::GpuGrid& launch, KernelNotes& notes);
 
+// The kernel families' emitters (codegen/families/<name>/nvptx.cpp), one
+// per line of families.def.
+#define FAMILY(Op, name)                                                                    \
+  llvm::Function* emit_##name##_nvptx(llvm::Module& m, const Kernel& k, const GpuTarget& t, \
+                                      abi::GpuGrid& launch, KernelNotes& notes);
+#include "codegen/families/families.def"
+llvm::Function* emit_family_kernel(llvm::Module& m, const Kernel& k, const GpuTarget& t,
+                                   abi::GpuGrid& launch, KernelNotes& notes);
+
 }  // namespace flowjit::codegen::nvptx

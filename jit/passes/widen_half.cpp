@@ -1,4 +1,5 @@
-// widen_half: half-precision matmuls, convolutions and collectives in float32.
+// widen_half: half-precision matmuls, convolutions, collectives and family
+// kernels in float32.
 #include "jit/passes/widen_half.h"
 
 namespace flowjit::jit {
@@ -17,7 +18,7 @@ bool needs_widening(const NodeRef& n, bool half_matmuls) {
     case OpKind::ConvFilterGrad:
       return true;
     default:
-      return is_collective(n->op());
+      return is_collective(n->op()) || is_family(n->op());
   }
 }
 

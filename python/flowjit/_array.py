@@ -7,7 +7,8 @@ distributed and fused through its parts:
   concat          the sum of each input padded into its range (one loop kernel)
   split, stack    slices; expand_dims + concat
   reflect/replicate pads   concats of (reversed) slices
-  scatter_nd, unsorted_segment_sum   compare-and-sum over the index dims
+  scatter_nd, unsorted_segment_sum   one segment_sum kernel (a kernel family:
+                  codegen/families/segment_sum), also the gradient of gathers
   sort, argsort, top_k     ranks by comparison: rank(i) = #{j: x_j < x_i} +
                   #{j < i: x_j == x_i} (NaN the largest), then a compare-and-sum
                   to the order and a gather of the values; O(n^2) per row
@@ -631,6 +632,14 @@ def _masked_sum(hit, values, axes, api):
     return _ops.reduce_sum(sel, axes) if axes else sel
 
 
+def _segment_sum(data, ids, axis, batch_dims, num_segments, api):
+    """The segment_sum op (ir/ops.def): data's dims from `axis` indexed by
+    ids (after its `batch_dims` leading dims) summed into num_segments."""
+    return _ops.make(K.segment_sum, [data, ids],
+                     {"axis": int(axis), "batch_dims": int(batch_dims), "num_segments": int(num_segments)},
+                     api=api)
+
+
 def scatter_nd(indices: Blob, updates: Blob, shape: Sequence[int], name: Optional[str] = None) -> Blob:
     """A zero tensor of `shape` with updates[j...] added at position
     indices[j...] (shape [..., K]); duplicate indices add up, out-of-range
@@ -655,18 +664,18 @@ def scatter_nd(indices: Blob, updates: Blob, shape: Sequence[int], name: Optiona
         _trace.fail(ValueError, f"scatter_nd: updates have shape {tuple(ushape)} but indices "
                     f"{tuple(ishape)} into shape {tuple(shape)} need updates of shape "
                     f"{tuple(lead + shape[k:])}")
-    nj = len(lead)
-    t = lead + shape
-    hit = None
-    for c in _b.range(k):
+    # The K components flattened into one int64 id over shape[:K].
+    flat, segments = None, 1
+    for c in _b.range(k - 1, -1, -1):
         comp = _slice_dim(indices, len(ishape) - 1, c, c + 1, 1, "scatter_nd")
         comp = _ops.checked_index(comp, shape[c], f"scatter_nd: indices[..., {c}]", "scatter_nd")
-        comp = _ops.reshape(comp, lead + [1] * len(shape))
-        h = _ops.equal(comp, _iota(t, nj + c, indices.dtype))
-        hit = h if hit is None else _ops.logical_and(hit, h)
-    u = _ops.reshape(updates, lead + [1] * k + shape[k:])
-    out = _masked_sum(hit, _ops.broadcast_to(u, t), list(_b.range(nj)), "scatter_nd")
-    return _ops.identity(out, name=name) if name else out
+        comp = _ops.cast(_ops.reshape(comp, lead), _dtypes.int64)
+        if segments != 1:
+            comp = _ops.multiply(comp, _ops._scalar(segments, _dtypes.int64, "scatter_nd"))
+        flat = comp if flat is None else _ops.add(flat, comp)
+        segments *= shape[c]
+    out = _segment_sum(updates, flat, 0, 0, segments, "scatter_nd")
+    return _ops.reshape(out, shape, name=name)
 
 
 def unsorted_segment_sum(data: Blob, segment_ids: Blob, num_segments: int, axis: int = 0,
@@ -692,14 +701,9 @@ def unsorted_segment_sum(data: Blob, segment_ids: Blob, num_segments: int, axis:
                     f"{axis}.. of data {tuple(ds)}")
     if not _ops._is_int(num_segments) or num_segments < 0:
         _trace.fail(ValueError, f"unsorted_segment_sum: num_segments must be an int >= 0, got {num_segments!r}")
-    pre, post = ds[:axis], ds[axis + m:]
-    t = pre + ids + [int(num_segments)] + post
     segment_ids = _ops.checked_index(segment_ids, int(num_segments),
                                      "unsorted_segment_sum: segment_ids", "unsorted_segment_sum")
-    idb = _ops.reshape(segment_ids, [1] * axis + ids + [1] + [1] * len(post))
-    hit = _ops.equal(idb, _iota(t, axis + m, segment_ids.dtype))
-    d = _ops.broadcast_to(_ops.reshape(data, pre + ids + [1] + post), t)
-    out = _masked_sum(hit, d, list(_b.range(axis, axis + m)), "unsorted_segment_sum")
+    out = _segment_sum(data, segment_ids, axis, 0, int(num_segments), "unsorted_segment_sum")
     return _ops.identity(out, name=name) if name else out
 
 
@@ -1449,12 +1453,8 @@ def unsorted_batch_segment_sum(data: Blob, segment_ids: Blob, num_segments: int,
                     f"data {tuple(ds)}")
     if not _ops._is_int(num_segments) or num_segments < 0:
         _trace.fail(ValueError, f"{api}: num_segments must be an int >= 0, got {num_segments!r}")
-    batch, n, rest = ids[:-1], ids[-1], ds[k:]
-    t = batch + [n, int(num_segments)] + rest
     segment_ids = _ops.checked_index(segment_ids, int(num_segments), f"{api}: segment_ids", api)
-    hit = _ops.equal(_ops.reshape(segment_ids, ids + [1] + [1] * len(rest)), _iota(t, k, segment_ids.dtype))
-    d = _ops.broadcast_to(_ops.reshape(data, ids + [1] + rest), t)
-    out = _masked_sum(hit, d, [k - 1], api)
+    out = _segment_sum(data, segment_ids, k - 1, k - 1, int(num_segments), api)
     return _ops.identity(out, name=name) if name else out
 
 

@@ -67,6 +67,34 @@ TEST(Fusion, ElementwiseChainIsOneKernel) {
   EXPECT_EQ(p.lines[0], " %0 %1 %2 %3 -> out0");
 }
 
+// A kernel-family op is a kernel of its own over stored operands: the
+// producer of its data is not fused into it, its consumer reads its result.
+TEST(Fusion, SegmentSumIsAFamilyKernelBetweenLoopKernels) {
+  Graph g = parse_graph(
+      "graph t {\n"
+      "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[6,4]} : f32[6,4]\n"
+      "  %i = parameter() {dtype=i32, index=1, name=\"i\", shape=[6]} : i32[6]\n"
+      "  %0 = exp(%x) : f32[6,4]\n"
+      "  %1 = segment_sum(%0, %i) {axis=0, num_segments=3} : f32[3,4]\n"
+      "  %2 = mul(%1, %1) : f32[3,4]\n"
+      "  return %2\n}\n");
+  jit::PassLog log;
+  jit::FusedProgram p = jit::fuse(jit::optimize(g, log), "t");
+  ASSERT_EQ(p.kernels.size(), 3u) << p.description;
+  const codegen::Kernel& k = p.kernels[1];
+  EXPECT_EQ(k.kind, codegen::Kernel::Kind::Family) << p.description;
+  EXPECT_EQ(k.params, (std::vector<int64_t>{1, 1, 6, 3, 4}));
+  ASSERT_EQ(k.args.size(), 3u);
+  EXPECT_EQ(k.args[1].dtype, DType::Int32);
+  EXPECT_TRUE(k.args[2].written);
+  EXPECT_NE(codegen::describe_kernel(k).find("family segment_sum params=[1,1,6,3,4]"),
+            std::string::npos)
+      << codegen::describe_kernel(k);
+  // exp's result and the family's result are buffers the neighbours share
+  EXPECT_EQ(p.plan.launches[0].args.back(), p.plan.launches[1].args[0]);
+  EXPECT_EQ(p.plan.launches[1].args[2], p.plan.launches[2].args[0]);
+}
+
 TEST(Fusion, CrossEntropyForwardIsOneKernel) {
   Plan p = fuse_text(
       "graph t {\n"

@@ -156,6 +156,15 @@ const char* kCrossEntropy =
     "  %0 = sparse_softmax_cross_entropy(%y, %z) : f32[100]\n"
     "  return %0\n}\n";
 
+// segment_sum with batch dims, int64 ids (some out of range: dropped) and
+// an inner dim that is not a multiple of the warp.
+const char* kSegmentSum =
+    "graph t {\n"
+    "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[2,3,40,37]} : f32[2,3,40,37]\n"
+    "  %i = parameter() {dtype=i64, index=1, name=\"i\", shape=[2,40]} : i64[2,40]\n"
+    "  %0 = segment_sum(%x, %i) {axis=2, batch_dims=1, num_segments=7} : f32[2,3,7,37]\n"
+    "  return %0\n}\n";
+
 const char* kReduceAxis0 =
     "graph t {\n"
     "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[1000,64]} : f32[1000,64]\n"
@@ -448,6 +457,7 @@ const std::vector<Case>& suite() {
     c.push_back({"cross_entropy_bwd", cross_entropy_backward(), {}});
     c.push_back({"index_checks", index_checks(), {}});
     c.push_back({"reduce_axis0", parse_graph(kReduceAxis0), {}});
+    c.push_back({"segment_sum", parse_graph(kSegmentSum), {}});
     c.push_back({"reductions_by_mapping", reductions_by_mapping(), {}});
     for (DType dt : {DType::Float32, DType::Float64, DType::Int32})
       c.push_back({"reductions_" + std::string(dtype_short_name(dt)), reductions_all(dt), {}});

@@ -1,0 +1,108 @@
+// segment_sum on x86-64: one task per (outer row, chunk of the inner dim);
+// each zeroes its chunk of every segment, then walks the ids in order and
+// adds each data row's chunk into its segment's chunk (vector adds along
+// the inner dim).
+#include <algorithm>
+#include <cmath>
+
+#include "codegen/cpu/cpu_codegen.h"
+#include "codegen/families/segment_sum/segment_sum.h"
+
+namespace flowjit::codegen::cpu {
+
+using llvm::Value;
+
+llvm::Function* emit_segment_sum_cpu(llvm::Module& m, const Kernel& k, const CpuTarget& t,
+                                     abi::CpuRange& shape) {
+  const SegmentSumParams p(k);
+  llvm::LLVMContext& ctx = m.getContext();
+  llvm::IRBuilder<> b(ctx);
+  llvm::Function* f = declare_kernel(m, k.name, t);
+  b.SetInsertPoint(llvm::BasicBlock::Create(ctx, "entry", f));
+  std::vector<Value*> args = load_kernel_args(b, f, 3);
+  Value *data = args[0], *ids = args[1], *out = args[2];
+
+  llvm::Type* elem = mem_type(ctx, p.data);
+  llvm::Type* id_type = mem_type(ctx, p.ids);
+  const int64_t elem_bytes = ir::dtype_bytes(p.data);
+  const int lanes = t.lanes(static_cast<int>(elem_bytes));
+  // Chunks of the inner dim: a few vectors each, so a wide inner dim gives
+  // tasks to every thread while each task's rows stay in cache.
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(p.inner, 64 * lanes));
+  const int64_t chunks = p.inner == 0 ? 1 : (p.inner + chunk - 1) / chunk;
+  shape.range = p.outer() * chunks;
+  const double cost = static_cast<double>(p.segments + p.n) * static_cast<double>(chunk) + 1;
+  shape.grain = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(kMinTaskCost / cost)));
+  shape.scratch_bytes = 0;
+
+  const bool is_float = ir::is_float(p.data);
+  auto add = [&](Value* a, Value* c) {
+    a = from_mem(b, a, p.data);
+    c = from_mem(b, c, p.data);
+    return to_mem(b, is_float ? b.CreateFAdd(a, c) : b.CreateAdd(a, c), p.data);
+  };
+  auto at = [&](Value* base, Value* element) { return b.CreateGEP(elem, base, element); };
+  auto align = llvm::Align(elem_bytes);
+
+  emit_for(
+      b, f->getArg(1), f->getArg(2), 1,
+      [&](Value* it) {
+        Value* o = b.CreateSDiv(it, b.getInt64(chunks), "o");
+        Value* c0 = b.CreateMul(b.CreateSRem(it, b.getInt64(chunks)), b.getInt64(chunk), "c0");
+        Value* c1 =
+            b.CreateSelect(b.CreateICmpSLT(b.CreateAdd(c0, b.getInt64(chunk)), b.getInt64(p.inner)),
+                           b.CreateAdd(c0, b.getInt64(chunk)), b.getInt64(p.inner), "c1");
+        // out[o, s, c] for s in [0, segments): the first element of each row.
+        Value* out_o = b.CreateMul(o, b.getInt64(p.segments * p.inner));
+        emit_for(
+            b, b.getInt64(0), b.getInt64(p.segments), 1,
+            [&](Value* s) {
+              Value* row = b.CreateAdd(out_o, b.CreateMul(s, b.getInt64(p.inner)));
+              emit_vector_for(
+                  b, c0, c1, lanes,
+                  [&](Value* c, int w) {
+                    llvm::Type* vt = with_width(elem, w);
+                    b.CreateAlignedStore(llvm::Constant::getNullValue(vt),
+                                         at(out, b.CreateAdd(row, c)), align);
+                  },
+                  "z");
+            },
+            "s");
+        Value* ids_row =
+            b.CreateMul(b.CreateSDiv(o, b.getInt64(std::max<int64_t>(p.rest, 1))), b.getInt64(p.n));
+        Value* data_o = b.CreateMul(o, b.getInt64(p.n * p.inner));
+        emit_for(
+            b, b.getInt64(0), b.getInt64(p.n), 1,
+            [&](Value* j) {
+              Value* raw =
+                  b.CreateAlignedLoad(id_type, b.CreateGEP(id_type, ids, b.CreateAdd(ids_row, j)),
+                                      llvm::Align(ir::dtype_bytes(p.ids)), "id");
+              Value* id = p.ids == DType::UInt8 ? b.CreateZExt(raw, b.getInt64Ty())
+                                                : b.CreateSExtOrTrunc(raw, b.getInt64Ty());
+              auto* hit = llvm::BasicBlock::Create(ctx, "hit", f);
+              auto* next = llvm::BasicBlock::Create(ctx, "next", f);
+              // Unsigned: a negative id is out of range too.
+              b.CreateCondBr(b.CreateICmpULT(id, b.getInt64(p.segments)), hit, next);
+              b.SetInsertPoint(hit);
+              Value* dst = b.CreateAdd(out_o, b.CreateMul(id, b.getInt64(p.inner)));
+              Value* src = b.CreateAdd(data_o, b.CreateMul(j, b.getInt64(p.inner)));
+              emit_vector_for(
+                  b, c0, c1, lanes,
+                  [&](Value* c, int w) {
+                    llvm::Type* vt = with_width(elem, w);
+                    Value* d = at(out, b.CreateAdd(dst, c));
+                    Value* x = b.CreateAlignedLoad(vt, at(data, b.CreateAdd(src, c)), align);
+                    b.CreateAlignedStore(add(b.CreateAlignedLoad(vt, d, align), x), d, align);
+                  },
+                  "c");
+              b.CreateBr(next);
+              b.SetInsertPoint(next);
+            },
+            "j");
+      },
+      "it");
+  b.CreateRetVoid();
+  return f;
+}
+
+}  // namespace flowjit::codegen::cpu

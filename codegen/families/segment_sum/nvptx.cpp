@@ -1,0 +1,87 @@
+// segment_sum on NVIDIA GPUs: one thread per (outer row, inner element),
+// grid-stride. Neighbouring threads own neighbouring elements of a row, so
+// every load and store of a warp is coalesced; each thread zeroes its
+// element of every segment, then walks the ids in order (no atomics: the
+// sums are the CPU's, bit for bit).
+#include <algorithm>
+
+#include "codegen/families/segment_sum/segment_sum.h"
+#include "codegen/nvptx/nvptx_codegen.h"
+
+namespace flowjit::codegen::nvptx {
+
+using llvm::Value;
+
+llvm::Function* emit_segment_sum_nvptx(llvm::Module& m, const Kernel& k, const GpuTarget&,
+                                       abi::GpuGrid& launch, KernelNotes& notes) {
+  constexpr int kBlock = 256;
+  const SegmentSumParams p(k);
+  llvm::LLVMContext& ctx = m.getContext();
+  llvm::IRBuilder<> b(ctx);
+  llvm::Function* f = declare_kernel(m, k, kBlock);
+  b.SetInsertPoint(llvm::BasicBlock::Create(ctx, "entry", f));
+  Value *data = f->getArg(0), *ids = f->getArg(1), *out = f->getArg(2);
+  llvm::Type* elem = mem_type(ctx, p.data);
+  llvm::Type* id_type = mem_type(ctx, p.ids);
+  const auto align = llvm::Align(ir::dtype_bytes(p.data));
+  const int64_t threads = p.outer() * p.inner;
+  launch.block[0] = kBlock;
+  launch.grid[0] =
+      static_cast<uint32_t>(std::clamp<int64_t>((threads + kBlock - 1) / kBlock, 1, 65535));
+  notes.mapping = "segment_sum: a thread per output column";
+
+  const bool is_float = ir::is_float(p.data);
+  auto at = [&](Value* base, Value* element) { return b.CreateGEP(elem, base, element); };
+  auto i64 = [&](int64_t v) { return b.getInt64(v); };
+  Value* gid = b.CreateAdd(b.CreateMul(b.CreateZExt(block_idx(b), b.getInt64Ty()), i64(kBlock)),
+                           b.CreateZExt(thread_idx(b), b.getInt64Ty()));
+  Value* stride = b.CreateMul(b.CreateZExt(grid_dim(b), b.getInt64Ty()), i64(kBlock));
+  const int64_t inner = std::max<int64_t>(p.inner, 1);
+  emit_for(
+      b, gid, i64(threads), stride,
+      [&](Value* t) {
+        Value* o = b.CreateUDiv(t, i64(inner), "o");
+        Value* c = b.CreateURem(t, i64(inner), "c");
+        Value* out_oc = b.CreateAdd(b.CreateMul(o, i64(p.segments * p.inner)), c);
+        emit_for(
+            b, i64(0), i64(p.segments), i64(1),
+            [&](Value* s) {
+              b.CreateAlignedStore(llvm::Constant::getNullValue(elem),
+                                   at(out, b.CreateAdd(out_oc, b.CreateMul(s, i64(p.inner)))),
+                                   align);
+            },
+            "s");
+        Value* ids_row = b.CreateMul(b.CreateUDiv(o, i64(std::max<int64_t>(p.rest, 1))), i64(p.n));
+        Value* data_oc = b.CreateAdd(b.CreateMul(o, i64(p.n * p.inner)), c);
+        emit_for(
+            b, i64(0), i64(p.n), i64(1),
+            [&](Value* j) {
+              Value* raw =
+                  b.CreateAlignedLoad(id_type, b.CreateGEP(id_type, ids, b.CreateAdd(ids_row, j)),
+                                      llvm::Align(ir::dtype_bytes(p.ids)), "id");
+              Value* id = p.ids == DType::UInt8 ? b.CreateZExt(raw, b.getInt64Ty())
+                                                : b.CreateSExtOrTrunc(raw, b.getInt64Ty());
+              auto* hit = llvm::BasicBlock::Create(ctx, "hit", f);
+              auto* next = llvm::BasicBlock::Create(ctx, "next", f);
+              b.CreateCondBr(b.CreateICmpULT(id, i64(p.segments)), hit, next);
+              b.SetInsertPoint(hit);
+              Value* d = at(out, b.CreateAdd(out_oc, b.CreateMul(id, i64(p.inner))));
+              Value* x = from_mem(
+                  b,
+                  b.CreateAlignedLoad(
+                      elem, at(data, b.CreateAdd(data_oc, b.CreateMul(j, i64(p.inner)))), align),
+                  p.data);
+              Value* y = from_mem(b, b.CreateAlignedLoad(elem, d, align), p.data);
+              b.CreateAlignedStore(
+                  to_mem(b, is_float ? b.CreateFAdd(y, x) : b.CreateAdd(y, x), p.data), d, align);
+              b.CreateBr(next);
+              b.SetInsertPoint(next);
+            },
+            "j");
+      },
+      "t");
+  b.CreateRetVoid();
+  return f;
+}
+
+}  // namespace flowjit::codegen::nvptx
