@@ -88,6 +88,19 @@ struct Ops {
     for (double k : coeffs) p = p ? fma(p, t, c(k)) : c(k);
     return p;
   }
+  // fptosi and sitofp of integral values |v| < 2^51. x86 has no vector
+  // double <-> int64 conversion before AVX-512DQ and scalarizes each lane
+  // (a double erfc kernel spent most of its time there); for doubles the
+  // shifter S = 1.5 * 2^52 puts v in the low mantissa bits of v + S exactly,
+  // so both are one add and one integer op, with the same results.
+  Value* to_int(Value* k) const {
+    if (!f64) return b.CreateFPToSI(k, it);
+    return b.CreateSub(to_bits(b.CreateFAdd(k, c(0x1.8p52))), i(0x4338000000000000ULL));
+  }
+  Value* to_fp(Value* e) const {
+    if (!f64) return b.CreateSIToFP(e, ft);
+    return b.CreateFSub(from_bits(b.CreateAdd(e, i(0x4338000000000000ULL))), c(0x1.8p52));
+  }
   // 2^k for an integer k with 2^k a normal number.
   Value* pow2(Value* k) const {
     int mant = f64 ? 52 : 23;
@@ -149,7 +162,7 @@ Value* exp_f64(const Ops& o, Value* x) {
       o.horner(r, {1.0 / 6227020800, 1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880,
                    1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5});
   Value* er = o.b.CreateFAdd(o.fma(p, o.b.CreateFMul(r, r), r), o.c(1.0));
-  Value* ki = o.b.CreateFPToSI(k, o.it);
+  Value* ki = o.to_int(k);  // |k| <= 1077
   Value* k1 = o.b.CreateAShr(ki, 1);
   Value* k2 = o.b.CreateSub(ki, k1);
   Value* res = o.b.CreateFMul(o.b.CreateFMul(er, o.pow2(k1)), o.pow2(k2));
@@ -173,7 +186,7 @@ std::pair<Value*, Value*> log_reduce(const Ops& o, Value* x) {
   Value* e = o.b.CreateSub(o.b.CreateLShr(ix, mant), o.i(d ? 1023 : 127));
   e = o.b.CreateSub(e, o.b.CreateSelect(tiny, o.i(d ? 54 : 24), o.i(0)));
   Value* m = o.from_bits(o.b.CreateAdd(o.b.CreateAnd(ix, o.i(mant_mask)), o.i(sqrt_half)));
-  return {o.b.CreateFSub(m, o.c(1.0)), o.b.CreateSIToFP(e, o.ft)};
+  return {o.b.CreateFSub(m, o.c(1.0)), o.to_fp(e)};  // |e| < 1100
 }
 
 // log(1 + f) + e ln2, float: Cephes logf, log(1+f) = f - f^2/2 + f^3 P(f) with

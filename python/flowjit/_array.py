@@ -10,7 +10,7 @@ distributed and fused through its parts:
   scatter_nd, unsorted_segment_sum   one segment_sum kernel (a kernel family:
                   codegen/families/segment_sum), also the gradient of gathers
   sort, argsort, top_k     ranks by comparison: rank(i) = #{j: x_j < x_i} +
-                  #{j < i: x_j == x_i} (NaN the largest), then a compare-and-sum
+                  #{j < i: x_j == x_i} (NaN the largest), then a segment sum
                   to the order and a gather of the values; O(n^2) per row
 Index rule: gathers clamp an index into [0, extent); scatters and segment sums
 drop entries whose index is out of range.
@@ -626,12 +626,6 @@ def _check_index(x, api, what="indices"):
         _trace.fail(TypeError, f"{api}: {what} must be an integer tensor (int32 or int64), got {x.dtype!r}")
 
 
-def _masked_sum(hit, values, axes, api):
-    zero = _ops._scalar(0, values.dtype, api)
-    sel = _ops.where(hit, values, zero)
-    return _ops.reduce_sum(sel, axes) if axes else sel
-
-
 def _segment_sum(data, ids, axis, batch_dims, num_segments, api):
     """The segment_sum op (ir/ops.def): data's dims from `axis` indexed by
     ids (after its `batch_dims` leading dims) summed into num_segments."""
@@ -761,10 +755,9 @@ def _ranks(x, descending):
 
 def _by_rank(rank):
     """out[..., r] = i where rank[..., i] == r (int32)."""
-    n = rank.shape[-1]
-    hit = _ops.equal(_ops.expand_dims(rank, -2), _iota([n, n], 0, _dtypes.int32))  # [..., r, i]
-    idx = _ops.broadcast_to(_iota([1, n], 1, _dtypes.int32), list(rank.shape[:-1]) + [n, n])
-    return _masked_sum(hit, idx, [-1], "sort")
+    n, r = rank.shape[-1], len(rank.shape)
+    idx = _iota(list(rank.shape), r - 1, _dtypes.int32)
+    return _segment_sum(idx, rank, r - 1, r - 1, n, "sort")
 
 
 def _direction(direction, api):
