@@ -26,6 +26,10 @@
 #include <set>
 #include <utility>
 
+#include <llvm/Support/FormatVariadic.h>
+#include <llvm/Support/JSON.h>
+#include <llvm/Support/raw_ostream.h>
+
 #include "ir/error.h"
 #include "runtime/sha256.h"
 
@@ -177,282 +181,61 @@ std::string printable_text(std::string_view s) {
 
 // ---------------------------------------------------------------- JSON
 //
-// Just enough JSON for meta.json: objects keep their key order, numbers are
-// doubles (sizes and counts stay exact below 2^53).
+// meta.json through llvm/Support/JSON.h. Objects print with sorted keys, so
+// the MAC lists an entry's files in that order on both sides (the Python
+// tool hashes meta.json's order, which is this one).
 
 namespace {
 
-struct Json {
-  enum Type { Null, Bool, Number, String, Array, Object } type = Null;
-  bool b = false;
-  double num = 0;
-  std::string str;
-  std::vector<Json> arr;
-  std::vector<std::pair<std::string, Json>> obj;
+namespace json = llvm::json;
 
-  static Json number(double v) {
-    Json j;
-    j.type = Number;
-    j.num = v;
-    return j;
-  }
-  static Json string(std::string s) {
-    Json j;
-    j.type = String;
-    j.str = std::move(s);
-    return j;
-  }
-  static Json object() {
-    Json j;
-    j.type = Object;
-    return j;
-  }
-  static Json array() {
-    Json j;
-    j.type = Array;
-    return j;
-  }
-  const Json* get(const std::string& k) const {
-    if (type != Object) return nullptr;
-    for (auto& [key, v] : obj)
-      if (key == k) return &v;
-    return nullptr;
-  }
-  Json& set(const std::string& k, Json v) {
-    for (auto& [key, old] : obj)
-      if (key == k) return old = std::move(v);
-    obj.emplace_back(k, std::move(v));
-    return obj.back().second;
-  }
-};
-
-void write_json_string(std::string& out, const std::string& s) {
-  out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
+// meta.json nests two levels; llvm::json's parser recurses once per level,
+// so a file nested deeper than this is damaged before it is parsed.
+bool nested_deeper_than(std::string_view s, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > limit) return true;
+    } else if (c == '}' || c == ']') {
+      --depth;
     }
   }
-  out += '"';
+  return false;
 }
 
-void write_json(std::string& out, const Json& j, int indent) {
-  std::string pad(indent * 2, ' ');
-  switch (j.type) {
-    case Json::Null:
-      out += "null";
-      break;
-    case Json::Bool:
-      out += j.b ? "true" : "false";
-      break;
-    case Json::Number: {
-      char buf[32];
-      if (std::floor(j.num) == j.num && std::fabs(j.num) < 9.0e15)
-        std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(j.num));
-      else
-        for (int precision = 15; precision <= 17; ++precision) {  // shortest that round-trips
-          std::snprintf(buf, sizeof buf, "%.*g", precision, j.num);
-          if (std::strtod(buf, nullptr) == j.num) break;
-        }
-      out += buf;
-      break;
-    }
-    case Json::String:
-      write_json_string(out, j.str);
-      break;
-    case Json::Array: {
-      out += '[';
-      for (size_t i = 0; i < j.arr.size(); ++i) {
-        if (i) out += ", ";
-        write_json(out, j.arr[i], indent + 1);
-      }
-      out += ']';
-      break;
-    }
-    case Json::Object: {
-      out += "{\n";
-      for (size_t i = 0; i < j.obj.size(); ++i) {
-        out += pad + "  ";
-        write_json_string(out, j.obj[i].first);
-        out += ": ";
-        write_json(out, j.obj[i].second, indent + 1);
-        out += i + 1 < j.obj.size() ? ",\n" : "\n";
-      }
-      out += pad + "}";
-      break;
-    }
+// The object meta.json holds, or nothing when it is not one (or not UTF-8,
+// or too deep).
+std::optional<json::Object> parse_object(const std::string& text) {
+  if (!valid_utf8(text) || nested_deeper_than(text, 32)) return std::nullopt;
+  llvm::Expected<json::Value> v = json::parse(text);
+  if (!v) {
+    llvm::consumeError(v.takeError());
+    return std::nullopt;
   }
+  if (json::Object* o = v->getAsObject()) return std::move(*o);
+  return std::nullopt;
 }
 
-class JsonParser {
- public:
-  explicit JsonParser(const std::string& s) : s_(s) {}
+std::string json_text(json::Object o) {
+  std::string out;
+  llvm::raw_string_ostream os(out);
+  os << llvm::formatv("{0:2}", json::Value(std::move(o))) << "\n";
+  return out;
+}
 
-  // False on any syntax error or trailing garbage.
-  bool parse(Json& out) {
-    if (!value(out, 0)) return false;
-    ws();
-    return i_ == s_.size();
-  }
-
- private:
-  void ws() {
-    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
-  }
-  bool lit(const char* word) {
-    size_t n = std::strlen(word);
-    if (s_.compare(i_, n, word) != 0) return false;
-    i_ += n;
-    return true;
-  }
-  bool value(Json& out, int depth) {
-    if (depth > 32) return false;
-    ws();
-    if (i_ >= s_.size()) return false;
-    char c = s_[i_];
-    if (c == '{') {
-      ++i_;
-      out = Json::object();
-      ws();
-      if (i_ < s_.size() && s_[i_] == '}') return ++i_, true;
-      while (true) {
-        ws();
-        std::string k;
-        if (!string(k)) return false;
-        ws();
-        if (i_ >= s_.size() || s_[i_] != ':') return false;
-        ++i_;
-        Json v;
-        if (!value(v, depth + 1)) return false;
-        out.obj.emplace_back(std::move(k), std::move(v));
-        ws();
-        if (i_ < s_.size() && s_[i_] == ',') {
-          ++i_;
-          continue;
-        }
-        if (i_ < s_.size() && s_[i_] == '}') return ++i_, true;
-        return false;
-      }
-    }
-    if (c == '[') {
-      ++i_;
-      out = Json::array();
-      ws();
-      if (i_ < s_.size() && s_[i_] == ']') return ++i_, true;
-      while (true) {
-        Json v;
-        if (!value(v, depth + 1)) return false;
-        out.arr.push_back(std::move(v));
-        ws();
-        if (i_ < s_.size() && s_[i_] == ',') {
-          ++i_;
-          continue;
-        }
-        if (i_ < s_.size() && s_[i_] == ']') return ++i_, true;
-        return false;
-      }
-    }
-    if (c == '"') {
-      out.type = Json::String;
-      return string(out.str);
-    }
-    if (lit("true")) return out.type = Json::Bool, out.b = true, true;
-    if (lit("false")) return out.type = Json::Bool, out.b = false, true;
-    if (lit("null")) return out.type = Json::Null, true;
-    const char* begin = s_.c_str() + i_;
-    char* end = nullptr;
-    double v = std::strtod(begin, &end);
-    if (end == begin) return false;
-    i_ += static_cast<size_t>(end - begin);
-    out = Json::number(v);
-    return true;
-  }
-  bool string(std::string& out) {
-    if (i_ >= s_.size() || s_[i_] != '"') return false;
-    ++i_;
-    while (i_ < s_.size()) {
-      char c = s_[i_++];
-      if (c == '"') return true;
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (i_ >= s_.size()) return false;
-      char e = s_[i_++];
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'u': {
-          if (i_ + 4 > s_.size()) return false;
-          unsigned cp = static_cast<unsigned>(std::strtoul(s_.substr(i_, 4).c_str(), nullptr, 16));
-          i_ += 4;
-          // Only what write_json_string produces (and the BMP) is needed.
-          if (cp < 0x80) {
-            out += static_cast<char>(cp);
-          } else if (cp < 0x800) {
-            out += static_cast<char>(0xc0 | (cp >> 6));
-            out += static_cast<char>(0x80 | (cp & 0x3f));
-          } else {
-            out += static_cast<char>(0xe0 | (cp >> 12));
-            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-            out += static_cast<char>(0x80 | (cp & 0x3f));
-          }
-          break;
-        }
-        default:
-          return false;
-      }
-    }
-    return false;
-  }
-
-  const std::string& s_;
-  size_t i_ = 0;
-};
+std::optional<std::string> string_of(const json::Object& o, llvm::StringRef key) {
+  if (auto s = o.getString(key)) return s->str();
+  return std::nullopt;
+}
 
 // ---------------------------------------------------------------- files
 
@@ -689,14 +472,16 @@ bool is_extra_name(const std::string& name) {
   return true;
 }
 
-Json string_array(const std::vector<std::string>& v) {
-  Json a = Json::array();
-  for (auto& s : v) a.arr.push_back(Json::string(s));
+json::Array string_array(const std::vector<std::string>& v) {
+  json::Array a;
+  for (auto& s : v) a.push_back(s);
   return a;
 }
 
-double number_or(const Json* j, double fallback) {
-  return j && j->type == Json::Number ? j->num : fallback;
+double number_or(const json::Object* o, llvm::StringRef key, double fallback) {
+  if (o == nullptr) return fallback;
+  if (auto n = o->getNumber(key)) return *n;
+  return fallback;
 }
 
 // An entry as evict() sees it.
@@ -734,11 +519,11 @@ std::vector<EntryInfo> list_entries(const std::string& dir) {
       info.key = key;
       std::string path = it->path().string();
       std::string text, why;
-      Json meta;
+      std::optional<json::Object> meta;
       if (read_entry_file(path + "/meta.json", text, why) == Read::Ok &&
-          JsonParser(text).parse(meta)) {
-        info.last_used = number_or(meta.get("last_used"), 0);
-        info.bytes = static_cast<int64_t>(number_or(meta.get("total_bytes"), 0)) +
+          (meta = parse_object(text))) {
+        info.last_used = number_or(&*meta, "last_used", 0);
+        info.bytes = static_cast<int64_t>(number_or(&*meta, "total_bytes", 0)) +
                      static_cast<int64_t>(text.size());
       } else {
         info.bytes = dir_bytes(path);  // damaged: oldest of all
@@ -842,13 +627,18 @@ namespace {
 constexpr const char* kSecretFile = "hmac.key";
 
 // What an entry's MAC covers: its key and each listed file's name, size and
-// checksum, in meta.json's order (tools/flowjit_cache computes the same).
-std::string mac_message(const std::string& key, const Json& files) {
+// checksum, in meta.json's order, which is sorted by name (the Python tool,
+// python/flowjit/cache/store.py, computes the same).
+std::string mac_message(const std::string& key, const json::Object& files) {
+  std::vector<std::string> names;
+  for (const auto& kv : files) names.push_back(kv.first.str());
+  std::sort(names.begin(), names.end());
   std::string m = "flowjit-cache-mac 1\n" + key + "\n";
-  for (auto& [name, f] : files.obj) {
-    const Json* sha = f.get("sha256");
-    m += name + " " + std::to_string(static_cast<long long>(number_or(f.get("bytes"), -1))) + " " +
-         (sha && sha->type == Json::String ? sha->str : std::string("-")) + "\n";
+  for (const std::string& name : names) {
+    const json::Object* f = files.getObject(name);
+    std::optional<std::string> sha = f ? string_of(*f, "sha256") : std::nullopt;
+    m += name + " " + std::to_string(static_cast<long long>(number_or(f, "bytes", -1))) + " " +
+         sha.value_or("-") + "\n";
   }
   return m;
 }
@@ -948,18 +738,15 @@ DiskCache::Found DiskCache::lookup(const std::string& key, bool want_llvm_ir, Ca
   if (r == Read::Untrusted) return Found::Untrusted;
   if (r == Read::Missing && !is_dir(path)) return Found::Miss;
   if (r != Read::Ok) return damaged("meta.json is missing or unreadable");
-  Json meta;
-  if (!JsonParser(text).parse(meta) || meta.type != Json::Object)
-    return damaged("meta.json does not parse");
-  const Json* k = meta.get("key");
-  if (!k || k->type != Json::String || k->str != key) return damaged("meta.json names another key");
-  if (number_or(meta.get("format"), 0) != 1) return damaged("meta.json has an unknown format");
-  const Json* files = meta.get("files");
-  if (!files || files->type != Json::Object) return damaged("meta.json lists no files");
+  std::optional<json::Object> meta = parse_object(text);
+  if (!meta) return damaged("meta.json does not parse");
+  if (string_of(*meta, "key") != key) return damaged("meta.json names another key");
+  if (number_or(&*meta, "format", 0) != 1) return damaged("meta.json has an unknown format");
+  const json::Object* files = meta->getObject("files");
+  if (files == nullptr) return damaged("meta.json lists no files");
   if (!load_secret(why)) return Found::Untrusted;
-  const Json* mac = meta.get("mac");
-  if (!mac || mac->type != Json::String ||
-      !constant_time_equal(mac->str, hmac_sha256_hex(secret_, mac_message(key, *files))))
+  std::optional<std::string> mac = string_of(*meta, "mac");
+  if (!mac || !constant_time_equal(*mac, hmac_sha256_hex(secret_, mac_message(key, *files))))
     return damaged(
         "it is not authenticated by this cache's key (copied from another cache, planted, or "
         "written by an older flowjit)");
@@ -967,20 +754,19 @@ DiskCache::Found DiskCache::lookup(const std::string& key, bool want_llvm_ir, Ca
   // 3. Each file read is the one meta.json describes.
   bool untrusted_file = false;
   auto read_checked = [&](const char* name, std::string& out, bool text) -> std::string {
-    const Json* f = files->get(name);
-    const Json* sha = f ? f->get("sha256") : nullptr;
-    if (!f || !sha || sha->type != Json::String)
-      return std::string(name) + " is not listed in meta.json";
+    const json::Object* f = files->getObject(name);
+    std::optional<std::string> sha = f ? string_of(*f, "sha256") : std::nullopt;
+    if (!sha) return std::string(name) + " is not listed in meta.json";
     std::string problem;
     Read got = read_entry_file(path + "/" + name, out, problem);
     if (got == Read::Untrusted) untrusted_file = true;
     if (got == Read::Missing) return std::string(name) + " is missing";
     if (got != Read::Ok) return problem;
-    auto want_bytes = static_cast<int64_t>(number_or(f->get("bytes"), -1));
+    auto want_bytes = static_cast<int64_t>(number_or(f, "bytes", -1));
     if (static_cast<int64_t>(out.size()) != want_bytes)
       return std::string(name) + " has " + std::to_string(out.size()) + " bytes, meta.json says " +
              std::to_string(want_bytes) + " (truncated?)";
-    if (sha256_hex(out) != sha->str) return std::string(name) + " fails its SHA-256 checksum";
+    if (sha256_hex(out) != *sha) return std::string(name) + " fails its SHA-256 checksum";
     if (text && !valid_utf8(out)) return std::string(name) + " is not UTF-8 text";
     return "";
   };
@@ -1001,7 +787,7 @@ DiskCache::Found DiskCache::lookup(const std::string& key, bool want_llvm_ir, Ca
       return bad(problem);
   }
   hit.object.assign(object.begin(), object.end());
-  hit.hits = static_cast<int64_t>(number_or(meta.get("hits"), 0));
+  hit.hits = static_cast<int64_t>(number_or(&*meta, "hits", 0));
   return Found::Hit;
 }
 
@@ -1012,14 +798,12 @@ void DiskCache::touch(const std::string& key) {
   FileLock lock(path, /*directory=*/true);
   if (!lock.held()) return;
   std::string text;
-  Json meta;
-  if (read_entry_file(path + "/meta.json", text, why) != Read::Ok || !JsonParser(text).parse(meta))
+  std::optional<json::Object> meta;
+  if (read_entry_file(path + "/meta.json", text, why) != Read::Ok || !(meta = parse_object(text)))
     return;
-  meta.set("hits", Json::number(number_or(meta.get("hits"), 0) + 1));
-  meta.set("last_used", Json::number(now_seconds()));
-  std::string out;
-  write_json(out, meta, 0);
-  out += '\n';
+  (*meta)["hits"] = static_cast<int64_t>(number_or(&*meta, "hits", 0)) + 1;
+  (*meta)["last_used"] = now_seconds();
+  std::string out = json_text(std::move(*meta));
   std::string tmp = path + "/meta.json.tmp-" + std::to_string(::getpid());
   ::unlink(tmp.c_str());  // a crashed toucher's; write_file creates exclusively
   if (!write_file(tmp, out.data(), out.size(), /*sync=*/false, why)) {
@@ -1068,45 +852,43 @@ DiskCache::Stored DiskCache::store(const CacheEntry& e, std::string& why) {
   // file against meta.json (so an entry a crash left short is damaged, dropped
   // and recompiled), while the fsyncs cost the cold call 10-150 ms of waiting
   // on a busy disk (0.5 s once under load 12).
-  Json files = Json::object();
+  json::Object files;
   int64_t total = 0;
   for (auto& [name, data] : payload(e)) {
     if (!write_file(stage + "/" + name, data.data(), data.size(), /*sync=*/false, why))
       return fail();
-    Json f = Json::object();
-    f.set("bytes", Json::number(static_cast<double>(data.size())));
-    f.set("sha256", Json::string(sha256_hex(data)));
-    files.set(name, std::move(f));
+    files[name] =
+        json::Object{{"bytes", static_cast<int64_t>(data.size())}, {"sha256", sha256_hex(data)}};
     total += static_cast<int64_t>(data.size());
   }
   // 2. The metadata, last: an entry with a meta.json is complete.
   double now = now_seconds();
-  Json meta = Json::object();
-  meta.set("format", Json::number(1));
-  meta.set("key", Json::string(e.key));
-  meta.set("job", Json::string(e.job_name));
-  meta.set("signature", Json::string(e.signature));
-  meta.set("source", Json::string(e.source));
-  meta.set("inputs", string_array(e.inputs));
-  meta.set("outputs", string_array(e.outputs));
-  meta.set("target", Json::string(e.target));
-  meta.set("llvm_version", Json::string(e.llvm_version));
-  meta.set("flowjit_version", Json::string(e.version));
-  meta.set("build_id", Json::string(e.build_id));
-  meta.set("created", Json::number(now));
-  meta.set("last_used", Json::number(now));
-  meta.set("hits", Json::number(0));
-  meta.set("compile_seconds", Json::number(e.compile_seconds));
-  meta.set("codegen_seconds", Json::number(e.codegen_seconds));
-  meta.set("arena_bytes", Json::number(static_cast<double>(e.arena_bytes)));
-  meta.set("num_kernels", Json::number(static_cast<double>(e.num_kernels)));
-  meta.set("object_bytes", Json::number(static_cast<double>(e.object.size())));
-  meta.set("total_bytes", Json::number(static_cast<double>(total)));
-  meta.set("mac", Json::string(hmac_sha256_hex(secret_, mac_message(e.key, files))));
-  meta.set("files", std::move(files));
-  std::string text;
-  write_json(text, meta, 0);
-  text += '\n';
+  std::string mac = hmac_sha256_hex(secret_, mac_message(e.key, files));
+  json::Object meta{
+      {"format", 1},
+      {"key", e.key},
+      {"job", e.job_name},
+      {"signature", e.signature},
+      {"source", e.source},
+      {"inputs", string_array(e.inputs)},
+      {"outputs", string_array(e.outputs)},
+      {"target", e.target},
+      {"llvm_version", e.llvm_version},
+      {"flowjit_version", e.version},
+      {"build_id", e.build_id},
+      {"created", now},
+      {"last_used", now},
+      {"hits", 0},
+      {"compile_seconds", e.compile_seconds},
+      {"codegen_seconds", e.codegen_seconds},
+      {"arena_bytes", static_cast<int64_t>(e.arena_bytes)},
+      {"num_kernels", static_cast<int64_t>(e.num_kernels)},
+      {"object_bytes", static_cast<int64_t>(e.object.size())},
+      {"total_bytes", total},
+      {"mac", std::move(mac)},
+      {"files", std::move(files)},
+  };
+  std::string text = json_text(std::move(meta));
   if (!write_file(stage + "/meta.json", text.data(), text.size(), /*sync=*/false, why))
     return fail();
   // 3. Publication: one rename. A present key wins over ours. A prefix

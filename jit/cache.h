@@ -40,6 +40,12 @@
 //    group or others is "untrusted": never read, never removed. Files are
 //    opened without following links, and only regular files (a FIFO or a
 //    device is refused, never waited on).
+//  * meta.json is written and read with llvm/Support/JSON.h: keys sorted,
+//    so its files (and the MAC's list of them) are in name order; a file
+//    that does not parse, is not UTF-8 or nests deeper than 32 levels is
+//    damaged. SHA-256 is runtime/sha256.h, not LLVM's: runtime/ (the TCP
+//    store's handshake) must not link LLVM, and one implementation serves
+//    both.
 //  * meta.json is rewritten only to update hits and last_used, under flock
 //    on the entry directory, by writing a new file and renaming it over the
 //    old, so a reader sees the old or the new file, never a mix.

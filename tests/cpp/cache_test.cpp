@@ -262,6 +262,25 @@ TEST(DiskCache, DamagedEntriesAreDetectedAndRemoved) {
        "meta.json does not parse"},
       {"missing metadata", [](const std::string& d) { fs::remove(d + "/meta.json"); },
        "meta.json is missing"},
+      // llvm::json's parser recurses per level: a deep file is damage, not a stack overflow
+      {"deeply nested metadata",
+       [](const std::string& d) {
+         spit(d + "/meta.json", "{\"files\": " + std::string(200000, '[') + "}");
+       },
+       "meta.json does not parse"},
+      {"metadata that is an array", [](const std::string& d) { spit(d + "/meta.json", "[1, 2]"); },
+       "meta.json does not parse"},
+      {"metadata with the files' sizes as text",
+       [](const std::string& d) {
+         std::string m = slurp(d + "/meta.json");
+         size_t at = m.find("\"bytes\": ");
+         ASSERT_NE(at, std::string::npos) << m;
+         at += 9;
+         size_t end = m.find_first_of(",\n}", at);
+         spit(d + "/meta.json",
+              m.substr(0, at) + "\"" + m.substr(at, end - at) + "\"" + m.substr(end));
+       },
+       "not authenticated"},
   };
   for (auto& c : cases) {
     TempDir tmp;
