@@ -452,12 +452,10 @@ std::shared_ptr<runtime::DistributedExecutable> make_distributed(
     const std::vector<std::shared_ptr<runtime::cuda::DeviceVariables>>& gpu_variables) {
   FJ_CHECK(job.distributed.has_value(), "make_distributed on a single-device job");
   const DistributedGraph& dg = *job.distributed;
-  auto* base = dynamic_cast<const runtime::Executable*>(job.program.get());
-  auto* gpu_base = dynamic_cast<const runtime::cuda::CudaExecutable*>(job.program.get());
-  FJ_CHECK(base != nullptr || gpu_base != nullptr, "a distributed job without code");
+  FJ_CHECK(job.program != nullptr, "a distributed job without code");
   const runtime::Plan& plan = job.program->plan();
   const int n = static_cast<int>(device_stores.size());
-  FJ_CHECK(!gpu_base || static_cast<int>(gpu_variables.size()) == n,
+  FJ_CHECK(gpu_variables.empty() || static_cast<int>(gpu_variables.size()) == n,
            "a job over several GPUs needs the variable copies of each GPU");
   auto slot = [](const Sbp& s, const TensorType& logical, const TensorType& local) {
     runtime::DeviceSlot d;
@@ -492,22 +490,13 @@ std::shared_ptr<runtime::DistributedExecutable> make_distributed(
     host_vars.push_back(h);
   }
   std::vector<std::shared_ptr<runtime::Program>> devices;
-  for (int d = 0; d < n; ++d) {
-    if (gpu_base) {
-      auto e = gpu_base->instance(gpu_variables[d]->device());
-      e->bind_variables(*device_stores[d], *gpu_variables[d]);
-      devices.push_back(std::move(e));
-    } else {
-      auto e = base->instance();
-      e->bind_variables(*device_stores[d]);
-      devices.push_back(std::move(e));
-    }
-  }
+  for (int d = 0; d < n; ++d)  // gpu_variables[d] is the device's state (none on the CPU)
+    devices.push_back(job.program->instance_for(
+        *device_stores[d], gpu_variables.empty() ? nullptr : gpu_variables[d]));
   auto dist = std::make_shared<runtime::DistributedExecutable>(
       std::move(devices), std::move(comm), first_rank, std::move(ins), std::move(outs),
       std::move(host_vars), several_processes);
-  if (gpu_base)
-    for (auto& v : gpu_variables) dist->keep_alive(v);
+  for (auto& v : gpu_variables) dist->keep_alive(v);
   dist->set_writes_variables(job.writes_variables);
   return dist;
 }

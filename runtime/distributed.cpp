@@ -257,7 +257,7 @@ std::vector<ProgramSlot> DistributedExecutable::slots(const std::vector<DeviceSl
 std::vector<const Executable*> DistributedExecutable::host_devices() const {
   std::vector<const Executable*> out;
   for (auto& d : devices_)
-    if (auto* e = dynamic_cast<const Executable*>(d.get())) out.push_back(e);
+    for (const Executable* e : d->host_devices()) out.push_back(e);
   return out;
 }
 

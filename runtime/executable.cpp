@@ -465,6 +465,18 @@ const char* collective_op_name(CollectiveStep::Op op) {
   return "?";
 }
 
+void Executable::bind(VariableStore& store, const std::shared_ptr<DeviceState>& device) {
+  FJ_CHECK(device == nullptr, "a CPU program given a device's state");
+  bind_variables(store);
+}
+
+std::shared_ptr<Program> Executable::instance_for(
+    VariableStore& store, const std::shared_ptr<DeviceState>& device) const {
+  auto e = instance();
+  e->bind(store, device);
+  return e;
+}
+
 std::shared_ptr<Executable> Executable::instance() const {
   return std::make_shared<Executable>(plan_, fns_, code_owner_);
 }

@@ -137,9 +137,15 @@ class Executable : public Program {
   const Plan& plan() const override { return plan_; }
   std::string device() const override { return "cpu"; }
   std::vector<const Executable*> host_devices() const override { return {this}; }
+  bool runs_on_caller() const override { return true; }
   // Another executable of the same code and plan, bound to nothing (one per
   // device of a distributed job).
   std::shared_ptr<Executable> instance() const;
+  // Program's: bind_variables (a CPU program has no device state), and an
+  // instance bound to `store`.
+  void bind(VariableStore& store, const std::shared_ptr<DeviceState>& device) override;
+  std::shared_ptr<Program> instance_for(VariableStore& store,
+                                        const std::shared_ptr<DeviceState>& device) const override;
 
   // Points the variable slots at the store's storage, creating none: every
   // variable must exist with the planned type (UserError otherwise).

@@ -31,6 +31,17 @@ std::shared_ptr<PendingRun> Program::start(const void* const* inputs, std::vecto
   return std::make_shared<FinishedRun>();
 }
 
+void Program::bind(VariableStore&, const std::shared_ptr<DeviceState>&) {
+  FJ_CHECK(false, "job '", plan().job_name, "' on ", device(),
+           " binds its parts when it is made, not afterwards");
+}
+
+std::shared_ptr<Program> Program::instance_for(VariableStore&,
+                                               const std::shared_ptr<DeviceState>&) const {
+  throw_user(ErrorKind::NotImplemented, "job '", plan().job_name, "' runs on ", device(),
+             ", which cannot be one device of a job spread over several");
+}
+
 void Program::set_device(std::shared_ptr<Communicator>, int) {
   throw_user(ErrorKind::NotImplemented, "job '", plan().job_name, "' runs on ", device(),
              ", which cannot be one device of a job spread over several");

@@ -29,6 +29,16 @@ namespace flowjit::runtime {
 struct Plan;
 class Executable;
 class Communicator;
+class VariableStore;
+
+// What a device holds for its programs beside the session's variables: a
+// GPU's copies of them (runtime::cuda::DeviceVariables). The CPU has none
+// (null). Programs take it as this base, so nothing above the runtime asks
+// which kind of program or device it has.
+class DeviceState {
+ public:
+  virtual ~DeviceState() = default;
+};
 
 struct ProgramSlot {
   ir::TensorType type;
@@ -70,6 +80,19 @@ class Program {
   // The CPU executables whose launches FLOWJIT_PROFILE=1 timed, per device
   // (none for a GPU program: the device times its launches).
   virtual std::vector<const Executable*> host_devices() const { return {}; }
+  // Whether run() computes on the calling thread launch by launch (one CPU
+  // device), so an interrupt can stop it between two launches.
+  virtual bool runs_on_caller() const { return false; }
+
+  // Points the program at the session's variables (`device`: the device's
+  // copies of them, null on the CPU). Programs made of others (several
+  // devices, stages) bind their parts when they are made and refuse this.
+  virtual void bind(VariableStore& store, const std::shared_ptr<DeviceState>& device);
+  // Another program of the same code for one device of a distributed job,
+  // bound to that device's variables (`device` as for bind). A program that
+  // cannot be one throws UserError(NotImplemented).
+  virtual std::shared_ptr<Program> instance_for(VariableStore& store,
+                                                const std::shared_ptr<DeviceState>& device) const;
 
   // One device of a distributed job (runtime/distributed.h): its
   // collectives go through `comm` as global rank `rank`. A program that

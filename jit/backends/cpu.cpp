@@ -108,9 +108,7 @@ class CpuBackend : public Backend {
   }
 
   void bind(runtime::Program& program, runtime::VariableStore& store) const override {
-    auto* exe = dynamic_cast<runtime::Executable*>(&program);
-    FJ_CHECK(exe != nullptr, "the CPU backend binds CPU programs only");
-    exe->bind_variables(store);
+    program.bind(store, nullptr);
   }
 
  private:

@@ -146,9 +146,7 @@ class NvptxBackend : public Backend {
   }
 
   void bind(runtime::Program& program, runtime::VariableStore& store) const override {
-    auto* exe = dynamic_cast<rc::CudaExecutable*>(&program);
-    FJ_CHECK(exe != nullptr, "the NVPTX backend binds GPU programs only");
-    exe->bind_variables(store, *t_.gpu_variables);
+    program.bind(store, t_.gpu_variables);
   }
 
  private:

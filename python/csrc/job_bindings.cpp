@@ -194,7 +194,7 @@ class CompiledJobPy {
       program_ = jit::make_staged(job_, s.store(), s.device_stores());
       job_.program = program_;  // the summary plan: job name, slots, variables
     }
-    one_cpu_executable_ = dynamic_cast<runtime::Executable*>(program_.get()) != nullptr;
+    one_cpu_executable_ = program_->runs_on_caller();
     for (const runtime::ProgramSlot& slot : program_->input_slots())
       for (int d = 0; d < slot.arrays; ++d) in_types_.push_back(slot.type);
     for (const runtime::ProgramSlot& slot : program_->output_slots()) {

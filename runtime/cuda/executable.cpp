@@ -586,6 +586,26 @@ void CudaExecutable::stage_gathered_status(size_t li, CUstream s) {
   }
 }
 
+namespace {
+DeviceVariables& gpu_copies(const std::shared_ptr<DeviceState>& device) {
+  auto* v = dynamic_cast<DeviceVariables*>(device.get());
+  FJ_CHECK(v != nullptr, "a GPU program needs its device's variable copies");
+  return *v;
+}
+}  // namespace
+
+void CudaExecutable::bind(VariableStore& store, const std::shared_ptr<DeviceState>& device) {
+  bind_variables(store, gpu_copies(device));
+}
+
+std::shared_ptr<Program> CudaExecutable::instance_for(
+    VariableStore& store, const std::shared_ptr<DeviceState>& device) const {
+  DeviceVariables& copies = gpu_copies(device);
+  auto e = instance(copies.device());
+  e->bind_variables(store, copies);
+  return e;
+}
+
 std::shared_ptr<CudaExecutable> CudaExecutable::instance(std::shared_ptr<Device> d) const {
   return std::make_shared<CudaExecutable>(std::move(d), plan_, image_);
 }

@@ -76,7 +76,7 @@ struct GpuImage {
 // with it). Callers serialize the uses of one variable, as they serialize
 // runs (the session's run mutex); transfers are ordered on the device's
 // stream after the kernels already queued there, and are synchronous.
-class DeviceVariables {
+class DeviceVariables : public DeviceState {
  public:
   explicit DeviceVariables(std::shared_ptr<Device> d) : d_(std::move(d)) {}
   ~DeviceVariables();
@@ -135,6 +135,11 @@ class CudaExecutable : public Program {
   // As Executable::bind_variables (same checks and messages), then points
   // the kernels at the device copies in `dev`, which must outlive the runs.
   void bind_variables(VariableStore& host, DeviceVariables& dev);
+  // Program's: `device` must be a GPU's DeviceVariables (the copies on the
+  // device the instance is loaded on).
+  void bind(VariableStore& store, const std::shared_ptr<DeviceState>& device) override;
+  std::shared_ptr<Program> instance_for(VariableStore& store,
+                                        const std::shared_ptr<DeviceState>& device) const override;
   // Whether a run may write variables (train steps, assigns): then each run
   // makes the device copies the newest values. Predict jobs leave the host
   // current, so reading their variables never downloads. Default: true.
