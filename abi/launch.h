@@ -36,7 +36,7 @@ struct BufferRef {
 
 // A collective run between kernels (args {operand, result}): op, dtype,
 // parts, and the [outer][inner] element counts of one device's piece (see
-// runtime/collective.h).
+// runtime/comm/collective.h).
 //
 // complete_before >= 0 (all_reduce and all_gather): the collective may run on the
 // device's communication thread while the launches after it run; it must

@@ -31,7 +31,7 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/transport/tcp/device.h>
 
-#include "runtime/gloo_communicator.h"
+#include "runtime/comm/gloo_communicator.h"
 
 namespace {
 

@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/collective.h"
+#include "runtime/comm/collective.h"
 #include "runtime/executable.h"
 #include "runtime/program.h"
 

@@ -910,7 +910,7 @@ void Executable::run(const void* const* inputs, void* const* outputs) {
            *reinterpret_cast<const int64_t*>(arena_.get() + plan_.status_offset) != 0)
     raise_failed_check();
   // (A distributed program ends with a status all_gather when anything
-  // after the last one checks: jit/fusion_schedule.cpp.)
+  // after the last one checks: jit/fusion/schedule.cpp.)
 }
 
 }  // namespace flowjit::runtime

@@ -20,7 +20,7 @@
 #include "abi/launch.h"
 #include "ir/error.h"
 #include "ir/types.h"
-#include "runtime/collective.h"
+#include "runtime/comm/collective.h"
 #include "runtime/memory.h"
 #include "runtime/program.h"
 #include "runtime/variables.h"
@@ -70,7 +70,7 @@ std::string describe_failed_check(const std::string& job, const RunCheck& c, int
                                   int64_t position, int rank = 0, int parts = 1);
 
 // [harden] A failed check of a distributed job that every device raises at
-// the same launch, after the status all_gather (jit/fusion_schedule.cpp):
+// the same launch, after the status all_gather (jit/fusion/schedule.cpp):
 // the devices stopped together, so their communicator stays usable
 // (runtime/distributed.cpp does not abort it).
 class FailedCheckOnEveryDevice : public UserError {

@@ -35,7 +35,7 @@
 #include <mutex>
 #include <vector>
 
-#include "runtime/collective.h"
+#include "runtime/comm/collective.h"
 #include "runtime/variables.h"
 #include "runtime/work_queue.h"
 

@@ -20,10 +20,10 @@
 #include "jit/cache.h"
 #include "python/csrc/bindings.h"
 #include "python/csrc/session.h"
-#include "runtime/collective.h"
+#include "runtime/comm/collective.h"
+#include "runtime/comm/gloo_communicator.h"
 #include "runtime/distributed.h"
 #include "runtime/executable.h"
-#include "runtime/gloo_communicator.h"
 
 namespace flowjit::python {
 

@@ -62,7 +62,7 @@ _state = {"machines": None, "ctrl_port": None, "timeout": None}
 
 # The variable that carries the rendezvous store's shared secret to every
 # process (flowjit.launch makes one with new_store_token()); the one place
-# on the Python side that names it (the C++ store: runtime/tcp_store.h).
+# on the Python side that names it (the C++ store: runtime/comm/tcp_store.h).
 STORE_TOKEN_ENV = "FLOWJIT_STORE_TOKEN"
 
 

@@ -45,7 +45,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/collective.h"
+#include "runtime/comm/collective.h"
 #include "runtime/cuda/device.h"
 #include "runtime/executable.h"
 #include "runtime/program.h"

@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "ir/error.h"
-#include "runtime/tcp_store.h"
+#include "runtime/comm/tcp_store.h"
 
 namespace flowjit::runtime::cuda {
 

@@ -1,5 +1,5 @@
 // NCCL, the collectives between GPUs, loaded at run time (never linked) like
-// the CUDA driver, and a Communicator (runtime/collective.h) built on it for
+// the CUDA driver, and a Communicator (runtime/comm/collective.h) built on it for
 // buffers in GPU memory.
 //
 // The types and constants are declared here rather than taken from nccl.h,
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "ir/types.h"
-#include "runtime/collective.h"
+#include "runtime/comm/collective.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/driver_api.h"
 
@@ -172,7 +172,7 @@ struct NcclOptions {
 };
 
 // A Communicator whose ranks are GPUs, one rank per GPU, each driving NCCL
-// from its own thread (the contract of runtime/collective.h). The void*
+// from its own thread (the contract of runtime/comm/collective.h). The void*
 // buffers of every call are CUdeviceptr values on that rank's GPU.
 //
 // Streams: a collective is enqueued on the rank's Device stream, after the

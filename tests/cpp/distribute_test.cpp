@@ -11,7 +11,7 @@
 #include "jit/distribute.h"
 #include "jit/fusion.h"
 #include "jit/pipeline.h"
-#include "runtime/collective.h"
+#include "runtime/comm/collective.h"
 #include "runtime/executable.h"
 
 using namespace flowjit;

@@ -29,9 +29,9 @@
 #include <vector>
 
 #include "ir/error.h"
-#include "runtime/collective.h"
-#include "runtime/gloo_communicator.h"
-#include "runtime/tcp_store.h"
+#include "runtime/comm/collective.h"
+#include "runtime/comm/gloo_communicator.h"
+#include "runtime/comm/tcp_store.h"
 #include "tests/cpp/test_util.h"
 
 extern char** environ;

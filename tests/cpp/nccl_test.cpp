@@ -29,11 +29,11 @@
 #include <vector>
 
 #include "ir/error.h"
-#include "runtime/collective.h"
+#include "runtime/comm/collective.h"
+#include "runtime/comm/tcp_store.h"
 #include "runtime/cuda/device.h"
 #include "runtime/cuda/driver_api.h"
 #include "runtime/cuda/nccl.h"
-#include "runtime/tcp_store.h"
 #include "tests/cpp/fake_nccl.h"
 #include "tests/cpp/test_util.h"
 

@@ -3468,7 +3468,7 @@ TEST(NvptxMultiGpu, ARankFailingStopsEveryRankWithItsError) {
 }
 
 // [harden] A bad label in one GPU's half of the batch: the GPUs all-gather
-// their status words after the last check (jit/fusion_schedule.cpp), the
+// their status words after the last check (jit/fusion/schedule.cpp), the
 // guarded updates skip on every GPU, and every GPU raises the same
 // IndexError from the gathered words, naming the position in the whole
 // batch; the communicator is not aborted and the next step trains on.

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "ir/error.h"
-#include "runtime/collective.h"
+#include "runtime/comm/collective.h"
 #include "runtime/session.h"
 
 namespace flowjit {

@@ -2,7 +2,7 @@
 """Writes the seed corpus of the rendezvous store's fuzzer (tests/fuzz/store_protocol.cpp)
 into tests/fuzz/corpus/store_protocol: chunks of (session, length, bytes) for three
 connections whose server nonces are 32 bytes of 'a', 'b', 'c'; the right hellos use a
-client nonce of 32 'c's and HMAC-SHA256 over runtime/tcp_store.cpp's proof message."""
+client nonce of 32 'c's and HMAC-SHA256 over runtime/comm/tcp_store.cpp's proof message."""
 import hashlib
 import hmac
 import pathlib

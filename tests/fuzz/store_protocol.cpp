@@ -1,4 +1,4 @@
-// Fuzzes the rendezvous store's server side (runtime/tcp_store.h:
+// Fuzzes the rendezvous store's server side (runtime/comm/tcp_store.h:
 // StoreProtocol) with three interleaved connections, one of which has
 // proved it knows the token. Session s's server nonce is 32 bytes of
 // 'a' + s (the corpus holds right answers for sessions 0 and 1: see
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/tcp_store.h"
+#include "runtime/comm/tcp_store.h"
 
 namespace rt = flowjit::runtime;
 

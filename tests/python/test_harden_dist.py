@@ -1,6 +1,6 @@
 """[harden] A failed check in a job spread over several devices: the devices
 all-gather their status buffers before the first variable update and at the
-end (jit/fusion_schedule.cpp), so every device stops at the same launch, no
+end (jit/fusion/schedule.cpp), so every device stops at the same launch, no
 device's variables change, the error names the position in the whole batch,
 and the next step trains on as if the failed one had not been called.
 (Several processes: tests/python/test_multiprocess.py.)"""

@@ -212,7 +212,7 @@ def test_strangers_on_the_port_get_nothing_and_the_job_runs(tmp_path, one_proces
     key = b"flowjit/session/0/info/0"
     get = b"G" + len(key).to_bytes(4, "little") + key
 
-    def greeting(s):  # the store opens with 'C' and a 32-byte nonce (runtime/tcp_store.cpp)
+    def greeting(s):  # the store opens with 'C' and a 32-byte nonce (runtime/comm/tcp_store.cpp)
         got = b""
         while len(got) < 33:
             chunk = s.recv(33 - len(got))

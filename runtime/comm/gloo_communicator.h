@@ -13,13 +13,13 @@
 // Failure: a peer that is unreachable, dies or stalls, or a process started
 // with a different world size, makes the calls throw UserError(Runtime)
 // within timeout_seconds, naming what happened; the communicator is then
-// aborted (see runtime/collective.h).
+// aborted (see runtime/comm/collective.h).
 #pragma once
 
 #include <memory>
 #include <string>
 
-#include "runtime/collective.h"
+#include "runtime/comm/collective.h"
 
 namespace flowjit::runtime {
 
@@ -30,7 +30,7 @@ struct GlooOptions {
   // Gloo connections, the local interface that routes to master_addr.
   std::string master_addr = "127.0.0.1";
   int port = 0;
-  // The job's secret for the TCP store (runtime/tcp_store.h); empty: the
+  // The job's secret for the TCP store (runtime/comm/tcp_store.h); empty: the
   // value of $FLOWJIT_STORE_TOKEN. Needed when num_processes > 1 over TCP.
   std::string store_token;
   std::string file_store_dir;   // non-empty: rendezvous through files here instead of TCP

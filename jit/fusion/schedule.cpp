@@ -3,7 +3,7 @@
 #include <deque>
 #include <filesystem>
 
-#include "jit/fusion_internal.h"
+#include "jit/fusion/internal.h"
 
 namespace flowjit::jit::fusion_detail {
 

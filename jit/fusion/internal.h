@@ -1,8 +1,8 @@
 // Fusion's internals, shared by its stages (the entry point is jit/fusion.h):
-//   fusion_views.cpp     how values address memory: views, windows, gathers, maps
-//   fusion_groups.cpp    preparation, analysis and grouping nodes into kernels
-//   fusion_kernels.cpp   building each group's loop-level kernel (codegen/kernel.h)
-//   fusion_schedule.cpp  launch order, deferred assigns, buffer lives and the plan
+//   fusion/views.cpp     how values address memory: views, windows, gathers, maps
+//   fusion/groups.cpp    preparation, analysis and grouping nodes into kernels
+//   fusion/kernels.cpp   building each group's loop-level kernel (codegen/kernel.h)
+//   fusion/schedule.cpp  launch order, deferred assigns, buffer lives and the plan
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // fusion: building each group's loop-level kernel, matmul and implicit-GEMM specs.
 #include "codegen/family.h"
-#include "jit/fusion_internal.h"
+#include "jit/fusion/internal.h"
 
 namespace flowjit::jit::fusion_detail {
 

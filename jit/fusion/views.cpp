@@ -1,5 +1,5 @@
 // fusion: how values address memory (views, windows, pads, slices, gathers) and dim maps.
-#include "jit/fusion_internal.h"
+#include "jit/fusion/internal.h"
 
 #include <cmath>
 

@@ -1,5 +1,5 @@
 // fusion: preparation, analysis, and grouping nodes into kernels.
-#include "jit/fusion_internal.h"
+#include "jit/fusion/internal.h"
 
 namespace flowjit::jit::fusion_detail {
 

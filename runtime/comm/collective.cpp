@@ -2,7 +2,7 @@
 // each other's buffers directly. Each collective is: publish the buffers,
 // barrier, every rank computes its own share (a disjoint part of every
 // output), barrier.
-#include "runtime/collective.h"
+#include "runtime/comm/collective.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,4 +1,4 @@
-// The rendezvous stores of runtime/tcp_store.h: the TCP server and client,
+// The rendezvous stores of runtime/comm/tcp_store.h: the TCP server and client,
 // and the directory store.
 //
 // Wire format of the TCP store, integers little-endian:
@@ -13,7 +13,7 @@
 // malformed), after which the server closes the connection. A get never
 // waits on the server; waiting is polling on the client, which keeps the
 // server a plain request/response loop over non-blocking sockets.
-#include "runtime/tcp_store.h"
+#include "runtime/comm/tcp_store.h"
 
 #include <fcntl.h>
 #include <netdb.h>

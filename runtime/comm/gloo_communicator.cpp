@@ -1,4 +1,4 @@
-// The Gloo communicator of runtime/gloo_communicator.h.
+// The Gloo communicator of runtime/comm/gloo_communicator.h.
 //
 // Hierarchy: the local devices of a process meet in shared memory: each
 // publishes its buffers in slots_ and waits at a barrier of an in-process
@@ -20,7 +20,7 @@
 // aborts the communicator (waking the local devices at the second barrier)
 // and closes its connections, so peers blocked on this process fail at once
 // instead of at their timeout.
-#include "runtime/gloo_communicator.h"
+#include "runtime/comm/gloo_communicator.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -48,7 +48,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include "ir/error.h"
-#include "runtime/tcp_store.h"
+#include "runtime/comm/tcp_store.h"
 
 namespace flowjit::runtime {
 
