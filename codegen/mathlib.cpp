@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/DerivedTypes.h>
@@ -152,16 +153,29 @@ Value* exp_f32(const Ops& o, Value* x) {
 // normal for every k in range, so results near overflow and subnormal results
 // are rounded once. x is clamped first so that k fits and the scale saturates
 // to inf or 0 by itself. Error: 0.97 ulp.
-Value* exp_f64(const Ops& o, Value* x) {
+Value* estrin(const Ops& o, Value* t, const double* a, int n);
+
+// `float_grade`: a double e^x accurate to about 2e-10 relative, for results
+// rounded to float (the float erfc): the Taylor series to degree 8 by
+// Estrin's scheme instead of degree 13 by Horner's rule.
+Value* exp_f64(const Ops& o, Value* x, bool float_grade = false) {
   Value* xc = o.clamp(x, -746.0, 710.0);
   Value* k = o.call(llvm::Intrinsic::roundeven, o.b.CreateFMul(xc, o.c(0x1.71547652b82fep+0)));
   Value* r = o.fma(k, o.c(-0x1.62e42fefa39efp-1), xc);
   r = o.fma(k, o.c(-0x1.abc9e3b39803fp-56), r);
-  // Taylor series to degree 13: truncation error < 2^-57 for |r| <= 0.35.
-  Value* p =
-      o.horner(r, {1.0 / 6227020800, 1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880,
-                   1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5});
-  Value* er = o.b.CreateFAdd(o.fma(p, o.b.CreateFMul(r, r), r), o.c(1.0));
+  Value* er;
+  if (float_grade) {
+    // 1 + r + ... + r^8/8!: truncation < 2.1e-10 for |r| <= 0.35.
+    static const double a[] = {1.0,       1.0,       1.0 / 2,    1.0 / 6,    1.0 / 24,
+                               1.0 / 120, 1.0 / 720, 1.0 / 5040, 1.0 / 40320};
+    er = estrin(o, r, a, 9);
+  } else {
+    // Taylor series to degree 13: truncation error < 2^-57 for |r| <= 0.35.
+    Value* p =
+        o.horner(r, {1.0 / 6227020800, 1.0 / 479001600, 1.0 / 39916800, 1.0 / 3628800, 1.0 / 362880,
+                     1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5});
+    er = o.b.CreateFAdd(o.fma(p, o.b.CreateFMul(r, r), r), o.c(1.0));
+  }
   Value* ki = o.to_int(k);  // |k| <= 1077
   Value* k1 = o.b.CreateAShr(ki, 1);
   Value* k2 = o.b.CreateSub(ki, k1);
@@ -449,7 +463,8 @@ Value* erfinv_impl(const Ops& o, Value* x) {
 //    and K = 3: h = (z + K) erfc(z) e^(z^2) is smooth on u in [-1, 1] (it tends
 //    to 1/sqrt(pi) as z -> inf), so a Chebyshev series in u converges fast: 27
 //    terms for double (truncation 4e-18), 14 for float (3e-10), evaluated by
-//    Clenshaw's recurrence. 1 / (z + K) is one division, shared by u and the
+//    Clenshaw's recurrence (double), or as the same terms expanded into a polynomial
+//    evaluated by Estrin's scheme (float). 1 / (z + K) is one division, shared by u and the
 //    scale. For double, e^(-z^2) is e^(-hi) (1 - lo) with z^2 = hi + lo split
 //    by an fma, since the rounding of z^2 alone would cost up to 700 ulp in the
 //    tail. z is clamped where erfc has underflowed (28, or 10.5 for float),
@@ -472,23 +487,71 @@ constexpr int kErfcTermsF64 = 27;
 constexpr int kErfcTermsF32 = 14;
 static_assert(sizeof(kErfcCheb) / sizeof(double) == kErfcTermsF64);
 
+// The float series (the first kErfcTermsF32 Chebyshev terms) as a polynomial
+// in u, lowest degree first: sum c_k T_k(u) expanded with T_(k+1) = 2u T_k -
+// T_(k-1) in long double. Its coefficients sum to 3.0 in magnitude while h >=
+// 0.56 on [-1, 1], so evaluating it in double loses nothing a float result
+// can see.
+const std::array<double, kErfcTermsF32>& erfc_f32_monomials() {
+  static const std::array<double, kErfcTermsF32> a = [] {
+    constexpr int n = kErfcTermsF32;
+    std::array<std::array<long double, n>, n> t{};  // t[k][j]: coefficient of u^j in T_k
+    t[0][0] = 1;
+    t[1][1] = 1;
+    for (int k = 2; k < n; ++k)
+      for (int j = 0; j < n; ++j) t[k][j] = (j > 0 ? 2 * t[k - 1][j - 1] : 0) - t[k - 2][j];
+    std::array<double, n> out{};
+    for (int j = 0; j < n; ++j) {
+      long double sum = 0;
+      for (int k = 0; k < n; ++k) sum += static_cast<long double>(kErfcCheb[k]) * t[k][j];
+      out[j] = static_cast<double>(sum);
+    }
+    return out;
+  }();
+  return a;
+}
+
+// sum a[j] t^j by Estrin's scheme: pairs, then pairs of pairs with t^2,
+// t^4, ...: a dependency chain of about log2(n) fmas where Horner's rule and
+// Clenshaw's recurrence have n (the float erfc spent its time waiting on its
+// 14-step Clenshaw chain).
+Value* estrin(const Ops& o, Value* t, const double* a, int n) {
+  std::vector<Value*> level;
+  for (int j = 0; j < n; j += 2)
+    level.push_back(j + 1 < n ? o.fma(o.c(a[j + 1]), t, o.c(a[j])) : o.c(a[j]));
+  Value* power = t;
+  while (level.size() > 1) {
+    power = o.b.CreateFMul(power, power);
+    std::vector<Value*> next;
+    for (size_t j = 0; j < level.size(); j += 2)
+      next.push_back(j + 1 < level.size() ? o.fma(level[j + 1], power, level[j]) : level[j]);
+    level = std::move(next);
+  }
+  return level[0];
+}
+
 // erfc(z) for z >= 0 (or NaN), `od` a double Ops; `full` selects double accuracy.
 Value* erfc_nonneg(const Ops& od, Value* z, bool full) {
   Value* zc = od.min_keep_nan(z, full ? 28.0 : 10.5);
   Value* r = od.b.CreateFDiv(od.c(1.0), od.b.CreateFAdd(zc, od.c(kErfcK)));
   Value* u = od.b.CreateFMul(od.b.CreateFSub(zc, od.c(kErfcK)), r);
-  // Clenshaw: b_k = c_k + 2u b_(k+1) - b_(k+2); h = c_0 + u b_1 - b_2.
-  Value* u2 = od.b.CreateFAdd(u, u);
-  Value* b1 = od.c(0.0);
-  Value* b2 = od.c(0.0);
-  for (int k = (full ? kErfcTermsF64 : kErfcTermsF32) - 1; k >= 1; --k) {
-    Value* bk = od.fma(u2, b1, od.b.CreateFSub(od.c(kErfcCheb[k]), b2));
-    b2 = b1;
-    b1 = bk;
+  Value* h;
+  if (full) {
+    // Clenshaw: b_k = c_k + 2u b_(k+1) - b_(k+2); h = c_0 + u b_1 - b_2.
+    Value* u2 = od.b.CreateFAdd(u, u);
+    Value* b1 = od.c(0.0);
+    Value* b2 = od.c(0.0);
+    for (int k = kErfcTermsF64 - 1; k >= 1; --k) {
+      Value* bk = od.fma(u2, b1, od.b.CreateFSub(od.c(kErfcCheb[k]), b2));
+      b2 = b1;
+      b1 = bk;
+    }
+    h = od.fma(u, b1, od.b.CreateFSub(od.c(kErfcCheb[0]), b2));
+  } else {
+    h = estrin(od, u, erfc_f32_monomials().data(), kErfcTermsF32);
   }
-  Value* h = od.fma(u, b1, od.b.CreateFSub(od.c(kErfcCheb[0]), b2));
   Value* hi = od.b.CreateFMul(zc, zc);
-  Value* e = exp_impl(od, od.b.CreateFNeg(hi));
+  Value* e = exp_f64(od, od.b.CreateFNeg(hi), /*float_grade=*/!full);
   if (full) {
     Value* lo = od.fma(zc, zc, od.b.CreateFNeg(hi));
     e = od.fma(e, od.b.CreateFNeg(lo), e);
