@@ -436,8 +436,36 @@ def _one_hot(c, n, x):
                           c.scalar(float(n.attr("off_value")), n.dtype)])
 
 
+@rule(K.segment_sum)
+def _segment_sum(c, n, x, shapes=None):
+    """ScatterND with reduction "add" into zeros of num_segments + 1 rows: an
+    id out of range (flowjit drops it, ONNX would refuse it) goes to the extra
+    row, which is sliced off. data's indexed dims move first for ScatterND."""
+    d_shape, i_shape = list(shapes[0]), list(shapes[1])
+    axis, segments = int(n.attr("axis")), int(n.attr("num_segments"))
+    b = int(_attr(n, "batch_dims", 0))
+    if b:
+        raise c.unsupported(n, f"has {b} batch dims; only segment sums without batch dims export")
+    m = len(i_shape)
+    outer, inner = d_shape[:axis], d_shape[axis + m:]
+    data = x[0]
+    if axis:
+        data = c.op("Transpose", [data], perm=list(range(axis, axis + m)) + list(range(axis))
+                    + list(range(axis + m, len(d_shape))))
+    ids = c.op("Cast", [x[1]], to=ONNX_DTYPES[D.int64])
+    ok = c.op("And", [c.op("GreaterOrEqual", [ids, c.const(0)]), c.op("Less", [ids, c.const(segments)])])
+    ids = c.op("Unsqueeze", [c.op("Where", [ok, ids, c.const(segments)]), c.const([-1])])
+    zeros = c.op("Expand", [c.scalar(0, n.dtype), c.const([segments + 1] + outer + inner)])
+    out = c.op("ScatterND", [zeros, ids, data], reduction="add")
+    out = c.op("Slice", [out, c.const([0]), c.const([segments]), c.const([0])])
+    if axis:
+        out = c.op("Transpose", [out], perm=list(range(1, axis + 1)) + [0]
+                   + list(range(axis + 1, len(outer) + 1 + len(inner))))
+    return out
+
+
 # Rules that also read their operands' shapes.
-SHAPED = {K.pad, K.slice, K.gather, K.gather_nd, K.window, K.matmul, K.conv}
+SHAPED = {K.pad, K.slice, K.gather, K.gather_nd, K.window, K.matmul, K.conv, K.segment_sum}
 
 # Ops that never reach an exported graph's results, or that ONNX cannot say.
 WHY_NOT = {

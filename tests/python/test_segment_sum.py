@@ -224,3 +224,40 @@ def test_half_tables_accumulate_in_float32():
     want = data.astype(np.float32).sum(0)
     # one rounding to bfloat16 at the end (not 50 along the way)
     np.testing.assert_array_equal(got[0], want.astype(ml_dtypes.bfloat16))
+
+
+def test_exported_to_c_bit_for_bit(tmp_path):
+    """A family kernel is an ordinary CPU kernel of the exported library."""
+    import shutil
+    if shutil.which("cc") is None:
+        pytest.skip("exports link with a C compiler (cc)")
+    import test_export as E
+    import flowjit.export
+
+    @flow.global_function()
+    def job(x: tp.Numpy.Placeholder((6, 40)), i: tp.Numpy.Placeholder((6,), dtype=flow.int32)) -> tp.Numpy:
+        return flow.math.unsorted_segment_sum(flow.math.exp(x), i, num_segments=3)
+
+    x = rng(19).standard_normal((6, 40)).astype(np.float32)
+    i = np.int32([2, 0, 2, 1, 1, 2])
+    want = job(x, i)
+    lib = flowjit.export.export([job], str(tmp_path / "seg.so"))
+    E.assert_bits(E.run_c(lib, lib.jobs[0], tmp_path, [x, i]), want)
+
+
+@pytest.mark.parametrize("axis,ids_shape,shape", [(0, (6,), (6, 4)), (1, (5,), (2, 5, 3)), (1, (2, 3), (2, 2, 3, 4))])
+def test_onnx_export_matches_onnxruntime(tmp_path, axis, ids_shape, shape):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    import flowjit.onnx
+
+    data = rng(20).standard_normal(shape).astype(np.float32)
+    ids = rng(21).integers(0, 3, ids_shape).astype(np.int32)
+    job = flow.global_function()(annotated(
+        lambda d, i: flow.math.unsorted_segment_sum(d, i, num_segments=3, axis=axis), (data, ids)))
+    want = job(data, ids)
+    path = str(tmp_path / "seg.onnx")
+    flowjit.onnx.export(job, path)
+    sess = ort.InferenceSession(path)
+    got = sess.run(None, dict(zip([a.name for a in sess.get_inputs()], [data, ids])))[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
