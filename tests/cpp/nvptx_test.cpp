@@ -156,13 +156,13 @@ const char* kCrossEntropy =
     "  %0 = sparse_softmax_cross_entropy(%y, %z) : f32[100]\n"
     "  return %0\n}\n";
 
-// segment_sum with batch dims, int64 ids (some out of range: dropped) and
-// an inner dim that is not a multiple of the warp.
+// segment_sum with batch dims, int64 ids (some out of range: dropped), an
+// inner dim that is not a multiple of the warp, and 3 blocks of segments.
 const char* kSegmentSum =
     "graph t {\n"
     "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[2,3,40,37]} : f32[2,3,40,37]\n"
     "  %i = parameter() {dtype=i64, index=1, name=\"i\", shape=[2,40]} : i64[2,40]\n"
-    "  %0 = segment_sum(%x, %i) {axis=2, batch_dims=1, num_segments=7} : f32[2,3,7,37]\n"
+    "  %0 = segment_sum(%x, %i) {axis=2, batch_dims=1, num_segments=300} : f32[2,3,300,37]\n"
     "  return %0\n}\n";
 
 const char* kReduceAxis0 =

@@ -162,6 +162,19 @@ def test_an_embedding_gradient_is_one_kernel_whatever_the_table():
     np.testing.assert_allclose(grad, np.broadcast_to(counts[None, :, None], table.shape), rtol=1e-6)
 
 
+def test_a_tall_narrow_table_is_summed_in_blocks_of_segments():
+    """40000 x 2: the CPU kernel zeroes and fills it in several blocks of
+    segments (parallel tasks), each scanning every id."""
+    table = np.zeros((40000, 2), np.float32)
+    idx = rng(22).integers(0, 40000, (3000,)).astype(np.int32)
+    idx[:50] = 39999  # a duplicate in the last block
+    weight = rng(23).standard_normal((3000, 2)).astype(np.float32)
+    grad = sgd_step(lambda w, i, c: flow.math.reduce_sum(flow.gather(w, i) * c), table, idx, weight)
+    want = np.zeros_like(table)
+    np.add.at(want, idx, weight)
+    np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-6)
+
+
 def test_the_kernel_is_a_family_kernel_in_the_dumps():
     flow.clear_default_session()
 

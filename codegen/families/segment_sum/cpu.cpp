@@ -1,7 +1,7 @@
-// segment_sum on x86-64: one task per (outer row, chunk of the inner dim);
-// each zeroes its chunk of every segment, then walks the ids in order and
-// adds each data row's chunk into its segment's chunk (vector adds along
-// the inner dim).
+// segment_sum on x86-64: one task per (outer row, chunk of the inner dim,
+// block of segments); each zeroes its part of the output, then walks the ids
+// in order and adds the chunk of each data row whose segment is in its block
+// (vector adds along the inner dim).
 #include <algorithm>
 #include <cmath>
 
@@ -26,12 +26,21 @@ llvm::Function* emit_segment_sum_cpu(llvm::Module& m, const Kernel& k, const Cpu
   llvm::Type* id_type = mem_type(ctx, p.ids);
   const int64_t elem_bytes = ir::dtype_bytes(p.data);
   const int lanes = t.lanes(static_cast<int>(elem_bytes));
-  // Chunks of the inner dim: a few vectors each, so a wide inner dim gives
-  // tasks to every thread while each task's rows stay in cache.
+  // Tasks: (outer row, chunk of the inner dim, block of segments). A chunk
+  // is a few vectors, so a wide inner dim gives every thread work while its
+  // rows stay in cache; a block of segments is zeroed by its task, which then
+  // scans every id and adds the rows whose id falls in the block. Blocks let
+  // a large table with a narrow inner dim (Wide&Deep's 16-wide embeddings)
+  // zero in parallel; they hold at least as many elements as there are ids,
+  // so the scans cost no more than the zeroing.
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(p.inner, 64 * lanes));
   const int64_t chunks = p.inner == 0 ? 1 : (p.inner + chunk - 1) / chunk;
-  shape.range = p.outer() * chunks;
-  const double cost = static_cast<double>(p.segments + p.n) * static_cast<double>(chunk) + 1;
+  const int64_t block =
+      std::clamp<int64_t>(std::max<int64_t>((32768 + chunk - 1) / chunk, (p.n + chunk - 1) / chunk),
+                          1, std::max<int64_t>(p.segments, 1));
+  const int64_t blocks = p.segments == 0 ? 1 : (p.segments + block - 1) / block;
+  shape.range = p.outer() * chunks * blocks;
+  const double cost = static_cast<double>(block + p.n) * static_cast<double>(chunk) + 1;
   shape.grain = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(kMinTaskCost / cost)));
   shape.scratch_bytes = 0;
 
@@ -47,15 +56,20 @@ llvm::Function* emit_segment_sum_cpu(llvm::Module& m, const Kernel& k, const Cpu
   emit_for(
       b, f->getArg(1), f->getArg(2), 1,
       [&](Value* it) {
-        Value* o = b.CreateSDiv(it, b.getInt64(chunks), "o");
-        Value* c0 = b.CreateMul(b.CreateSRem(it, b.getInt64(chunks)), b.getInt64(chunk), "c0");
+        Value* o = b.CreateSDiv(it, b.getInt64(chunks * blocks), "o");
+        Value* rem = b.CreateSRem(it, b.getInt64(chunks * blocks));
+        Value* c0 = b.CreateMul(b.CreateSDiv(rem, b.getInt64(blocks)), b.getInt64(chunk), "c0");
         Value* c1 =
             b.CreateSelect(b.CreateICmpSLT(b.CreateAdd(c0, b.getInt64(chunk)), b.getInt64(p.inner)),
                            b.CreateAdd(c0, b.getInt64(chunk)), b.getInt64(p.inner), "c1");
-        // out[o, s, c] for s in [0, segments): the first element of each row.
+        Value* s0 = b.CreateMul(b.CreateSRem(rem, b.getInt64(blocks)), b.getInt64(block), "s0");
+        Value* s1 = b.CreateSelect(
+            b.CreateICmpSLT(b.CreateAdd(s0, b.getInt64(block)), b.getInt64(p.segments)),
+            b.CreateAdd(s0, b.getInt64(block)), b.getInt64(p.segments), "s1");
+        // out[o, s, c] for s in [s0, s1): the first element of each row.
         Value* out_o = b.CreateMul(o, b.getInt64(p.segments * p.inner));
         emit_for(
-            b, b.getInt64(0), b.getInt64(p.segments), 1,
+            b, s0, s1, 1,
             [&](Value* s) {
               Value* row = b.CreateAdd(out_o, b.CreateMul(s, b.getInt64(p.inner)));
               emit_vector_for(
@@ -71,6 +85,7 @@ llvm::Function* emit_segment_sum_cpu(llvm::Module& m, const Kernel& k, const Cpu
         Value* ids_row =
             b.CreateMul(b.CreateSDiv(o, b.getInt64(std::max<int64_t>(p.rest, 1))), b.getInt64(p.n));
         Value* data_o = b.CreateMul(o, b.getInt64(p.n * p.inner));
+        Value* span = b.CreateSub(s1, s0);
         emit_for(
             b, b.getInt64(0), b.getInt64(p.n), 1,
             [&](Value* j) {
@@ -81,8 +96,8 @@ llvm::Function* emit_segment_sum_cpu(llvm::Module& m, const Kernel& k, const Cpu
                                                 : b.CreateSExtOrTrunc(raw, b.getInt64Ty());
               auto* hit = llvm::BasicBlock::Create(ctx, "hit", f);
               auto* next = llvm::BasicBlock::Create(ctx, "next", f);
-              // Unsigned: a negative id is out of range too.
-              b.CreateCondBr(b.CreateICmpULT(id, b.getInt64(p.segments)), hit, next);
+              // id in [s0, s1), unsigned: below s0 (a negative id too) wraps high.
+              b.CreateCondBr(b.CreateICmpULT(b.CreateSub(id, s0), span), hit, next);
               b.SetInsertPoint(hit);
               Value* dst = b.CreateAdd(out_o, b.CreateMul(id, b.getInt64(p.inner)));
               Value* src = b.CreateAdd(data_o, b.CreateMul(j, b.getInt64(p.inner)));
