@@ -11,7 +11,7 @@ namespace {
 
 struct Registration {
   Target::Kind kind;
-  std::unique_ptr<Backend> (*make)(const JobDescription&, const Target&);
+  std::unique_ptr<Backend> (*make)(const JobDescription&, const Target&, const RunDevice&);
 };
 
 constexpr Registration kBackends[] = {
@@ -21,9 +21,10 @@ constexpr Registration kBackends[] = {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_backend(const JobDescription& job, const Target& target) {
+std::unique_ptr<Backend> make_backend(const JobDescription& job, const Target& target,
+                                      const RunDevice& device) {
   for (const Registration& r : kBackends)
-    if (r.kind == target.kind) return r.make(job, target);
+    if (r.kind == target.kind) return r.make(job, target, device);
   FJ_CHECK(false, "no backend registered for target kind ", static_cast<int>(target.kind));
   return nullptr;
 }

@@ -4,7 +4,7 @@
 // adapter in jit/backends/ over its code generator (codegen/<name>/) and its
 // runtime, registered by one line in jit/backend.cpp.
 //
-//   make_backend(job, target)   decides the target: a codegen::TargetId
+//   make_backend(job, target, device)   decides the target: a codegen::TargetId
 //                               (part of the disk-cache key) and whatever
 //                               the code depends on beyond it
 //   compile(kernels, plan)      -> CodeObject (object bytes, the backend's
@@ -100,6 +100,7 @@ class Backend {
 // The backend for `target` (the registration table is in backend.cpp).
 // UserError when `job` cannot run there (e.g. several devices on a GPU, a
 // GPU older than every supported SM).
-std::unique_ptr<Backend> make_backend(const JobDescription& job, const Target& target);
+std::unique_ptr<Backend> make_backend(const JobDescription& job, const Target& target,
+                                      const RunDevice& device = {});
 
 }  // namespace flowjit::jit

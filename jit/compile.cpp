@@ -404,7 +404,7 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   out.seconds_passes = since(t_passes);
   stop_if_interrupted();
 
-  std::unique_ptr<Backend> backend = make_backend(job, settings.target);
+  std::unique_ptr<Backend> backend = make_backend(job, settings.target, settings.device);
   CompileRequest req;
   req.module_name = job.name;
   req.debug = settings.debug;

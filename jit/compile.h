@@ -37,14 +37,11 @@ struct FusedProgram;
 struct PassLog;
 struct StagedJob;
 
-// The device a job's kernels are generated for and run on.
+// What a job's kernels are generated for: plain data (the backend derives
+// the rest, and the disk key, from it and from the device it runs on).
 struct Target {
   enum class Kind : uint8_t { Cpu, Gpu };
   Kind kind = Kind::Cpu;
-  // Gpu: the device, and the copies of the session's variables on it, which
-  // the executable binds (both required).
-  std::shared_ptr<runtime::cuda::Device> gpu;
-  std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables;
   int sm = 0;  // 0: the newest SM flowjit supports that the device runs (nvptx::codegen_sm)
   bool allow_tf32 = false;  // tensor cores for float32 matmuls (Python: FLOWJIT_ALLOW_TF32=1)
   codegen::MathLibrary math = codegen::MathLibrary::Auto;
@@ -53,6 +50,14 @@ struct Target {
   // ("x86-64-v3"); empty: the host (codegen/cpu/backend.h, CompileOptions::cpu).
   std::string cpu;
   bool is_gpu() const { return kind == Kind::Gpu; }
+};
+
+// Where a job is loaded and run, as the runtime holds it: handles, not
+// code-generation data. A GPU job needs the device and the copies of the
+// session's variables on it, which its program binds; a CPU job none.
+struct RunDevice {
+  std::shared_ptr<runtime::cuda::Device> gpu;
+  std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables;
 };
 
 struct JobDescription {
@@ -96,7 +101,8 @@ struct CompileSettings {
   // [harden] Polled between stages, kernels and LLVM passes (CPU codegen);
   // true stops the compile with ir::Interrupted (Ctrl-C from Python).
   std::function<bool()> interrupted;
-  Target target;  // the CPU unless the job is placed on a GPU
+  Target target;     // the CPU unless the job is placed on a GPU
+  RunDevice device;  // the GPU's handles for a GPU target
   static CompileSettings from_environment();
 };
 

@@ -120,7 +120,8 @@ class CpuBackend : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu(const JobDescription& job, const Target& target) {
+std::unique_ptr<Backend> make_cpu(const JobDescription& job, const Target& target,
+                                  const RunDevice&) {
   return std::make_unique<CpuBackend>(job, target);
 }
 

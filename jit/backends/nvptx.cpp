@@ -55,9 +55,10 @@ std::string libdevice_hash(const std::string& path) {
 class NvptxBackend : public Backend {
  public:
   // What codegen will use is decided here, once, so the key and the code agree.
-  NvptxBackend(const JobDescription& job, const Target& t) : t_(t) {
-    FJ_CHECK(t.gpu && t.gpu_variables, "a GPU target without its device or variables");
-    const rc::DeviceInfo& info = t.gpu->info();
+  NvptxBackend(const JobDescription& job, const Target& t, const RunDevice& device)
+      : t_(t), device_(device) {
+    FJ_CHECK(device.gpu && device.gpu_variables, "a GPU job without its device or variables");
+    const rc::DeviceInfo& info = device.gpu->info();
     sm_ = t.sm > 0 ? t.sm : nv::codegen_sm(info.sm);
     FJ_USER_CHECK(sm_ > 0, ErrorKind::Runtime, "job '", job.name, "' is placed on GPU ",
                   info.ordinal, ", ", info.str(), ", but flowjit generates code for sm_",
@@ -140,13 +141,13 @@ class NvptxBackend : public Backend {
     image.ptx = file(code, kPtxFile);
     image.cubin = code.object;
     image.cubin_sm = image.cubin.empty() ? 0 : sm_;
-    auto exe = std::make_shared<rc::CudaExecutable>(t_.gpu, code.plan, image);
-    log.stage("load", since(t0), exe->loaded_from() + " on " + t_.gpu->info().str());
+    auto exe = std::make_shared<rc::CudaExecutable>(device_.gpu, code.plan, image);
+    log.stage("load", since(t0), exe->loaded_from() + " on " + device_.gpu->info().str());
     return exe;
   }
 
   void bind(runtime::Program& program, runtime::VariableStore& store) const override {
-    program.bind(store, t_.gpu_variables);
+    program.bind(store, device_.gpu_variables);
   }
 
  private:
@@ -162,6 +163,7 @@ class NvptxBackend : public Backend {
   std::string ptxas_text() const { return ptxas_.empty() ? "none" : ptxas_; }
 
   Target t_;
+  RunDevice device_;
   int sm_ = 0;
   nv::MathLibrary math_ = nv::MathLibrary::Builtin;
   std::string libdevice_;  // when math_ is Libdevice
@@ -172,8 +174,9 @@ class NvptxBackend : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_nvptx(const JobDescription& job, const Target& target) {
-  return std::make_unique<NvptxBackend>(job, target);
+std::unique_ptr<Backend> make_nvptx(const JobDescription& job, const Target& target,
+                                    const RunDevice& device) {
+  return std::make_unique<NvptxBackend>(job, target, device);
 }
 
 }  // namespace flowjit::jit::backends

@@ -88,8 +88,8 @@ void set_gpu_target(jit::CompileSettings& s, int ordinal) {
     g.generation = generation;
   }
   s.target.kind = jit::Target::Kind::Gpu;
-  s.target.gpu = g.device;
-  s.target.gpu_variables = g.variables;
+  s.device.gpu = g.device;
+  s.device.gpu_variables = g.variables;
   s.target.allow_tf32 = env_flag("FLOWJIT_ALLOW_TF32");
 }
 
@@ -114,10 +114,10 @@ std::shared_ptr<GpuGroup> gpu_group(const std::vector<int>& ordinals, int proces
   for (int o : ordinals) {
     jit::CompileSettings one;
     set_gpu_target(one, o);
-    devices.push_back(one.target.gpu);
+    devices.push_back(one.device.gpu);
     // Copies of the replicas, not of the session's variables (which jobs on
     // this GPU alone bind): the two meet through the host.
-    g->copies.push_back(std::make_shared<rc::DeviceVariables>(one.target.gpu));
+    g->copies.push_back(std::make_shared<rc::DeviceVariables>(one.device.gpu));
     g->stores.push_back(std::make_unique<runtime::VariableStore>());
   }
   std::string why;

@@ -842,7 +842,7 @@ void register_jobs(py::module_& m) {
                 if (PyErr_WarnEx(PyExc_UserWarning, jit::printable_text(w).c_str(), 1) != 0)
                   throw py::error_already_set();
         if (group) FJ_CHECK(cj.distributed.has_value(), "a job on several GPUs compiled for one");
-        return std::make_shared<CompiledJobPy>(std::move(cj), generation, s.target.gpu_variables,
+        return std::make_shared<CompiledJobPy>(std::move(cj), generation, s.device.gpu_variables,
                                                group);
       },
       py::arg("request"));

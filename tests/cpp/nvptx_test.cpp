@@ -2257,8 +2257,8 @@ jit::CompileSettings gpu_settings(const std::shared_ptr<rc::Device>& dev,
   jit::CompileSettings s;
   s.cache_dir = cache_dir;
   s.target.kind = jit::Target::Kind::Gpu;
-  s.target.gpu = dev;
-  s.target.gpu_variables = std::make_shared<rc::DeviceVariables>(dev);
+  s.device.gpu = dev;
+  s.device.gpu_variables = std::make_shared<rc::DeviceVariables>(dev);
   return s;
 }
 
@@ -2334,11 +2334,11 @@ TEST(NvptxCompile, GpuTargetRunsTheJobLikeTheCpuWithCoherentVariables) {
     // The GPU holds the trained weights; the host gets them when it reads.
     auto* w = gpu_store.find("hidden-weight");
     auto* w_cpu = cpu_store.find("hidden-weight");
-    EXPECT_TRUE(s.target.gpu_variables->holds_newest(*w));
+    EXPECT_TRUE(s.device.gpu_variables->holds_newest(*w));
     EXPECT_FALSE(same_bytes(*w, *w_cpu)) << "downloaded before anything read it";
     runtime::sync_host(*w);  // what a read from Python (or a CPU job) does first
     EXPECT_TRUE(same_bytes(*w, *w_cpu));
-    EXPECT_FALSE(s.target.gpu_variables->holds_newest(*w));
+    EXPECT_FALSE(s.device.gpu_variables->holds_newest(*w));
 
     // A host write (a checkpoint load) reaches the GPU before its next run.
     for (auto* v : {w, w_cpu}) {
@@ -2380,7 +2380,7 @@ TEST(NvptxCompile, PredictJobsOnTheGpuLeaveTheHostCurrent) {
   void* outs[] = {y.data()};
   gpu_of(cj).run(ins, outs);
   auto* v = store.find("w");
-  EXPECT_FALSE(s.target.gpu_variables->holds_newest(*v)) << "a predict job writes no variable";
+  EXPECT_FALSE(s.device.gpu_variables->holds_newest(*v)) << "a predict job writes no variable";
   const float* wv = reinterpret_cast<const float*>(v->ptr());
   for (int i = 0; i < 8; ++i)
     for (int j = 0; j < 7; ++j) {
@@ -2481,8 +2481,10 @@ TEST(NvptxCompile, GpuCodeRoundTripsTheDiskCache) {
   EXPECT_NE(meta90.find("nvptx64-nvidia-cuda;sm_90;"), std::string::npos) << meta90;
   jit::Target t80 = s1.target;
   t80.sm = 80;
-  EXPECT_EQ(jit::make_backend(job, t80)->target().str().rfind(
-                "nvptx64-nvidia-cuda;sm_80;tf32=0;math=", 0),
+  EXPECT_EQ(jit::make_backend(job, t80, s1.device)
+                ->target()
+                .str()
+                .rfind("nvptx64-nvidia-cuda;sm_80;tf32=0;math=", 0),
             0u);
   // An entry written before plans held GPU grids (CPU defaults in its plan)
   // is refused by the backend: a miss, recompiled, never a crash.
@@ -2490,7 +2492,7 @@ TEST(NvptxCompile, GpuCodeRoundTripsTheDiskCache) {
     jit::CodeObject old;
     old.plan = fp.plan;
     old.files = {{"kernels.ptx", ".version 7.0\n"}};
-    EXPECT_THROW(jit::make_backend(job, s1.target)->check_cached(old), UserError);
+    EXPECT_THROW(jit::make_backend(job, s1.target, s1.device)->check_cached(old), UserError);
   }
 
   // A damaged plan is found, dropped and recompiled, with a warning.
@@ -2535,11 +2537,11 @@ TEST(NvptxCompile, VariablesMoveBetweenGpusThroughTheHost) {
   EXPECT_EQ(step_loss(run_a, 2), step_loss(run_cpu, 2)) << "A continues from what B trained";
   EXPECT_EQ(step_loss(run_b, 3), step_loss(run_cpu, 3));
   auto* w = gpu_store.find("output-weight");
-  EXPECT_TRUE(sb.target.gpu_variables->holds_newest(*w));
-  EXPECT_FALSE(sa.target.gpu_variables->holds_newest(*w));
+  EXPECT_TRUE(sb.device.gpu_variables->holds_newest(*w));
+  EXPECT_FALSE(sa.device.gpu_variables->holds_newest(*w));
   // Releasing the copies that hold the newest values brings them home first.
   b.reset();
-  sb.target.gpu_variables.reset();
+  sb.device.gpu_variables.reset();
   for (auto* v : cpu_store.all()) EXPECT_TRUE(same_bytes(*gpu_store.find(v->name), *v)) << v->name;
   EXPECT_EQ(step_loss(run_a, 4), step_loss(run_cpu, 4)) << "A uploads the host's newer value";
 }
