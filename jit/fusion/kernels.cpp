@@ -42,6 +42,24 @@ std::string Fuser::kernel_name(int index, Group& g) {
   return s;
 }
 
+// The args of a launch that reads its operands and writes its result as
+// whole buffers (collectives, family kernels): {operands..., result}.
+void Fuser::buffer_args(const NodeRef& n, Built& b, KernelBuilder& kb) {
+  for (const NodeRef& x : n->inputs()) {
+    Storage st;
+    if (x->op() == OpKind::Variable) {
+      st = {BufferKind::Variable, variable_index(x)};
+      b.var_reads.push_back(x->attrs().get_str("name"));
+    } else {
+      st = storage_of(x.get());
+    }
+    b.reads.push_back(x.get());
+    kb.arg_for(x.get(), st, x->dtype(), x->type().numel(), false);
+  }
+  FJ_CHECK(storage_.count(n.get()), op_name(n->op()), " result without storage");
+  kb.arg_for(n.get(), storage_[n.get()], n->dtype(), n->type().numel(), true);
+}
+
 // A collective's launch: no kernel code, args {operand, result}, and the
 // typed step the runtime runs (the name is for dumps only).
 Built Fuser::build_collective(Group& g) {
@@ -53,17 +71,7 @@ Built Fuser::build_collective(Group& g) {
   k.domain = c->shape();
   k.reduced.assign(c->rank(), false);
   KernelBuilder kb(*this, g, b);
-  Storage in_st;
-  if (x->op() == OpKind::Variable) {
-    in_st = {BufferKind::Variable, variable_index(x)};
-    b.var_reads.push_back(x->attrs().get_str("name"));
-  } else {
-    in_st = storage_of(x.get());
-  }
-  b.reads.push_back(x.get());
-  kb.arg_for(x.get(), in_st, x->dtype(), x->type().numel(), false);
-  FJ_CHECK(storage_.count(c.get()), "collective result without storage");
-  kb.arg_for(c.get(), storage_[c.get()], c->dtype(), c->type().numel(), true);
+  buffer_args(c, b, kb);
   // [outer][parts][inner] around the axis: inner counts the elements of one
   // device's piece per outer index.
   int64_t parts = c->attrs().get_int("parts");
@@ -125,19 +133,7 @@ Built Fuser::build_family(Group& g) {
   k.domain = n->shape();
   k.reduced.assign(n->rank(), false);
   KernelBuilder kb(*this, g, b);
-  for (const NodeRef& x : n->inputs()) {
-    Storage st;
-    if (x->op() == OpKind::Variable) {
-      st = {BufferKind::Variable, variable_index(x)};
-      b.var_reads.push_back(x->attrs().get_str("name"));
-    } else {
-      st = storage_of(x.get());
-    }
-    b.reads.push_back(x.get());
-    kb.arg_for(x.get(), st, x->dtype(), x->type().numel(), false);
-  }
-  FJ_CHECK(storage_.count(n.get()), "family kernel result without storage");
-  kb.arg_for(n.get(), storage_[n.get()], n->dtype(), n->type().numel(), true);
+  buffer_args(n, b, kb);
   k.summary = fam->summary(k);
   b.computes.push_back(n.get());
   return b;

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "codegen/cpu/cpu_codegen.h"
+#include "codegen/families/segment_sum/emit.h"
 #include "codegen/families/segment_sum/segment_sum.h"
 
 namespace flowjit::codegen::cpu {
@@ -23,7 +24,6 @@ llvm::Function* emit_segment_sum_cpu(llvm::Module& m, const Kernel& k, const Cpu
   Value *data = args[0], *ids = args[1], *out = args[2];
 
   llvm::Type* elem = mem_type(ctx, p.data);
-  llvm::Type* id_type = mem_type(ctx, p.ids);
   const int64_t elem_bytes = ir::dtype_bytes(p.data);
   const int lanes = t.lanes(static_cast<int>(elem_bytes));
   // Tasks: (outer row, chunk of the inner dim, block of segments). A chunk
@@ -89,29 +89,19 @@ llvm::Function* emit_segment_sum_cpu(llvm::Module& m, const Kernel& k, const Cpu
         emit_for(
             b, b.getInt64(0), b.getInt64(p.n), 1,
             [&](Value* j) {
-              Value* raw =
-                  b.CreateAlignedLoad(id_type, b.CreateGEP(id_type, ids, b.CreateAdd(ids_row, j)),
-                                      llvm::Align(ir::dtype_bytes(p.ids)), "id");
-              Value* id = p.ids == DType::UInt8 ? b.CreateZExt(raw, b.getInt64Ty())
-                                                : b.CreateSExtOrTrunc(raw, b.getInt64Ty());
-              auto* hit = llvm::BasicBlock::Create(ctx, "hit", f);
-              auto* next = llvm::BasicBlock::Create(ctx, "next", f);
-              // id in [s0, s1), unsigned: below s0 (a negative id too) wraps high.
-              b.CreateCondBr(b.CreateICmpULT(b.CreateSub(id, s0), span), hit, next);
-              b.SetInsertPoint(hit);
-              Value* dst = b.CreateAdd(out_o, b.CreateMul(id, b.getInt64(p.inner)));
-              Value* src = b.CreateAdd(data_o, b.CreateMul(j, b.getInt64(p.inner)));
-              emit_vector_for(
-                  b, c0, c1, lanes,
-                  [&](Value* c, int w) {
-                    llvm::Type* vt = with_width(elem, w);
-                    Value* d = at(out, b.CreateAdd(dst, c));
-                    Value* x = b.CreateAlignedLoad(vt, at(data, b.CreateAdd(src, c)), align);
-                    b.CreateAlignedStore(add(b.CreateAlignedLoad(vt, d, align), x), d, align);
-                  },
-                  "c");
-              b.CreateBr(next);
-              b.SetInsertPoint(next);
+              if_id_in_block(b, f, ids, b.CreateAdd(ids_row, j), p.ids, s0, span, [&](Value* id) {
+                Value* dst = b.CreateAdd(out_o, b.CreateMul(id, b.getInt64(p.inner)));
+                Value* src = b.CreateAdd(data_o, b.CreateMul(j, b.getInt64(p.inner)));
+                emit_vector_for(
+                    b, c0, c1, lanes,
+                    [&](Value* c, int w) {
+                      llvm::Type* vt = with_width(elem, w);
+                      Value* d = at(out, b.CreateAdd(dst, c));
+                      Value* x = b.CreateAlignedLoad(vt, at(data, b.CreateAdd(src, c)), align);
+                      b.CreateAlignedStore(add(b.CreateAlignedLoad(vt, d, align), x), d, align);
+                    },
+                    "c");
+              });
             },
             "j");
       },

@@ -5,6 +5,7 @@
 // atomics: the sums are the CPU's, bit for bit).
 #include <algorithm>
 
+#include "codegen/families/segment_sum/emit.h"
 #include "codegen/families/segment_sum/segment_sum.h"
 #include "codegen/nvptx/nvptx_codegen.h"
 
@@ -22,7 +23,6 @@ llvm::Function* emit_segment_sum_nvptx(llvm::Module& m, const Kernel& k, const G
   b.SetInsertPoint(llvm::BasicBlock::Create(ctx, "entry", f));
   Value *data = f->getArg(0), *ids = f->getArg(1), *out = f->getArg(2);
   llvm::Type* elem = mem_type(ctx, p.data);
-  llvm::Type* id_type = mem_type(ctx, p.ids);
   const auto align = llvm::Align(ir::dtype_bytes(p.data));
   // A thread per (outer row, block of segments, inner element): it zeroes
   // its column of the block, then scans every id and adds the rows whose id
@@ -68,26 +68,17 @@ llvm::Function* emit_segment_sum_nvptx(llvm::Module& m, const Kernel& k, const G
         emit_for(
             b, i64(0), i64(p.n), i64(1),
             [&](Value* j) {
-              Value* raw =
-                  b.CreateAlignedLoad(id_type, b.CreateGEP(id_type, ids, b.CreateAdd(ids_row, j)),
-                                      llvm::Align(ir::dtype_bytes(p.ids)), "id");
-              Value* id = p.ids == DType::UInt8 ? b.CreateZExt(raw, b.getInt64Ty())
-                                                : b.CreateSExtOrTrunc(raw, b.getInt64Ty());
-              auto* hit = llvm::BasicBlock::Create(ctx, "hit", f);
-              auto* next = llvm::BasicBlock::Create(ctx, "next", f);
-              b.CreateCondBr(b.CreateICmpULT(b.CreateSub(id, s0), span), hit, next);
-              b.SetInsertPoint(hit);
-              Value* d = at(out, b.CreateAdd(out_oc, b.CreateMul(id, i64(p.inner))));
-              Value* x = from_mem(
-                  b,
-                  b.CreateAlignedLoad(
-                      elem, at(data, b.CreateAdd(data_oc, b.CreateMul(j, i64(p.inner)))), align),
-                  p.data);
-              Value* y = from_mem(b, b.CreateAlignedLoad(elem, d, align), p.data);
-              b.CreateAlignedStore(
-                  to_mem(b, is_float ? b.CreateFAdd(y, x) : b.CreateAdd(y, x), p.data), d, align);
-              b.CreateBr(next);
-              b.SetInsertPoint(next);
+              if_id_in_block(b, f, ids, b.CreateAdd(ids_row, j), p.ids, s0, span, [&](Value* id) {
+                Value* d = at(out, b.CreateAdd(out_oc, b.CreateMul(id, i64(p.inner))));
+                Value* x = from_mem(
+                    b,
+                    b.CreateAlignedLoad(
+                        elem, at(data, b.CreateAdd(data_oc, b.CreateMul(j, i64(p.inner)))), align),
+                    p.data);
+                Value* y = from_mem(b, b.CreateAlignedLoad(elem, d, align), p.data);
+                b.CreateAlignedStore(
+                    to_mem(b, is_float ? b.CreateFAdd(y, x) : b.CreateAdd(y, x), p.data), d, align);
+              });
             },
             "j");
       },
