@@ -298,7 +298,7 @@ Grads vjp_SegmentSum(const NodeRef& n, const NodeRef& dy) {
   if (!is_float(data->dtype())) return {nullptr, nullptr};
   int64_t axis = n->attrs().get_int("axis"), bd = n->attrs().get_int("batch_dims"),
           segments = n->attrs().get_int("num_segments");
-  if (segments == 0) return {c(0, data), nullptr};
+  if (segments == 0) return {fill(0, data->shape(), data->dtype(), n->loc()), nullptr};
   NodeRef g = make_node(OpKind::Gather, {dy, clamp_index(ids, segments)},
                         Attrs{{"axis", axis}, {"batch_dims", bd}}, n->loc());
   // in range: ids as [batch dims, 1 per other outer dim, ids' dims, 1 per inner dim]

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "ir/printer.h"
+#include "jit/autodiff.h"
 #include "jit/fusion.h"
 #include "jit/pipeline.h"
 #include "runtime/executable.h"
@@ -93,6 +94,25 @@ TEST(Fusion, SegmentSumIsAFamilyKernelBetweenLoopKernels) {
   // exp's result and the family's result are buffers the neighbours share
   EXPECT_EQ(p.plan.launches[0].args.back(), p.plan.launches[1].args[0]);
   EXPECT_EQ(p.plan.launches[1].args[2], p.plan.launches[2].args[0]);
+}
+
+// The data gradient of a segment sum has the data's shape, with no segments too.
+TEST(Fusion, SegmentSumGradientHasTheDataShapeEvenWithoutSegments) {
+  for (int64_t segments : {0, 3}) {
+    NodeRef x = make_node(OpKind::Parameter, {},
+                          Attrs{{"dtype", DType::Float32},
+                                {"index", int64_t{0}},
+                                {"name", "x"},
+                                {"shape", Shape{6, 4}}});
+    NodeRef i = make_node(
+        OpKind::Parameter, {},
+        Attrs{{"dtype", DType::Int32}, {"index", int64_t{1}}, {"name", "i"}, {"shape", Shape{6}}});
+    NodeRef y = make_node(OpKind::SegmentSum, {x, i},
+                          Attrs{{"axis", int64_t{0}}, {"num_segments", segments}});
+    auto grads = jit::gradients(y, fill(1.0, y->shape(), y->dtype()), {x});
+    ASSERT_EQ(grads.size(), 1u);
+    EXPECT_EQ(grads[0]->shape(), (Shape{6, 4})) << "segments " << segments;
+  }
 }
 
 TEST(Fusion, CrossEntropyForwardIsOneKernel) {

@@ -274,3 +274,4 @@ def test_onnx_export_matches_onnxruntime(tmp_path, axis, ids_shape, shape):
     sess = ort.InferenceSession(path)
     got = sess.run(None, dict(zip([a.name for a in sess.get_inputs()], [data, ids])))[0]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
