@@ -2,6 +2,7 @@
 #include "codegen/family.h"
 
 #include "ir/error.h"
+#include "ir/op.h"
 
 namespace flowjit::codegen {
 
@@ -28,6 +29,23 @@ const KernelFamily& family_of(const Kernel& k) {
       k.kind == Kernel::Kind::Family && k.family >= 0 && k.family < static_cast<int>(all.size()),
       "kernel ", k.name, " is not of a registered family (", k.family, ")");
   return *all[k.family];
+}
+
+int family_arg(const Kernel& k, int i) {
+  const int n = ir::op_arity(family_of(k).op);
+  FJ_CHECK(i >= 0 && i <= n && k.params.size() >= static_cast<size_t>(n + 1), "family kernel ",
+           k.name, ": no arg for operand ", i);
+  const int64_t a = k.params[k.params.size() - static_cast<size_t>(n + 1 - i)];
+  FJ_CHECK(a >= 0 && a < static_cast<int64_t>(k.args.size()), "family kernel ", k.name,
+           ": operand ", i, " has arg ", a, " of ", k.args.size());
+  return static_cast<int>(a);
+}
+
+const int64_t* family_params(const Kernel& k, size_t n) {
+  const size_t args = static_cast<size_t>(ir::op_arity(family_of(k).op)) + 1;
+  FJ_CHECK(k.params.size() == n + args, family_of(k).name, " kernel ", k.name, " has ",
+           k.params.size(), " params, expected ", n, " and ", args, " args");
+  return k.params.data();
 }
 
 }  // namespace flowjit::codegen

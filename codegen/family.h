@@ -29,6 +29,15 @@ struct KernelFamily {
   int64_t (*flops)(const Kernel& k);
 };
 
+// Kernel::params of a family kernel are the record's params, then the arg
+// of each of the op's operands and of its result (fusion appends them: one
+// buffer read twice, attention(q, q, q, b), is one arg). The arg of operand
+// `i` of family kernel `k` (i == the op's arity: its result):
+int family_arg(const Kernel& k, int i);
+// The record's params of family kernel `k` (without the args), checked to
+// be `n`.
+const int64_t* family_params(const Kernel& k, size_t n);
+
 // The family computing `op`, or null.
 const KernelFamily* family_for_op(OpKind op);
 // Kernel::family's record (checked).

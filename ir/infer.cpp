@@ -223,6 +223,83 @@ TensorType infer_source(OpKind op, Attrs& attrs) {
   return {dt, s};
 }
 
+// attention, attention_lse, attention_grad (ops.def): q [..., Lq, D], k
+// [..., Lk, D] (kt: [..., D, Lk]), v [..., Lk, Dv] with the same batch dims;
+// bias of q's rank whose batch dims are 1 except for one run equal to q's,
+// then Lq or 1, Lk or 1 (the kernels index it with strides,
+// codegen/families/attention).
+Shape swap_last(Shape s) {
+  std::swap(s[s.size() - 1], s[s.size() - 2]);
+  return s;
+}
+
+TensorType infer_attention(OpKind op, const std::vector<NodeRef>& inputs, const Attrs& a) {
+  const std::string_view name = op_name(op);
+  const bool grad = op == OpKind::AttentionGrad, lse_only = op == OpKind::AttentionLse;
+  const TensorType& q = in(inputs, 0);
+  const TensorType k = grad ? in(inputs, 1) : TensorType{in(inputs, 1).dtype, {}};
+  check_float(name, q, "q");
+  const int r = q.rank();
+  const TensorType& kt_in = grad ? in(inputs, 8) : in(inputs, 1);
+  FJ_USER_CHECK(r >= 2 && kt_in.rank() == r, kValue, name, ": q ", q.str(), " and kt ", kt_in.str(),
+                " must have one rank of at least 2");
+  const Shape kshape = swap_last(kt_in.shape);
+  const TensorType& v = lse_only ? TensorType{q.dtype, kshape} : in(inputs, 2);
+  const TensorType& bias = in(inputs, lse_only ? 2 : 3);
+  for (const TensorType* t : {&kt_in, &v, &bias}) check_same_dtype(name, q, *t);
+  const Shape batch(q.shape.begin(), q.shape.end() - 2);
+  const int64_t lq = q.shape[r - 2], d = q.shape[r - 1], lk = kshape[r - 2];
+  FJ_USER_CHECK(v.rank() == r && bias.rank() == r &&
+                    Shape(kshape.begin(), kshape.end() - 2) == batch &&
+                    Shape(v.shape.begin(), v.shape.end() - 2) == batch && kshape[r - 1] == d &&
+                    v.shape[r - 2] == lk,
+                kValue, name, ": expected kt [..., ", d, ", Lk], v [..., Lk, Dv] and bias of rank ",
+                r, " with q's batch dims ", shape_str(batch), ", got q ", q.str(), ", kt ",
+                kt_in.str(), ", v ", v.str(), ", bias ", bias.str());
+  int runs = 0;
+  for (int i = 0; i + 2 < r; ++i) {
+    const bool full = bias.shape[i] == batch[i] && batch[i] != 1;
+    FJ_USER_CHECK(full || bias.shape[i] == 1, kValue, name, ": bias ", bias.str(),
+                  " does not broadcast to q's batch dims ", shape_str(batch));
+    if (full && (i == 0 || !(bias.shape[i - 1] == batch[i - 1] && batch[i - 1] != 1))) ++runs;
+  }
+  FJ_USER_CHECK(runs <= 1 && (bias.shape[r - 2] == lq || bias.shape[r - 2] == 1) &&
+                    (bias.shape[r - 1] == lk || bias.shape[r - 1] == 1),
+                kValue, name, ": bias ", bias.str(), " must be [..., ", lq, " or 1, ", lk,
+                " or 1] whose batch dims are 1 but for one run equal to q's ", shape_str(batch));
+  const double scale = a.get_float("scale");
+  FJ_USER_CHECK(scale == scale, kValue, name, ": scale is NaN");
+  Shape out = batch;
+  out.push_back(lq);
+  if (lse_only) return {q.dtype, out};
+  if (!grad) {
+    out.push_back(v.shape[r - 1]);
+    return {q.dtype, out};
+  }
+  // attention_grad: dout, lse, delta, then the transposed operands.
+  Shape dout = batch;
+  dout.push_back(lq);
+  dout.push_back(v.shape[r - 1]);
+  const Shape want[] = {
+      dout, out, out, swap_last(q.shape), swap_last(k.shape), swap_last(v.shape), swap_last(dout)};
+  for (size_t i = 0; i < 7; ++i) {
+    const TensorType& t = in(inputs, 4 + i);
+    check_same_dtype(name, q, t);
+    FJ_USER_CHECK(t.shape == want[i], kValue, name, ": operand ", 4 + i, " must be ",
+                  shape_str(want[i]), ", got ", t.str());
+  }
+  FJ_USER_CHECK(k.shape == kshape, kValue, name, ": k ", k.str(), " is not kt ", kt_in.str(),
+                " transposed");
+  const int64_t wrt = a.get_int("wrt");
+  FJ_USER_CHECK(wrt >= 0 && wrt <= 3, kValue, name,
+                ": wrt must be 0 (q), 1 (k), 2 (v) or 3 (the scores), got ", wrt);
+  if (wrt == 3) {
+    out.push_back(lk);
+    return {q.dtype, out};
+  }
+  return in(inputs, static_cast<size_t>(wrt));
+}
+
 }  // namespace
 
 TensorType infer_type(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attrs) {
@@ -287,6 +364,10 @@ TensorType infer_type(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attr
     case OpKind::GatherNd:
     case OpKind::SegmentSum:
       return infer_array_view(op, inputs, attrs);
+    case OpKind::Attention:
+    case OpKind::AttentionLse:
+    case OpKind::AttentionGrad:
+      return infer_attention(op, inputs, attrs);
     case OpKind::RandomUniformAt: {
       const TensorType& off = in(inputs, 0);
       FJ_USER_CHECK(off.dtype == DType::Int64 && off.rank() == 0, kType,

@@ -313,6 +313,36 @@ Grads vjp_SegmentSum(const NodeRef& n, const NodeRef& dy) {
   return {where(broadcast(reshape(in_range, mask_shape), ds), g, c(0, g)), nullptr};
 }
 
+// attention(q, k, v, bias): the flash-attention backward. Each query's
+// log-sum-exp and delta = sum(dy * out) are recomputed once; the gradients
+// then recompute the probabilities block by block (ops.def).
+Grads vjp_Attention(const NodeRef& n, const NodeRef& dy) {
+  const NodeRef &q = n->input(0), &kt = n->input(1), &v = n->input(2), &bias = n->input(3);
+  const Attrs& a = n->attrs();
+  const bool causal = a.get_bool("causal");
+  const double scale = a.get_float("scale");
+  const IntList swap = swap_last_two(n->rank());
+  NodeRef lse = make_node(OpKind::AttentionLse, {q, kt, bias},
+                          Attrs{{"causal", causal}, {"scale", scale}}, n->loc());
+  NodeRef delta = reduce(OpKind::ReduceSum, mul(dy, n), {n->rank() - 1}, /*keepdims=*/false);
+  const std::vector<NodeRef> operands = {q,
+                                         transpose(kt, swap),
+                                         v,
+                                         bias,
+                                         dy,
+                                         lse,
+                                         delta,
+                                         transpose(q, swap),
+                                         kt,
+                                         transpose(v, swap),
+                                         transpose(dy, swap)};
+  auto grad = [&](int64_t wrt) {
+    return make_node(OpKind::AttentionGrad, operands,
+                     Attrs{{"causal", causal}, {"scale", scale}, {"wrt", wrt}}, n->loc());
+  };
+  return {grad(0), transpose(grad(1), swap), grad(2), sum_to_shape(grad(3), bias->shape())};
+}
+
 Grads vjp_MatMul(const NodeRef& n, const NodeRef& dy) {
   const NodeRef &a = n->input(0), &b = n->input(1);
   bool ta = n->attrs().get_bool("transpose_a"), tb = n->attrs().get_bool("transpose_b");

@@ -21,6 +21,7 @@
 #include "jit/build_info.h"
 #include "jit/cache.h"
 #include "jit/fusion.h"
+#include "jit/passes/attention.h"
 #include "jit/passes/auto_mixed_precision.h"
 #include "jit/pipeline.h"
 #include "runtime/cuda/executable.h"
@@ -336,6 +337,15 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
     if (lr) lr = keep.back();
     losses.assign(keep.begin(), keep.begin() + static_cast<std::ptrdiff_t>(losses.size()));
     log.stage("auto_mixed_precision", since(t0), std::string(dtype_name(*job.mixed_precision)));
+  }
+  if (const int64_t min_bytes = attention_min_score_bytes(); min_bytes >= 0) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<NodeRef> keep = losses;
+    if (lr) keep.push_back(lr);
+    g = fuse_attention(g, keep, watched, min_bytes);  // maps the losses, lr and watched nodes
+    if (lr) lr = keep.back();
+    losses.assign(keep.begin(), keep.begin() + static_cast<std::ptrdiff_t>(losses.size()));
+    log.stage("fuse_attention", since(t0), "");
   }
   if (job.train) {
     FJ_CHECK(job.optimizer.has_value(), "train job without optimizer reached the compiler");

@@ -440,14 +440,15 @@ void emit_seed_thunks(llvm::Module& m, const std::vector<SeedThunk>& thunks, con
 }
 
 llvm::Function* emit_family_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
-                                   abi::CpuRange& shape) {
-  using Emit = llvm::Function* (*)(llvm::Module&, const Kernel&, const CpuTarget&, abi::CpuRange&);
+                                   MathProvider& math, abi::CpuRange& shape) {
+  using Emit = llvm::Function* (*)(llvm::Module&, const Kernel&, const CpuTarget&, MathProvider&,
+                                   abi::CpuRange&);
   static const Emit emitters[] = {
 #define FAMILY(Op, name) emit_##name##_cpu,
 #include "codegen/families/families.def"
   };
   family_of(k);  // checks k.family
-  return emitters[k.family](m, k, t, shape);
+  return emitters[k.family](m, k, t, math, shape);
 }
 
 std::vector<llvm::Value*> load_kernel_args(llvm::IRBuilderBase& b, llvm::Function* f, size_t n) {
@@ -568,7 +569,7 @@ EmittedUnit emit_unit(const Kernel& kernel, const std::string& symbol, const Lev
   k.name = symbol;
   llvm::Function* f = k.kind == Kernel::Kind::MatMul ? emit_matmul_kernel(m, k, t, math, e.u->shape)
                       : k.kind == Kernel::Kind::Family
-                          ? emit_family_kernel(m, k, t, e.u->shape)
+                          ? emit_family_kernel(m, k, t, math, e.u->shape)
                           : emit_loop_kernel(m, k, t, math, e.u->shape, seeded_body(k));
   if (k.guard_arg >= 0)  // args[guard_arg] is the status buffer
     add_status_guard(

@@ -77,11 +77,11 @@ llvm::Function* emit_matmul_kernel(llvm::Module& m, const Kernel& k, const CpuTa
 // line of families.def.
 #define FAMILY(Op, name)                                                                  \
   llvm::Function* emit_##name##_cpu(llvm::Module& m, const Kernel& k, const CpuTarget& t, \
-                                    abi::CpuRange& shape);
+                                    MathProvider& math, abi::CpuRange& shape);
 #include "codegen/families/families.def"
 // The emitter of family kernel `k`.
 llvm::Function* emit_family_kernel(llvm::Module& m, const Kernel& k, const CpuTarget& t,
-                                   abi::CpuRange& shape);
+                                   MathProvider& math, abi::CpuRange& shape);
 
 // Smallest amount of work (element operations) worth a separate task.
 constexpr double kMinTaskCost = 32768;

@@ -27,15 +27,15 @@ void LLVMInitializeNVPTXAsmPrinter();
 namespace flowjit::codegen::nvptx {
 
 llvm::Function* emit_family_kernel(llvm::Module& m, const Kernel& k, const GpuTarget& t,
-                                   abi::GpuGrid& launch, KernelNotes& notes) {
-  using Emit = llvm::Function* (*)(llvm::Module&, const Kernel&, const GpuTarget&, abi::GpuGrid&,
-                                   KernelNotes&);
+                                   MathProvider& math, abi::GpuGrid& launch, KernelNotes& notes) {
+  using Emit = llvm::Function* (*)(llvm::Module&, const Kernel&, const GpuTarget&, MathProvider&,
+                                   abi::GpuGrid&, KernelNotes&);
   static const Emit emitters[] = {
 #define FAMILY(Op, name) emit_##name##_nvptx,
 #include "codegen/families/families.def"
   };
   family_of(k);  // checks k.family
-  return emitters[k.family](m, k, t, launch, notes);
+  return emitters[k.family](m, k, t, math, launch, notes);
 }
 
 namespace {
@@ -152,7 +152,7 @@ CompiledModule compile(const std::vector<Kernel>& kernels, std::vector<abi::Laun
     KernelNotes notes;
     llvm::Function* f =
         k.kind == Kernel::Kind::MatMul   ? emit_matmul_kernel(m, k, target, *math, grid, notes)
-        : k.kind == Kernel::Kind::Family ? emit_family_kernel(m, k, target, grid, notes)
+        : k.kind == Kernel::Kind::Family ? emit_family_kernel(m, k, target, *math, grid, notes)
                                          : emit_loop_kernel(m, k, target, *math, grid, notes);
     if (k.guard_arg >= 0)  // the status buffer is the kernel's parameter guard_arg
       add_status_guard(

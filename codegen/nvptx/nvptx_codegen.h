@@ -77,9 +77,10 @@ llvm::Function* emit_matmul_kernel(llvm::Module& m, const Kernel& k, const GpuTa
 // per line of families.def.
 #define FAMILY(Op, name)                                                                    \
   llvm::Function* emit_##name##_nvptx(llvm::Module& m, const Kernel& k, const GpuTarget& t, \
-                                      abi::GpuGrid& launch, KernelNotes& notes);
+                                      MathProvider& math, abi::GpuGrid& launch,             \
+                                      KernelNotes& notes);
 #include "codegen/families/families.def"
 llvm::Function* emit_family_kernel(llvm::Module& m, const Kernel& k, const GpuTarget& t,
-                                   abi::GpuGrid& launch, KernelNotes& notes);
+                                   MathProvider& math, abi::GpuGrid& launch, KernelNotes& notes);
 
 }  // namespace flowjit::codegen::nvptx

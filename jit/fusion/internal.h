@@ -255,7 +255,7 @@ class Fuser {
 
   // A collective's launch: no kernel code, args {operand, result}, and the
   // typed step the runtime runs (the name is for dumps only).
-  void buffer_args(const NodeRef& n, Built& b, KernelBuilder& kb);
+  std::vector<int> buffer_args(const NodeRef& n, Built& b, KernelBuilder& kb);
   Built build_collective(Group& g);
   Built build_family(Group& g);
 

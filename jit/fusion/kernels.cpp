@@ -43,8 +43,10 @@ std::string Fuser::kernel_name(int index, Group& g) {
 }
 
 // The args of a launch that reads its operands and writes its result as
-// whole buffers (collectives, family kernels): {operands..., result}.
-void Fuser::buffer_args(const NodeRef& n, Built& b, KernelBuilder& kb) {
+// whole buffers (collectives, family kernels): {operands..., result}, one
+// arg per buffer; returns the arg of each operand and of the result.
+std::vector<int> Fuser::buffer_args(const NodeRef& n, Built& b, KernelBuilder& kb) {
+  std::vector<int> args;
   for (const NodeRef& x : n->inputs()) {
     Storage st;
     if (x->op() == OpKind::Variable) {
@@ -54,10 +56,11 @@ void Fuser::buffer_args(const NodeRef& n, Built& b, KernelBuilder& kb) {
       st = storage_of(x.get());
     }
     b.reads.push_back(x.get());
-    kb.arg_for(x.get(), st, x->dtype(), x->type().numel(), false);
+    args.push_back(kb.arg_for(x.get(), st, x->dtype(), x->type().numel(), false));
   }
   FJ_CHECK(storage_.count(n.get()), op_name(n->op()), " result without storage");
-  kb.arg_for(n.get(), storage_[n.get()], n->dtype(), n->type().numel(), true);
+  args.push_back(kb.arg_for(n.get(), storage_[n.get()], n->dtype(), n->type().numel(), true));
+  return args;
 }
 
 // A collective's launch: no kernel code, args {operand, result}, and the
@@ -116,8 +119,8 @@ Built Fuser::build_collective(Group& g) {
   return b;
 }
 
-// A family kernel: args {operands..., result}, its params from the family's
-// record (codegen/family.h).
+// A family kernel: args {operands..., result} (one per buffer), its params
+// from the family's record, then each operand's arg (codegen/family.h).
 Built Fuser::build_family(Group& g) {
   Built b;
   Kernel& k = b.k;
@@ -133,7 +136,7 @@ Built Fuser::build_family(Group& g) {
   k.domain = n->shape();
   k.reduced.assign(n->rank(), false);
   KernelBuilder kb(*this, g, b);
-  buffer_args(n, b, kb);
+  for (int a : buffer_args(n, b, kb)) k.params.push_back(a);  // codegen/family.h
   k.summary = fam->summary(k);
   b.computes.push_back(n.get());
   return b;

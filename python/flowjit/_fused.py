@@ -199,3 +199,85 @@ def fused_self_attention_query_mul_key_and_value(x: Blob, head_size: int, alpha:
         qmk = _ops.identity(qmk, name=f"{name}_query_mul_key")
         v = _ops.identity(v, name=f"{name}_value")
     return qmk, v
+
+
+def scaled_dot_product_attention(query: Blob, key: Blob, value: Blob, attn_mask: Optional[Blob] = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale: Optional[float] = None, name: Optional[str] = None) -> Blob:
+    """softmax(query @ key^T * scale + mask) @ value over query (..., Lq, D),
+    key (..., Lk, D) and value (..., Lk, Dv) with the same batch dims, as
+    PyTorch's ``scaled_dot_product_attention``: ``scale`` defaults to
+    1 / sqrt(D); ``attn_mask`` is a bool mask (True: the key takes part) or
+    a float bias added to the scores, broadcast to (..., Lq, Lk);
+    ``is_causal`` masks the keys after each query (j > i) and skips them.
+
+    It is one attention kernel (and three for its gradients) that computes
+    the softmax online: no (Lq, Lk) score matrix is stored. With
+    ``dropout_p`` > 0 in a train job the probabilities are dropped out as
+    flow.nn.dropout does, through the unfused composition.
+
+    Example:
+        >>> @flow.global_function()
+        ... def job(q: tp.Numpy.Placeholder((1, 2, 2))) -> tp.Numpy:
+        ...     return flow.nn.scaled_dot_product_attention(q, q, q, is_causal=True)
+        >>> job(np.float32([[[1, 0], [0, 1]]])).astype(float).round(3).tolist()
+        [[[1.0, 0.0], [0.33, 0.67]]]
+    """
+    api = "scaled_dot_product_attention"
+    for x, what in ((query, "query"), (key, "key"), (value, "value")):
+        floating(x, api, what)
+    if not (query.dtype == key.dtype == value.dtype):
+        _trace.fail(TypeError, f"{api}: query, key and value must have one dtype, got "
+                    f"{query.dtype.name}, {key.dtype.name}, {value.dtype.name}")
+    r = len(query.shape)
+    qs, ks, vs = tuple(query.shape), tuple(key.shape), tuple(value.shape)
+    if r < 2 or len(ks) != r or len(vs) != r or qs[:-2] != ks[:-2] or qs[:-2] != vs[:-2] \
+            or ks[-1] != qs[-1] or vs[-2] != ks[-2]:
+        _trace.fail(ValueError, f"{api}: expected query (..., Lq, D), key (..., Lk, D) and value "
+                    f"(..., Lk, Dv) with the same batch dims, got {qs}, {ks}, {vs}")
+    if not isinstance(is_causal, bool):
+        _trace.fail(TypeError, f"{api}: is_causal must be a bool, got {type(is_causal).__name__}")
+    if scale is None:
+        scale = 1.0 / float(qs[-1]) ** 0.5 if qs[-1] else 1.0
+    scale = number(scale, api, "scale")
+    p = number(dropout_p, api, "dropout_p")
+    if not 0.0 <= p < 1.0:
+        _trace.fail(ValueError, f"{api}: dropout_p must be in [0, 1), got {dropout_p!r}")
+    lq, lk = qs[-2], ks[-2]
+    bias = None
+    if attn_mask is not None:
+        blob(attn_mask, api, "attn_mask")
+        ms = tuple(attn_mask.shape)
+        full = qs[:-2] + (lq, lk)
+        if len(ms) > r or any(m not in (1, f) for m, f in zip(ms[::-1], full[::-1])):
+            _trace.fail(ValueError, f"{api}: attn_mask of shape {ms} does not broadcast to the scores "
+                        f"{full}")
+        if attn_mask.dtype == _dtypes.bool_:
+            bias = _ops.where(attn_mask, _ops.constant(0.0, query.dtype),
+                              _ops.constant(float("-inf"), query.dtype))
+        elif attn_mask.dtype == query.dtype:
+            bias = attn_mask
+        else:
+            _trace.fail(TypeError, f"{api}: attn_mask must be bool or query's dtype {query.dtype.name}, "
+                        f"got {attn_mask.dtype.name}")
+    b = _trace.require_builder(f"flow.nn.{api}")
+    if p > 0.0 and b.type == "train":
+        s = _ops.matmul(query, key, transpose_b=True, alpha=scale)
+        if is_causal:
+            s = fused_scale_tril(s, fill_value=float("-inf"))
+        if bias is not None:
+            s = s + bias
+        return _ops.matmul(dropout(_ops.softmax(s), p), value, name=name)
+    if bias is None:
+        bias = _ops.constant(0.0, query.dtype, shape=[1] * r)
+    else:
+        ms = (1,) * (r - len(bias.shape)) + tuple(bias.shape)
+        if ms != tuple(bias.shape):
+            bias = _ops.reshape(bias, list(ms))
+        batch = ms[:-2]
+        runs = sum(1 for i, d in enumerate(batch) if d != 1 and (i == 0 or batch[i - 1] == 1))
+        if runs > 1:  # the kernel reads one run of batch dims: broadcast the rest
+            bias = _ops.broadcast_to(bias, list(qs[:-2]) + list(ms[-2:]))
+    kt = _ops.transpose(key, list(range(r - 2)) + [r - 1, r - 2])
+    return _ops.make(K.attention, [query, kt, value, bias], {"causal": is_causal, "scale": scale},
+                     name=name, api=api)

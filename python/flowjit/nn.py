@@ -86,7 +86,7 @@ from ._conv import (avg_pool1d, avg_pool2d, avg_pool3d, compat_conv2d, conv1d, c
 # the fused ops and softmax_grad.
 from ._fused import (fused_bias_add_dropout, fused_bias_add_gelu, fused_scale_tril,  # noqa: E402,F401
                      fused_scale_tril_softmax_dropout, fused_self_attention_query_mul_key_and_value,
-                     random_mask_like, softmax_grad)
+                     random_mask_like, scaled_dot_product_attention, softmax_grad)
 from ._norm import (batch_normalization, group_normalization, instance_normalization1d,  # noqa: E402,F401
                     instance_normalization2d, instance_normalization3d, layer_norm)
 from ._resample import pixel_shuffle, pixel_shufflev2  # noqa: E402,F401

@@ -1,11 +1,14 @@
 // Fusion decisions checked on IR text: which printed values land in which kernel.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 
+#include "codegen/family.h"
 #include "ir/printer.h"
 #include "jit/autodiff.h"
+#include "jit/compile.h"
 #include "jit/fusion.h"
 #include "jit/pipeline.h"
 #include "runtime/executable.h"
@@ -84,16 +87,48 @@ TEST(Fusion, SegmentSumIsAFamilyKernelBetweenLoopKernels) {
   ASSERT_EQ(p.kernels.size(), 3u) << p.description;
   const codegen::Kernel& k = p.kernels[1];
   EXPECT_EQ(k.kind, codegen::Kernel::Kind::Family) << p.description;
-  EXPECT_EQ(k.params, (std::vector<int64_t>{1, 1, 6, 3, 4}));
+  // the record's params, then the args of data, ids and the result
+  EXPECT_EQ(k.params, (std::vector<int64_t>{1, 1, 6, 3, 4, 0, 1, 2}));
   ASSERT_EQ(k.args.size(), 3u);
   EXPECT_EQ(k.args[1].dtype, DType::Int32);
   EXPECT_TRUE(k.args[2].written);
-  EXPECT_NE(codegen::describe_kernel(k).find("family segment_sum params=[1,1,6,3,4]"),
+  EXPECT_NE(codegen::describe_kernel(k).find("family segment_sum params=[1,1,6,3,4,0,1,2]"),
             std::string::npos)
       << codegen::describe_kernel(k);
   // exp's result and the family's result are buffers the neighbours share
   EXPECT_EQ(p.plan.launches[0].args.back(), p.plan.launches[1].args[0]);
   EXPECT_EQ(p.plan.launches[1].args[2], p.plan.launches[2].args[0]);
+}
+
+// One buffer read as two operands of a family op is one arg; the params say
+// which arg each operand is (codegen/family.h), and the kernel computes it.
+TEST(Fusion, AFamilyOperandReadTwiceIsOneArg) {
+  Graph g = parse_graph(
+      "graph t {\n"
+      "  %x = parameter() {dtype=i32, index=0, name=\"x\", shape=[5]} : i32[5]\n"
+      "  %0 = segment_sum(%x, %x) {axis=0, num_segments=4} : i32[4]\n"
+      "  return %0\n}\n");
+  jit::PassLog log;
+  jit::FusedProgram p = jit::fuse(jit::optimize(g, log), "t");
+  auto fam = std::find_if(p.kernels.begin(), p.kernels.end(), [](const codegen::Kernel& k) {
+    return k.kind == codegen::Kernel::Kind::Family;
+  });
+  ASSERT_NE(fam, p.kernels.end()) << p.description;
+  const codegen::Kernel& k = *fam;
+  ASSERT_EQ(k.args.size(), 2u) << codegen::describe_kernel(k);
+  EXPECT_EQ(codegen::family_arg(k, 0), 0);
+  EXPECT_EQ(codegen::family_arg(k, 1), 0);
+  EXPECT_EQ(codegen::family_arg(k, 2), 1);
+  runtime::VariableStore store;
+  jit::JobDescription job;
+  job.name = "t";
+  job.graph = g;
+  jit::CompiledJob cj = jit::compile_job(job, jit::CompileSettings{}, store);
+  std::vector<int32_t> x = {3, 1, 3, 7, 0}, out(4, -1);
+  const void* ins[] = {x.data()};
+  void* outs[] = {out.data()};
+  cj.program->run(ins, outs);
+  EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 0, 6}));  // 7 is out of range: dropped
 }
 
 // The data gradient of a segment sum has the data's shape, with no segments too.

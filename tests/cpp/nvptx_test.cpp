@@ -204,6 +204,32 @@ Graph index_checks() {
 }
 
 // Rows long enough for a block per row, a thread per column, every float type.
+// The attention families (codegen/families/attention): the forward, the
+// log-sum-exp and every gradient, causal with more queries than keys, a
+// bias that varies along one batch dim and the keys, odd head dims.
+Graph attention_parts() {
+  auto q = param("q", 0, {2, 3, 20, 8});
+  auto k = param("k", 1, {2, 3, 17, 8});
+  auto v = param("v", 2, {2, 3, 17, 5});
+  auto bias = param("b", 3, {1, 3, 1, 17});
+  auto dy = param("dy", 4, {2, 3, 20, 5});
+  const IntList sw = {0, 1, 3, 2};
+  auto kt = transpose(k, sw);
+  Attrs a{{"causal", true}, {"scale", 0.4}};
+  auto out = make_node(OpKind::Attention, {q, kt, v, bias}, a);
+  auto lse = make_node(OpKind::AttentionLse, {q, kt, bias}, a);
+  auto delta = reduce(OpKind::ReduceSum, binary(OpKind::Mul, dy, out), {3}, false);
+  std::vector<NodeRef> operands = {
+      q, k, v, bias, dy, lse, delta, transpose(q, sw), kt, transpose(v, sw), transpose(dy, sw)};
+  std::vector<NodeRef> outs = {out, lse};
+  for (int64_t wrt = 0; wrt < 4; ++wrt) {
+    Attrs g = a;
+    g.set("wrt", wrt);
+    outs.push_back(make_node(OpKind::AttentionGrad, operands, g));
+  }
+  return make_graph({q, k, v, bias, dy}, outs);
+}
+
 Graph reductions_by_mapping() {
   auto a = param("a", 0, {16, 5000});
   auto b = param("b", 1, {64, 2048});
@@ -458,6 +484,7 @@ const std::vector<Case>& suite() {
     c.push_back({"index_checks", index_checks(), {}});
     c.push_back({"reduce_axis0", parse_graph(kReduceAxis0), {}});
     c.push_back({"segment_sum", parse_graph(kSegmentSum), {}});
+    c.push_back({"attention", attention_parts(), {}});
     c.push_back({"reductions_by_mapping", reductions_by_mapping(), {}});
     for (DType dt : {DType::Float32, DType::Float64, DType::Int32})
       c.push_back({"reductions_" + std::string(dtype_short_name(dt)), reductions_all(dt), {}});

@@ -187,7 +187,7 @@ def test_the_kernel_is_a_family_kernel_in_the_dumps():
 
     ids = np.arange(64, dtype=np.int32)
     text = job.compile(ids).as_text("kernels")
-    assert "family segment_sum params=[1,1,64,1000,16]" in text
+    assert "family segment_sum params=[1,1,64,1000,16," in text  # then the args of data, ids, out
     # the gradient reads dy (64 x 16) and the ids; no kernel spans table rows x ids
     assert "domain=[64,1000" not in text and "domain=[1000,64" not in text
     job(ids)

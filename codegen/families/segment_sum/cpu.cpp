@@ -14,14 +14,14 @@ namespace flowjit::codegen::cpu {
 using llvm::Value;
 
 llvm::Function* emit_segment_sum_cpu(llvm::Module& m, const Kernel& k, const CpuTarget& t,
-                                     abi::CpuRange& shape) {
+                                     MathProvider&, abi::CpuRange& shape) {
   const SegmentSumParams p(k);
   llvm::LLVMContext& ctx = m.getContext();
   llvm::IRBuilder<> b(ctx);
   llvm::Function* f = declare_kernel(m, k.name, t);
   b.SetInsertPoint(llvm::BasicBlock::Create(ctx, "entry", f));
-  std::vector<Value*> args = load_kernel_args(b, f, 3);
-  Value *data = args[0], *ids = args[1], *out = args[2];
+  std::vector<Value*> args = load_kernel_args(b, f, k.args.size());
+  Value *data = args[p.arg[0]], *ids = args[p.arg[1]], *out = args[p.arg[2]];
 
   llvm::Type* elem = mem_type(ctx, p.data);
   const int64_t elem_bytes = ir::dtype_bytes(p.data);

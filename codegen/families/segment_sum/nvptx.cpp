@@ -14,14 +14,14 @@ namespace flowjit::codegen::nvptx {
 using llvm::Value;
 
 llvm::Function* emit_segment_sum_nvptx(llvm::Module& m, const Kernel& k, const GpuTarget&,
-                                       abi::GpuGrid& launch, KernelNotes& notes) {
+                                       MathProvider&, abi::GpuGrid& launch, KernelNotes& notes) {
   constexpr int kBlock = 256;
   const SegmentSumParams p(k);
   llvm::LLVMContext& ctx = m.getContext();
   llvm::IRBuilder<> b(ctx);
   llvm::Function* f = declare_kernel(m, k, kBlock);
   b.SetInsertPoint(llvm::BasicBlock::Create(ctx, "entry", f));
-  Value *data = f->getArg(0), *ids = f->getArg(1), *out = f->getArg(2);
+  Value *data = f->getArg(p.arg[0]), *ids = f->getArg(p.arg[1]), *out = f->getArg(p.arg[2]);
   llvm::Type* elem = mem_type(ctx, p.data);
   const auto align = llvm::Align(ir::dtype_bytes(p.data));
   // A thread per (outer row, block of segments, inner element): it zeroes

@@ -2,6 +2,7 @@
 // (codegen/families/segment_sum/segment_sum.cpp says what they mean).
 #pragma once
 
+#include "codegen/family.h"
 #include "codegen/kernel.h"
 #include "ir/error.h"
 
@@ -9,17 +10,18 @@ namespace flowjit::codegen {
 
 struct SegmentSumParams {
   int64_t batch, rest, n, segments, inner;
-  DType data, ids;  // args {data, ids, out}
+  DType data, ids;
+  int arg[3];  // the args of data, ids and out (codegen/family.h)
   explicit SegmentSumParams(const Kernel& k) {
-    FJ_CHECK(k.params.size() == 5 && k.args.size() == 3, "segment_sum kernel ", k.name, " has ",
-             k.params.size(), " params and ", k.args.size(), " args");
-    batch = k.params[0];
-    rest = k.params[1];
-    n = k.params[2];
-    segments = k.params[3];
-    inner = k.params[4];
-    data = k.args[0].dtype;
-    ids = k.args[1].dtype;
+    const int64_t* p = family_params(k, 5);
+    batch = p[0];
+    rest = p[1];
+    n = p[2];
+    segments = p[3];
+    inner = p[4];
+    for (int i = 0; i < 3; ++i) arg[i] = family_arg(k, i);
+    data = k.args[arg[0]].dtype;
+    ids = k.args[arg[1]].dtype;
   }
   int64_t outer() const { return batch * rest; }
 };

@@ -1,0 +1,56 @@
+// The attention families' parameters, as their emitters read them
+// (codegen/families/attention/attention.cpp says what they mean).
+#pragma once
+
+#include <cstring>
+#include <vector>
+
+#include "codegen/family.h"
+#include "codegen/kernel.h"
+#include "ir/error.h"
+
+namespace flowjit::codegen {
+
+struct AttentionParams {
+  // What the kernel writes: the attention itself, each query's log-sum-exp,
+  // or one gradient (attention_grad's wrt, shifted by 2).
+  enum Part : int64_t { Out = 0, Lse = 1, DQ = 2, DK = 3, DV = 4, DScores = 5 };
+  // The op's operands, by name: attention {q, kt, v, bias}, attention_lse
+  // {q, kt, bias}, attention_grad {q, k, v, bias, dout, lse, delta, qt, kt,
+  // vt, doutt}; `out` is the result.
+  enum Operand { Q, K, V, Bias, DOut, LseIn, Delta, QT, KT, VT, DOutT, Result, kOperands };
+
+  int64_t groups, lq, lk, d, dv;
+  bool causal;
+  // bias[g, i, j] is element ((g / gdiv) % gmod) * gstride + i * qstride +
+  // j * kstride of the bias operand.
+  int64_t gdiv, gmod, gstride, qstride, kstride;
+  Part part;
+  double scale;
+  DType dtype;
+  // The arg of each Operand the kernel has (codegen/family.h), else -1.
+  int arg[kOperands];
+
+  explicit AttentionParams(const Kernel& k) {
+    const int64_t* p = family_params(k, 13);
+    groups = p[0], lq = p[1], lk = p[2], d = p[3], dv = p[4];
+    causal = p[5] != 0;
+    gdiv = p[6], gmod = p[7], gstride = p[8], qstride = p[9], kstride = p[10];
+    part = static_cast<Part>(p[11]);
+    std::memcpy(&scale, &p[12], sizeof(scale));
+    std::vector<Operand> order;
+    if (part == Out)
+      order = {Q, KT, V, Bias, Result};
+    else if (part == Lse)
+      order = {Q, KT, Bias, Result};
+    else
+      order = {Q, K, V, Bias, DOut, LseIn, Delta, QT, KT, VT, DOutT, Result};
+    for (int& a : arg) a = -1;
+    for (size_t i = 0; i < order.size(); ++i) arg[order[i]] = family_arg(k, static_cast<int>(i));
+    dtype = k.args[arg[Q]].dtype;
+  }
+  // Tasks own rows: a key's for dk and dv, else a query's.
+  bool per_key() const { return part == DK || part == DV; }
+};
+
+}  // namespace flowjit::codegen

@@ -1,0 +1,50 @@
+// attention: scaled dot-product attention written as matmul, scale, bias,
+// softmax and matmul becomes one attention op (ir/ops.def), whose kernels
+// compute the softmax online and keep no score matrix in memory
+// (codegen/families/attention). Runs on the traced forward graph, before
+// autodiff, so the gradient is the attention op's own.
+//
+// The pattern, as examples/transformer_lm.py and OneFlow programs write it:
+//
+//   matmul(softmax(matmul(q, k, transpose_b) [* c | / c] [+ bias], axis=-1), v)
+//
+// with q, k, v of one rank and the same batch dims, c a scalar constant, and
+// every intermediate used only by the next op (a score matrix that is also
+// returned, watched or used elsewhere stays unfused). The bias is read by
+// the kernel through broadcast strides; one whose broadcast the kernel
+// cannot express is broadcast over q's batch dims first. A bias that is a
+// causal mask, c where the key comes after the query built from iotas as
+// examples/transformer_lm.py does, with c <= -1e4, becomes the op's causal
+// flag: the kernels skip those keys, whose weights exp(s + c - max) are 0
+// unless a row's scores spread over more than -c - 104. Dropout between
+// the softmax and the second matmul is not fused (the pattern stops there).
+//
+// When: the attention kernels recompute the probabilities in the backward
+// (about 1.8x the multiply-adds of the unfused matmuls), so on a CPU they
+// pay where the score matrices' memory does, not before: on an AMD Zen 3
+// host the unfused composition is faster at every size up to [2, 4096,
+// 4096] (benchmarks/bench_attention.py). The pass therefore fuses a
+// pattern whose score matrix holds at least attention_min_score_bytes();
+// FLOWJIT_FUSE_ATTENTION=1 fuses every match, =0 none.
+// flow.nn.scaled_dot_product_attention is always the attention op.
+#pragma once
+
+#include <cstdint>
+
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace flowjit::jit {
+
+// Rewrites `g`; `keep` and `watched` are nodes the caller holds (losses,
+// nodes whose gradients are requested): they count as uses and are mapped
+// in place.
+ir::Graph fuse_attention(const ir::Graph& g, std::vector<ir::NodeRef>& keep,
+                         std::vector<ir::NodeRef>& watched, int64_t min_score_bytes);
+
+// The smallest score matrix (bytes, over the whole batch) the pass fuses:
+// 256 MiB, 0 with FLOWJIT_FUSE_ATTENTION=1, -1 (never) with =0.
+int64_t attention_min_score_bytes();
+
+}  // namespace flowjit::jit

@@ -1,0 +1,255 @@
+"""The attention kernel families (codegen/families/attention): scaled
+dot-product attention with its softmax computed online, forward and
+gradients against float64 numpy, causal and padding masks, sizes that cross
+the kernels' key blocks, and the pass that forms it from the
+matmul-softmax-matmul a transformer writes (jit/passes/attention)."""
+import math
+
+import numpy as np
+import pytest
+
+import flowjit as flow
+import flowjit.typing as tp
+
+
+@pytest.fixture(autouse=True)
+def fresh_session():
+    flow.clear_default_session()
+    yield
+    flow.clear_default_session()
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def dt(a):
+    return {np.dtype(np.float64): flow.double, np.dtype(np.int32): flow.int32}.get(a.dtype, flow.float)
+
+
+def reference(q, k, v, bias, causal, scale):
+    """Output and the pieces of the backward, in float64."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if bias is not None:
+        s = s + bias.astype(np.float64)
+    if causal:
+        lq, lk = s.shape[-2:]
+        s = np.where(np.arange(lk)[None, :] > np.arange(lq)[:, None], -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return p @ v, p
+
+
+def reference_grads(q, k, v, bias, causal, scale, dy):
+    out, p = reference(q, k, v, bias, causal, scale)
+    dy = dy.astype(np.float64)
+    dv = np.swapaxes(p, -1, -2) @ dy
+    dp = dy @ np.swapaxes(v.astype(np.float64), -1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    dq = ds @ k.astype(np.float64) * scale
+    dk = np.swapaxes(ds, -1, -2) @ q.astype(np.float64) * scale
+    db = None
+    if bias is not None:
+        db = ds.sum(axis=tuple(range(ds.ndim - bias.ndim)))
+        db = db.sum(axis=tuple(i for i, n in enumerate(bias.shape) if n == 1), keepdims=True)
+    return dq, dk, dv, db
+
+
+def sdpa_predict(q, k, v, mask=None, causal=False, scale=None):
+    args = [q, k, v] + ([mask] if mask is not None else [])
+
+    def body(*xs):
+        return flow.nn.scaled_dot_product_attention(*xs[:3], attn_mask=xs[3] if len(xs) > 3 else None,
+                                                    is_causal=causal, scale=scale)
+    fn = {3: lambda a, b, c: body(a, b, c), 4: lambda a, b, c, m: body(a, b, c, m)}[len(args)]
+    fn.__annotations__ = {n: tp.Numpy.Placeholder(x.shape, dtype=flow.bool if x.dtype == bool else dt(x))
+                          for n, x in zip(["a", "b", "c", "m"], args)}
+    fn.__annotations__["return"] = tp.Numpy
+    fn.__name__ = "sdpa"
+    job = flow.global_function()(fn)
+    return job(*args), job
+
+
+CASES = [  # batch dims, lq, lk, d, dv, causal, dtype
+    ((2, 3), 37, 37, 8, 8, True, np.float32),
+    ((2,), 70, 150, 5, 3, False, np.float32),   # several key blocks, odd head dims
+    ((3,), 20, 9, 4, 6, True, np.float64),      # causal with lq > lk
+    ((), 1, 130, 16, 16, False, np.float64),    # one query, rank-2 operands
+]
+
+
+@pytest.mark.parametrize("batch,lq,lk,d,dv,causal,dtype", CASES)
+def test_forward_matches_float64_numpy(batch, lq, lk, d, dv, causal, dtype):
+    r = rng(1)
+    q = r.standard_normal(batch + (lq, d)).astype(dtype)
+    k = r.standard_normal(batch + (lk, d)).astype(dtype)
+    v = r.standard_normal(batch + (lk, dv)).astype(dtype)
+    got, job = sdpa_predict(q, k, v, causal=causal)
+    want, _ = reference(q, k, v, None, causal, 1 / math.sqrt(d))
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    assert got.dtype == dtype
+    kernels = job.compiled_jobs()[0].as_text("kernels")
+    assert "family attention" in kernels, kernels
+
+
+def test_float_bias_and_bool_padding_mask():
+    r = rng(2)
+    B, H, T, D = 2, 2, 11, 4
+    q, k, v = (r.standard_normal((B, H, T, D)).astype(np.float32) for _ in range(3))
+    bias = r.standard_normal((T, T)).astype(np.float32)
+    got, _ = sdpa_predict(q, k, v, bias, scale=0.3)
+    np.testing.assert_allclose(got, reference(q, k, v, bias, False, 0.3)[0], rtol=2e-5, atol=2e-5)
+    keep = np.ones((B, 1, 1, T), bool)
+    keep[0, ..., 7:] = False
+    keep[1, ..., 3:5] = False
+    got, _ = sdpa_predict(q, k, v, keep, causal=True)
+    want, _ = reference(q, k, v, np.where(keep, 0.0, -np.inf), True, 0.5)
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def sgd_grads(q, k, v, bias, dy, causal, scale):
+    """Gradients of sum(attention * dy) as variables' SGD steps (lr 1)."""
+    names = ["q", "k", "v"] + (["bias"] if bias is not None else [])
+    values = dict(zip(names, [q, k, v, bias]))
+
+    def body(c: tp.Numpy.Placeholder(dy.shape, dtype=dt(dy))) -> tp.Numpy:
+        w = [flow.get_variable(n, values[n].shape, dtype=dt(values[n]), initializer=flow.zeros_initializer())
+             for n in names]
+        y = flow.nn.scaled_dot_product_attention(w[0], w[1], w[2], attn_mask=w[3] if bias is not None else None,
+                                                 is_causal=causal, scale=scale)
+        loss = flow.math.reduce_sum(y * c)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [1.0]), momentum=0).minimize(loss)
+        return y
+    job = flow.global_function(type="train")(body)
+    flow.load_variables(values)
+    out = job(dy)
+    after = flow.get_all_variables()
+    return out, [values[n] - np.array(after[n]) for n in names], job
+
+
+@pytest.mark.parametrize("batch,lq,lk,d,dv,causal,dtype", CASES)
+def test_gradients_match_float64_numpy(batch, lq, lk, d, dv, causal, dtype):
+    r = rng(3)
+    q = r.standard_normal(batch + (lq, d)).astype(dtype)
+    k = r.standard_normal(batch + (lk, d)).astype(dtype)
+    v = r.standard_normal(batch + (lk, dv)).astype(dtype)
+    bias = r.standard_normal((lq, lk)).astype(dtype)  # a learned bias: its gradient is summed over batch
+    dy = r.standard_normal(batch + (lq, dv)).astype(dtype)
+    scale = 0.7
+    out, grads, job = sgd_grads(q, k, v, bias, dy, causal, scale)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(out, reference(q, k, v, bias, causal, scale)[0], rtol=tol, atol=tol)
+    for got, want, what in zip(grads, reference_grads(q, k, v, bias, causal, scale, dy), "q k v bias".split()):
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, err_msg=f"d{what}")
+    kernels = job.compiled_jobs()[0].as_text("kernels")
+    for family in ("attention", "attention_lse", "attention_grad"):
+        assert f"family {family} " in kernels, kernels
+
+
+def lm_attention(x, T, D, mask_rank, dropout=0.0):
+    """examples/transformer_lm.py's attention over x [B, H, T, D]."""
+    s = flow.math.multiply(flow.matmul(x, x * 0.5, transpose_b=True), 1.0 / math.sqrt(D))
+    rows = flow.reshape(flow.range(T), [T, 1])
+    cols = flow.reshape(flow.range(T), [1, T])
+    bias = flow.math.multiply(flow.cast(flow.math.greater(cols, rows), flow.float32), -1e9)
+    if mask_rank == 4:
+        bias = flow.reshape(bias, [1, 1, T, T])
+    p = flow.nn.softmax(flow.math.add(s, bias), axis=-1)
+    if dropout:
+        p = flow.nn.dropout(p, rate=dropout)
+    return flow.matmul(p, x + 1.0)
+
+
+@pytest.mark.parametrize("mask_rank", [2, 4])
+def test_the_transformer_pattern_becomes_one_attention_kernel(mask_rank, monkeypatch):
+    """With FLOWJIT_FUSE_ATTENTION=1 (the default fuses only score matrices
+    of 256 MiB and more); the iota mask of -1e9 becomes the causal flag."""
+    monkeypatch.setenv("FLOWJIT_FUSE_ATTENTION", "1")
+    B, H, T, D = 2, 3, 19, 8
+    x = rng(4).standard_normal((B, H, T, D)).astype(np.float32)
+
+    @flow.global_function()
+    def job(x: tp.Numpy.Placeholder((B, H, T, D))) -> tp.Numpy:
+        return lm_attention(x, T, D, mask_rank)
+    got = job(x)
+    bias = np.where(np.arange(T)[None, :] > np.arange(T)[:, None], -1e9, 0.0)
+    want, _ = reference(x, x * 0.5, x + 1.0, bias, False, 1 / math.sqrt(D))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    kernels = job.compiled_jobs()[0].as_text("kernels")
+    assert kernels.count("family attention ") == 1 and "softmax" not in kernels, kernels
+    assert "causal" in job.compiled_jobs()[0].as_text("plan"), "the mask was not seen as causal"
+
+
+def test_small_score_matrices_stay_unfused_by_default(monkeypatch):
+    monkeypatch.delenv("FLOWJIT_FUSE_ATTENTION", raising=False)
+    B, H, T, D = 1, 2, 16, 4
+    x = rng(6).standard_normal((B, H, T, D)).astype(np.float32)
+
+    @flow.global_function()
+    def job(x: tp.Numpy.Placeholder((B, H, T, D))) -> tp.Numpy:
+        return lm_attention(x, T, D, 2)
+    job(x)
+    assert "family attention" not in job.compiled_jobs()[0].as_text("kernels")
+
+
+def test_the_pattern_trains_like_the_composition(monkeypatch):
+    """One SGD step of a weight in front of the transformer's attention gives
+    the same weight fused and unfused."""
+    B, H, T, D = 2, 2, 70, 8
+    x = rng(7).standard_normal((B, H, T, D)).astype(np.float32)
+
+    def step(mode):
+        monkeypatch.setenv("FLOWJIT_FUSE_ATTENTION", mode)
+        flow.clear_default_session()
+
+        @flow.global_function(type="train")
+        def job(x: tp.Numpy.Placeholder((B, H, T, D))) -> tp.Numpy:
+            w = flow.get_variable("w", (D,), initializer=flow.ones_initializer())
+            y = lm_attention(x * w, T, D, 4)
+            flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0).minimize(
+                flow.math.reduce_sum(y * y))
+            return y
+        y = job(x)
+        fused = "family attention" in job.compiled_jobs()[0].as_text("kernels")
+        return y, np.array(flow.get_all_variables()["w"]), fused
+    y1, w1, f1 = step("1")
+    y0, w0, f0 = step("0")
+    assert f1 and not f0
+    np.testing.assert_allclose(y1, y0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(w1, w0, rtol=1e-4, atol=1e-5)
+    assert np.abs(w1 - 1).max() > 1e-3  # the step moved the weight
+
+
+def test_scores_used_twice_or_dropout_stay_unfused(monkeypatch):
+    monkeypatch.setenv("FLOWJIT_FUSE_ATTENTION", "1")
+    B, H, T, D = 1, 2, 6, 4
+    x = rng(5).standard_normal((B, H, T, D)).astype(np.float32)
+
+    @flow.global_function()
+    def twice(x: tp.Numpy.Placeholder((B, H, T, D))) -> tp.Numpy:
+        p = flow.nn.softmax(flow.matmul(x, x, transpose_b=True))
+        return flow.matmul(p, x) + flow.math.reduce_sum(p, axis=-1, keepdims=True)
+    want, p = reference(x, x, x, None, False, 1.0)
+    np.testing.assert_allclose(twice(x), want + p.sum(-1, keepdims=True), rtol=2e-5, atol=2e-5)
+    assert "family attention" not in twice.compiled_jobs()[0].as_text("kernels")
+
+    @flow.global_function(type="train")
+    def dropped(x: tp.Numpy.Placeholder((B, H, T, D))) -> tp.Numpy:
+        w = flow.get_variable("w", (D,), initializer=flow.ones_initializer())
+        y = lm_attention(x * w, T, D, 2, dropout=0.5)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.0])).minimize(flow.math.reduce_sum(y))
+        return y
+    dropped(x)
+    assert "family attention" not in dropped.compiled_jobs()[0].as_text("kernels")
+
+
+def test_bad_operands_are_clear_errors():
+    q = np.zeros((2, 5, 4), np.float32)
+    with pytest.raises(ValueError, match="scaled_dot_product_attention: expected query"):
+        sdpa_predict(q, np.zeros((2, 5, 3), np.float32), q)
+    with pytest.raises(ValueError, match="attn_mask of shape"):
+        sdpa_predict(q, q, q, np.zeros((3, 5), np.float32))
+    with pytest.raises(TypeError, match="floating-point"):
+        sdpa_predict(q.astype(np.int32), q, q)
