@@ -291,10 +291,15 @@ TensorType infer_attention(OpKind op, const std::vector<NodeRef>& inputs, const 
   FJ_USER_CHECK(k.shape == kshape, kValue, name, ": k ", k.str(), " is not kt ", kt_in.str(),
                 " transposed");
   const int64_t wrt = a.get_int("wrt");
-  FJ_USER_CHECK(wrt >= 0 && wrt <= 3, kValue, name,
-                ": wrt must be 0 (q), 1 (k), 2 (v) or 3 (the scores), got ", wrt);
-  if (wrt == 3) {
+  FJ_USER_CHECK(wrt >= 0 && wrt <= 4, kValue, name,
+                ": wrt must be 0 (q), 1 (k), 2 (v), 3 (the scores) or 4 (k and v), got ", wrt);
+  if (wrt == 3) {  // [..., Lq, Lk]
     out.push_back(lk);
+    return {q.dtype, out};
+  }
+  if (wrt == 4) {  // [..., Lk, D + Dv]
+    out.back() = lk;
+    out.push_back(d + v.shape[r - 1]);
     return {q.dtype, out};
   }
   return in(inputs, static_cast<size_t>(wrt));

@@ -340,7 +340,19 @@ Grads vjp_Attention(const NodeRef& n, const NodeRef& dy) {
     return make_node(OpKind::AttentionGrad, operands,
                      Attrs{{"causal", causal}, {"scale", scale}, {"wrt", wrt}}, n->loc());
   };
-  return {grad(0), transpose(grad(1), swap), grad(2), sum_to_shape(grad(3), bias->shape())};
+  // dk and dv from one kernel, side by side: [..., Lk, D + Dv]
+  NodeRef dkv = grad(4);
+  const int r = n->rank();
+  auto part = [&](int64_t from, int64_t width) {
+    IntList begin(r, 0), step(r, 1);
+    Shape shape = dkv->shape();
+    begin[r - 1] = from;
+    shape[r - 1] = width;
+    return make_node(OpKind::Slice, {dkv},
+                     Attrs{{"begin", begin}, {"step", step}, {"shape", shape}}, n->loc());
+  };
+  const int64_t d = q->shape()[r - 1], dv = v->shape()[r - 1];
+  return {grad(0), transpose(part(0, d), swap), part(d, dv), sum_to_shape(grad(3), bias->shape())};
 }
 
 Grads vjp_MatMul(const NodeRef& n, const NodeRef& dy) {

@@ -222,7 +222,7 @@ Graph attention_parts() {
   std::vector<NodeRef> operands = {
       q, k, v, bias, dy, lse, delta, transpose(q, sw), kt, transpose(v, sw), transpose(dy, sw)};
   std::vector<NodeRef> outs = {out, lse};
-  for (int64_t wrt = 0; wrt < 4; ++wrt) {
+  for (int64_t wrt = 0; wrt < 5; ++wrt) {
     Attrs g = a;
     g.set("wrt", wrt);
     outs.push_back(make_node(OpKind::AttentionGrad, operands, g));

@@ -72,7 +72,8 @@ std::vector<int64_t> params(const ir::Node& n) {
 
 std::string summary(const Kernel& k) {
   static const char* const what[] = {"attention",    "attention log-sum-exp", "attention dq",
-                                     "attention dk", "attention dv",          "attention dscores"};
+                                     "attention dk", "attention dv",          "attention dscores",
+                                     "attention dkv"};
   const AttentionParams p(k);
   return std::string(what[p.part]) + " of " + std::to_string(p.groups) + " x " +
          std::to_string(p.lq) + " queries over " + std::to_string(p.lk) + " keys, d " +
@@ -91,6 +92,8 @@ int64_t flops(const Kernel& k) {
       return pairs * 2 * p.d;
     case AttentionParams::DV:
       return pairs * 2 * (p.d + p.dv);
+    case AttentionParams::DKV:
+      return pairs * 4 * (p.d + p.dv);
     default:
       return pairs * 2 * (2 * p.d + p.dv);
   }

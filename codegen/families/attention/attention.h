@@ -13,8 +13,9 @@ namespace flowjit::codegen {
 
 struct AttentionParams {
   // What the kernel writes: the attention itself, each query's log-sum-exp,
-  // or one gradient (attention_grad's wrt, shifted by 2).
-  enum Part : int64_t { Out = 0, Lse = 1, DQ = 2, DK = 3, DV = 4, DScores = 5 };
+  // or one gradient (attention_grad's wrt, shifted by 2; DKV is dk and dv
+  // side by side).
+  enum Part : int64_t { Out = 0, Lse = 1, DQ = 2, DK = 3, DV = 4, DScores = 5, DKV = 6 };
   // The op's operands, by name: attention {q, kt, v, bias}, attention_lse
   // {q, kt, bias}, attention_grad {q, k, v, bias, dout, lse, delta, qt, kt,
   // vt, doutt}; `out` is the result.
@@ -50,7 +51,7 @@ struct AttentionParams {
     dtype = k.args[arg[Q]].dtype;
   }
   // Tasks own rows: a key's for dk and dv, else a query's.
-  bool per_key() const { return part == DK || part == DV; }
+  bool per_key() const { return part == DK || part == DV || part == DKV; }
 };
 
 }  // namespace flowjit::codegen

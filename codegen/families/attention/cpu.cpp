@@ -58,6 +58,7 @@ class AttentionEmitter {
     m_row_ = carve(kRows);
     l_row_ = carve(kRows);
     acc_ = carve(kRows * wide_);
+    acc2_ = carve(kRows * wide_);
     shape.scratch_bytes = at * ir::dtype_bytes(p_.dtype) + 64;
 
     const int64_t own = p_.per_key() ? p_.lk : p_.lq;
@@ -372,8 +373,8 @@ class AttentionEmitter {
   // A block of keys [k0, k0 + n) of group g: dk and dv, summed over the
   // queries that see them.
   void key_task(Value* g, Value* k0, Value* n) {
-    const bool dk = p_.part == P::DK;
-    const int64_t width = dk ? p_.d : p_.dv;
+    // dk sums ds . q into acc_, dv sums p . dout into acc2_ (both for DKV).
+    const bool dk = p_.part != P::DV, dv = p_.part != P::DK, both = dk && dv;
     auto row_of = [&](Value* r, int64_t w) {
       return b_.CreateMul(
           b_.CreateAdd(b_.CreateMul(g, i64(p_.lk)), min(b_.CreateAdd(k0, r), i64(p_.lk - 1))),
@@ -385,7 +386,10 @@ class AttentionEmitter {
         [&](Value* r) {
           vloop(
               i64(0), i64(wide_),
-              [&](Value* x, int w) { store(fconst(0, w), acc_, b_.CreateAdd(s_row_w(r), x)); },
+              [&](Value* x, int w) {
+                store(fconst(0, w), acc_, b_.CreateAdd(s_row_w(r), x));
+                store(fconst(0, w), acc2_, b_.CreateAdd(s_row_w(r), x));
+              },
               "zero");
         },
         "init");
@@ -435,32 +439,44 @@ class AttentionEmitter {
                       Value* qi = b_.CreateAdd(lq_g, b_.CreateAdd(i0, x));
                       Value* pr = math_.unary(b_, OpKind::Exp,
                                               b_.CreateFSub(s, load(ptr_[P::LseIn], qi, w)));
+                      Value* ds = nullptr;
                       if (dk)
-                        pr = b_.CreateFMul(
+                        ds = b_.CreateFMul(
                             pr, b_.CreateFSub(load(t2_, e, w), load(ptr_[P::Delta], qi, w)));
-                      store(pr, s_, e);
+                      // s_ gets the block's p (dv) or ds (dk alone); t2_ ds when both
+                      store(dv ? pr : ds, s_, e);
+                      if (both) store(ds, t2_, e);
                     },
                     "p");
               },
               "row");
           Value* src0 = b_.CreateAdd(lq_g, i0);
-          gemm(s_row, s_, in, dk ? ptr_[P::Q] : ptr_[P::DOut], b_.CreateMul(src0, i64(width)),
-               width, i64(width), acc_, wide_, true);
+          if (dk)
+            gemm(s_row, both ? t2_ : s_, in, ptr_[P::Q], b_.CreateMul(src0, i64(p_.d)), p_.d,
+                 i64(p_.d), acc_, wide_, true);
+          if (dv)
+            gemm(s_row, s_, in, ptr_[P::DOut], b_.CreateMul(src0, i64(p_.dv)), p_.dv, i64(p_.dv),
+                 acc2_, wide_, true);
         },
         "qblock");
-    Value* factor = fconst(dk ? p_.scale : 1.0);
+    // The rows of the block: dk (scaled) and/or dv, side by side for DKV.
+    const int64_t row_width = (dk ? p_.d : 0) + (dv ? p_.dv : 0);
     loop(
         i64(0), n,
         [&](Value* r) {
           Value* o = b_.CreateMul(b_.CreateAdd(b_.CreateMul(g, i64(p_.lk)), b_.CreateAdd(k0, r)),
-                                  i64(width));
-          vloop(
-              i64(0), i64(width),
-              [&](Value* x, int w) {
-                store(b_.CreateFMul(load(acc_, b_.CreateAdd(s_row_w(r), x), w), splat(factor, w)),
-                      ptr_[P::Result], b_.CreateAdd(o, x));
-              },
-              "result");
+                                  i64(row_width));
+          auto write = [&](Value* acc, int64_t width, double factor, Value* at) {
+            vloop(
+                i64(0), i64(width),
+                [&](Value* x, int w) {
+                  store(b_.CreateFMul(load(acc, b_.CreateAdd(s_row_w(r), x), w), fconst(factor, w)),
+                        ptr_[P::Result], b_.CreateAdd(at, x));
+                },
+                "result");
+          };
+          if (dk) write(acc_, p_.d, p_.scale, o);
+          if (dv) write(acc2_, p_.dv, 1.0, dk ? b_.CreateAdd(o, i64(p_.d)) : o);
         },
         "finish");
   }
@@ -493,7 +509,8 @@ class AttentionEmitter {
   int lanes_ = 1;
   int64_t chunk_ = 2, cols_ = 64, wide_ = 0;
   Value* ptr_[P::kOperands] = {};
-  Value *s_ = nullptr, *t2_ = nullptr, *m_row_ = nullptr, *l_row_ = nullptr, *acc_ = nullptr;
+  Value *s_ = nullptr, *t2_ = nullptr, *m_row_ = nullptr, *l_row_ = nullptr, *acc_ = nullptr,
+        *acc2_ = nullptr;
   Value* bias0_ = nullptr;
 };
 

@@ -74,8 +74,13 @@ llvm::Function* emit_attention_any(llvm::Module& m, const Kernel& k, MathProvide
     return get(acc);
   };
 
-  const int64_t width = p.part == P::Lse ? 0 : p.part == P::DQ || p.part == P::DK ? p.d : p.dv;
+  // acc: the output row, or dq's or dk's; acc2: dv's beside dk's for DKV.
+  const bool dkv = p.part == P::DKV;
+  const int64_t width = p.part == P::Lse                            ? 0
+                        : p.part == P::DQ || p.part == P::DK || dkv ? p.d
+                                                                    : p.dv;
   Value* acc = width > 0 ? local(width, "acc") : nullptr;
+  Value* acc2 = dkv ? local(p.dv, "acc2") : nullptr;
   Value* gid = b.CreateAdd(b.CreateMul(b.CreateZExt(block_idx(b), b.getInt64Ty()), i64(kBlock)),
                            b.CreateZExt(thread_idx(b), b.getInt64Ty()));
   Value* stride = b.CreateMul(b.CreateZExt(grid_dim(b), b.getInt64Ty()), i64(kBlock));
@@ -109,6 +114,7 @@ llvm::Function* emit_attention_any(llvm::Module& m, const Kernel& k, MathProvide
           return b.CreateFAdd(b.CreateFMul(s, fc(p.scale)), load(ptr(P::Bias), bi));
         };
         if (acc) loop(i64(0), i64(width), [&](Value* c) { store(fc(0), acc, c); }, "zero");
+        if (acc2) loop(i64(0), i64(p.dv), [&](Value* c) { store(fc(0), acc2, c); }, "zero2");
         if (p.part <= P::Lse) {
           Value* mx = var("m", fc(-INFINITY));
           Value* l = var("l", fc(0));
@@ -163,6 +169,18 @@ llvm::Function* emit_attention_any(llvm::Module& m, const Kernel& k, MathProvide
               Value* j = p.per_key() ? r : x;
               Value* qi = b.CreateAdd(qrow0, i);
               Value* pr = exp(b.CreateFSub(score(i, j), load(ptr(P::LseIn), qi)));
+              // acc += x * src[src0 + c] for c < n
+              auto axpy = [&](Value* into, Value* x, Value* src, Value* src0, int64_t n) {
+                loop(
+                    i64(0), i64(n),
+                    [&](Value* c) {
+                      store(b.CreateFAdd(load(into, c),
+                                         b.CreateFMul(x, load(src, b.CreateAdd(src0, c)))),
+                            into, c);
+                    },
+                    "acc");
+              };
+              if (dkv) axpy(acc2, pr, ptr(P::DOut), b.CreateMul(qi, i64(p.dv)), p.dv);
               if (p.part != P::DV) {
                 Value* dp = dot(ptr(P::DOut), b.CreateMul(qi, i64(p.dv)), 1, ptr(P::V),
                                 b.CreateMul(b.CreateAdd(krow0, j), i64(p.dv)), 1, p.dv);
@@ -172,29 +190,30 @@ llvm::Function* emit_attention_any(llvm::Module& m, const Kernel& k, MathProvide
                 store(pr, ptr(P::Result), b.CreateAdd(b.CreateMul(row, i64(p.lk)), j));
                 return;
               }
-              Value* src = p.part == P::DQ ? ptr(P::K) : p.part == P::DK ? ptr(P::Q) : ptr(P::DOut);
-              Value* src0 = p.part == P::DQ   ? b.CreateMul(b.CreateAdd(krow0, j), i64(p.d))
-                            : p.part == P::DK ? b.CreateMul(qi, i64(p.d))
-                                              : b.CreateMul(qi, i64(p.dv));
-              loop(
-                  i64(0), i64(width),
-                  [&](Value* c) {
-                    store(b.CreateFAdd(load(acc, c),
-                                       b.CreateFMul(pr, load(src, b.CreateAdd(src0, c)))),
-                          acc, c);
-                  },
-                  "acc");
+              const bool dk = p.part == P::DK || dkv;
+              Value* src = p.part == P::DQ ? ptr(P::K) : dk ? ptr(P::Q) : ptr(P::DOut);
+              Value* src0 = p.part == P::DQ ? b.CreateMul(b.CreateAdd(krow0, j), i64(p.d))
+                            : dk            ? b.CreateMul(qi, i64(p.d))
+                                            : b.CreateMul(qi, i64(p.dv));
+              axpy(acc, pr, src, src0, width);
             },
             "x");
         if (p.part == P::DScores) return;
         Value* factor = fc(p.part == P::DV ? 1.0 : p.scale);  // dq and dk carry the scale
-        Value* o0 = b.CreateMul(row, i64(width));
+        Value* o0 = b.CreateMul(row, i64(width + (dkv ? p.dv : 0)));
         loop(
             i64(0), i64(width),
             [&](Value* c) {
               store(b.CreateFMul(load(acc, c), factor), ptr(P::Result), b.CreateAdd(o0, c));
             },
             "grad");
+        if (dkv)  // dv beside dk
+          loop(
+              i64(0), i64(p.dv),
+              [&](Value* c) {
+                store(load(acc2, c), ptr(P::Result), b.CreateAdd(o0, b.CreateAdd(i64(p.d), c)));
+              },
+              "grad2");
       },
       "row");
   b.CreateRetVoid();
