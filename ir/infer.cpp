@@ -223,7 +223,7 @@ TensorType infer_source(OpKind op, Attrs& attrs) {
   return {dt, s};
 }
 
-// attention, attention_lse, attention_grad (ops.def): q [..., Lq, D], k
+// attention, attention_grad (ops.def): q [..., Lq, D], k
 // [..., Lk, D] (kt: [..., D, Lk]), v [..., Lk, Dv] with the same batch dims;
 // bias of q's rank whose batch dims are 1 except for one run equal to q's,
 // then Lq or 1, Lk or 1 (the kernels index it with strides,
@@ -235,7 +235,7 @@ Shape swap_last(Shape s) {
 
 TensorType infer_attention(OpKind op, const std::vector<NodeRef>& inputs, const Attrs& a) {
   const std::string_view name = op_name(op);
-  const bool grad = op == OpKind::AttentionGrad, lse_only = op == OpKind::AttentionLse;
+  const bool grad = op == OpKind::AttentionGrad;
   const TensorType& q = in(inputs, 0);
   const TensorType k = grad ? in(inputs, 1) : TensorType{in(inputs, 1).dtype, {}};
   check_float(name, q, "q");
@@ -244,8 +244,8 @@ TensorType infer_attention(OpKind op, const std::vector<NodeRef>& inputs, const 
   FJ_USER_CHECK(r >= 2 && kt_in.rank() == r, kValue, name, ": q ", q.str(), " and kt ", kt_in.str(),
                 " must have one rank of at least 2");
   const Shape kshape = swap_last(kt_in.shape);
-  const TensorType& v = lse_only ? TensorType{q.dtype, kshape} : in(inputs, 2);
-  const TensorType& bias = in(inputs, lse_only ? 2 : 3);
+  const TensorType& v = in(inputs, 2);
+  const TensorType& bias = in(inputs, 3);
   for (const TensorType* t : {&kt_in, &v, &bias}) check_same_dtype(name, q, *t);
   const Shape batch(q.shape.begin(), q.shape.end() - 2);
   const int64_t lq = q.shape[r - 2], d = q.shape[r - 1], lk = kshape[r - 2];
@@ -271,9 +271,8 @@ TensorType infer_attention(OpKind op, const std::vector<NodeRef>& inputs, const 
   FJ_USER_CHECK(scale == scale, kValue, name, ": scale is NaN");
   Shape out = batch;
   out.push_back(lq);
-  if (lse_only) return {q.dtype, out};
-  if (!grad) {
-    out.push_back(v.shape[r - 1]);
+  if (!grad) {  // the output rows, then each query's log-sum-exp
+    out.push_back(v.shape[r - 1] + 1);
     return {q.dtype, out};
   }
   // attention_grad: dout, lse, delta, then the transposed operands.
@@ -370,7 +369,6 @@ TensorType infer_type(OpKind op, const std::vector<NodeRef>& inputs, Attrs& attr
     case OpKind::SegmentSum:
       return infer_array_view(op, inputs, attrs);
     case OpKind::Attention:
-    case OpKind::AttentionLse:
     case OpKind::AttentionGrad:
       return infer_attention(op, inputs, attrs);
     case OpKind::RandomUniformAt: {

@@ -313,46 +313,51 @@ Grads vjp_SegmentSum(const NodeRef& n, const NodeRef& dy) {
   return {where(broadcast(reshape(in_range, mask_shape), ds), g, c(0, g)), nullptr};
 }
 
-// attention(q, k, v, bias): the flash-attention backward. Each query's
-// log-sum-exp and delta = sum(dy * out) are recomputed once; the gradients
-// then recompute the probabilities block by block (ops.def).
+// attention(q, kt, v, bias): the flash-attention backward. It reads each
+// query's log-sum-exp from the forward's result and delta = sum(dy * out);
+// the gradients recompute the probabilities block by block (ops.def).
 Grads vjp_Attention(const NodeRef& n, const NodeRef& dy) {
   const NodeRef &q = n->input(0), &kt = n->input(1), &v = n->input(2), &bias = n->input(3);
   const Attrs& a = n->attrs();
   const bool causal = a.get_bool("causal");
   const double scale = a.get_float("scale");
   const IntList swap = swap_last_two(n->rank());
-  NodeRef lse = make_node(OpKind::AttentionLse, {q, kt, bias},
-                          Attrs{{"causal", causal}, {"scale", scale}}, n->loc());
-  NodeRef delta = reduce(OpKind::ReduceSum, mul(dy, n), {n->rank() - 1}, /*keepdims=*/false);
+  // n is [..., Lq, Dv + 1]: the output rows, then each query's log-sum-exp,
+  // whose gradient is not asked for (only this rule reads it).
+  const int r = n->rank();
+  auto last = [&](const NodeRef& x, int64_t from, int64_t width) {
+    IntList begin(r, 0), step(r, 1);
+    Shape shape = x->shape();
+    begin[r - 1] = from;
+    shape[r - 1] = width;
+    return make_node(OpKind::Slice, {x}, Attrs{{"begin", begin}, {"step", step}, {"shape", shape}},
+                     n->loc());
+  };
+  const int64_t d = q->shape()[r - 1], dv = v->shape()[r - 1];
+  const NodeRef dout = last(dy, 0, dv);
+  Shape rows = n->shape();
+  rows.pop_back();
+  NodeRef lse = reshape(last(n, dv, 1), rows);
+  NodeRef delta = reduce(OpKind::ReduceSum, mul(dout, last(n, 0, dv)), {r - 1}, /*keepdims=*/false);
   const std::vector<NodeRef> operands = {q,
                                          transpose(kt, swap),
                                          v,
                                          bias,
-                                         dy,
+                                         dout,
                                          lse,
                                          delta,
                                          transpose(q, swap),
                                          kt,
                                          transpose(v, swap),
-                                         transpose(dy, swap)};
+                                         transpose(dout, swap)};
   auto grad = [&](int64_t wrt) {
     return make_node(OpKind::AttentionGrad, operands,
                      Attrs{{"causal", causal}, {"scale", scale}, {"wrt", wrt}}, n->loc());
   };
   // dk and dv from one kernel, side by side: [..., Lk, D + Dv]
   NodeRef dkv = grad(4);
-  const int r = n->rank();
-  auto part = [&](int64_t from, int64_t width) {
-    IntList begin(r, 0), step(r, 1);
-    Shape shape = dkv->shape();
-    begin[r - 1] = from;
-    shape[r - 1] = width;
-    return make_node(OpKind::Slice, {dkv},
-                     Attrs{{"begin", begin}, {"step", step}, {"shape", shape}}, n->loc());
-  };
-  const int64_t d = q->shape()[r - 1], dv = v->shape()[r - 1];
-  return {grad(0), transpose(part(0, d), swap), part(d, dv), sum_to_shape(grad(3), bias->shape())};
+  return {grad(0), transpose(last(dkv, 0, d), swap), last(dkv, d, dv),
+          sum_to_shape(grad(3), bias->shape())};
 }
 
 Grads vjp_MatMul(const NodeRef& n, const NodeRef& dy) {

@@ -205,8 +205,14 @@ Graph fuse_attention(const Graph& g, std::vector<NodeRef>& keep, std::vector<Nod
       IntList swap;
       for (int i = 0; i < m->k->rank(); ++i) swap.push_back(i);
       std::swap(swap[swap.size() - 1], swap[swap.size() - 2]);
-      out = make_node(OpKind::Attention, {m->q, transpose(m->k, swap), m->v, bias},
-                      Attrs{{"causal", m->causal}, {"scale", m->scale}}, n->loc());
+      NodeRef both = make_node(OpKind::Attention, {m->q, transpose(m->k, swap), m->v, bias},
+                               Attrs{{"causal", m->causal}, {"scale", m->scale}}, n->loc());
+      // its rows end with each query's log-sum-exp (ops.def): the output is the rest
+      const int r = both->rank();
+      out =
+          make_node(OpKind::Slice, {both},
+                    Attrs{{"begin", IntList(r, 0)}, {"step", IntList(r, 1)}, {"shape", n->shape()}},
+                    n->loc());
     } else {
       out = Node::with_inputs(n, std::move(in));
     }

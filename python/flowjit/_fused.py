@@ -279,5 +279,8 @@ def scaled_dot_product_attention(query: Blob, key: Blob, value: Blob, attn_mask:
         if runs > 1:  # the kernel reads one run of batch dims: broadcast the rest
             bias = _ops.broadcast_to(bias, list(qs[:-2]) + list(ms[-2:]))
     kt = _ops.transpose(key, list(range(r - 2)) + [r - 1, r - 2])
-    return _ops.make(K.attention, [query, kt, value, bias], {"causal": is_causal, "scale": scale},
+    both = _ops.make(K.attention, [query, kt, value, bias], {"causal": is_causal, "scale": scale}, api=api)
+    # the op's rows end with each query's log-sum-exp (for its gradient): the output is the rest
+    dv = vs[-1]
+    return _ops.make(K.slice, [both], {"begin": [0] * r, "step": [1] * r, "shape": list(qs[:-1]) + [dv]},
                      name=name, api=api)

@@ -216,12 +216,19 @@ Graph attention_parts() {
   const IntList sw = {0, 1, 3, 2};
   auto kt = transpose(k, sw);
   Attrs a{{"causal", true}, {"scale", 0.4}};
-  auto out = make_node(OpKind::Attention, {q, kt, v, bias}, a);
-  auto lse = make_node(OpKind::AttentionLse, {q, kt, bias}, a);
+  auto both = make_node(OpKind::Attention, {q, kt, v, bias}, a);  // [2, 3, 20, 5 + 1]
+  auto slice = [&](int64_t from, int64_t width) {
+    return make_node(OpKind::Slice, {both},
+                     Attrs{{"begin", IntList{0, 0, 0, from}},
+                           {"step", IntList{1, 1, 1, 1}},
+                           {"shape", IntList{2, 3, 20, width}}});
+  };
+  auto out = slice(0, 5);
+  auto lse = reshape(slice(5, 1), {2, 3, 20});
   auto delta = reduce(OpKind::ReduceSum, binary(OpKind::Mul, dy, out), {3}, false);
   std::vector<NodeRef> operands = {
       q, k, v, bias, dy, lse, delta, transpose(q, sw), kt, transpose(v, sw), transpose(dy, sw)};
-  std::vector<NodeRef> outs = {out, lse};
+  std::vector<NodeRef> outs = {both};
   for (int64_t wrt = 0; wrt < 5; ++wrt) {
     Attrs g = a;
     g.set("wrt", wrt);

@@ -1,6 +1,6 @@
 // The attention families: scaled dot-product attention whose softmax is
 // computed online, so no [Lq, Lk] score matrix is stored (ir/ops.def:
-// attention, attention_lse, attention_grad; jit/passes/attention forms them).
+// attention, attention_grad; jit/passes/attention forms them).
 //
 // Params {groups, lq, lk, d, dv, causal, gdiv, gmod, gstride, qstride,
 // kstride, part, scale bits}: q is [groups, lq, d], k [groups, lk, d], v
@@ -10,8 +10,9 @@
 // after each query. Scores are s = scale * q.k + bias, p = exp(s - lse).
 //
 // The forward walks each query's keys in blocks, keeping the running max,
-// the running sum and the output row (rescaled when the max grows). The
-// backward reads lse and delta = sum(dout * out) per query (the standard
+// the running sum and the output row (rescaled when the max grows), and
+// writes each row's log-sum-exp beside it (ops.def). The backward reads lse
+// and delta = sum(dout * out) per query (the standard
 // flash-attention identities: dp = dout.v, ds = p (dp - delta)); dq's tasks
 // own queries, dk's and dv's own keys, so no two tasks write one element and
 // the sums do not depend on the threads.
@@ -33,12 +34,10 @@ int64_t product(const ir::Shape& s, size_t lo, size_t hi) {
 }
 
 std::vector<int64_t> params(const ir::Node& n) {
-  // attention(q, kt, v, bias), attention_lse(q, kt, bias),
-  // attention_grad(q, k, v, bias, ...)
+  // attention(q, kt, v, bias), attention_grad(q, k, v, bias, ...)
   const ir::Shape& q = n.input(0)->shape();
-  const bool has_v = n.op() != OpKind::AttentionLse;
-  const ir::Shape& v = has_v ? n.input(2)->shape() : q;
-  const ir::Shape& bias = n.input(has_v ? 3 : 2)->shape();
+  const ir::Shape& v = n.input(2)->shape();
+  const ir::Shape& bias = n.input(3)->shape();
   const size_t r = q.size(), nb = r - 2;
   const int64_t lk =
       n.op() == OpKind::AttentionGrad ? n.input(1)->shape()[r - 2] : n.input(1)->shape()[r - 1];
@@ -49,9 +48,8 @@ std::vector<int64_t> params(const ir::Node& n) {
     if (bias[i] != 1 && lo == nb) lo = i;
   for (size_t i = lo; i < nb && bias[i] != 1; ++i) hi = i + 1;
   const int64_t lq = q[r - 2];
-  const int64_t part = n.op() == OpKind::Attention      ? AttentionParams::Out
-                       : n.op() == OpKind::AttentionLse ? AttentionParams::Lse
-                                                        : 2 + n.attrs().get_int("wrt");
+  const int64_t part =
+      n.op() == OpKind::Attention ? AttentionParams::Out : 2 + n.attrs().get_int("wrt");
   const double scale = n.attrs().get_float("scale");
   int64_t bits;
   std::memcpy(&bits, &scale, sizeof(bits));
@@ -59,7 +57,7 @@ std::vector<int64_t> params(const ir::Node& n) {
           lq,
           lk,
           q[r - 1],
-          has_v ? v[r - 1] : 0,
+          v[r - 1],
           n.attrs().get_bool("causal") ? 1 : 0,
           lo < hi ? product(q, hi, nb) : 1,
           lo < hi ? product(q, lo, hi) : 1,
@@ -71,9 +69,9 @@ std::vector<int64_t> params(const ir::Node& n) {
 }
 
 std::string summary(const Kernel& k) {
-  static const char* const what[] = {"attention",    "attention log-sum-exp", "attention dq",
-                                     "attention dk", "attention dv",          "attention dscores",
-                                     "attention dkv"};
+  static const char* const what[] = {
+      "attention",    "", "attention dq", "attention dk", "attention dv", "attention dscores",
+      "attention dkv"};
   const AttentionParams p(k);
   return std::string(what[p.part]) + " of " + std::to_string(p.groups) + " x " +
          std::to_string(p.lq) + " queries over " + std::to_string(p.lk) + " keys, d " +
@@ -88,8 +86,6 @@ int64_t flops(const Kernel& k) {
   switch (p.part) {
     case AttentionParams::Out:
       return pairs * 2 * (p.d + p.dv);
-    case AttentionParams::Lse:
-      return pairs * 2 * p.d;
     case AttentionParams::DV:
       return pairs * 2 * (p.d + p.dv);
     case AttentionParams::DKV:
@@ -102,8 +98,6 @@ int64_t flops(const Kernel& k) {
 }  // namespace
 
 extern const KernelFamily attention_family{"attention", OpKind::Attention, params, summary, flops};
-extern const KernelFamily attention_lse_family{"attention_lse", OpKind::AttentionLse, params,
-                                               summary, flops};
 extern const KernelFamily attention_grad_family{"attention_grad", OpKind::AttentionGrad, params,
                                                 summary, flops};
 

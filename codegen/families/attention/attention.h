@@ -15,9 +15,9 @@ struct AttentionParams {
   // What the kernel writes: the attention itself, each query's log-sum-exp,
   // or one gradient (attention_grad's wrt, shifted by 2; DKV is dk and dv
   // side by side).
-  enum Part : int64_t { Out = 0, Lse = 1, DQ = 2, DK = 3, DV = 4, DScores = 5, DKV = 6 };
-  // The op's operands, by name: attention {q, kt, v, bias}, attention_lse
-  // {q, kt, bias}, attention_grad {q, k, v, bias, dout, lse, delta, qt, kt,
+  enum Part : int64_t { Out = 0, DQ = 2, DK = 3, DV = 4, DScores = 5, DKV = 6 };
+  // The op's operands, by name: attention {q, kt, v, bias}, attention_grad
+  // {q, k, v, bias, dout, lse, delta, qt, kt,
   // vt, doutt}; `out` is the result.
   enum Operand { Q, K, V, Bias, DOut, LseIn, Delta, QT, KT, VT, DOutT, Result, kOperands };
 
@@ -42,8 +42,6 @@ struct AttentionParams {
     std::vector<Operand> order;
     if (part == Out)
       order = {Q, KT, V, Bias, Result};
-    else if (part == Lse)
-      order = {Q, KT, Bias, Result};
     else
       order = {Q, K, V, Bias, DOut, LseIn, Delta, QT, KT, VT, DOutT, Result};
     for (int& a : arg) a = -1;

@@ -343,11 +343,6 @@ class AttentionEmitter {
         i64(0), n,
         [&](Value* r) {
           Value* qi = b_.CreateAdd(b_.CreateMul(g, i64(p_.lq)), b_.CreateAdd(q0, r));
-          if (part == P::Lse) {
-            store(b_.CreateFAdd(load(m_row_, r), math_.unary(b_, OpKind::Log, load(l_row_, r))),
-                  ptr_[P::Result], qi);
-            return;
-          }
           if (part == P::DScores) {  // keys after the causal end: gradient 0
             Value* o = b_.CreateMul(qi, i64(p_.lk));
             vloop(
@@ -358,7 +353,8 @@ class AttentionEmitter {
           }
           Value* factor =
               part == P::Out ? b_.CreateFDiv(fconst(1), load(l_row_, r)) : fconst(p_.scale);
-          Value* o = b_.CreateMul(qi, i64(width));
+          // The forward's rows hold the output, then the log-sum-exp (ops.def).
+          Value* o = b_.CreateMul(qi, i64(part == P::Out ? width + 1 : width));
           vloop(
               i64(0), i64(width),
               [&](Value* x, int w) {
@@ -366,6 +362,9 @@ class AttentionEmitter {
                       ptr_[P::Result], b_.CreateAdd(o, x));
               },
               "result");
+          if (part == P::Out)
+            store(b_.CreateFAdd(load(m_row_, r), math_.unary(b_, OpKind::Log, load(l_row_, r))),
+                  ptr_[P::Result], b_.CreateAdd(o, i64(width)));
         },
         "finish");
   }
@@ -518,10 +517,6 @@ class AttentionEmitter {
 
 llvm::Function* emit_attention_cpu(llvm::Module& m, const Kernel& k, const CpuTarget& t,
                                    MathProvider& math, abi::CpuRange& shape) {
-  return AttentionEmitter(m, k, t, math).emit(shape);
-}
-llvm::Function* emit_attention_lse_cpu(llvm::Module& m, const Kernel& k, const CpuTarget& t,
-                                       MathProvider& math, abi::CpuRange& shape) {
   return AttentionEmitter(m, k, t, math).emit(shape);
 }
 llvm::Function* emit_attention_grad_cpu(llvm::Module& m, const Kernel& k, const CpuTarget& t,

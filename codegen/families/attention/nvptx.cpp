@@ -76,10 +76,8 @@ llvm::Function* emit_attention_any(llvm::Module& m, const Kernel& k, MathProvide
 
   // acc: the output row, or dq's or dk's; acc2: dv's beside dk's for DKV.
   const bool dkv = p.part == P::DKV;
-  const int64_t width = p.part == P::Lse                            ? 0
-                        : p.part == P::DQ || p.part == P::DK || dkv ? p.d
-                                                                    : p.dv;
-  Value* acc = width > 0 ? local(width, "acc") : nullptr;
+  const int64_t width = p.part == P::DQ || p.part == P::DK || dkv ? p.d : p.dv;
+  Value* acc = local(width, "acc");
   Value* acc2 = dkv ? local(p.dv, "acc2") : nullptr;
   Value* gid = b.CreateAdd(b.CreateMul(b.CreateZExt(block_idx(b), b.getInt64Ty()), i64(kBlock)),
                            b.CreateZExt(thread_idx(b), b.getInt64Ty()));
@@ -104,7 +102,7 @@ llvm::Function* emit_attention_any(llvm::Module& m, const Kernel& k, MathProvide
         // The score of query i and key j: k read from kt in the forward.
         auto score = [&](Value* i, Value* j) {
           Value* qi = b.CreateMul(b.CreateAdd(qrow0, i), i64(p.d));
-          Value* s = p.part <= P::Lse
+          Value* s = p.part == P::Out
                          ? dot(ptr(P::Q), qi, 1, ptr(P::KT),
                                b.CreateAdd(b.CreateMul(g, i64(p.d * p.lk)), j), p.lk, p.d)
                          : dot(ptr(P::Q), qi, 1, ptr(P::K),
@@ -113,9 +111,9 @@ llvm::Function* emit_attention_any(llvm::Module& m, const Kernel& k, MathProvide
               bias0, b.CreateAdd(b.CreateMul(i, i64(p.qstride)), b.CreateMul(j, i64(p.kstride))));
           return b.CreateFAdd(b.CreateFMul(s, fc(p.scale)), load(ptr(P::Bias), bi));
         };
-        if (acc) loop(i64(0), i64(width), [&](Value* c) { store(fc(0), acc, c); }, "zero");
+        loop(i64(0), i64(width), [&](Value* c) { store(fc(0), acc, c); }, "zero");
         if (acc2) loop(i64(0), i64(p.dv), [&](Value* c) { store(fc(0), acc2, c); }, "zero2");
-        if (p.part <= P::Lse) {
+        if (p.part == P::Out) {
           Value* mx = var("m", fc(-INFINITY));
           Value* l = var("l", fc(0));
           loop(
@@ -129,7 +127,7 @@ llvm::Function* emit_attention_any(llvm::Module& m, const Kernel& k, MathProvide
                 Value* e = exp(b.CreateFSub(s, base));
                 b.CreateStore(b.CreateFAdd(b.CreateFMul(get(l), corr), e), l);
                 b.CreateStore(m_new, mx);
-                if (acc) {
+                {
                   Value* v0 = b.CreateMul(b.CreateAdd(krow0, j), i64(p.dv));
                   loop(
                       i64(0), i64(p.dv),
@@ -142,18 +140,17 @@ llvm::Function* emit_attention_any(llvm::Module& m, const Kernel& k, MathProvide
                 }
               },
               "j");
-          if (p.part == P::Lse) {
-            store(b.CreateFAdd(get(mx), math.unary(b, OpKind::Log, get(l))), ptr(P::Result), row);
-          } else {
-            Value* inv = b.CreateFDiv(fc(1), get(l));
-            Value* o0 = b.CreateMul(row, i64(p.dv));
-            loop(
-                i64(0), i64(p.dv),
-                [&](Value* c) {
-                  store(b.CreateFMul(load(acc, c), inv), ptr(P::Result), b.CreateAdd(o0, c));
-                },
-                "out");
-          }
+          // The output row, then the log-sum-exp (ops.def).
+          Value* inv = b.CreateFDiv(fc(1), get(l));
+          Value* o0 = b.CreateMul(row, i64(p.dv + 1));
+          loop(
+              i64(0), i64(p.dv),
+              [&](Value* c) {
+                store(b.CreateFMul(load(acc, c), inv), ptr(P::Result), b.CreateAdd(o0, c));
+              },
+              "out");
+          store(b.CreateFAdd(get(mx), math.unary(b, OpKind::Log, get(l))), ptr(P::Result),
+                b.CreateAdd(o0, i64(p.dv)));
           return;
         }
         if (p.part == P::DScores) {  // the masked scores' gradient is 0
@@ -224,11 +221,6 @@ llvm::Function* emit_attention_any(llvm::Module& m, const Kernel& k, MathProvide
 
 llvm::Function* emit_attention_nvptx(llvm::Module& m, const Kernel& k, const GpuTarget&,
                                      MathProvider& math, abi::GpuGrid& launch, KernelNotes& notes) {
-  return emit_attention_any(m, k, math, launch, notes);
-}
-llvm::Function* emit_attention_lse_nvptx(llvm::Module& m, const Kernel& k, const GpuTarget&,
-                                         MathProvider& math, abi::GpuGrid& launch,
-                                         KernelNotes& notes) {
   return emit_attention_any(m, k, math, launch, notes);
 }
 llvm::Function* emit_attention_grad_nvptx(llvm::Module& m, const Kernel& k, const GpuTarget&,
