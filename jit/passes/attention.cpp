@@ -198,8 +198,13 @@ Graph fuse_attention(const Graph& g, std::vector<NodeRef>& keep, std::vector<Nod
   Graph r = rewrite_graph(all, [&](const NodeRef& n, std::vector<NodeRef> in) -> NodeRef {
     NodeRef out;
     std::optional<Match> m = mt.match(n, in);
-    if (m && in[0]->type().numel() * dtype_bytes(in[0]->dtype()) < min_score_bytes)
-      m = std::nullopt;
+    if (m && min_score_bytes > 0) {  // the rule of attention.h
+      const Shape& s = in[0]->shape();
+      const int64_t per_group = s[s.size() - 1] * s[s.size() - 2];
+      if (per_group < kLongScores &&
+          in[0]->type().numel() * dtype_bytes(in[0]->dtype()) < min_score_bytes)
+        m = std::nullopt;
+    }
     if (m) {
       NodeRef bias = attention_bias(m->bias, m->q, in[0]->shape());
       IntList swap;

@@ -20,13 +20,16 @@
 // the softmax and the second matmul is not fused (the pattern stops there).
 //
 // When: the attention kernels recompute the probabilities in the backward
-// (about 1.8x the multiply-adds of the unfused matmuls), so on a CPU they
-// pay where the score matrices' memory does, not before: on an AMD Zen 3
-// host the unfused composition is faster at every size up to [2, 4096,
-// 4096] (benchmarks/bench_attention.py). The pass therefore fuses a
-// pattern whose score matrix holds at least attention_min_score_bytes();
-// FLOWJIT_FUSE_ATTENTION=1 fuses every match, =0 none.
-// flow.nn.scaled_dot_product_attention is always the attention op.
+// (about 1.5x the multiply-adds of the unfused matmuls), so they pay where
+// the score matrices' memory traffic outweighs that: on an AMD Zen 3 host
+// (benchmarks/bench_attention.py, causal, d 64) the unfused composition is
+// faster for 256 keys a query, even at 512, and slower from 1024 (1.1x at
+// 1024, 1.2x at 2048). The pass fuses a match whose queries see at least
+// kLongScores score pairs a group (1024 x 1024), or whose score matrix holds
+// at least attention_min_score_bytes() (256 MiB: memory the unfused
+// composition would need several times); FLOWJIT_FUSE_ATTENTION=1 fuses
+// every match, =0 none. flow.nn.scaled_dot_product_attention is always the
+// attention op.
 #pragma once
 
 #include <cstdint>
@@ -43,8 +46,11 @@ namespace flowjit::jit {
 ir::Graph fuse_attention(const ir::Graph& g, std::vector<ir::NodeRef>& keep,
                          std::vector<ir::NodeRef>& watched, int64_t min_score_bytes);
 
-// The smallest score matrix (bytes, over the whole batch) the pass fuses:
-// 256 MiB, 0 with FLOWJIT_FUSE_ATTENTION=1, -1 (never) with =0.
+// The smallest score matrix (bytes, over the whole batch) the pass fuses
+// whatever its rows: 256 MiB, 0 (every match) with FLOWJIT_FUSE_ATTENTION=1,
+// -1 (none) with =0.
 int64_t attention_min_score_bytes();
+// Score pairs a group (Lq x Lk) from which the pass fuses whatever the bytes.
+constexpr int64_t kLongScores = int64_t{1} << 20;
 
 }  // namespace flowjit::jit

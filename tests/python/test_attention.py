@@ -194,6 +194,22 @@ def test_small_score_matrices_stay_unfused_by_default(monkeypatch):
     assert "family attention" not in job.compiled_jobs()[0].as_text("kernels")
 
 
+def test_long_sequences_fuse_by_default(monkeypatch):
+    """1024 keys a query: the attention family (jit/passes/attention.h)."""
+    monkeypatch.delenv("FLOWJIT_FUSE_ATTENTION", raising=False)
+    B, H, T, D = 1, 1, 1024, 4
+    x = rng(8).standard_normal((B, H, T, D)).astype(np.float32)
+
+    @flow.global_function()
+    def job(x: tp.Numpy.Placeholder((B, H, T, D))) -> tp.Numpy:
+        return lm_attention(x, T, D, 2)
+    got = job(x)
+    assert "family attention" in job.compiled_jobs()[0].as_text("kernels")
+    bias = np.where(np.arange(T)[None, :] > np.arange(T)[:, None], -1e9, 0.0)
+    want, _ = reference(x, x * 0.5, x + 1.0, bias, False, 1 / math.sqrt(D))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
 def test_the_pattern_trains_like_the_composition(monkeypatch):
     """One SGD step of a weight in front of the transformer's attention gives
     the same weight fused and unfused."""
