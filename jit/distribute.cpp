@@ -309,6 +309,18 @@ class Distributor {
         x = Sbp::B();
       }
       v = {Node::with_inputs(n, in), x};
+    } else if (op == OpKind::Attention || op == OpKind::AttentionGrad) {
+      // Split along a batch dim of q: every operand with that dim is split
+      // the same way (a bias of extent 1 there is whole), and so is the
+      // result; otherwise every device computes the whole.
+      Sbp q = in_sbp(n, 0);
+      const int batch = n->input(0)->rank() - 2;
+      Sbp want = q.kind == Sbp::Split && q.axis < batch ? q : Sbp::B();
+      for (size_t i = 0; i < in.size(); ++i)
+        in[i] = box(n->input(i), want.kind == Sbp::Split && n->input(i)->shape()[want.axis] == 1
+                                     ? Sbp::B()
+                                     : want);
+      v = {Node::with_inputs(n, in), want};
     } else if (op == OpKind::SparseCrossEntropy) {
       Sbp lg = in_sbp(n, 1);
       int last = n->input(1)->rank() - 1;

@@ -269,3 +269,38 @@ def test_bad_operands_are_clear_errors():
         sdpa_predict(q, q, q, np.zeros((3, 5), np.float32))
     with pytest.raises(TypeError, match="floating-point"):
         sdpa_predict(q.astype(np.int32), q, q)
+
+
+def test_data_parallel_attention_over_two_devices_matches_one():
+    """The batch split over 2 devices (jit/distribute: attention splits along
+    q's batch dim, a bias of extent 1 there stays whole)."""
+    x = rng(9).standard_normal((8, 2, 12, 4)).astype(np.float32)
+    keep = np.ones((8, 1, 1, 12), bool)
+    keep[::3, ..., 9:] = False
+
+    def train(devices):
+        flow.clear_default_session()
+        flow.config.cpu_device_num(devices)
+        cfg = flow.function_config()
+        cfg.default_logical_view(flow.scope.consistent_view())
+
+        @flow.global_function(type="train", function_config=cfg)
+        def job(x: tp.Numpy.Placeholder((8, 2, 12, 4)),
+                m: tp.Numpy.Placeholder((8, 1, 1, 12), dtype=flow.bool)) -> tp.Numpy:
+            w = flow.get_variable("w", (4, 4), initializer=flow.random_normal_initializer(seed=5))
+            q = flow.matmul(x, w)
+            y = flow.nn.scaled_dot_product_attention(q, x, x * 2.0, attn_mask=m, is_causal=True)
+            loss = flow.math.reduce_mean(y * y)
+            flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.5]), momentum=0).minimize(loss)
+            return loss
+
+        losses = [job(x, keep) for _ in range(3)]
+        assert losses[2] < losses[0]  # it trains
+        return np.array(losses), np.array(flow.get_all_variables()["w"])
+
+    try:
+        (l1, w1), (l2, w2) = train(1), train(2)
+    finally:
+        flow.config.cpu_device_num(1)
+    np.testing.assert_allclose(l2, l1, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(w2, w1, rtol=1e-5, atol=1e-6)
