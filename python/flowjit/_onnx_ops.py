@@ -464,8 +464,26 @@ def _segment_sum(c, n, x, shapes=None):
     return out
 
 
+@rule(K.attention)
+def _attention(c, n, x, shapes=None):
+    """softmax(q @ kt * scale + bias, keys after the query masked when
+    causal) @ v, then each row's log-sum-exp as one more column: the op's
+    layout (ir/ops.def), of which the job reads a slice."""
+    q, kt, v, bias = x
+    lq, lk = int(shapes[0][-2]), int(shapes[1][-1])
+    s = c.op("MatMul", [q, kt])
+    s = c.op("Add", [c.op("Mul", [s, c.scalar(float(n.attr("scale")), n.dtype)]), bias])
+    if n.attr("causal"):
+        above = np.triu(np.ones((lq, lk), np.bool_), 1)
+        s = c.op("Where", [c.const(above, np.bool_), c.scalar(float("-inf"), n.dtype), s])
+    out = c.op("MatMul", [c.op("Softmax", [s], axis=-1), v])
+    lse = c.axes_op("ReduceLogSumExp", s, [-1], since=18, keepdims=1)
+    return c.op("Concat", [out, lse], axis=-1)
+
+
 # Rules that also read their operands' shapes.
-SHAPED = {K.pad, K.slice, K.gather, K.gather_nd, K.window, K.matmul, K.conv, K.segment_sum}
+SHAPED = {K.pad, K.slice, K.gather, K.gather_nd, K.window, K.matmul, K.conv, K.segment_sum,
+          K.attention}
 
 # Ops that never reach an exported graph's results, or that ONNX cannot say.
 WHY_NOT = {
@@ -473,5 +491,6 @@ WHY_NOT = {
     K.unwindow: "is a gradient's view and never part of a forward graph",
     K.conv_data_grad: "is a gradient and never part of a forward graph",
     K.conv_filter_grad: "is a gradient and never part of a forward graph",
+    K.attention_grad: "is a gradient and never part of a forward graph",
     K.assign: "is an effect (a variable update), not a value",
 }

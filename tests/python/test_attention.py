@@ -304,3 +304,27 @@ def test_data_parallel_attention_over_two_devices_matches_one():
         flow.config.cpu_device_num(1)
     np.testing.assert_allclose(l2, l1, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(w2, w1, rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_trains_through_the_composition_and_predict_ignores_it():
+    x = rng(10).standard_normal((2, 6, 4)).astype(np.float32)
+
+    @flow.global_function(type="train")
+    def train(x: tp.Numpy.Placeholder((2, 6, 4))) -> tp.Numpy:
+        w = flow.get_variable("w", (4,), initializer=flow.ones_initializer())
+        y = flow.nn.scaled_dot_product_attention(x * w, x, x, dropout_p=0.5, is_causal=True)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.0])).minimize(flow.math.reduce_sum(y))
+        return y
+    y = train(x)
+    assert "family attention" not in train.compiled_jobs()[0].as_text("kernels")
+    assert np.isfinite(y).all()
+    assert not np.allclose(y, reference(x, x, x, None, True, 0.5)[0], atol=1e-3)  # some weights dropped
+    # the first query sees only the first key: kept (scaled by 2) or dropped
+    assert np.all(np.isclose(y[:, 0], 2 * x[:, 0], atol=1e-5) | np.isclose(y[:, 0], 0, atol=1e-6))
+
+    flow.clear_default_session()
+
+    @flow.global_function()
+    def predict(x: tp.Numpy.Placeholder((2, 6, 4))) -> tp.Numpy:
+        return flow.nn.scaled_dot_product_attention(x, x, x, dropout_p=0.5, is_causal=True)
+    np.testing.assert_allclose(predict(x), reference(x, x, x, None, True, 0.5)[0], rtol=2e-5, atol=2e-5)

@@ -390,3 +390,20 @@ def test_large_weights_go_beside_the_model(tmp_path, monkeypatch, rng):
     images = rng.random((100, 1, 28, 28), dtype=np.float32)
     s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(s.run(None, {"images": images})[0], seed.eval_job(images))
+
+
+def test_scaled_dot_product_attention(rng):
+    """The attention op (its rows end with the log-sum-exp, sliced off) as
+    MatMul, Softmax and a causal Where."""
+    @flow.global_function()
+    def attend(q: tp.Numpy.Placeholder((2, 3, 7, 4)), k: tp.Numpy.Placeholder((2, 3, 9, 4)),
+               m: tp.Numpy.Placeholder((2, 1, 1, 9), dtype=flow.bool)) -> Tuple[tp.Numpy, tp.Numpy]:
+        return (flow.nn.scaled_dot_product_attention(q, k, k * 2.0, is_causal=True),
+                flow.nn.scaled_dot_product_attention(q, k, k, attn_mask=m, scale=0.3))
+
+    q = rng.standard_normal((2, 3, 7, 4)).astype(np.float32)
+    k = rng.standard_normal((2, 3, 9, 4)).astype(np.float32)
+    m = np.ones((2, 1, 1, 9), bool)
+    m[1, ..., 5:] = False
+    model = assert_same(attend, q, k, m)
+    assert {"Softmax", "Where", "ReduceLogSumExp"} <= op_types(model)
