@@ -317,9 +317,9 @@ class Distributor {
       const int batch = n->input(0)->rank() - 2;
       Sbp want = q.kind == Sbp::Split && q.axis < batch ? q : Sbp::B();
       for (size_t i = 0; i < in.size(); ++i)
-        in[i] = box(n->input(i), want.kind == Sbp::Split && n->input(i)->shape()[want.axis] == 1
-                                     ? Sbp::B()
-                                     : want);
+        in[i] =
+            box(n->input(i),
+                want.kind == Sbp::Split && n->input(i)->shape()[want.axis] == 1 ? Sbp::B() : want);
       v = {Node::with_inputs(n, in), want};
     } else if (op == OpKind::SparseCrossEntropy) {
       Sbp lg = in_sbp(n, 1);
