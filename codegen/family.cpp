@@ -31,6 +31,12 @@ const KernelFamily& family_of(const Kernel& k) {
   return *all[k.family];
 }
 
+int64_t dims_product(const ir::Shape& s, size_t lo, size_t hi) {
+  int64_t p = 1;
+  for (size_t d = lo; d < hi; ++d) p *= s[d];
+  return p;
+}
+
 int family_arg(const Kernel& k, int i) {
   const int n = ir::op_arity(family_of(k).op);
   FJ_CHECK(i >= 0 && i <= n && k.params.size() >= static_cast<size_t>(n + 1), "family kernel ",

@@ -38,6 +38,10 @@ int family_arg(const Kernel& k, int i);
 // be `n`.
 const int64_t* family_params(const Kernel& k, size_t n);
 
+// The product of dims [lo, hi) of `s`: how the families' params flatten
+// their operands' shapes.
+int64_t dims_product(const ir::Shape& s, size_t lo, size_t hi);
+
 // The family computing `op`, or null.
 const KernelFamily* family_for_op(OpKind op);
 // Kernel::family's record (checked).

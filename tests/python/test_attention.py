@@ -79,12 +79,14 @@ CASES = [  # batch dims, lq, lk, d, dv, causal, dtype
 ]
 
 
+def operands(r, batch, lq, lk, d, dv, dtype):
+    """Random q, k, v of a case."""
+    return tuple(r.standard_normal(batch + shape).astype(dtype) for shape in ((lq, d), (lk, d), (lk, dv)))
+
+
 @pytest.mark.parametrize("batch,lq,lk,d,dv,causal,dtype", CASES)
 def test_forward_matches_float64_numpy(batch, lq, lk, d, dv, causal, dtype):
-    r = rng(1)
-    q = r.standard_normal(batch + (lq, d)).astype(dtype)
-    k = r.standard_normal(batch + (lk, d)).astype(dtype)
-    v = r.standard_normal(batch + (lk, dv)).astype(dtype)
+    q, k, v = operands(rng(1), batch, lq, lk, d, dv, dtype)
     got, job = sdpa_predict(q, k, v, causal=causal)
     want, _ = reference(q, k, v, None, causal, 1 / math.sqrt(d))
     tol = 2e-5 if dtype == np.float32 else 1e-12
@@ -132,9 +134,7 @@ def sgd_grads(q, k, v, bias, dy, causal, scale):
 @pytest.mark.parametrize("batch,lq,lk,d,dv,causal,dtype", CASES)
 def test_gradients_match_float64_numpy(batch, lq, lk, d, dv, causal, dtype):
     r = rng(3)
-    q = r.standard_normal(batch + (lq, d)).astype(dtype)
-    k = r.standard_normal(batch + (lk, d)).astype(dtype)
-    v = r.standard_normal(batch + (lk, dv)).astype(dtype)
+    q, k, v = operands(r, batch, lq, lk, d, dv, dtype)
     bias = r.standard_normal((lq, lk)).astype(dtype)  # a learned bias: its gradient is summed over batch
     dy = r.standard_normal(batch + (lq, dv)).astype(dtype)
     scale = 0.7
@@ -182,29 +182,19 @@ def test_the_transformer_pattern_becomes_one_attention_kernel(mask_rank, monkeyp
     assert "causal" in job.compiled_jobs()[0].as_text("plan"), "the mask was not seen as causal"
 
 
-def test_small_score_matrices_stay_unfused_by_default(monkeypatch):
+@pytest.mark.parametrize("T,fused", [(16, False), (1024, True)])
+def test_by_default_only_long_sequences_fuse(T, fused, monkeypatch):
+    """1024 keys a query and more: the attention family; fewer: the unfused
+    matmuls, faster there (jit/passes/attention.h)."""
     monkeypatch.delenv("FLOWJIT_FUSE_ATTENTION", raising=False)
-    B, H, T, D = 1, 2, 16, 4
-    x = rng(6).standard_normal((B, H, T, D)).astype(np.float32)
-
-    @flow.global_function()
-    def job(x: tp.Numpy.Placeholder((B, H, T, D))) -> tp.Numpy:
-        return lm_attention(x, T, D, 2)
-    job(x)
-    assert "family attention" not in job.compiled_jobs()[0].as_text("kernels")
-
-
-def test_long_sequences_fuse_by_default(monkeypatch):
-    """1024 keys a query: the attention family (jit/passes/attention.h)."""
-    monkeypatch.delenv("FLOWJIT_FUSE_ATTENTION", raising=False)
-    B, H, T, D = 1, 1, 1024, 4
+    B, H, D = 1, 1, 4
     x = rng(8).standard_normal((B, H, T, D)).astype(np.float32)
 
     @flow.global_function()
     def job(x: tp.Numpy.Placeholder((B, H, T, D))) -> tp.Numpy:
         return lm_attention(x, T, D, 2)
     got = job(x)
-    assert "family attention" in job.compiled_jobs()[0].as_text("kernels")
+    assert ("family attention" in job.compiled_jobs()[0].as_text("kernels")) == fused
     bias = np.where(np.arange(T)[None, :] > np.arange(T)[:, None], -1e9, 0.0)
     want, _ = reference(x, x * 0.5, x + 1.0, bias, False, 1 / math.sqrt(D))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)

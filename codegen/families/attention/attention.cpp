@@ -27,12 +27,6 @@ namespace flowjit::codegen {
 
 namespace {
 
-int64_t product(const ir::Shape& s, size_t lo, size_t hi) {
-  int64_t p = 1;
-  for (size_t d = lo; d < hi; ++d) p *= s[d];
-  return p;
-}
-
 std::vector<int64_t> params(const ir::Node& n) {
   // attention(q, kt, v, bias), attention_grad(q, k, v, bias, ...)
   const ir::Shape& q = n.input(0)->shape();
@@ -53,14 +47,14 @@ std::vector<int64_t> params(const ir::Node& n) {
   const double scale = n.attrs().get_float("scale");
   int64_t bits;
   std::memcpy(&bits, &scale, sizeof(bits));
-  return {product(q, 0, nb),
+  return {dims_product(q, 0, nb),
           lq,
           lk,
           q[r - 1],
           v[r - 1],
           n.attrs().get_bool("causal") ? 1 : 0,
-          lo < hi ? product(q, hi, nb) : 1,
-          lo < hi ? product(q, lo, hi) : 1,
+          lo < hi ? dims_product(q, hi, nb) : 1,
+          lo < hi ? dims_product(q, lo, hi) : 1,
           bias[r - 2] * bias[r - 1],
           bias[r - 2] == lq && lq != 1 ? bias[r - 1] : 0,
           bias[r - 1] == lk && lk != 1 ? 1 : 0,

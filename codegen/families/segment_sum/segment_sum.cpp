@@ -16,20 +16,14 @@ namespace flowjit::codegen {
 
 namespace {
 
-int64_t product(const ir::Shape& s, size_t lo, size_t hi) {
-  int64_t p = 1;
-  for (size_t d = lo; d < hi; ++d) p *= s[d];
-  return p;
-}
-
 std::vector<int64_t> params(const ir::Node& n) {
   const ir::Shape& d = n.input(0)->shape();
   const int ids_rank = n.input(1)->rank();
   const auto axis = static_cast<size_t>(n.attrs().get_int("axis"));
   const auto bd = static_cast<size_t>(n.attrs().get_int("batch_dims"));
   const size_t m = ids_rank - bd;
-  return {product(d, 0, bd), product(d, bd, axis), product(d, axis, axis + m),
-          n.attrs().get_int("num_segments"), product(d, axis + m, d.size())};
+  return {dims_product(d, 0, bd), dims_product(d, bd, axis), dims_product(d, axis, axis + m),
+          n.attrs().get_int("num_segments"), dims_product(d, axis + m, d.size())};
 }
 
 std::string summary(const Kernel& k) {
