@@ -510,7 +510,7 @@ BINARY = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divi
 COMPARE = {"equal": np.equal, "not_equal": np.not_equal, "less": np.less, "less_equal": np.less_equal,
            "greater": np.greater, "greater_equal": np.greater_equal}
 TRAIN_OPS = ["unary", "binary", "scalar", "reduce", "matmul", "transpose", "reshape", "concat", "slice",
-             "pad", "tile", "where", "conv2d", "pool", "softmax", "gather", "broadcast"]
+             "pad", "tile", "where", "conv2d", "pool", "softmax", "gather", "broadcast", "attention"]
 PREDICT_OPS = TRAIN_OPS + ["compare", "logical", "cast", "sort", "argmax", "reverse"]
 
 
@@ -993,6 +993,51 @@ class Gen:
                 rs.append(e / s if name == "softmax" else a - m - np.log(s))
         self.emit(f"flow.nn.{name}({x.name})", rs[0], x.dtype, False, x.scale, rs[1])
 
+    def op_attention(self):
+        """flow.nn.scaled_dot_product_attention (the attention family) over a
+        picked q with finite, moderate values (scores stay far from overflow),
+        fresh k and v, maybe causal, maybe a bool mask."""
+        d = self.draw
+        dts = ("float64",) if self.train else FLOATS
+        def moderate(v):
+            return bool(np.isfinite(v.value).all()) and _absmax(v.value) <= 8
+        x = self.pick(lambda v: 2 <= len(v.value.shape) <= 4 and 0 not in v.value.shape and moderate(v),
+                      dtypes=dts)
+        if x is None:
+            return
+        if not moderate(x):  # a fresh input drawn with special values: one without
+            x = self.fresh(x.value.shape, x.dtype, special=False, lo=-2, hi=2)
+        qs = x.value.shape
+        lk, dv = d(st.integers(1, 5)), d(st.integers(1, 4))
+        k = self.fresh(qs[:-2] + (lk, qs[-1]), x.dtype, special=False, lo=-2, hi=2)
+        v = self.fresh(qs[:-2] + (lk, dv), x.dtype, special=False, lo=-2, hi=2)
+        causal = d(st.booleans())
+        scale = d(st.sampled_from([None, 0.5, 1.0]))
+        s_eff = 1.0 / np.sqrt(qs[-1]) if scale is None else scale
+        mask = None
+        if not self.train and d(st.booleans()):
+            mshape = tuple(d(st.sampled_from([1, n])) for n in qs[:-2] + (qs[-2], lk))
+            mv = _array(d, mshape, "bool")
+            mask = Val(f"x{self.nin}", "bool", mv)
+            self.nin += 1
+            self.p.inputs.append((mask.name, mv))
+        rs = []
+        with np.errstate(all="ignore"):
+            for dt in (np.float64, np.float32):
+                q, kk, vv = (a.value.astype(dt) for a in (x, k, v))
+                s = q @ np.swapaxes(kk, -1, -2) * dt(s_eff)
+                if causal:
+                    s = np.where(np.arange(lk)[None, :] > np.arange(qs[-2])[:, None], -np.inf, s)
+                if mask is not None:
+                    s = np.where(mask.value, s, -np.inf)
+                m = s.max(-1, keepdims=True)
+                e = np.exp(s - m)
+                rs.append((e / e.sum(-1, keepdims=True)) @ vv)
+        extra = (f", attn_mask={mask.name}" if mask is not None else "") + \
+            (f", scale={scale}" if scale is not None else "")
+        self.emit(f"flow.nn.scaled_dot_product_attention({x.name}, {k.name}, {v.name}, is_causal={causal}"
+                  f"{extra})", rs[0], x.dtype, False, 2.0 * max(lk, 1), rs[1])
+
     def op_conv2d(self):
         d = self.draw
         dts = ("float64",) if self.train else FLOATS
@@ -1240,6 +1285,14 @@ def _np_flow_namespace():
         m = x.max(axis=-1, keepdims=True)
         return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
+    def attention(q, k, v, attn_mask=None, is_causal=False, scale=None):
+        s = q @ np.swapaxes(k, -1, -2) * (1.0 / np.sqrt(q.shape[-1]) if scale is None else scale)
+        if is_causal:
+            s = np.where(np.arange(k.shape[-2])[None, :] > np.arange(q.shape[-2])[:, None], -np.inf, s)
+        if attn_mask is not None:
+            s = np.where(attn_mask, s, -np.inf)
+        return softmax(s) @ v
+
     def red(fn):
         def f(x, axis=None, keepdims=False):
             ax = tuple(range(x.ndim)) if axis is None else tuple(axis)
@@ -1264,7 +1317,8 @@ def _np_flow_namespace():
         exp=np.exp, square=np.square, negative=np.negative, abs=np.abs, erf=_erf,
         reduce_sum=red(np.sum), reduce_mean=red(np.mean), reduce_max=red(np.max))
     nn_ns = types.SimpleNamespace(relu=_relu, conv2d=conv2d, max_pool2d=pool("max"), avg_pool2d=pool("avg"),
-                                  softmax=softmax, log_softmax=log_softmax)
+                                  softmax=softmax, log_softmax=log_softmax,
+                                  scaled_dot_product_attention=attention)
     flow_ns = types.SimpleNamespace(
         math=math_ns, nn=nn_ns, matmul=matmul, transpose=lambda x, perm: np.transpose(x, perm),
         reshape=lambda x, s: np.reshape(x, s), concat=lambda xs, axis: np.concatenate(xs, axis),
