@@ -23,8 +23,8 @@
 // (about 1.5x the multiply-adds of the unfused matmuls), so they pay where
 // the score matrices' memory traffic outweighs that: on an AMD Zen 3 host
 // (benchmarks/bench_attention.py, causal, d 64) the unfused composition is
-// faster for 256 keys a query, even at 512, and slower from 1024 (1.1x at
-// 1024, 1.2x at 2048). The pass fuses a match whose queries see at least
+// faster up to 256 keys a query, level at 512 and slower from 1024 (1.12x
+// at 1024, 1.18x at 2048). The pass fuses a match whose queries see at least
 // kLongScores score pairs a group (1024 x 1024), or whose score matrix holds
 // at least attention_min_score_bytes() (256 MiB: memory the unfused
 // composition would need several times); FLOWJIT_FUSE_ATTENTION=1 fuses
