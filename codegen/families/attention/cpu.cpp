@@ -1,6 +1,6 @@
 // attention on x86-64, in blocks as flash attention does. A task owns a
 // block of kRows queries (of keys for dk and dv) and walks the other side in
-// blocks of kCols; every product is one register-tiled kernel, gemm below:
+// blocks of 64 (cols_); every product is one register-tiled kernel, gemm below:
 // 4 rows x 2 host vectors of accumulators fed by broadcasts of one operand
 // and vector loads of the other along its rows. That is why the ops take k
 // transposed (kt) and the gradients each operand and its transpose: the
