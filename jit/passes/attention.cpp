@@ -145,8 +145,10 @@ class Matcher {
     }
     m.v = v;
     const Shape& qs = m.q->shape();
-    if (!is_float(m.q->dtype()) || m.k->rank() != r || v->rank() != r || m.q->rank() != r ||
-        !std::equal(qs.begin(), qs.end() - 2, m.k->shape().begin()) ||
+    // float32 and float64 (half attention would round the log-sum-exp column)
+    const DType dt = m.q->dtype();
+    if ((dt != DType::Float32 && dt != DType::Float64) || m.k->rank() != r || v->rank() != r ||
+        m.q->rank() != r || !std::equal(qs.begin(), qs.end() - 2, m.k->shape().begin()) ||
         !std::equal(qs.begin(), qs.end() - 2, v->shape().begin()))
       return std::nullopt;
     return m;
