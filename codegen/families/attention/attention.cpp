@@ -62,12 +62,27 @@ std::vector<int64_t> params(const ir::Node& n) {
           bits};
 }
 
+const char* part_name(AttentionParams::Part part) {
+  switch (part) {
+    case AttentionParams::Out:
+      return "attention";
+    case AttentionParams::DQ:
+      return "attention dq";
+    case AttentionParams::DK:
+      return "attention dk";
+    case AttentionParams::DV:
+      return "attention dv";
+    case AttentionParams::DScores:
+      return "attention dscores";
+    case AttentionParams::DKV:
+      return "attention dkv";
+  }
+  return "attention ?";
+}
+
 std::string summary(const Kernel& k) {
-  static const char* const what[] = {
-      "attention",    "", "attention dq", "attention dk", "attention dv", "attention dscores",
-      "attention dkv"};
   const AttentionParams p(k);
-  return std::string(what[p.part]) + " of " + std::to_string(p.groups) + " x " +
+  return std::string(part_name(p.part)) + " of " + std::to_string(p.groups) + " x " +
          std::to_string(p.lq) + " queries over " + std::to_string(p.lk) + " keys, d " +
          std::to_string(p.d) + ", dv " + std::to_string(p.dv) + (p.causal ? ", causal" : "");
 }

@@ -211,34 +211,45 @@ class AttentionEmitter {
     return p_.kstride ? load(ptr_[P::Bias], e, w) : splat(load(ptr_[P::Bias], e), w);
   }
 
-  // A block of queries [q0, q0 + n) of group g: the forward, lse, dq and the
+  // Element offset of the task's row r (of `rows` rows a group, `width`
+  // wide) of group g, rows from `first`; clamped, so rows past the block
+  // read a real row (their results are never written).
+  Value* row_at(Value* g, Value* first, Value* r, int64_t rows, int64_t width) {
+    return b_.CreateMul(
+        b_.CreateAdd(b_.CreateMul(g, i64(rows)), min(b_.CreateAdd(first, r), i64(rows - 1))),
+        i64(width));
+  }
+  Value* s_row(Value* r) { return b_.CreateMul(r, i64(cols_)); }  // a row of s_ and t2_
+
+  // The task's accumulators to zero (and, for the forward, its row state).
+  void init_rows(const std::vector<Value*>& accs, bool softmax_state) {
+    loop(
+        i64(0), i64(kRows),
+        [&](Value* r) {
+          if (softmax_state) {
+            store(fconst(-INFINITY), m_row_, r);
+            store(fconst(0), l_row_, r);
+          }
+          vloop(
+              i64(0), i64(wide_),
+              [&](Value* x, int w) {
+                for (Value* acc : accs) store(fconst(0, w), acc, b_.CreateAdd(s_row_w(r), x));
+              },
+              "zero");
+        },
+        "init");
+  }
+
+  // A block of queries [q0, q0 + n) of group g: the forward, dq and the
   // scores' gradient.
   void query_task(Value* g, Value* q0, Value* n) {
     const P::Part part = p_.part;
     const bool grad = part == P::DQ || part == P::DScores;
     const int64_t width = part == P::DQ ? p_.d : p_.dv;
-    auto q_row = [&](Value* r) {  // clamped: rows past the block read a real row
-      return b_.CreateMul(
-          b_.CreateAdd(b_.CreateMul(g, i64(p_.lq)), min(b_.CreateAdd(q0, r), i64(p_.lq - 1))),
-          i64(p_.d));
-    };
-    auto do_row = [&](Value* r) {
-      return b_.CreateMul(
-          b_.CreateAdd(b_.CreateMul(g, i64(p_.lq)), min(b_.CreateAdd(q0, r), i64(p_.lq - 1))),
-          i64(p_.dv));
-    };
-    auto s_row = [&](Value* r) { return b_.CreateMul(r, i64(cols_)); };
-    loop(
-        i64(0), i64(kRows),
-        [&](Value* r) {
-          store(fconst(-INFINITY), m_row_, r);
-          store(fconst(0), l_row_, r);
-          vloop(
-              i64(0), i64(wide_),
-              [&](Value* x, int w) { store(fconst(0, w), acc_, b_.CreateAdd(s_row_w(r), x)); },
-              "zero");
-        },
-        "init");
+    auto q_row = [&](Value* r) { return row_at(g, q0, r, p_.lq, p_.d); };
+    auto do_row = [&](Value* r) { return row_at(g, q0, r, p_.lq, p_.dv); };
+    auto s_rows = [&](Value* r) { return s_row(r); };
+    init_rows({acc_}, part == P::Out);
     Value* end = i64(p_.lk);
     if (p_.causal) end = min(end, b_.CreateAdd(q0, n));  // keys j <= the block's last query
     Value* blocks = b_.CreateSDiv(b_.CreateAdd(end, i64(cols_ - 1)), i64(cols_));
@@ -329,11 +340,11 @@ class AttentionEmitter {
               },
               "row");
           if (part == P::Out)
-            gemm(s_row, s_, jn, ptr_[P::V],
+            gemm(s_rows, s_, jn, ptr_[P::V],
                  b_.CreateMul(b_.CreateAdd(b_.CreateMul(g, i64(p_.lk)), j0), i64(p_.dv)), p_.dv,
                  i64(p_.dv), acc_, wide_, true);
           else if (part == P::DQ)
-            gemm(s_row, s_, jn, ptr_[P::K],
+            gemm(s_rows, s_, jn, ptr_[P::K],
                  b_.CreateMul(b_.CreateAdd(b_.CreateMul(g, i64(p_.lk)), j0), i64(p_.d)), p_.d,
                  i64(p_.d), acc_, wide_, true);
         },
@@ -374,24 +385,12 @@ class AttentionEmitter {
   void key_task(Value* g, Value* k0, Value* n) {
     // dk sums ds . q into acc_, dv sums p . dout into acc2_ (both for DKV).
     const bool dk = p_.part != P::DV, dv = p_.part != P::DK, both = dk && dv;
-    auto row_of = [&](Value* r, int64_t w) {
-      return b_.CreateMul(
-          b_.CreateAdd(b_.CreateMul(g, i64(p_.lk)), min(b_.CreateAdd(k0, r), i64(p_.lk - 1))),
-          i64(w));
-    };
-    auto s_row = [&](Value* r) { return b_.CreateMul(r, i64(cols_)); };
-    loop(
-        i64(0), i64(kRows),
-        [&](Value* r) {
-          vloop(
-              i64(0), i64(wide_),
-              [&](Value* x, int w) {
-                store(fconst(0, w), acc_, b_.CreateAdd(s_row_w(r), x));
-                store(fconst(0, w), acc2_, b_.CreateAdd(s_row_w(r), x));
-              },
-              "zero");
-        },
-        "init");
+    auto row_of = [&](Value* r, int64_t w) { return row_at(g, k0, r, p_.lk, w); };
+    auto s_rows = [&](Value* r) { return s_row(r); };
+    std::vector<Value*> accs;
+    if (dk) accs.push_back(acc_);
+    if (dv) accs.push_back(acc2_);
+    init_rows(accs, false);
     Value* start = p_.causal ? min(k0, i64(p_.lq)) : i64(0);  // queries i >= j see key j
     Value* blocks =
         b_.CreateSDiv(b_.CreateAdd(b_.CreateSub(i64(p_.lq), start), i64(cols_ - 1)), i64(cols_));
@@ -451,10 +450,10 @@ class AttentionEmitter {
               "row");
           Value* src0 = b_.CreateAdd(lq_g, i0);
           if (dk)
-            gemm(s_row, both ? t2_ : s_, in, ptr_[P::Q], b_.CreateMul(src0, i64(p_.d)), p_.d,
+            gemm(s_rows, both ? t2_ : s_, in, ptr_[P::Q], b_.CreateMul(src0, i64(p_.d)), p_.d,
                  i64(p_.d), acc_, wide_, true);
           if (dv)
-            gemm(s_row, s_, in, ptr_[P::DOut], b_.CreateMul(src0, i64(p_.dv)), p_.dv, i64(p_.dv),
+            gemm(s_rows, s_, in, ptr_[P::DOut], b_.CreateMul(src0, i64(p_.dv)), p_.dv, i64(p_.dv),
                  acc2_, wide_, true);
         },
         "qblock");
