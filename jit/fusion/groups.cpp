@@ -10,7 +10,10 @@ bool Fuser::needs_identity_for_store(const NodeRef& n) {
 }
 
 Graph Fuser::materialize(const Graph& g) {
-  Graph h = rewrite_graph(g, [](const NodeRef& n, std::vector<NodeRef> in) -> NodeRef {
+  // One copy of a family operand however many family kernels read it
+  // (attention's gradients share their transposed operands).
+  std::unordered_map<const Node*, NodeRef> family_copies;
+  Graph h = rewrite_graph(g, [&](const NodeRef& n, std::vector<NodeRef> in) -> NodeRef {
     if (is_contraction(n->op()) || is_addressed_view(n)) {
       // Operands addressed as strided buffers (addressed views add their
       // own offsets and coordinates).
@@ -36,7 +39,11 @@ Graph Fuser::materialize(const Graph& g) {
     } else if (is_family(n->op())) {
       // A family kernel reads its operands as contiguous buffers.
       for (NodeRef& x : in)
-        if (!is_buffer_leaf(x) && (!is_compute(x) || is_duplicable(x))) x = identity(x);
+        if (!is_buffer_leaf(x) && (!is_compute(x) || is_duplicable(x))) {
+          NodeRef& copy = family_copies[x.get()];
+          if (!copy) copy = identity(x);
+          x = copy;
+        }
     }
     return Node::with_inputs(n, std::move(in));
   });

@@ -22,6 +22,23 @@ bool is_additive_identity(const NodeRef& z, bool subtracted) {
 // `x` stands in for `n` only if it has exactly n's type.
 bool same_type(const NodeRef& x, const NodeRef& n) { return x->type() == n->type(); }
 
+// Whether `slice` reads back exactly what `pad` padded: no interior
+// padding, unit steps, and the window at the low pads with the operand's
+// shape (the gradient of a slice, sliced again: attention's rows).
+bool unpads(const NodeRef& slice, const NodeRef& pad) {
+  const NodeRef& x = pad->input(0);
+  if (!same_type(x, slice)) return false;
+  const int r = slice->rank();
+  auto ints = [r](const NodeRef& n, const char* key, int64_t dflt) {
+    return n->attrs().has(key) ? n->attrs().get_ints(key) : IntList(r, dflt);
+  };
+  const IntList lo = ints(pad, "pads_lo", 0), interior = ints(pad, "interior", 0);
+  const IntList step = ints(slice, "step", 1), begin = ints(slice, "begin", 0);
+  for (int d = 0; d < r; ++d)
+    if (interior[d] != 0 || step[d] != 1 || begin[d] != lo[d]) return false;
+  return true;
+}
+
 NodeRef simplify_node(const NodeRef& n) {
   const auto& in = n->inputs();
   switch (n->op()) {
@@ -66,6 +83,9 @@ NodeRef simplify_node(const NodeRef& n) {
         for (size_t i = 0; i < outer.size(); ++i) perm[i] = inner[outer[i]];
         return transpose(in[0]->input(0), perm);
       }
+      return n;
+    case OpKind::Slice:
+      if (in[0]->op() == OpKind::Pad && unpads(n, in[0])) return in[0]->input(0);
       return n;
     default:
       return n;

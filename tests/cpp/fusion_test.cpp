@@ -131,6 +131,27 @@ TEST(Fusion, AFamilyOperandReadTwiceIsOneArg) {
   EXPECT_EQ(out, (std::vector<int32_t>{0, 1, 0, 6}));  // 7 is out of range: dropped
 }
 
+// A view two family kernels read is copied once, not once per kernel (the
+// attention gradients share their transposed operands).
+TEST(Fusion, AViewTwoFamilyKernelsReadIsCopiedOnce) {
+  Graph g = parse_graph(
+      "graph t {\n"
+      "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[5,3]} : f32[5,3]\n"
+      "  %i = parameter() {dtype=i32, index=1, name=\"i\", shape=[3]} : i32[3]\n"
+      "  %0 = transpose(%x) {perm=[1,0]} : f32[3,5]\n"
+      "  %1 = segment_sum(%0, %i) {axis=0, num_segments=2} : f32[2,5]\n"
+      "  %2 = segment_sum(%0, %i) {axis=0, num_segments=4} : f32[4,5]\n"
+      "  return %1, %2\n}\n");
+  jit::PassLog log;
+  jit::FusedProgram p = jit::fuse(jit::optimize(g, log), "t");
+  int families = 0, copies = 0;
+  for (const codegen::Kernel& k : p.kernels)
+    (k.kind == codegen::Kernel::Kind::Family ? families : copies) += 1;
+  EXPECT_EQ(families, 2) << p.description;
+  // the transpose once, and each result out of its family's buffer
+  EXPECT_EQ(copies, 3) << p.description;
+}
+
 // The data gradient of a segment sum has the data's shape, with no segments too.
 TEST(Fusion, SegmentSumGradientHasTheDataShapeEvenWithoutSegments) {
   for (int64_t segments : {0, 3}) {

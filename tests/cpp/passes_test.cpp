@@ -68,6 +68,23 @@ TEST(Passes, SimplifyKeepsBroadcastingAdds) {
   EXPECT_EQ(run(jit::simplify, in), in);
 }
 
+TEST(Passes, SimplifyDropsASliceOfWhatAPadPadded) {
+  // The window at the low pads with x's shape is x; shifted by one, or
+  // read with a step, it is not.
+  std::string in = graph(
+      "  %0 = pad(%x) {interior=[0,0], pad_value=0.0, pads_hi=[1,2], pads_lo=[0,1]} : f32[5,6]\n"
+      "  %1 = slice(%0) {begin=[0,1], shape=[4,3], step=[1,1]} : f32[4,3]\n"
+      "  %2 = slice(%0) {begin=[1,1], shape=[4,3], step=[1,1]} : f32[4,3]\n"
+      "  %3 = slice(%0) {begin=[0,1], shape=[4,3], step=[1,2]} : f32[4,3]\n"
+      "  return %1, %2, %3\n");
+  EXPECT_EQ(run(jit::simplify, in),
+            graph("  %0 = pad(%x) {interior=[0,0], pad_value=0.0, pads_hi=[1,2], pads_lo=[0,1]} : "
+                  "f32[5,6]\n"
+                  "  %1 = slice(%0) {begin=[1,1], shape=[4,3], step=[1,1]} : f32[4,3]\n"
+                  "  %2 = slice(%0) {begin=[0,1], shape=[4,3], step=[1,2]} : f32[4,3]\n"
+                  "  return %x, %1, %2\n"));
+}
+
 TEST(Passes, FoldComputesConstants) {
   std::string in = graph(
       "  %0 = fill() {dtype=f32, shape=[], value=2.0} : f32[]\n"
