@@ -8,9 +8,11 @@ gradient with respect to w (one SGD step at learning rate 0 for flowjit),
 float32. flowjit's two rows are the same job with FLOWJIT_FUSE_ATTENTION=1
 and =0; the =0 row ("flowjit") is what the default does at these sizes
 (jit/passes/attention.h fuses only score matrices of 256 MiB and more). The
-note gives the kernels per step and the bytes of one score matrix.
+note gives the kernels per step and the bytes of one score matrix. With
+--dropout P the probabilities are dropped out (flow.nn.dropout, which the
+family draws in its kernels; PyTorch's dropout_p and F.dropout).
 
-    python benchmarks/bench_attention.py [--cases 128x128x32,16x512x64,2x2048x64]
+    python benchmarks/bench_attention.py [--cases 128x128x32,16x512x64,2x2048x64] [--dropout 0.1]
 """
 import argparse
 import math
@@ -21,7 +23,7 @@ import numpy as np
 import _common as C
 
 
-def _flowjit_step(flow, tp, G, T, D, fuse):
+def _flowjit_step(flow, tp, G, T, D, fuse, dropout):
     os.environ["FLOWJIT_FUSE_ATTENTION"] = "1" if fuse else "0"
 
     @flow.global_function(type="train")
@@ -32,7 +34,8 @@ def _flowjit_step(flow, tp, G, T, D, fuse):
         rows = flow.reshape(flow.range(T), [T, 1])
         cols = flow.reshape(flow.range(T), [1, T])
         s = flow.math.add(s, flow.math.multiply(flow.cast(flow.math.greater(cols, rows), flow.float32), -1e9))
-        y = flow.matmul(flow.nn.softmax(s, axis=-1), q)
+        p = flow.nn.softmax(s, axis=-1)
+        y = flow.matmul(flow.nn.dropout(p, rate=dropout) if dropout else p, q)
         flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.0])).minimize(flow.math.reduce_sum(y))
         return w
     return step
@@ -49,11 +52,11 @@ def run(args):
     rows, skipped = [], []
     for case in args.cases.split(","):
         G, T, D = (int(v) for v in case.split("x"))
-        name = f"causal g{G} t{T} d{D}"
+        name = f"causal g{G} t{T} d{D}" + (f" dropout {args.dropout}" if args.dropout else "")
         x = np.random.default_rng(0).standard_normal((G, T, D)).astype(np.float32)
         fns, notes = {}, {}
         for fuse in (True, False):
-            job = _flowjit_step(flow, tp, G, T, D, fuse)
+            job = _flowjit_step(flow, tp, G, T, D, fuse, args.dropout)
             job(x)  # trace + compile with this setting
             kernels = job.compiled_jobs()[0].as_text("kernels")
             impl = "flowjit attention family" if fuse else "flowjit"
@@ -71,7 +74,7 @@ def run(args):
 
             def sdpa():
                 q = xt * w
-                F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+                F.scaled_dot_product_attention(q, q, q, is_causal=True, dropout_p=args.dropout).sum().backward()
                 w.grad = None
 
             mask = torch.ones(T, T, dtype=torch.bool).triu(1)
@@ -79,7 +82,8 @@ def run(args):
             def eager():
                 q = xt * w
                 s = (q @ q.transpose(-1, -2)) * (1.0 / math.sqrt(D))
-                (torch.softmax(s.masked_fill(mask, -1e9), -1) @ q).sum().backward()
+                p = torch.softmax(s.masked_fill(mask, -1e9), -1)
+                (F.dropout(p, args.dropout) @ q).sum().backward()
                 w.grad = None
             fns["torch sdpa"] = sdpa
             notes["torch sdpa"] = f"torch {torch.__version__}, is_causal, {nthreads} threads"
@@ -97,6 +101,7 @@ if __name__ == "__main__":
     C.fair_env()
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default="128x128x32,16x512x64,2x2048x64")
+    ap.add_argument("--dropout", type=float, default=0.0, help="attention dropout rate (0: none)")
     a = ap.parse_args()
     C.header()
     C.print_rows(run(a), "causal attention forward + backward (best and median of 5 repetitions)")

@@ -31,8 +31,12 @@ struct KernelFamily {
 
 // Kernel::params of a family kernel are the record's params, then the arg
 // of each of the op's operands and of its result (fusion appends them: one
-// buffer read twice, attention(q, q, q, b), is one arg). The arg of operand
-// `i` of family kernel `k` (i == the op's arity: its result):
+// buffer read twice, attention(q, q, q, b), is one arg), then, for an op of
+// any number of operands (arity -1), that number. The number of operands of
+// family kernel `k`:
+int family_operands(const Kernel& k);
+// The arg of operand `i` of family kernel `k` (i == family_operands(k): its
+// result):
 int family_arg(const Kernel& k, int i);
 // The record's params of family kernel `k` (without the args), checked to
 // be `n`.

@@ -233,9 +233,23 @@ Shape swap_last(Shape s) {
   return s;
 }
 
-TensorType infer_attention(OpKind op, const std::vector<NodeRef>& inputs, const Attrs& a) {
+TensorType infer_attention(OpKind op, const std::vector<NodeRef>& inputs, Attrs& a) {
   const std::string_view name = op_name(op);
   const bool grad = op == OpKind::AttentionGrad;
+  if (!a.has("dropout")) a.set("dropout", 0.0);
+  if (!a.has("seed")) a.set("seed", int64_t{0});
+  const double dropout = a.get_float("dropout");
+  FJ_USER_CHECK(dropout >= 0.0 && dropout < 1.0, kValue, name, ": dropout must be in [0, 1), got ",
+                dropout);
+  // The operands, then the dropout's counter offset when it drops out.
+  const size_t operands = (grad ? 11 : 4) + (dropout > 0.0 ? 1 : 0);
+  FJ_USER_CHECK(inputs.size() == operands, kType, name, ": expected ", operands,
+                " operands with dropout ", dropout, ", got ", inputs.size());
+  if (dropout > 0.0) {
+    const TensorType& off = in(inputs, operands - 1);
+    FJ_USER_CHECK(off.dtype == DType::Int64 && off.rank() == 0, kType, name,
+                  ": the dropout's counter offset must be an int64 scalar, got ", off.str());
+  }
   const TensorType& q = in(inputs, 0);
   const TensorType k = grad ? in(inputs, 1) : TensorType{in(inputs, 1).dtype, {}};
   check_float(name, q, "q");

@@ -34,6 +34,16 @@ std::string quote(const std::string& s) {
   return out + "\"";
 }
 
+bool is_ident(const std::string& s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-'))
+      return false;
+  return true;
+}
+
+}  // namespace
+
 std::string format_double(double d) {
   if (std::isnan(d)) return "nan";
   if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
@@ -51,16 +61,6 @@ std::string format_double(double d) {
   if (s.find_first_of(".en") == std::string::npos) s += ".0";
   return s;
 }
-
-bool is_ident(const std::string& s) {
-  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
-  for (char c : s)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-'))
-      return false;
-  return true;
-}
-
-}  // namespace
 
 std::string print_attr_value(const AttrValue& v) {
   return std::visit(

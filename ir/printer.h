@@ -26,6 +26,10 @@ struct PrintOptions {
 
 std::string print_graph(const Graph& g, PrintOptions opts = {});
 
+// A double as the printer writes attributes: the shortest form that reads
+// back exactly ("0.2", "1e-09", "inf", "nan"; a ".0" added to integers).
+std::string format_double(double d);
+
 // The names print_graph gives to every node of `g` ("%x", "%3"), so that
 // other dumps (the fusion plan) can refer to the printed IR.
 std::unordered_map<const Node*, std::string> value_names(const Graph& g);

@@ -339,25 +339,36 @@ Grads vjp_Attention(const NodeRef& n, const NodeRef& dy) {
   rows.pop_back();
   NodeRef lse = reshape(last(n, dv, 1), rows);
   NodeRef delta = reduce(OpKind::ReduceSum, mul(dout, last(n, 0, dv)), {r - 1}, /*keepdims=*/false);
-  const std::vector<NodeRef> operands = {q,
-                                         transpose(kt, swap),
-                                         v,
-                                         bias,
-                                         dout,
-                                         lse,
-                                         delta,
-                                         transpose(q, swap),
-                                         kt,
-                                         transpose(v, swap),
-                                         transpose(dout, swap)};
+  std::vector<NodeRef> operands = {q,
+                                   transpose(kt, swap),
+                                   v,
+                                   bias,
+                                   dout,
+                                   lse,
+                                   delta,
+                                   transpose(q, swap),
+                                   kt,
+                                   transpose(v, swap),
+                                   transpose(dout, swap)};
+  // With dropout, the gradients draw the forward's mask again (its counter
+  // offset is the forward's last operand).
+  const double dropout = a.get_float("dropout");
+  if (dropout > 0) operands.push_back(n->input(4));
   auto grad = [&](int64_t wrt) {
     return make_node(OpKind::AttentionGrad, operands,
-                     Attrs{{"causal", causal}, {"scale", scale}, {"wrt", wrt}}, n->loc());
+                     Attrs{{"causal", causal},
+                           {"dropout", dropout},
+                           {"scale", scale},
+                           {"seed", a.get_int("seed")},
+                           {"wrt", wrt}},
+                     n->loc());
   };
   // dk and dv from one kernel, side by side: [..., Lk, D + Dv]
   NodeRef dkv = grad(4);
-  return {grad(0), transpose(last(dkv, 0, d), swap), last(dkv, d, dv),
-          sum_to_shape(grad(3), bias->shape())};
+  Grads g = {grad(0), transpose(last(dkv, 0, d), swap), last(dkv, d, dv),
+             sum_to_shape(grad(3), bias->shape())};
+  if (dropout > 0) g.push_back(nullptr);  // the counter offset
+  return g;
 }
 
 Grads vjp_MatMul(const NodeRef& n, const NodeRef& dy) {

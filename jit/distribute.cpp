@@ -312,10 +312,13 @@ class Distributor {
     } else if (op == OpKind::Attention || op == OpKind::AttentionGrad) {
       // Split along a batch dim of q: every operand with that dim is split
       // the same way (a bias of extent 1 there is whole), and so is the
-      // result; otherwise every device computes the whole.
+      // result; otherwise every device computes the whole. With dropout,
+      // whole too: the mask's counters are positions in the whole scores.
       Sbp q = in_sbp(n, 0);
       const int batch = n->input(0)->rank() - 2;
-      Sbp want = q.kind == Sbp::Split && q.axis < batch ? q : Sbp::B();
+      Sbp want = q.kind == Sbp::Split && q.axis < batch && n->attrs().get_float("dropout") == 0
+                     ? q
+                     : Sbp::B();
       for (size_t i = 0; i < in.size(); ++i)
         in[i] =
             box(n->input(i),

@@ -137,6 +137,7 @@ Built Fuser::build_family(Group& g) {
   k.reduced.assign(n->rank(), false);
   KernelBuilder kb(*this, g, b);
   for (int a : buffer_args(n, b, kb)) k.params.push_back(a);  // codegen/family.h
+  if (op_arity(n->op()) < 0) k.params.push_back(static_cast<int64_t>(n->inputs().size()));
   k.summary = fam->summary(k);
   b.computes.push_back(n.get());
   return b;

@@ -16,6 +16,11 @@ struct Match {
   NodeRef q, k, v, bias;  // bias may be null
   double scale = 1;
   bool causal = false;
+  // dropout between the softmax and the second matmul: its rate, seed and
+  // counter offset (offset null: none)
+  double dropout = 0;
+  int64_t seed = 0;
+  NodeRef offset;
 };
 
 // The dim, counted from the last (0), whose index a node's values are:
@@ -77,6 +82,17 @@ bool causal_mask(const NodeRef& bias) {
   return false;
 }
 
+// Whether `keep` is true on and below the diagonal (key j <= query i):
+// less_equal(j - i, 0) of iotas, as fused_scale_tril writes it.
+bool tril(const NodeRef& keep) {
+  if (keep->op() != OpKind::LessEqual) return false;
+  const NodeRef &d = keep->input(0), &zero = keep->input(1);
+  if (d->op() != OpKind::Sub || zero->op() != OpKind::Fill || zero->rank() != 0 ||
+      zero->attrs().get_float("value") != 0.0)
+    return false;
+  return index_dim(d->input(0)) == 0 && index_dim(d->input(1)) == 1;
+}
+
 class Matcher {
  public:
   // Uses per node of the original graph; `old_of` maps a rewritten node to
@@ -94,23 +110,26 @@ class Matcher {
     return n->op() == OpKind::Fill && n->rank() == 0 && is_float(n->dtype());
   }
 
-  // matmul(q, k, transpose_b), optionally times or over a scalar constant.
+  // matmul(q, k, transpose_b), optionally times or over scalar constants
+  // (matmul's alpha, then fused_scale_tril's scale, as OneFlow's GPT writes).
   bool scaled_scores(const NodeRef& y, Match& m) const {
     NodeRef s = y;
     m.scale = 1;
-    if ((y->op() == OpKind::Mul || y->op() == OpKind::Div) && single(y)) {
-      const NodeRef &a = y->input(0), &b = y->input(1);
+    while ((s->op() == OpKind::Mul || s->op() == OpKind::Div) && single(s)) {
+      const NodeRef &a = s->input(0), &b = s->input(1);
+      NodeRef next;
       if (scalar_fill(b)) {
-        s = a;
+        next = a;
         const double c = b->attrs().get_float("value");
-        m.scale = y->op() == OpKind::Mul ? c : 1.0 / c;
-      } else if (y->op() == OpKind::Mul && scalar_fill(a)) {
-        s = b;
-        m.scale = a->attrs().get_float("value");
+        m.scale *= s->op() == OpKind::Mul ? c : 1.0 / c;
+      } else if (s->op() == OpKind::Mul && scalar_fill(a)) {
+        next = b;
+        m.scale *= a->attrs().get_float("value");
       } else {
         return false;
       }
-      if (s->shape() != y->shape()) return false;
+      if (next->shape() != y->shape()) return false;
+      s = next;
     }
     if (s->op() != OpKind::MatMul || !single(s) || s->attrs().get_bool("transpose_a") ||
         !s->attrs().get_bool("transpose_b"))
@@ -120,16 +139,51 @@ class Matcher {
     return true;
   }
 
+  // flow.nn.dropout(p) as python/flowjit/_conv.py writes it: where(
+  // greater_equal(random_uniform_at(offset), rate), p * c, 0) with c = 1 /
+  // (1 - rate) and the uniforms of p's shape and dtype; returns p.
+  NodeRef dropout_of(const NodeRef& y, Match& m) const {
+    if (y->op() != OpKind::Where || !single(y)) return nullptr;
+    const NodeRef &cond = y->input(0), &kept = y->input(1), &zero = y->input(2);
+    if (cond->op() != OpKind::GreaterEqual || kept->op() != OpKind::Mul || !single(kept) ||
+        zero->op() != OpKind::Fill || !is_float(zero->dtype()) ||
+        zero->attrs().get_float("value") != 0.0 || kept->shape() != y->shape())
+      return nullptr;
+    const NodeRef &u = cond->input(0), &rate = cond->input(1);
+    if (u->op() != OpKind::RandomUniformAt || u->shape() != y->shape() ||
+        u->dtype() != y->dtype() || !scalar_fill(rate))
+      return nullptr;
+    const double p = rate->attrs().get_float("value");
+    const int side = scalar_fill(kept->input(1)) ? 1 : scalar_fill(kept->input(0)) ? 0 : -1;
+    if (!(p > 0 && p < 1) || side < 0 ||
+        kept->input(side)->attrs().get_float("value") != 1.0 / (1.0 - p))
+      return nullptr;
+    m.dropout = p;
+    m.seed = u->attrs().get_int("seed");
+    m.offset = u->input(0);
+    return kept->input(1 - side);
+  }
+
   std::optional<Match> match(const NodeRef& n, const std::vector<NodeRef>& in) const {
     if (n->op() != OpKind::MatMul || n->attrs().get_bool("transpose_a") ||
         n->attrs().get_bool("transpose_b"))
       return std::nullopt;
-    const NodeRef &p = in[0], &v = in[1];
-    const int r = p->rank();
-    if (p->op() != OpKind::Softmax || !single(p) || r < 2 || p->attrs().get_int("axis") != r - 1)
-      return std::nullopt;
     Match m;
-    const NodeRef& x = p->input(0);
+    NodeRef p = in[0];
+    const NodeRef& v = in[1];
+    if (NodeRef kept = dropout_of(p, m)) p = kept;
+    const int r = p->rank();
+    if (p->op() != OpKind::Softmax || !single(p) || r < 2 || p->attrs().get_int("axis") != r - 1 ||
+        p->shape() != in[0]->shape())
+      return std::nullopt;
+    NodeRef x = p->input(0);
+    // fused_scale_tril's causal mask: where(j - i <= 0, scores, c), c <= -1e4
+    if (x->op() == OpKind::Where && single(x) && tril(x->input(0)) && scalar_fill(x->input(2)) &&
+        x->input(2)->attrs().get_float("value") <= -1e4 && x->input(1)->shape() == x->shape() &&
+        x->shape()[r - 1] == x->shape()[r - 2]) {
+      m.causal = true;
+      x = x->input(1);
+    }
     bool ok = scaled_scores(x, m);
     if (!ok && x->op() == OpKind::Add && single(x)) {
       for (int side = 0; side < 2 && !ok; ++side) {
@@ -212,8 +266,14 @@ Graph fuse_attention(const Graph& g, std::vector<NodeRef>& keep, std::vector<Nod
       IntList swap;
       for (int i = 0; i < m->k->rank(); ++i) swap.push_back(i);
       std::swap(swap[swap.size() - 1], swap[swap.size() - 2]);
-      NodeRef both = make_node(OpKind::Attention, {m->q, transpose(m->k, swap), m->v, bias},
-                               Attrs{{"causal", m->causal}, {"scale", m->scale}}, n->loc());
+      std::vector<NodeRef> operands = {m->q, transpose(m->k, swap), m->v, bias};
+      if (m->offset) operands.push_back(m->offset);
+      NodeRef both = make_node(OpKind::Attention, operands,
+                               Attrs{{"causal", m->causal},
+                                     {"dropout", m->dropout},
+                                     {"scale", m->scale},
+                                     {"seed", m->seed}},
+                               n->loc());
       // its rows end with each query's log-sum-exp (ops.def): the output is the rest
       const int r = both->rank();
       out =

@@ -6,9 +6,10 @@
 //
 // The pattern, as examples/transformer_lm.py and OneFlow programs write it:
 //
-//   matmul(softmax(matmul(q, k, transpose_b) [* c | / c] [+ bias], axis=-1), v)
+//   matmul(softmax(matmul(q, k, transpose_b) [* c | / c]... [+ bias], axis=-1), v)
 //
-// with q, k, v of one rank and the same batch dims, c a scalar constant, and
+// with q, k, v of one rank and the same batch dims, c scalar constants
+// (matmul's alpha and fused_scale_tril's scale multiply), and
 // every intermediate used only by the next op (a score matrix that is also
 // returned, watched or used elsewhere stays unfused). The bias is read by
 // the kernel through broadcast strides; one whose broadcast the kernel
@@ -16,8 +17,12 @@
 // causal mask, c where the key comes after the query built from iotas as
 // examples/transformer_lm.py does, with c <= -1e4, becomes the op's causal
 // flag: the kernels skip those keys, whose weights exp(s + c - max) are 0
-// unless a row's scores spread over more than -c - 104. Dropout between
-// the softmax and the second matmul is not fused (the pattern stops there).
+// unless a row's scores spread over more than -c - 104; so does
+// fused_scale_tril's where(j - i <= 0, scores, c) around the scaled scores
+// (OneFlow's GPT: fused_scale_tril_softmax_dropout). Dropout between
+// the softmax and the second matmul, as flow.nn.dropout writes it (a
+// where on random_uniform_at, python/flowjit/_conv.py), becomes the op's
+// dropout: the kernels draw the same numbers from the same counters.
 //
 // When: the attention kernels recompute the probabilities in the backward
 // (about 1.5x the multiply-adds of the unfused matmuls), so they pay where

@@ -518,6 +518,20 @@ def avg_pool3d(input: Blob, ksize: Union[int, Sequence[int]], strides: Union[int
 
 # ---------------------------------------------------------------- dropout
 
+def dropout_counter(b, shape: Sequence[int], seed: Optional[int]):
+    """The seed and the int64 counter offset of a train job's dropout mask of
+    `shape`: the offset moves by the mask's size every step, so each step
+    draws new numbers; the seed defaults to one per dropout of the job."""
+    count = b._counts.get("dropout_seed", 0)
+    b._counts["dropout_seed"] = count + 1
+    if seed is None:
+        seed = 0x5EED0000 + count  # distinct per dropout in a job, stable across runs
+    numel = 1
+    for d in shape:
+        numel *= d
+    return int(seed), _ops.multiply(b.train_step(), _ops.constant(numel, dtype=_dtypes.int64))
+
+
 def dropout(x: Blob, rate: float, noise_shape: Optional[Sequence[int]] = None, seed: Optional[int] = None,
             name: Optional[str] = None) -> Blob:
     """Zeroes each element with probability `rate` and scales the others by
@@ -544,16 +558,8 @@ def dropout(x: Blob, rate: float, noise_shape: Optional[Sequence[int]] = None, s
     if len(shape) != len(x.shape) or any(d not in (1, e) for d, e in zip(shape, x.shape)):
         _trace.fail(ValueError, f"dropout: noise_shape {shape} must have x's rank with each extent 1 or "
                     f"x's ({list(x.shape)})")
-    count = b._counts.get("dropout_seed", 0)
-    b._counts["dropout_seed"] = count + 1
-    if seed is None:
-        seed = 0x5EED0000 + count  # distinct per dropout in a job, stable across runs
-    numel = 1
-    for d in shape:
-        numel *= d
-    step = b.train_step()
-    offset = _ops.multiply(step, _ops.constant(numel, dtype=_dtypes.int64))
-    u = _ops.make(K.random_uniform_at, [offset], {"shape": shape, "dtype": x.dtype.c, "seed": int(seed)},
+    seed, offset = dropout_counter(b, shape, seed)
+    u = _ops.make(K.random_uniform_at, [offset], {"shape": shape, "dtype": x.dtype.c, "seed": seed},
                   api="dropout")
     keep = _ops.greater_equal(u, rate)
     return _ops.where(keep, _ops.multiply(x, 1.0 / (1.0 - rate)), _ops.zeros_like(x), name=name)

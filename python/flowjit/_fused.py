@@ -10,7 +10,7 @@ from . import _C, _dtypes, _ops, _trace
 from ._activations import gelu
 from ._blob import Blob
 from ._composite import _triangle, blob, floating, number
-from ._conv import dropout
+from ._conv import dropout, dropout_counter
 
 K = _C.OpKind
 
@@ -214,7 +214,7 @@ def scaled_dot_product_attention(query: Blob, key: Blob, value: Blob, attn_mask:
     It is one attention kernel (and three for its gradients) that computes
     the softmax online: no (Lq, Lk) score matrix is stored. With
     ``dropout_p`` > 0 in a train job the probabilities are dropped out as
-    flow.nn.dropout does, through the unfused composition.
+    flow.nn.dropout does (the same mask), inside the kernels.
 
     Example:
         >>> @flow.global_function()
@@ -261,13 +261,6 @@ def scaled_dot_product_attention(query: Blob, key: Blob, value: Blob, attn_mask:
             _trace.fail(TypeError, f"{api}: attn_mask must be bool or query's dtype {query.dtype.name}, "
                         f"got {attn_mask.dtype.name}")
     b = _trace.require_builder(f"flow.nn.{api}")
-    if p > 0.0 and b.type == "train":
-        s = _ops.matmul(query, key, transpose_b=True, alpha=scale)
-        if is_causal:
-            s = fused_scale_tril(s, fill_value=float("-inf"))
-        if bias is not None:
-            s = s + bias
-        return _ops.matmul(dropout(_ops.softmax(s), p), value, name=name)
     if bias is None:
         bias = _ops.constant(0.0, query.dtype, shape=[1] * r)
     else:
@@ -279,7 +272,12 @@ def scaled_dot_product_attention(query: Blob, key: Blob, value: Blob, attn_mask:
         if runs > 1:  # the kernel reads one run of batch dims: broadcast the rest
             bias = _ops.broadcast_to(bias, list(qs[:-2]) + list(ms[-2:]))
     kt = _ops.transpose(key, list(range(r - 2)) + [r - 1, r - 2])
-    both = _ops.make(K.attention, [query, kt, value, bias], {"causal": is_causal, "scale": scale}, api=api)
+    operands, attrs = [query, kt, value, bias], {"causal": is_causal, "scale": scale}
+    if p > 0.0 and b.type == "train":  # flow.nn.dropout's mask over the probabilities, in the kernels
+        seed, offset = dropout_counter(b, list(qs[:-2]) + [lq, lk], None)
+        operands.append(offset)
+        attrs.update(dropout=p, seed=seed)
+    both = _ops.make(K.attention, operands, attrs, api=api)
     # the op's rows end with each query's log-sum-exp (for its gradient): the output is the rest
     dv = vs[-1]
     return _ops.make(K.slice, [both], {"begin": [0] * r, "step": [1] * r, "shape": list(qs[:-1]) + [dv]},

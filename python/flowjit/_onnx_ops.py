@@ -468,15 +468,24 @@ def _segment_sum(c, n, x, shapes=None):
 def _attention(c, n, x, shapes=None):
     """softmax(q @ kt * scale + bias, keys after the query masked when
     causal) @ v, then each row's log-sum-exp as one more column: the op's
-    layout (ir/ops.def), of which the job reads a slice."""
-    q, kt, v, bias = x
+    layout (ir/ops.def), of which the job reads a slice. A dropout is
+    exported as its distribution, as the random ops are."""
+    q, kt, v, bias = x[:4]
     lq, lk = int(shapes[0][-2]), int(shapes[1][-1])
     s = c.op("MatMul", [q, kt])
     s = c.op("Add", [c.op("Mul", [s, c.scalar(float(n.attr("scale")), n.dtype)]), bias])
     if n.attr("causal"):
         above = np.triu(np.ones((lq, lk), np.bool_), 1)
         s = c.op("Where", [c.const(above, np.bool_), c.scalar(float("-inf"), n.dtype), s])
-    out = c.op("MatMul", [c.op("Softmax", [s], axis=-1), v])
+    p = c.op("Softmax", [s], axis=-1)
+    rate = float(_attr(n, "dropout", 0.0))
+    if rate > 0:
+        u = c.op("RandomUniform", [], dtype=ONNX_DTYPES[n.dtype],
+                 shape=[int(d) for d in shapes[0][:-1]] + [lk], seed=float(_attr(n, "seed", 0)))
+        keep = c.op("GreaterOrEqual", [u, c.scalar(rate, n.dtype)])
+        p = c.op("Where", [keep, c.op("Mul", [p, c.scalar(1.0 / (1.0 - rate), n.dtype)]),
+                           c.scalar(0.0, n.dtype)])
+    out = c.op("MatMul", [p, v])
     lse = c.axes_op("ReduceLogSumExp", s, [-1], since=18, keepdims=1)
     return c.op("Concat", [out, lse], axis=-1)
 

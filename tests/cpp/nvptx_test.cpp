@@ -206,17 +206,21 @@ Graph index_checks() {
 // Rows long enough for a block per row, a thread per column, every float type.
 // The attention families (codegen/families/attention): the forward, the
 // log-sum-exp and every gradient, causal with more queries than keys, a
-// bias that varies along one batch dim and the keys, odd head dims.
-Graph attention_parts() {
+// bias that varies along one batch dim and the keys, odd head dims; with
+// `dropout`, the mask drawn from the offset operand's counters.
+Graph attention_parts(double dropout = 0) {
   auto q = param("q", 0, {2, 3, 20, 8});
   auto k = param("k", 1, {2, 3, 17, 8});
   auto v = param("v", 2, {2, 3, 17, 5});
   auto bias = param("b", 3, {1, 3, 1, 17});
   auto dy = param("dy", 4, {2, 3, 20, 5});
+  auto offset = param("offset", 5, {}, DType::Int64);
   const IntList sw = {0, 1, 3, 2};
   auto kt = transpose(k, sw);
-  Attrs a{{"causal", true}, {"scale", 0.4}};
-  auto both = make_node(OpKind::Attention, {q, kt, v, bias}, a);  // [2, 3, 20, 5 + 1]
+  Attrs a{{"causal", true}, {"dropout", dropout}, {"scale", 0.4}, {"seed", int64_t{77}}};
+  std::vector<NodeRef> fwd = {q, kt, v, bias};
+  if (dropout > 0) fwd.push_back(offset);
+  auto both = make_node(OpKind::Attention, fwd, a);  // [2, 3, 20, 5 + 1]
   auto slice = [&](int64_t from, int64_t width) {
     return make_node(OpKind::Slice, {both},
                      Attrs{{"begin", IntList{0, 0, 0, from}},
@@ -228,13 +232,16 @@ Graph attention_parts() {
   auto delta = reduce(OpKind::ReduceSum, binary(OpKind::Mul, dy, out), {3}, false);
   std::vector<NodeRef> operands = {
       q, k, v, bias, dy, lse, delta, transpose(q, sw), kt, transpose(v, sw), transpose(dy, sw)};
+  if (dropout > 0) operands.push_back(offset);
   std::vector<NodeRef> outs = {both};
   for (int64_t wrt = 0; wrt < 5; ++wrt) {
     Attrs g = a;
     g.set("wrt", wrt);
     outs.push_back(make_node(OpKind::AttentionGrad, operands, g));
   }
-  return make_graph({q, k, v, bias, dy}, outs);
+  std::vector<NodeRef> params = {q, k, v, bias, dy};
+  if (dropout > 0) params.push_back(offset);
+  return make_graph(params, outs);
 }
 
 Graph reductions_by_mapping() {
@@ -492,6 +499,7 @@ const std::vector<Case>& suite() {
     c.push_back({"reduce_axis0", parse_graph(kReduceAxis0), {}});
     c.push_back({"segment_sum", parse_graph(kSegmentSum), {}});
     c.push_back({"attention", attention_parts(), {}});
+    c.push_back({"attention_dropout", attention_parts(0.3), {}});
     c.push_back({"reductions_by_mapping", reductions_by_mapping(), {}});
     for (DType dt : {DType::Float32, DType::Float64, DType::Int32})
       c.push_back({"reductions_" + std::string(dtype_short_name(dt)), reductions_all(dt), {}});

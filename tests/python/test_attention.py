@@ -228,7 +228,7 @@ def test_the_pattern_trains_like_the_composition(monkeypatch):
     assert np.abs(w1 - 1).max() > 1e-3  # the step moved the weight
 
 
-def test_scores_used_twice_or_dropout_stay_unfused(monkeypatch):
+def test_scores_used_twice_stay_unfused(monkeypatch):
     monkeypatch.setenv("FLOWJIT_FUSE_ATTENTION", "1")
     B, H, T, D = 1, 2, 6, 4
     x = rng(5).standard_normal((B, H, T, D)).astype(np.float32)
@@ -241,14 +241,116 @@ def test_scores_used_twice_or_dropout_stay_unfused(monkeypatch):
     np.testing.assert_allclose(twice(x), want + p.sum(-1, keepdims=True), rtol=2e-5, atol=2e-5)
     assert "family attention" not in twice.compiled_jobs()[0].as_text("kernels")
 
+
+@pytest.mark.parametrize("causal, T, dtype", [(True, 70, np.float32), (False, 37, np.float64)])
+def test_dropout_in_the_kernels_trains_like_the_composition(causal, T, dtype, monkeypatch):
+    """flow.nn.dropout between the softmax and the second matmul fuses into
+    the attention kernels, which draw flow.nn.dropout's own mask: two SGD
+    steps (a new mask each) of weights on q, k, v and a learned bias give
+    what the unfused composition gives, and so does
+    scaled_dot_product_attention(dropout_p=...)."""
+    B, H, D = 2, 3, 8
+    x = rng(11).standard_normal((B, H, T, D)).astype(dtype)
+    fdt = dt(x)
+
+    def run(mode, sdpa):
+        monkeypatch.setenv("FLOWJIT_FUSE_ATTENTION", mode)
+        flow.clear_default_session()
+
+        @flow.global_function(type="train")
+        def job(x: tp.Numpy.Placeholder((B, H, T, D), dtype=fdt)) -> tp.Numpy:
+            w = [flow.get_variable(f"w{i}", (D,), dtype=fdt, initializer=flow.ones_initializer())
+                 for i in range(3)]
+            bias = flow.get_variable("bias", (1, H, 1, T), dtype=fdt, initializer=flow.zeros_initializer())
+            q, k, v = x * w[0], x * w[1] * 0.5, x * w[2] + 1.0
+            if sdpa:
+                y = flow.nn.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.3,
+                                                         is_causal=causal, scale=0.35)
+            else:
+                if causal:  # the mask in the bias (the pattern takes one bias)
+                    rows = flow.reshape(flow.range(T), [T, 1])
+                    cols = flow.reshape(flow.range(T), [1, T])
+                    bias = bias + flow.math.multiply(flow.cast(flow.math.greater(cols, rows), fdt), -1e9)
+                s = flow.math.multiply(flow.matmul(q, k, transpose_b=True), 0.35) + bias
+                y = flow.matmul(flow.nn.dropout(flow.nn.softmax(s), rate=0.3), v)
+            flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.01]), momentum=0).minimize(
+                flow.math.reduce_sum(y * y))
+            return y
+        ys = [job(x) for _ in range(2)]
+        fused = "family attention" in job.compiled_jobs()[0].as_text("kernels")
+        return ys, flow.get_all_variables(), fused
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-10)
+    y0, v0, f0 = run("0", False)
+    assert not f0
+    assert not np.allclose(y0[0], y0[1], atol=1e-2)  # a new mask (and weights) each step
+    for mode, sdpa in (("1", False), ("0", True)):
+        y1, v1, f1 = run(mode, sdpa)
+        assert f1
+        for a, b in zip(y1, y0):
+            np.testing.assert_allclose(a, b, **tol)
+        for name in ("w0", "w1", "w2", "bias"):
+            np.testing.assert_allclose(np.array(v1[name]), np.array(v0[name]), **tol)
+            assert np.abs(np.array(v1[name]) - (name != "bias")).max() > 1e-4, name  # it moved
+
+
+@pytest.mark.parametrize("fill", [float("-inf"), -10000.0])
+def test_oneflow_gpt_attention_fuses(fill, monkeypatch):
+    """OneFlow's GPT writes its attention as
+    fused_self_attention_query_mul_key_and_value (matmul with alpha),
+    fused_scale_tril_softmax_dropout (a second scale, the causal where,
+    softmax, dropout) and a matmul: one attention op, causal, with the two
+    scales multiplied and the dropout in the kernels; training matches the
+    composition."""
+    S, N, H, HS = 40, 2, 3, 4
+    h = rng(12).standard_normal((S, N, H * 3 * HS)).astype(np.float32)
+
+    def run(mode):
+        monkeypatch.setenv("FLOWJIT_FUSE_ATTENTION", mode)
+        flow.clear_default_session()
+
+        @flow.global_function(type="train")
+        def job(h: tp.Numpy.Placeholder((S, N, H * 3 * HS))) -> tp.Numpy:
+            w = flow.get_variable("w", (H * 3 * HS,), initializer=flow.ones_initializer())
+            qmk, v = flow.nn.fused_self_attention_query_mul_key_and_value(h * w, HS, alpha=0.5)
+            p = flow.math.fused_scale_tril_softmax_dropout(qmk, diagonal=0, fill_value=fill, scale=0.8,
+                                                           rate=0.2)
+            y = flow.matmul(p, v)
+            flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.01]), momentum=0).minimize(
+                flow.math.reduce_sum(y * y))
+            return y
+        ys = [job(h) for _ in range(2)]
+        return ys, np.array(flow.get_all_variables()["w"]), job.compiled_jobs()[0].as_text("plan")
+    y0, w0, k0 = run("0")
+    y1, w1, k1 = run("1")
+    assert "attention of" not in k0
+    assert "causal, dropout 0.2" in k1
+    for a, b in zip(y1, y0):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(w1, w0, rtol=1e-4, atol=1e-4)
+    assert np.abs(w1 - 1).max() > 1e-4
+
+
+def test_dropout_statistics_in_the_kernel():
+    """With q = k = 0 every probability is 1 / Lk, and v the identity reads
+    out z / Lk: each weight is dropped (0) or kept and scaled by
+    1 / (1 - p), dropped at rate p, and each step draws a new mask."""
+    B, L, p = 4, 96, 0.3
+    q = np.zeros((B, L, L), np.float32)
+    eye = np.broadcast_to(np.eye(L, dtype=np.float32), (B, L, L)).copy()
+
     @flow.global_function(type="train")
-    def dropped(x: tp.Numpy.Placeholder((B, H, T, D))) -> tp.Numpy:
-        w = flow.get_variable("w", (D,), initializer=flow.ones_initializer())
-        y = lm_attention(x * w, T, D, 2, dropout=0.5)
+    def job(q: tp.Numpy.Placeholder((B, L, L)), v: tp.Numpy.Placeholder((B, L, L))) -> tp.Numpy:
+        w = flow.get_variable("w", (L,), initializer=flow.ones_initializer())
+        y = flow.nn.scaled_dot_product_attention(q * w, q, v, dropout_p=p)
         flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.0])).minimize(flow.math.reduce_sum(y))
         return y
-    dropped(x)
-    assert "family attention" not in dropped.compiled_jobs()[0].as_text("kernels")
+    z1, z2 = job(q, eye) * L, job(q, eye) * L
+    assert "family attention" in job.compiled_jobs()[0].as_text("kernels")
+    for z in (z1, z2):
+        kept = np.isclose(z, 1 / (1 - p), rtol=1e-5)
+        assert (kept | (z == 0)).all()
+        assert abs(1 - kept.mean() - p) < 0.02, kept.mean()
+    assert (z1 != z2).mean() > 0.3  # about 2 p (1 - p) of the weights differ
 
 
 def test_bad_operands_are_clear_errors():
@@ -261,9 +363,11 @@ def test_bad_operands_are_clear_errors():
         sdpa_predict(q.astype(np.int32), q, q)
 
 
-def test_data_parallel_attention_over_two_devices_matches_one():
+@pytest.mark.parametrize("dropout", [0.0, 0.25])
+def test_data_parallel_attention_over_two_devices_matches_one(dropout):
     """The batch split over 2 devices (jit/distribute: attention splits along
-    q's batch dim, a bias of extent 1 there stays whole)."""
+    q's batch dim, a bias of extent 1 there stays whole; with dropout every
+    device computes the whole, so the mask is the one device's)."""
     x = rng(9).standard_normal((8, 2, 12, 4)).astype(np.float32)
     keep = np.ones((8, 1, 1, 12), bool)
     keep[::3, ..., 9:] = False
@@ -279,13 +383,15 @@ def test_data_parallel_attention_over_two_devices_matches_one():
                 m: tp.Numpy.Placeholder((8, 1, 1, 12), dtype=flow.bool)) -> tp.Numpy:
             w = flow.get_variable("w", (4, 4), initializer=flow.random_normal_initializer(seed=5))
             q = flow.matmul(x, w)
-            y = flow.nn.scaled_dot_product_attention(q, x, x * 2.0, attn_mask=m, is_causal=True)
+            y = flow.nn.scaled_dot_product_attention(q, x, x * 2.0, attn_mask=m, is_causal=True,
+                                                     dropout_p=dropout)
             loss = flow.math.reduce_mean(y * y)
             flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.5]), momentum=0).minimize(loss)
             return loss
 
         losses = [job(x, keep) for _ in range(3)]
-        assert losses[2] < losses[0]  # it trains
+        if not dropout:
+            assert losses[2] < losses[0]  # it trains
         return np.array(losses), np.array(flow.get_all_variables()["w"])
 
     try:
@@ -296,7 +402,7 @@ def test_data_parallel_attention_over_two_devices_matches_one():
     np.testing.assert_allclose(w2, w1, rtol=1e-5, atol=1e-6)
 
 
-def test_dropout_trains_through_the_composition_and_predict_ignores_it():
+def test_dropout_trains_in_the_kernels_and_predict_ignores_it():
     x = rng(10).standard_normal((2, 6, 4)).astype(np.float32)
 
     @flow.global_function(type="train")
@@ -306,7 +412,7 @@ def test_dropout_trains_through_the_composition_and_predict_ignores_it():
         flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.0])).minimize(flow.math.reduce_sum(y))
         return y
     y = train(x)
-    assert "family attention" not in train.compiled_jobs()[0].as_text("kernels")
+    assert "family attention" in train.compiled_jobs()[0].as_text("kernels")
     assert np.isfinite(y).all()
     assert not np.allclose(y, reference(x, x, x, None, True, 0.5)[0], atol=1e-3)  # some weights dropped
     # the first query sees only the first key: kept (scaled by 2) or dropped

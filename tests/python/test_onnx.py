@@ -407,3 +407,23 @@ def test_scaled_dot_product_attention(rng):
     m[1, ..., 5:] = False
     model = assert_same(attend, q, k, m)
     assert {"Softmax", "Where", "ReduceLogSumExp"} <= op_types(model)
+
+
+def test_attention_dropout_exports_as_onnx_random(rng):
+    """A train job's attention with dropout (its kernels draw the mask) keeps
+    it with training=True, as the distribution, like flow.nn.dropout."""
+    @flow.global_function(type="train")
+    def attend(q: tp.Numpy.Placeholder((2, 5, 4))) -> tp.Numpy:
+        w = flow.get_variable("aw", (4,), initializer=flow.ones_initializer())
+        y = flow.nn.scaled_dot_product_attention(q * w, q, q, dropout_p=0.5, is_causal=True)
+        loss = flow.math.reduce_mean(y * y)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1])).minimize(loss)
+        return y
+
+    q = rng.standard_normal((2, 5, 4)).astype(np.float32)
+    assert "RandomUniform" not in op_types(fo.export(attend))
+    model = fo.export(attend, training=True)
+    assert {"RandomUniform", "GreaterOrEqual"} <= op_types(model)
+    y = run_onnx(model, q)[0]
+    # the first query sees only the first key: kept (scaled by 2) or dropped
+    assert np.all(np.isclose(y[:, 0], 2 * q[:, 0], atol=1e-5) | np.isclose(y[:, 0], 0, atol=1e-6))

@@ -3,7 +3,7 @@
 // attention, attention_grad; jit/passes/attention forms them).
 //
 // Params {groups, lq, lk, d, dv, causal, gdiv, gmod, gstride, qstride,
-// kstride, part, scale bits}: q is [groups, lq, d], k [groups, lk, d], v
+// kstride, part, scale bits, dropout bits, seed}: q is [groups, lq, d], k [groups, lk, d], v
 // [groups, lk, dv] (every batch dim flattened into groups); the bias is read
 // through its strides (attention.h), so a [T, T] mask or a [B, 1, 1, T]
 // padding bias is never broadcast in memory. A causal kernel skips the keys
@@ -16,12 +16,18 @@
 // flash-attention identities: dp = dout.v, ds = p (dp - delta)); dq's tasks
 // own queries, dk's and dv's own keys, so no two tasks write one element and
 // the sums do not depend on the threads.
+//
+// With dropout the output sums z p v, z = 0 or 1 / (1 - dropout) drawn
+// from each score's counter (attention.h), while the running sum (and so
+// lse) is the undropped softmax's. The backward draws the same z: dv sums
+// z p dout, and ds = p (z dp - delta), delta still sum(dout * out).
 #include "codegen/families/attention/attention.h"
 
 #include <cstring>
 
 #include "codegen/family.h"
 #include "ir/node.h"
+#include "ir/printer.h"
 
 namespace flowjit::codegen {
 
@@ -44,9 +50,11 @@ std::vector<int64_t> params(const ir::Node& n) {
   const int64_t lq = q[r - 2];
   const int64_t part =
       n.op() == OpKind::Attention ? AttentionParams::Out : 2 + n.attrs().get_int("wrt");
-  const double scale = n.attrs().get_float("scale");
-  int64_t bits;
-  std::memcpy(&bits, &scale, sizeof(bits));
+  auto bits = [](double x) {
+    int64_t b;
+    std::memcpy(&b, &x, sizeof(b));
+    return b;
+  };
   return {dims_product(q, 0, nb),
           lq,
           lk,
@@ -59,7 +67,9 @@ std::vector<int64_t> params(const ir::Node& n) {
           bias[r - 2] == lq && lq != 1 ? bias[r - 1] : 0,
           bias[r - 1] == lk && lk != 1 ? 1 : 0,
           part,
-          bits};
+          bits(n.attrs().get_float("scale")),
+          bits(n.attrs().get_float("dropout")),
+          n.attrs().get_int("seed")};
 }
 
 const char* part_name(AttentionParams::Part part) {
@@ -84,7 +94,8 @@ std::string summary(const Kernel& k) {
   const AttentionParams p(k);
   return std::string(part_name(p.part)) + " of " + std::to_string(p.groups) + " x " +
          std::to_string(p.lq) + " queries over " + std::to_string(p.lk) + " keys, d " +
-         std::to_string(p.d) + ", dv " + std::to_string(p.dv) + (p.causal ? ", causal" : "");
+         std::to_string(p.d) + ", dv " + std::to_string(p.dv) + (p.causal ? ", causal" : "") +
+         (p.dropout > 0 ? ", dropout " + ir::format_double(p.dropout) : "");
 }
 
 int64_t flops(const Kernel& k) {

@@ -45,6 +45,8 @@ class AttentionEmitter {
     b_.SetInsertPoint(llvm::BasicBlock::Create(ctx, "entry", f_));
     const std::vector<Value*> ptrs = load_kernel_args(b_, f_, k_.args.size());
     for (int o = 0; o < P::kOperands; ++o) ptr_[o] = p_.arg[o] >= 0 ? ptrs[p_.arg[o]] : nullptr;
+    if (p_.dropout > 0)
+      offset_ = b_.CreateAlignedLoad(b_.getInt64Ty(), ptr_[P::Offset], llvm::Align(8), "offset");
     // Scratch: two score blocks, the row state and the rows being summed.
     Value* scratch = f_->getArg(3);
     int64_t at = 0;
@@ -221,6 +223,22 @@ class AttentionEmitter {
   }
   Value* s_row(Value* r) { return b_.CreateMul(r, i64(cols_)); }  // a row of s_ and t2_
 
+  // The dropout's factors z (0 or 1 / (1 - dropout)) of w scores whose
+  // indices in [groups, lq, lk] are first + l * step for lanes l; null
+  // without dropout.
+  Value* keep(Value* first, int64_t step, int w) {
+    if (p_.dropout <= 0) return nullptr;
+    Value* counter =
+        b_.CreateAdd(splat(b_.CreateAdd(first, offset_), w),
+                     step == 1 ? lane_iota(w) : b_.CreateMul(lane_iota(w), splat(i64(step), w)));
+    llvm::Type* ty = with_width(elem_, w);
+    Value* u = math_.random(b_, OpKind::RandomUniform, counter,
+                            b_.getInt64(static_cast<uint64_t>(p_.seed)), ty);
+    return b_.CreateSelect(b_.CreateFCmpOGE(u, fconst(p_.dropout, w)),
+                           fconst(1.0 / (1.0 - p_.dropout), w), fconst(0, w));
+  }
+  Value* times(Value* x, Value* z) { return z ? b_.CreateFMul(x, z) : x; }
+
   // The task's accumulators to zero (and, for the forward, its row state).
   void init_rows(const std::vector<Value*>& accs, bool softmax_state) {
     loop(
@@ -270,6 +288,9 @@ class AttentionEmitter {
                 Value* i = b_.CreateAdd(q0, r);
                 Value* ic = min(i, i64(p_.lq - 1));
                 Value* srow = s_row(r);
+                // the index of score (ic, j0) in [groups, lq, lk]
+                Value* score0 = b_.CreateAdd(
+                    b_.CreateMul(b_.CreateAdd(b_.CreateMul(g, i64(p_.lq)), ic), i64(p_.lk)), j0);
                 auto score = [&](Value* x, int w) {
                   Value* s = fma(load(s_, b_.CreateAdd(srow, x), w), fconst(p_.scale, w),
                                  bias_along_keys(ic, j0, x, w));
@@ -286,9 +307,9 @@ class AttentionEmitter {
                       [&](Value* x, int w) {
                         Value* pr =
                             math_.unary(b_, OpKind::Exp, b_.CreateFSub(score(x, w), splat(lse, w)));
-                        Value* ds = b_.CreateFMul(
-                            pr,
-                            b_.CreateFSub(load(t2_, b_.CreateAdd(srow, x), w), splat(delta, w)));
+                        Value* dp = times(load(t2_, b_.CreateAdd(srow, x), w),
+                                          keep(b_.CreateAdd(score0, x), 1, w));
+                        Value* ds = b_.CreateFMul(pr, b_.CreateFSub(dp, splat(delta, w)));
                         store(ds, s_, b_.CreateAdd(srow, x));
                       },
                       "ds");
@@ -324,7 +345,8 @@ class AttentionEmitter {
                   Value* e = math_.unary(
                       b_, OpKind::Exp,
                       b_.CreateFSub(load(s_, b_.CreateAdd(srow, x), w), splat(base, w)));
-                  store(e, s_, b_.CreateAdd(srow, x));
+                  // the output sums the dropped-out probabilities, the sum all
+                  store(times(e, keep(b_.CreateAdd(score0, x), 1, w)), s_, b_.CreateAdd(srow, x));
                   return e;
                 });
                 store(fma(load(l_row_, r), corr, sum), l_row_, r);
@@ -437,12 +459,14 @@ class AttentionEmitter {
                       Value* qi = b_.CreateAdd(lq_g, b_.CreateAdd(i0, x));
                       Value* pr = math_.unary(b_, OpKind::Exp,
                                               b_.CreateFSub(s, load(ptr_[P::LseIn], qi, w)));
+                      // score (i0 + x, jc) is at (qi lk + jc) in [groups, lq, lk]
+                      Value* z = keep(b_.CreateAdd(b_.CreateMul(qi, i64(p_.lk)), jc), p_.lk, w);
                       Value* ds = nullptr;
                       if (dk)
-                        ds = b_.CreateFMul(
-                            pr, b_.CreateFSub(load(t2_, e, w), load(ptr_[P::Delta], qi, w)));
-                      // s_ gets the block's p (dv) or ds (dk alone); t2_ ds when both
-                      store(dv ? pr : ds, s_, e);
+                        ds = b_.CreateFMul(pr, b_.CreateFSub(times(load(t2_, e, w), z),
+                                                             load(ptr_[P::Delta], qi, w)));
+                      // s_ gets the block's z p (dv) or ds (dk alone); t2_ ds when both
+                      store(dv ? times(pr, z) : ds, s_, e);
                       if (both) store(ds, t2_, e);
                     },
                     "p");
@@ -510,6 +534,7 @@ class AttentionEmitter {
   Value *s_ = nullptr, *t2_ = nullptr, *m_row_ = nullptr, *l_row_ = nullptr, *acc_ = nullptr,
         *acc2_ = nullptr;
   Value* bias0_ = nullptr;
+  Value* offset_ = nullptr;  // the dropout's counter offset
 };
 
 }  // namespace

@@ -2,7 +2,7 @@
 // grid-stride, with scalar loops: the forward walks the query's keys keeping
 // the running max, sum and output row (in local memory), rescaled when the
 // max grows; the gradients recompute each probability from lse (attention.cpp
-// has the identities). A first kernel that is right everywhere; tiles in
+// has the identities, dropout's too). A first kernel that is right everywhere; tiles in
 // shared memory and a warp per row are what a faster one adds.
 #include <algorithm>
 #include <cmath>
@@ -60,6 +60,20 @@ llvm::Function* emit_attention_any(llvm::Module& m, const Kernel& k, MathProvide
   };
   auto min_i = [&](Value* x, Value* y) { return b.CreateSelect(b.CreateICmpSLT(x, y), x, y); };
   auto exp = [&](Value* x) { return math.unary(b, OpKind::Exp, x); };
+  // The dropout's factor z of score (i, j) of group g (attention.h), or x
+  // itself without dropout: x z.
+  Value* offset =
+      p.dropout > 0 ? b.CreateAlignedLoad(b.getInt64Ty(), ptr(P::Offset), llvm::Align(8), "offset")
+                    : nullptr;
+  auto dropped = [&](Value* x, Value* g, Value* i, Value* j) -> Value* {
+    if (!offset) return x;
+    Value* counter = b.CreateAdd(
+        b.CreateAdd(b.CreateMul(b.CreateAdd(b.CreateMul(g, i64(p.lq)), i), i64(p.lk)), j), offset);
+    Value* u = math.random(b, OpKind::RandomUniform, counter,
+                           b.getInt64(static_cast<uint64_t>(p.seed)), elem);
+    return b.CreateSelect(b.CreateFCmpOGE(u, fc(p.dropout)),
+                          b.CreateFMul(x, fc(1.0 / (1.0 - p.dropout))), fc(0));
+  };
   // sum over c < n of a[a0 + c * as] * c[c0 + c * cs]
   auto dot = [&](Value* a, Value* a0, int64_t as, Value* c, Value* c0, int64_t cs, int64_t n) {
     Value* acc = var("dot", fc(0));
@@ -128,12 +142,13 @@ llvm::Function* emit_attention_any(llvm::Module& m, const Kernel& k, MathProvide
                 b.CreateStore(b.CreateFAdd(b.CreateFMul(get(l), corr), e), l);
                 b.CreateStore(m_new, mx);
                 {
+                  Value* ez = dropped(e, g, r, j);  // the sum is the undropped softmax's
                   Value* v0 = b.CreateMul(b.CreateAdd(krow0, j), i64(p.dv));
                   loop(
                       i64(0), i64(p.dv),
                       [&](Value* c) {
                         Value* a = b.CreateFMul(load(acc, c), corr);
-                        a = b.CreateFAdd(a, b.CreateFMul(e, load(ptr(P::V), b.CreateAdd(v0, c))));
+                        a = b.CreateFAdd(a, b.CreateFMul(ez, load(ptr(P::V), b.CreateAdd(v0, c))));
                         store(a, acc, c);
                       },
                       "pv");
@@ -177,11 +192,14 @@ llvm::Function* emit_attention_any(llvm::Module& m, const Kernel& k, MathProvide
                     },
                     "acc");
               };
-              if (dkv) axpy(acc2, pr, ptr(P::DOut), b.CreateMul(qi, i64(p.dv)), p.dv);
+              if (dkv)
+                axpy(acc2, dropped(pr, g, i, j), ptr(P::DOut), b.CreateMul(qi, i64(p.dv)), p.dv);
               if (p.part != P::DV) {
                 Value* dp = dot(ptr(P::DOut), b.CreateMul(qi, i64(p.dv)), 1, ptr(P::V),
                                 b.CreateMul(b.CreateAdd(krow0, j), i64(p.dv)), 1, p.dv);
-                pr = b.CreateFMul(pr, b.CreateFSub(dp, load(ptr(P::Delta), qi)));
+                pr = b.CreateFMul(pr, b.CreateFSub(dropped(dp, g, i, j), load(ptr(P::Delta), qi)));
+              } else {
+                pr = dropped(pr, g, i, j);
               }
               if (p.part == P::DScores) {
                 store(pr, ptr(P::Result), b.CreateAdd(b.CreateMul(row, i64(p.lk)), j));
