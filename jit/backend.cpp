@@ -9,14 +9,21 @@ namespace flowjit::jit {
 
 namespace {
 
+std::vector<std::string> no_files() { return {}; }
+
 struct Registration {
   Target::Kind kind;
   std::unique_ptr<Backend> (*make)(const JobDescription&, const Target&, const RunDevice&);
+  const char* triple_prefix;  // of the targets (TargetId::triple) its entries record
+  CachedCodeChecks checks;    // its cache_files() and check_cached(), without a job
 };
 
-constexpr Registration kBackends[] = {
-    {Target::Kind::Cpu, &backends::make_cpu},
-    {Target::Kind::Gpu, &backends::make_nvptx},
+const Registration kBackends[] = {
+    {Target::Kind::Cpu, &backends::make_cpu, "x86_64-", {&no_files, &backends::check_cached_cpu}},
+    {Target::Kind::Gpu,
+     &backends::make_nvptx,
+     "nvptx64-",
+     {&backends::nvptx_cache_files, &backends::check_cached_nvptx}},
 };
 
 }  // namespace
@@ -26,6 +33,12 @@ std::unique_ptr<Backend> make_backend(const JobDescription& job, const Target& t
   for (const Registration& r : kBackends)
     if (r.kind == target.kind) return r.make(job, target, device);
   FJ_CHECK(false, "no backend registered for target kind ", static_cast<int>(target.kind));
+  return nullptr;
+}
+
+const CachedCodeChecks* cached_code_checks(const std::string& target) {
+  for (const Registration& r : kBackends)
+    if (target.rfind(r.triple_prefix, 0) == 0) return &r.checks;
   return nullptr;
 }
 

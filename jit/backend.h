@@ -97,6 +97,17 @@ class Backend {
   virtual void bind(runtime::Program& program, runtime::VariableStore& store) const = 0;
 };
 
+// What a backend checks of cached code, reachable without a job or a
+// device (the cache tool's verify): its Backend::cache_files() and
+// Backend::check_cached().
+struct CachedCodeChecks {
+  std::vector<std::string> (*files)();
+  void (*check)(const CodeObject& code);
+};
+// Those of the backend whose entries record `target` (an entry's
+// TargetId::str()); null when no registered backend writes such entries.
+const CachedCodeChecks* cached_code_checks(const std::string& target);
+
 // The backend for `target` (the registration table is in backend.cpp).
 // UserError when `job` cannot run there (e.g. several devices on a GPU, a
 // GPU older than every supported SM).

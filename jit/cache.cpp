@@ -182,8 +182,7 @@ std::string printable_text(std::string_view s) {
 // ---------------------------------------------------------------- JSON
 //
 // meta.json through llvm/Support/JSON.h. Objects print with sorted keys, so
-// the MAC lists an entry's files in that order on both sides (the Python
-// tool hashes meta.json's order, which is this one).
+// an entry's files are listed in the order its MAC covers them.
 
 namespace {
 
@@ -449,16 +448,23 @@ class FileLock {
   int fd_ = -1;
 };
 
+// The files every entry holds, in the order they are written (then the
+// target's extra files).
+const char* const kEntryFiles[] = {"object.o",   "plan.txt",    "ir_traced.txt", "ir_optimized.txt",
+                                   "fusion.txt", "kernels.txt", "llvm.ll"};
+
 // The payload files of an entry, in the order they are written.
 std::vector<std::pair<const char*, std::string_view>> payload(const CacheEntry& e) {
-  std::vector<std::pair<const char*, std::string_view>> files = {
-      {"object.o", std::string_view(e.object.data(), e.object.size())},
-      {"plan.txt", e.plan},
-      {"ir_traced.txt", e.ir_traced},
-      {"ir_optimized.txt", e.ir_optimized},
-      {"fusion.txt", e.fusion_plan},
-      {"kernels.txt", e.kernels},
-      {"llvm.ll", e.llvm_ir}};
+  const std::string_view data[] = {std::string_view(e.object.data(), e.object.size()),
+                                   e.plan,
+                                   e.ir_traced,
+                                   e.ir_optimized,
+                                   e.fusion_plan,
+                                   e.kernels,
+                                   e.llvm_ir};
+  static_assert(std::size(data) == std::size(kEntryFiles));
+  std::vector<std::pair<const char*, std::string_view>> files;
+  for (size_t i = 0; i < std::size(data); ++i) files.emplace_back(kEntryFiles[i], data[i]);
   for (auto& [name, data] : e.extra_files) files.emplace_back(name.c_str(), data);
   return files;
 }
@@ -627,8 +633,7 @@ namespace {
 constexpr const char* kSecretFile = "hmac.key";
 
 // What an entry's MAC covers: its key and each listed file's name, size and
-// checksum, in meta.json's order, which is sorted by name (the Python tool,
-// python/flowjit/cache/store.py, computes the same).
+// checksum, in meta.json's order, which is sorted by name.
 std::string mac_message(const std::string& key, const json::Object& files) {
   std::vector<std::string> names;
   for (const auto& kv : files) names.push_back(kv.first.str());
@@ -641,6 +646,120 @@ std::string mac_message(const std::string& key, const json::Object& files) {
          sha.value_or("-") + "\n";
   }
   return m;
+}
+
+// Reads the listed file `name` of the entry at `path` into `out` and checks
+// it against meta.json's `files`: "" when it is the file meta.json
+// describes, else what is wrong; `untrusted` is set when the file itself is
+// not to be trusted (a link, someone else's, a FIFO).
+std::string read_listed_file(const std::string& path, const json::Object& files,
+                             const std::string& name, bool text, std::string& out,
+                             bool& untrusted) {
+  const json::Object* f = files.getObject(name);
+  std::optional<std::string> sha = f ? string_of(*f, "sha256") : std::nullopt;
+  if (!sha) return name + " is not listed in meta.json";
+  std::string problem;
+  Read got = read_entry_file(path + "/" + name, out, problem);
+  if (got == Read::Untrusted) untrusted = true;
+  if (got == Read::Missing) return name + " is missing";
+  if (got != Read::Ok) return problem;
+  auto want_bytes = static_cast<int64_t>(number_or(f, "bytes", -1));
+  if (static_cast<int64_t>(out.size()) != want_bytes)
+    return name + " has " + std::to_string(out.size()) + " bytes, meta.json says " +
+           std::to_string(want_bytes) + " (truncated?)";
+  if (sha256_hex(out) != *sha) return name + " fails its SHA-256 checksum";
+  if (text && !valid_utf8(out)) return name + " is not UTF-8 text";
+  return "";
+}
+
+// meta.json's fields as store() writes them, and what each must be: a
+// field of another type makes the entry unusable to show, so no reader
+// meets a list where it reads a string.
+enum class Field { String, Int, Number, List, Object };
+constexpr std::pair<const char*, Field> kMetaFields[] = {{"key", Field::String},
+                                                         {"format", Field::Int},
+                                                         {"mac", Field::String},
+                                                         {"job", Field::String},
+                                                         {"source", Field::String},
+                                                         {"signature", Field::String},
+                                                         {"target", Field::String},
+                                                         {"flowjit_version", Field::String},
+                                                         {"build_id", Field::String},
+                                                         {"llvm_version", Field::String},
+                                                         {"num_kernels", Field::Int},
+                                                         {"arena_bytes", Field::Int},
+                                                         {"total_bytes", Field::Int},
+                                                         {"hits", Field::Int},
+                                                         {"compile_seconds", Field::Number},
+                                                         {"codegen_seconds", Field::Number},
+                                                         {"created", Field::Number},
+                                                         {"last_used", Field::Number},
+                                                         {"inputs", Field::List},
+                                                         {"outputs", Field::List},
+                                                         {"files", Field::Object}};
+
+const char* json_kind(const json::Value& v) {
+  switch (v.kind()) {
+    case json::Value::Null:
+      return "null";
+    case json::Value::Boolean:
+      return "true/false";
+    case json::Value::Number:
+      return v.getAsInteger() ? "an integer" : "a number";
+    case json::Value::String:
+      return "a string";
+    case json::Value::Array:
+      return "a list";
+    case json::Value::Object:
+      return "an object";
+  }
+  return "?";
+}
+
+// Why meta.json's fields cannot be shown ("" when each known one has its
+// type, numbers in [0, 2^63), lists hold strings, files {bytes, sha256}).
+std::string meta_fields_problem(const json::Object& meta) {
+  for (const auto& [name, want] : kMetaFields) {
+    const json::Value* v = meta.get(name);
+    if (v == nullptr) continue;
+    bool ok = false;
+    const char* wanted = "";
+    switch (want) {
+      case Field::String:
+        ok = v->getAsString().has_value(), wanted = "a string";
+        break;
+      case Field::Int:
+        ok = v->getAsInteger().has_value(), wanted = "an integer";
+        break;
+      case Field::Number:
+        ok = v->getAsNumber().has_value(), wanted = "an integer or a number";
+        break;
+      case Field::List:
+        ok = v->getAsArray() != nullptr, wanted = "a list";
+        break;
+      case Field::Object:
+        ok = v->getAsObject() != nullptr, wanted = "an object";
+        break;
+    }
+    if (!ok)
+      return std::string("meta.json field '") + name + "' is " + json_kind(*v) + ", expected " +
+             wanted;
+    if (auto n = v->getAsNumber(); n && !(*n >= 0 && *n < 9.2233720368547758e18))
+      return std::string("meta.json field '") + name + "' is out of range";
+  }
+  for (const char* name : {"inputs", "outputs"})
+    if (const json::Array* a = meta.getArray(name))
+      for (const json::Value& x : *a)
+        if (!x.getAsString())
+          return std::string("meta.json field '") + name + "' holds a non-string";
+  if (const json::Object* files = meta.getObject("files"))
+    for (const auto& [name, info] : *files) {
+      const json::Object* o = info.getAsObject();
+      if (o == nullptr || !o->getInteger("bytes") || !o->getString("sha256"))
+        return "meta.json lists file '" + printable_text(name.str()) +
+               "' without an integer 'bytes' and a string 'sha256'";
+    }
+  return "";
 }
 
 bool random_bytes(uint8_t* out, size_t n) {
@@ -753,22 +872,8 @@ DiskCache::Found DiskCache::lookup(const std::string& key, bool want_llvm_ir, Ca
 
   // 3. Each file read is the one meta.json describes.
   bool untrusted_file = false;
-  auto read_checked = [&](const char* name, std::string& out, bool text) -> std::string {
-    const json::Object* f = files->getObject(name);
-    std::optional<std::string> sha = f ? string_of(*f, "sha256") : std::nullopt;
-    if (!sha) return std::string(name) + " is not listed in meta.json";
-    std::string problem;
-    Read got = read_entry_file(path + "/" + name, out, problem);
-    if (got == Read::Untrusted) untrusted_file = true;
-    if (got == Read::Missing) return std::string(name) + " is missing";
-    if (got != Read::Ok) return problem;
-    auto want_bytes = static_cast<int64_t>(number_or(f, "bytes", -1));
-    if (static_cast<int64_t>(out.size()) != want_bytes)
-      return std::string(name) + " has " + std::to_string(out.size()) + " bytes, meta.json says " +
-             std::to_string(want_bytes) + " (truncated?)";
-    if (sha256_hex(out) != *sha) return std::string(name) + " fails its SHA-256 checksum";
-    if (text && !valid_utf8(out)) return std::string(name) + " is not UTF-8 text";
-    return "";
+  auto read_checked = [&](const std::string& name, std::string& out, bool text) {
+    return read_listed_file(path, *files, name, text, out, untrusted_file);
   };
   auto bad = [&](const std::string& problem) {
     if (!untrusted_file) return damaged(problem);
@@ -783,12 +888,115 @@ DiskCache::Found DiskCache::lookup(const std::string& key, bool want_llvm_ir, Ca
   hit.extra.clear();
   for (const std::string& name : extra) {
     hit.extra.emplace_back();
-    if (!(problem = read_checked(name.c_str(), hit.extra.back(), true)).empty())
-      return bad(problem);
+    if (!(problem = read_checked(name, hit.extra.back(), true)).empty()) return bad(problem);
   }
   hit.object.assign(object.begin(), object.end());
   hit.hits = static_cast<int64_t>(number_or(&*meta, "hits", 0));
   return Found::Hit;
+}
+
+EntryReport DiskCache::inspect(
+    const std::string& key,
+    const std::function<std::vector<std::string>(const std::string&)>& extra_for_target) const {
+  EntryReport r;
+  const std::string path = entry_dir(key);
+  std::string why;
+  // Who owns and can write each directory on the way.
+  for (const auto& [dir, follow] : {std::pair<std::string, bool>{dir_, true},
+                                    {dir_ + "/" + key.substr(0, 2), false},
+                                    {path, false}}) {
+    Read d = check_dir(dir, follow, why);
+    if (d == Read::Missing) {
+      r.error = "the entry is missing";
+      return r;
+    }
+    if (d != Read::Ok) r.problems.push_back(why);
+  }
+  // meta.json, as lookup() reads it, and fit to show.
+  std::string text;
+  Read m = read_entry_file(path + "/meta.json", text, why);
+  if (m == Read::Missing) r.error = "meta.json is missing";
+  if (m != Read::Ok) {
+    if (r.error.empty()) r.error = why;
+    return r;
+  }
+  r.meta_bytes = static_cast<int64_t>(text.size());
+  std::optional<json::Object> meta = parse_object(text);
+  if (!meta) {
+    r.error = !valid_utf8(text)              ? "meta.json is not UTF-8"
+              : nested_deeper_than(text, 32) ? "meta.json does not parse (nested too deeply)"
+                                             : "meta.json does not parse as a JSON object";
+    return r;
+  }
+  r.error = meta_fields_problem(*meta);
+  if (r.error.empty() && string_of(*meta, "key") != key) r.error = "meta.json names another key";
+  const json::Object* files = meta->getObject("files");
+  if (r.error.empty() && files == nullptr) r.error = "meta.json lists no files";
+  if (!r.error.empty()) return r;
+  r.meta = text;
+  r.target = string_of(*meta, "target").value_or("");
+  r.num_kernels = static_cast<int64_t>(number_or(&*meta, "num_kernels", -1));
+  // Authentic under this cache's key, which is read, never made.
+  std::string secret;
+  Read k = read_entry_file(dir_ + "/" + kSecretFile, secret, why);
+  std::optional<std::string> mac = string_of(*meta, "mac");
+  r.authenticated = k == Read::Ok && is_key(secret) && mac &&
+                    constant_time_equal(*mac, hmac_sha256_hex(secret, mac_message(key, *files)));
+  if (k != Read::Ok || !is_key(secret))
+    r.problems.push_back("the cache has no usable key (hmac.key) to authenticate it");
+  else if (!r.authenticated)
+    r.problems.push_back(
+        "it is not authenticated by this cache's key (copied from another cache, planted, or "
+        "written by an older flowjit)");
+  if (number_or(&*meta, "format", 0) != 1) r.problems.push_back("meta.json has an unknown format");
+  // Every file there must be, and each one as meta.json describes it.
+  std::vector<std::string> wanted(std::begin(kEntryFiles), std::end(kEntryFiles));
+  std::vector<std::string> extra;
+  if (extra_for_target) extra = extra_for_target(r.target);
+  wanted.insert(wanted.end(), extra.begin(), extra.end());
+  for (const std::string& name : wanted)
+    if (files->getObject(name) == nullptr)
+      r.problems.push_back(name + " is not listed in meta.json");
+  for (const auto& kv : *files) {
+    const std::string name = kv.first.str();
+    if (!is_extra_name(name)) {  // never a path out of the entry
+      r.problems.push_back("meta.json lists '" + printable_text(name) + "', not a file name");
+      continue;
+    }
+    // what lookup() reads as text
+    bool text = name == "plan.txt" || name == "llvm.ll" ||
+                std::find(extra.begin(), extra.end(), name) != extra.end();
+    std::string data;
+    bool untrusted = false;
+    std::string problem = read_listed_file(path, *files, name, text, data, untrusted);
+    if (!problem.empty()) r.problems.push_back(problem);
+  }
+  return r;
+}
+
+bool DiskCache::read_listed(const std::string& key, const std::string& name, bool verify,
+                            std::string& out, std::string& why) const {
+  if (!is_key(key) || !is_extra_name(name)) {
+    why = "'" + printable_text(name) + "' is not a file of entry " + key.substr(0, 12);
+    return false;
+  }
+  const std::string path = entry_dir(key);
+  if (!verify) {
+    Read r = read_entry_file(path + "/" + name, out, why);
+    if (r == Read::Missing) why = name + " is missing";
+    return r == Read::Ok;
+  }
+  std::string text;
+  std::optional<json::Object> meta;
+  const json::Object* files = nullptr;
+  if (read_entry_file(path + "/meta.json", text, why) != Read::Ok || !(meta = parse_object(text)) ||
+      !(files = meta->getObject("files"))) {
+    why = "meta.json is missing or unusable, so " + name + " cannot be checked";
+    return false;
+  }
+  bool untrusted = false;
+  why = read_listed_file(path, *files, name, false, out, untrusted);
+  return why.empty();
 }
 
 void DiskCache::touch(const std::string& key) {

@@ -56,6 +56,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -106,6 +107,26 @@ struct CacheHit {
   int64_t hits = 0;                // before this one
 };
 
+// An entry as the cache tool sees it (`flowjit-cache verify`, `show`):
+// read with lookup()'s checks but without its side effects (nothing is
+// removed, touched or created; a missing hmac.key is a problem here, not
+// made).
+struct EntryReport {
+  // meta.json when it parses as an object that names this key and whose
+  // known fields have their types (the JSON text, to show); "" otherwise,
+  // and `error` says why.
+  std::string meta;
+  int64_t meta_bytes = 0;
+  std::string error;
+  std::string target;          // meta.json's, when it can be shown
+  int64_t num_kernels = -1;    // meta.json's, when it can be shown
+  bool authenticated = false;  // its MAC is this cache's
+  // Everything lookup() would refuse, all of it (not only the first):
+  // ownership and modes, the MAC, a file missing, unlisted, of another
+  // size or checksum, or not UTF-8 text. Empty: lookup() would read it.
+  std::vector<std::string> problems;
+};
+
 class DiskCache {
  public:
   // max_bytes <= 0 selects default_cache_max_bytes().
@@ -128,6 +149,18 @@ class DiskCache {
   // `extra`: names of CacheEntry::extra_files that must be present too.
   Found lookup(const std::string& key, bool want_llvm_ir, CacheHit& hit, std::string& why,
                const std::vector<std::string>& extra = {});
+
+  // The entry for `key` as EntryReport says; `extra_for_target(target)`:
+  // the CacheEntry::extra_files an entry of that target must list too.
+  EntryReport inspect(const std::string& key,
+                      const std::function<std::vector<std::string>(const std::string&)>&
+                          extra_for_target = nullptr) const;
+  // One listed file of the entry for `key`, read as lookup() reads it (no
+  // link, only a regular file this user owns); with `verify`, checked
+  // against meta.json's size and SHA-256. False with `why` when it cannot
+  // be read or fails the check.
+  bool read_listed(const std::string& key, const std::string& name, bool verify, std::string& out,
+                   std::string& why) const;
 
   // Counts a use: hits += 1, last_used = now. Best effort (a read-only cache
   // is not an error).

@@ -250,6 +250,44 @@ void store_in_cache(DiskCache& cache, CompiledJob& out, const JobDescription& jo
 
 }  // namespace
 
+EntryReport inspect_cache_entry(const std::string& dir, const std::string& key) {
+  DiskCache cache(dir, 0);
+  EntryReport r = cache.inspect(key, [](const std::string& target) {
+    const CachedCodeChecks* checks = cached_code_checks(target);
+    return checks ? checks->files() : std::vector<std::string>{};
+  });
+  if (!r.error.empty() || !r.problems.empty()) return r;
+  const CachedCodeChecks* checks = cached_code_checks(r.target);
+  if (checks == nullptr) {
+    r.problems.push_back("its target " + printable_text(r.target) +
+                         " is not one this flowjit compiles for");
+    return r;
+  }
+  CodeObject code;
+  std::string plan, object, why;
+  try {
+    if (!cache.read_listed(key, "plan.txt", true, plan, why) ||
+        !cache.read_listed(key, "object.o", true, object, why))
+      throw_user(ErrorKind::Value, why);
+    code.plan = runtime::Plan::deserialize(plan);
+    int64_t launches = 0;
+    for (const runtime::Launch& l : code.plan.launches) launches += l.collective ? 0 : 1;
+    if (launches != r.num_kernels)
+      throw_user(ErrorKind::Value, "its plan has ", launches, " launches, meta.json says ",
+                 r.num_kernels, " kernels");
+    code.object.assign(object.begin(), object.end());
+    for (const std::string& name : checks->files()) {
+      std::string text;
+      if (!cache.read_listed(key, name, true, text, why)) throw_user(ErrorKind::Value, why);
+      code.files.emplace_back(name, std::move(text));
+    }
+    checks->check(code);
+  } catch (const std::exception& e) {
+    r.problems.push_back(printable_text(e.what()));
+  }
+  return r;
+}
+
 CompileSettings CompileSettings::from_environment() {
   CompileSettings s;
   s.debug = std::atoi(env("FLOWJIT_DEBUG").c_str());

@@ -18,6 +18,7 @@
 
 #include "codegen/target.h"
 #include "ir/graph.h"
+#include "jit/cache.h"
 #include "jit/distribute.h"
 #include "jit/optimizer.h"
 #include "jit/stages.h"
@@ -178,6 +179,13 @@ std::shared_ptr<runtime::DistributedExecutable> make_distributed(
     const std::vector<runtime::VariableStore*>& device_stores,
     std::shared_ptr<runtime::Communicator> comm, int first_rank, bool several_processes,
     const std::vector<std::shared_ptr<runtime::cuda::DeviceVariables>>& gpu_variables = {});
+
+// The cache tool's check of the entry `key` in the cache at `dir`:
+// DiskCache::inspect (nothing removed, touched or made), then, for an entry
+// lookup() would read, what the hit path checks before loading it: its plan
+// deserializes and holds meta.json's kernel count, and the backend that
+// writes entries of its target accepts the code (cached_code_checks).
+EntryReport inspect_cache_entry(const std::string& dir, const std::string& key);
 
 // The segments of a staged job as one program: a placement on one device
 // runs bound to the session's variables (`host`), one on several devices

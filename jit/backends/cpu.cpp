@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "codegen/cpu/backend.h"
+#include "codegen/cpu/kernel_units.h"
 #include "ir/diag.h"
 #include "ir/error.h"
 #include "jit/backends/backends.h"
@@ -77,11 +78,7 @@ class CpuBackend : public Backend {
     return code;
   }
 
-  // Every launch of a cached plan must be a CPU range.
-  void check_cached(const CodeObject& code) const override {
-    for (const runtime::Launch& l : code.plan.launches)
-      if (!l.cpu()) throw_user(ErrorKind::Value, "its launch ", l.symbol, " has a GPU grid");
-  }
+  void check_cached(const CodeObject& code) const override { check_cached_cpu(code); }
 
   std::string assembly(const CodeObject& code, const CompileRequest& req) const override {
     if (!code.assembly.empty() || !req.want_assembly) return code.assembly;
@@ -119,6 +116,25 @@ class CpuBackend : public Backend {
 };
 
 }  // namespace
+
+// Every launch of a cached plan must be a CPU range, and the object an ELF
+// object or a container of them.
+void check_cached_cpu(const CodeObject& code) {
+  for (const runtime::Launch& l : code.plan.launches)
+    if (!l.cpu()) throw_user(ErrorKind::Value, "its launch ", l.symbol, " has a GPU grid");
+  auto elf = [](const char* p, size_t n) {
+    return n >= 4 && std::string_view(p, 4) ==
+                         "\x7f"
+                         "ELF";
+  };
+  if (elf(code.object.data(), code.object.size())) return;
+  if (!cg::is_container(code.object))
+    throw_user(ErrorKind::Value, "its object.o is not an ELF object or an object container");
+  const cg::UnpackedObjects u = cg::unpack_objects(code.object);
+  for (size_t i = 0; i < u.objects.size(); ++i)
+    if (!elf(u.objects[i].first, u.objects[i].second))
+      throw_user(ErrorKind::Value, "its object.o's object ", i, " is not ELF");
+}
 
 std::unique_ptr<Backend> make_cpu(const JobDescription& job, const Target& target,
                                   const RunDevice&) {

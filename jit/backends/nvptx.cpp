@@ -52,6 +52,12 @@ std::string libdevice_hash(const std::string& path) {
   return h;
 }
 
+const std::string& file(const CodeObject& code, const char* name) {
+  for (auto& [n, text] : code.files)
+    if (n == name) return text;
+  throw_user(ErrorKind::Value, "it has no ", name);
+}
+
 class NvptxBackend : public Backend {
  public:
   // What codegen will use is decided here, once, so the key and the code agree.
@@ -81,7 +87,7 @@ class NvptxBackend : public Backend {
 
   const char* name() const override { return "nvptx"; }
   const codegen::TargetId& target() const override { return target_; }
-  std::vector<std::string> cache_files() const override { return {kPtxFile}; }
+  std::vector<std::string> cache_files() const override { return nvptx_cache_files(); }
 
   CodeObject compile(const std::vector<codegen::Kernel>& kernels, const runtime::Plan& plan,
                      const CompileRequest& req, PassLog& log) const override {
@@ -113,19 +119,7 @@ class NvptxBackend : public Backend {
     return code;
   }
 
-  // Every launch of the entry's plan must carry its GPU grid (an entry
-  // written before plans held grids has none: a miss, recompiled).
-  void check_cached(const CodeObject& code) const override {
-    for (const runtime::Launch& l : code.plan.launches)
-      if (!l.collective && !l.gpu())
-        throw_user(ErrorKind::Value, "its launch ", l.symbol, " has no GPU grid");
-    if (file(code, kPtxFile).empty()) throw_user(ErrorKind::Value, "its PTX is empty");
-    const std::vector<char>& cubin = code.object;
-    if (!cubin.empty() && std::string(cubin.data(), std::min<size_t>(4, cubin.size())) !=
-                              "\x7f"
-                              "ELF")
-      throw_user(ErrorKind::Value, "its cubin is not an ELF image");
-  }
+  void check_cached(const CodeObject& code) const override { check_cached_nvptx(code); }
 
   std::string assembly(const CodeObject& code, const CompileRequest&) const override {
     return file(code, kPtxFile);
@@ -151,11 +145,6 @@ class NvptxBackend : public Backend {
   }
 
  private:
-  static const std::string& file(const CodeObject& code, const char* name) {
-    for (auto& [n, text] : code.files)
-      if (n == name) return text;
-    throw_user(ErrorKind::Value, "it has no ", name);
-  }
   std::string math_text() const {
     return math_ == nv::MathLibrary::Libdevice ? "libdevice:" + libdevice_hash(libdevice_)
                                                : std::string("builtin");
@@ -173,6 +162,23 @@ class NvptxBackend : public Backend {
 };
 
 }  // namespace
+
+std::vector<std::string> nvptx_cache_files() { return {kPtxFile}; }
+
+// Every launch of the entry's plan must carry its GPU grid (an entry
+// written before plans held grids has none: a miss, recompiled).
+void check_cached_nvptx(const CodeObject& code) {
+  for (const runtime::Launch& l : code.plan.launches)
+    if (!l.collective && !l.gpu())
+      throw_user(ErrorKind::Value, "its launch ", l.symbol, " has no GPU grid");
+  if (file(code, kPtxFile).find(".entry ") == std::string::npos)
+    throw_user(ErrorKind::Value, "its PTX has no kernel (.entry)");
+  const std::vector<char>& cubin = code.object;
+  if (!cubin.empty() && std::string(cubin.data(), std::min<size_t>(4, cubin.size())) !=
+                            "\x7f"
+                            "ELF")
+    throw_user(ErrorKind::Value, "its cubin is not an ELF image");
+}
 
 std::unique_ptr<Backend> make_nvptx(const JobDescription& job, const Target& target,
                                     const RunDevice& device) {

@@ -11,7 +11,10 @@
 #include <thread>
 #include <tuple>
 
+#include <llvm/Support/JSON.h>
+
 #include "codegen/cpu/backend.h"
+#include "codegen/cpu/kernel_units.h"
 #include "ir/error.h"
 #include "jit/autodiff.h"
 #include "jit/cache.h"
@@ -25,6 +28,42 @@
 namespace flowjit::python {
 
 namespace {
+
+// A JSON value as Python's json module would give it.
+py::object json_value(const llvm::json::Value& v) {
+  switch (v.kind()) {
+    case llvm::json::Value::Null:
+      return py::none();
+    case llvm::json::Value::Boolean:
+      return py::bool_(*v.getAsBoolean());
+    case llvm::json::Value::Number:
+      if (auto i = v.getAsInteger()) return py::int_(*i);
+      return py::float_(*v.getAsNumber());
+    case llvm::json::Value::String:
+      return py::str(v.getAsString()->str());
+    case llvm::json::Value::Array: {
+      py::list out;
+      for (const llvm::json::Value& x : *v.getAsArray()) out.append(json_value(x));
+      return out;
+    }
+    case llvm::json::Value::Object: {
+      py::dict out;
+      for (const auto& [k, x] : *v.getAsObject()) out[py::str(k.str())] = json_value(x);
+      return out;
+    }
+  }
+  return py::none();
+}
+
+// Text jit::DiskCache checked to be a JSON object (EntryReport::meta).
+py::object json_to_python(const std::string& text) {
+  llvm::Expected<llvm::json::Value> v = llvm::json::parse(text);
+  if (!v) {
+    llvm::consumeError(v.takeError());
+    throw py::value_error("meta.json does not parse");
+  }
+  return json_value(*v);
+}
 
 // The thread that imported flowjit: Python's main thread, where signal
 // handlers run.
@@ -666,6 +705,60 @@ void register_jobs(py::module_& m) {
     std::string bytes = object;
     runtime::Plan plan = runtime::Plan::deserialize(plan_text);
     return export_parts(plan, std::vector<char>(bytes.begin(), bytes.end()));
+  });
+
+  // The cache tool reads entries through these (python/flowjit/cache):
+  // jit::inspect_cache_entry as a dict {meta (meta.json as a dict, or
+  // None), meta_bytes, error, authenticated, problems}, and one listed file
+  // as bytes (ValueError when it fails its check, FileNotFoundError when
+  // it is missing).
+  m.def("cache_inspect", [](const std::string& dir, const std::string& key) {
+    jit::EntryReport r;
+    {
+      py::gil_scoped_release release;
+      r = jit::inspect_cache_entry(dir, key);
+    }
+    py::dict d;
+    d["meta"] = r.meta.empty() ? py::none() : json_to_python(r.meta);
+    d["meta_bytes"] = r.meta_bytes;
+    d["error"] = jit::printable_text(r.error);
+    d["authenticated"] = r.authenticated;
+    py::list problems;
+    for (const std::string& p : r.problems) problems.append(jit::printable_text(p));
+    d["problems"] = problems;
+    return d;
+  });
+  m.def("cache_read",
+        [](const std::string& dir, const std::string& key, const std::string& name, bool verify) {
+          std::string out, why;
+          bool ok;
+          {
+            py::gil_scoped_release release;
+            ok = jit::DiskCache(dir, 0).read_listed(key, name, verify, out, why);
+          }
+          if (!ok) {
+            why = jit::printable_text(why);
+            if (why == jit::printable_text(name) + " is missing") {
+              PyErr_SetString(PyExc_FileNotFoundError, why.c_str());
+              throw py::error_already_set();
+            }
+            throw py::value_error(why);
+          }
+          return py::bytes(out);
+        });
+  // A CPU object container's ELF objects and {kernel symbol: unit symbol}
+  // (codegen/cpu/kernel_units.h); ValueError when it is damaged.
+  m.def("unpack_objects", [](const py::bytes& blob) {
+    std::string bytes = blob;
+    codegen::cpu::UnpackedObjects u;
+    try {
+      u = codegen::cpu::unpack_objects(std::vector<char>(bytes.begin(), bytes.end()));
+    } catch (const UserError& e) {
+      throw py::value_error(e.what());
+    }
+    py::list objects;
+    for (const auto& [p, n] : u.objects) objects.append(py::bytes(p, n));
+    return py::make_tuple(objects, u.aliases);
   });
 
   // Whether autodiff passes a gradient from op into an operand of dtype

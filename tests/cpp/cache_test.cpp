@@ -297,6 +297,59 @@ TEST(DiskCache, DamagedEntriesAreDetectedAndRemoved) {
   }
 }
 
+// The cache tool's view (DiskCache::inspect, read_listed): every problem of
+// an entry, not only the first, and nothing removed, touched or made.
+TEST(DiskCache, InspectReportsEveryProblemAndChangesNothing) {
+  TempDir tmp;
+  DiskCache cache(tmp.path, 0);
+  const std::string key = key_of("inspect");
+  std::string why;
+  ASSERT_EQ(cache.store(sample_entry(key), why), DiskCache::Stored::Published);
+  const std::string d = cache.entry_dir(key);
+  EntryReport good = cache.inspect(key);
+  EXPECT_TRUE(good.error.empty()) << good.error;
+  EXPECT_TRUE(good.problems.empty()) << good.problems.front();
+  EXPECT_TRUE(good.authenticated);
+  EXPECT_EQ(good.target, "x86_64;test;+avx");
+  EXPECT_NE(good.meta.find("\"files\""), std::string::npos);
+  std::string plan;
+  ASSERT_TRUE(cache.read_listed(key, "plan.txt", true, plan, why)) << why;
+  EXPECT_EQ(plan, sample_entry(key).plan);
+  EXPECT_FALSE(cache.read_listed(key, "../hmac.key", false, plan, why));  // never a path out
+
+  const std::string meta_before = slurp(d + "/meta.json");
+  std::string o = slurp(d + "/object.o");
+  o[0] ^= 1;
+  spit(d + "/object.o", o);
+  fs::remove(d + "/kernels.txt");
+  EntryReport bad = cache.inspect(key, [](const std::string& target) {
+    EXPECT_EQ(target, "x86_64;test;+avx");
+    return std::vector<std::string>{"kernels.ptx"};
+  });
+  std::string all;
+  for (const std::string& p : bad.problems) all += p + "\n";
+  EXPECT_NE(all.find("object.o fails its SHA-256 checksum"), std::string::npos) << all;
+  EXPECT_NE(all.find("kernels.txt is missing"), std::string::npos) << all;
+  EXPECT_NE(all.find("kernels.ptx is not listed"), std::string::npos) << all;
+  EXPECT_FALSE(cache.read_listed(key, "object.o", true, o, why));
+  EXPECT_NE(why.find("fails its SHA-256"), std::string::npos) << why;
+  EXPECT_TRUE(cache.read_listed(key, "object.o", false, o, why)) << why;  // unchecked: as it is
+  EXPECT_TRUE(fs::exists(d));                                             // not removed
+  EXPECT_EQ(slurp(d + "/meta.json"), meta_before);                        // not touched
+
+  // Without hmac.key: a problem, and no key is made (lookup() would make one).
+  fs::remove(tmp.path + "/hmac.key");
+  EntryReport keyless = cache.inspect(key);
+  EXPECT_FALSE(keyless.authenticated);
+  EXPECT_NE(keyless.problems.front().find("no usable key"), std::string::npos);
+  EXPECT_FALSE(fs::exists(tmp.path + "/hmac.key"));
+
+  // meta.json whose known field has another type cannot be shown.
+  spit(d + "/meta.json", "{\"key\": \"" + key + "\", \"job\": [1], \"files\": {}}");
+  EXPECT_EQ(cache.inspect(key).error, "meta.json field 'job' is a list, expected a string");
+  EXPECT_EQ(cache.inspect(key_of("absent")).error, "the entry is missing");
+}
+
 TEST(DiskCache, ConcurrentWritersLeaveOneGoodEntry) {
   TempDir tmp;
   std::string key = key_of("concurrent");
@@ -451,8 +504,9 @@ TEST(CompileJobCache, MissThenHitThenDamagedRecompiles) {
 }
 
 TEST(CompileJobCache, ObjectThatFailsToLoadIsDamaged) {
-  // A consistent checksum over a broken object (not just flipped bits): the
-  // loader refuses it, and that is a damaged entry too.
+  // A consistent checksum over a broken object (not just flipped bits) that
+  // passes the backend's check (its ELF magic): the loader refuses it, and
+  // that is a damaged entry too.
   TempDir tmp;
   CompileSettings s;
   s.cache_dir = tmp.path;
@@ -463,6 +517,9 @@ TEST(CompileJobCache, ObjectThatFailsToLoadIsDamaged) {
   std::string meta = slurp(dir + "/meta.json");
   std::string obj = slurp(dir + "/object.o");
   std::string junk(obj.size(), '\0');
+  junk.replace(0, 4,
+               "\x7f"
+               "ELF");
   spit(dir + "/object.o", junk);
   auto pos = meta.find(sha256_hex(obj));
   ASSERT_NE(pos, std::string::npos);

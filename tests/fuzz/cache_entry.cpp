@@ -8,6 +8,9 @@
 //   2: an authentic entry whose meta.json is then edited at the offsets the
 //      input gives: a lookup must find it damaged, or whole if unchanged.
 // A lookup never crashes, hangs or returns bytes other than those stored.
+// Before each lookup the cache tool's DiskCache::inspect sees the entry: it
+// never crashes, never removes it, never calls a stranger's entry
+// authentic, and finds nothing wrong with an unedited authentic one.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -91,6 +94,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     write(dir + "/meta.json", parts[0]);
     write(dir + "/plan.txt", parts[1]);
     write(dir + "/object.o", parts[2]);
+    if (cache.inspect(kKey).authenticated || !std::filesystem::exists(dir)) std::abort();
     // A stranger cannot know this cache's key: never a hit.
     if (cache.lookup(kKey, false, hit, why) == jit::DiskCache::Found::Hit) std::abort();
   } else {
@@ -110,6 +114,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           edited[at] = parts[2][i + 2];
       }
       write(meta_path, edited);
+    }
+    jit::EntryReport report = cache.inspect(kKey);
+    if (!std::filesystem::exists(meta_path)) std::abort();  // inspect removes nothing
+    if (edited == meta && (!report.error.empty() || !report.problems.empty())) {
+      std::fprintf(stderr, "inspect found fault with an authentic entry: %s%s\n",
+                   report.error.c_str(), report.problems.empty() ? "" : report.problems[0].c_str());
+      std::abort();
     }
     auto found = cache.lookup(kKey, false, hit, why);
     if (edited == meta) {

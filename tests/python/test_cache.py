@@ -422,6 +422,46 @@ def test_cli_show_bad_keys(populated, capsys):
     assert rc == 2 and f"no cache entry has a key starting with '{missing}'" in err
 
 
+def _reseal(cache_dir, entry, name, data):
+    """Replaces one file of an entry and signs it again with the cache's key,
+    as a writer would (jit/cache.cpp mac_message): only the code checks can
+    tell."""
+    import hashlib
+    import hmac
+    with open(os.path.join(entry.path, name), "wb") as f:
+        f.write(data)
+    meta_path = os.path.join(entry.path, "meta.json")
+    with open(meta_path) as f:
+        meta = json.load(f)
+    meta["files"][name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    message = f"flowjit-cache-mac 1\n{entry.key}\n" + "".join(
+        f"{n} {i['bytes']} {i['sha256']}\n" for n, i in sorted(meta["files"].items()))
+    with open(os.path.join(cache_dir, "hmac.key"), "rb") as f:
+        meta["mac"] = hmac.new(f.read(), message.encode(), "sha256").hexdigest()
+    with open(meta_path, "w") as f:
+        json.dump(meta, f)
+
+
+def test_cli_verify_checks_the_code_as_the_compiler_would(populated, capsys):
+    """Checksums and MAC intact, code broken: the plan that the compiler's
+    deserializer refuses, a kernel count meta.json does not hold, an object
+    that is neither ELF nor a container (jit::inspect_cache_entry)."""
+    root = str(populated["dir"])
+    cache = Cache(root)
+    small, big = cache.find(populated["small"].cache_key), cache.find(populated["big"].cache_key)
+    plan = small.read("plan.txt")
+    _reseal(root, small, "plan.txt", plan.replace(b"flowjit-plan 2", b"flowjit-plan 9"))
+    _reseal(root, big, "object.o", b"\0" * 64)
+    problems = {e.key: e.problems() for e in Cache(root).entries()}
+    assert len(problems[small.key]) == 1 and "plan" in problems[small.key][0], problems[small.key]
+    assert problems[big.key] == ["its object.o is not an ELF object or an object container"]
+    rc, out, _ = _cli(capsys, "verify")
+    assert rc == 1 and out.splitlines()[-1] == "verified 4 entries: 2 ok, 2 bad"
+    # what the compiler does with them: damaged, recompiled
+    with pytest.warns(_C.CacheWarning, match="damaged"):
+        _call_affine((8, 3), "scale")
+
+
 def test_cli_stats(populated, capsys):
     _call_affine((4, 3), "scale")  # one hit
     rc, out, _ = _cli(capsys, "stats")

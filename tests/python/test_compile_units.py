@@ -95,7 +95,8 @@ def test_identical_layers_compile_once_and_match_the_unfused_reference(tmp_path)
 
 
 def test_the_disk_entry_holds_each_distinct_kernel_once_and_loads_again(tmp_path):
-    from flowjit.cache.store import Cache, container_objects
+    from flowjit import _C
+    from flowjit.cache.store import Cache
     cache = tmp_path / "cache"
     cold, log = _run(tmp_path, FLOWJIT_DISABLE_CACHE="0", FLOWJIT_CACHE_DIR=str(cache))
     (compiled, identical, _, _), _ = _counts(log, "deep")
@@ -103,7 +104,7 @@ def test_the_disk_entry_holds_each_distinct_kernel_once_and_loads_again(tmp_path
     assert {"deep", "deep.init"} <= set(entries)
     for e in entries.values():
         assert e.problems() == [], (e.job, e.problems())
-    objects, aliases = container_objects(entries["deep"].read("object.o"))
+    objects, aliases = _C.unpack_objects(entries["deep"].read("object.o"))
     assert len(aliases) == compiled + identical  # every kernel's name
     assert len(objects) == len(set(aliases.values())) == compiled  # each distinct code once
     warm, log = _run(tmp_path, FLOWJIT_DISABLE_CACHE="0", FLOWJIT_CACHE_DIR=str(cache))
@@ -112,4 +113,4 @@ def test_the_disk_entry_holds_each_distinct_kernel_once_and_loads_again(tmp_path
     # A damaged container is reported by the cache tool's check.
     blob = entries["deep"].read("object.o")
     with pytest.raises(ValueError, match="truncated"):
-        container_objects(blob[: len(blob) // 2])
+        _C.unpack_objects(blob[: len(blob) // 2])

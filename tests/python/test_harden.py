@@ -189,10 +189,12 @@ def test_non_utf8_cache_path_and_entry_text_warn_never_raise(tmp_path, monkeypat
     with open(meta_path) as f:
         meta = json.load(f)
     meta["files"]["plan.txt"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    from flowjit.cache.store import mac_message
+    # the MAC's message (jit/cache.cpp mac_message): the entry re-signed as a writer with the key would
+    message = f"flowjit-cache-mac 1\n{second.cache_key}\n" + "".join(
+        f"{name} {info['bytes']} {info['sha256']}\n" for name, info in sorted(meta["files"].items()))
     with open(os.path.join(odd, b"hmac.key"), "rb") as f:
         secret = f.read()
-    meta["mac"] = hmac.new(secret, mac_message(second.cache_key, meta["files"]), "sha256").hexdigest()
+    meta["mac"] = hmac.new(secret, message.encode(), "sha256").hexdigest()
     with open(plan, "wb") as f:
         f.write(data)
     with open(meta_path, "w") as f:

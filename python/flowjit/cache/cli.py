@@ -664,7 +664,7 @@ def _parser():
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_stats)
 
-    s = sub.add_parser("verify", help="check every entry's checksums and plan")
+    s = sub.add_parser("verify", help="check every entry as the compiler would before running it")
     s.add_argument("--remove", action="store_true", help="delete the bad entries")
     s.add_argument("-v", "--verbose", action="store_true", help="also list the good entries")
     s.set_defaults(fn=cmd_verify)
