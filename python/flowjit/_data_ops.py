@@ -115,17 +115,14 @@ class OFRecordSource:
         self.params = []   # the job parameters the fields feed
         self.image_blobs = {}  # (feature, image spec) -> its blob: decoded once per call
         self.shape = (batch_size,)  # OneFlow's record blob: one record per row
-        # One reader gives the whole batch: a consistent-view job on several
-        # devices of this process splits it as it splits any input
-        # (several processes would each need their own shard: refused).
-        self.whole_batch_input = True
 
     def add_field(self, builder, param_name, feature, shape, dtype, truncate=False, image=None):
         """A field the reader decodes into a (batch_size, *shape) parameter of
         the job, after the user's and the earlier fields'; returns its blob."""
         shape = tuple(int(d) for d in shape)
         index = len(builder.params)
-        blob = builder.placeholder(index, param_name, [self.batch_size, *shape], dtype)
+        blob = builder.data_placeholder(index, param_name, [self.batch_size, *shape], dtype,
+                                        "data.ofrecord_reader")
         self.fields.append((feature, shape, dtype, bool(truncate), image))
         self.params.append(index)
         return blob

@@ -280,6 +280,9 @@ class JobBuilder:
         self.added_losses = []  # flow.losses.add_loss (minimized with function_config().train)
         self.regularizers = {}  # variable name -> (blob, flow.regularizers.Regularizer)
         self.data_sources = []  # flow.data.ofrecord_reader sources: their fields are parameters after the user's
+        # In the mirrored view over several devices: (devices of every process,
+        # this process's first, its count), how a data op's batch is cut.
+        self.data_split = None
         self.finished = False
         self._counts = {}
 
@@ -303,6 +306,20 @@ class JobBuilder:
                                               "dtype": dtype.c})
         self.params.append(node)
         return Blob(node, self, name)
+
+    def data_placeholder(self, index, name, shape, dtype, api):
+        """A parameter a data op fills (flow.data's readers), `shape` the
+        whole batch's: in the consistent view the runtime splits it as it
+        splits the user's inputs; in the mirrored view each device gets its
+        rows, so the batch must divide among every device of every process."""
+        if self.data_split:
+            total = self.data_split[0]
+            if not shape or shape[0] % total:
+                _trace.fail(ValueError, f"{api}: in the mirrored view each of the {total} devices reads its "
+                            f"own rows of the batch, so batch_size must be a multiple of {total}; got "
+                            f"{shape[0] if shape else shape}")
+            shape = [shape[0] // total, *shape[1:]]
+        return self.placeholder(index, name, shape, dtype)
 
     def variable(self, name, shape, dtype, initializer, trainable, seed, loc, distribute=None):
         if distribute is not None:
@@ -566,11 +583,12 @@ class _Compiled:
     of the program are the values flow.watch asked for; their handlers run
     on the callback thread."""
 
-    __slots__ = ("job", "build", "mode", "watches", "n_user", "name", "view", "feeds")
+    __slots__ = ("job", "build", "mode", "watches", "n_user", "name", "view", "feeds", "data_split")
 
     def __init__(self, job, build, mode="sync", watches=(), n_user=None, name="?", view=None):
         self.job = job
         self.feeds = []  # native readers of the job's data ops (flow.data.ofrecord_reader), in parameter order
+        self.data_split = None  # JobBuilder.data_split: how the readers' batches are cut
         self.view = view  # the _inspect.CompiledJob users look into
         self.build = build
         self.mode = mode
@@ -813,6 +831,18 @@ class JobFunction:
         n = _devices.list_arrays(self._name, self._config)
         return n if n > 1 else 0
 
+    def _data_split(self):
+        """How a data op's batch is cut in the mirrored view over several
+        devices (JobBuilder.data_split), else None: every process reads the
+        same whole batch and keeps its devices' rows, as a user's program
+        would cut its own batch."""
+        from . import scope
+        if self._config.get("default_logical_view") != scope.mirrored_view():
+            return None
+        local = _devices.list_arrays(self._name, self._config)
+        rank, procs = _devices.process_info()
+        return (local * procs, rank * local, local) if local * procs > 1 else None
+
     def _split_rows(self, pname, a, parts):
         if a.ndim == 0 or a.shape[0] % parts:
             raise ValueError(f"job '{self._name}': parameter '{pname}' is a tp.Numpy placeholder in the "
@@ -898,7 +928,12 @@ class JobFunction:
                     compiled = self._compile(key, flat)
         flat_t = tuple(flat)
         for reader in compiled.feeds:  # the data ops' next batch: parameters after the user's
-            flat_t += tuple(reader.next())
+            if compiled.data_split is None:
+                flat_t += tuple(reader.next())
+                continue
+            total, first, local = compiled.data_split  # the mirrored view: this process's devices' rows
+            for a in reader.next():
+                flat_t += tuple(np.split(a, total)[first:first + local])
         if compiled.mode != "sync":
             fut = _async.Future(self._name) if compiled.mode == "callback" else _async.LegacyFuture(self._name)
             finish = compiled.async_result
@@ -983,6 +1018,7 @@ class JobFunction:
         t_trace = _inspect.now_ns()
         builder = JobBuilder(self._name, self._type, self._config)
         builder.source = self._source
+        builder.data_split = self._data_split()
         blobs = []
         flat_shapes = [x.shape for x in flat]
         it = iter(flat_shapes)
@@ -1055,17 +1091,10 @@ class JobFunction:
         params = [(n, tp.ListNumpy.Placeholder(ph.shape, ph.dtype)) if ph.kind == "Numpy" and _is_split_key(k)
                   else (n, ph) for (n, ph), k in zip(self._params, key)]
         dist = _devices.distribution(self._name, self._config, builder, params)
-        # A Megatron loader's batch is the same whatever the devices (OneFlow's
-        # shards of S(0) read consecutive samples): in the consistent view of
-        # one process it is an input like the user's, split by the runtime.
-        if dist is not None and any(not getattr(src, "whole_batch_input", False) or dist.get("mirrored", True)
-                                    or dist.get("whole_outputs", True) for src in builder.data_sources):
-            raise NotImplementedError(f"job '{self._name}': flow.data.ofrecord_reader or "
-                                      "megatron_gpt_mmap_data_loader in a job spread over "
-                                      "several devices or processes is not supported yet in the mirrored "
-                                      "view or across processes (each would need its own shard of the "
-                                      "records); use the consistent view in one process, or read on one "
-                                      "device")
+        # A reader's batch is the same whatever the devices and in every
+        # process (the same files, seed and order): in the consistent view it
+        # is an input like the user's, split by the runtime; in the mirrored
+        # view each device's rows were cut while tracing (data_placeholder).
         settings = {"keep_text": keep_text or bool(os.environ.get("FLOWJIT_KEEP_TEXT")),
                     "check_numerics": bool(self._config.get("check_numerics", False)),
                     # Ctrl-C stops a compile on the main thread (signals go there).
@@ -1107,6 +1136,7 @@ class JobFunction:
                              n_user, self._name,
                              _inspect.CompiledJob(job, self._name, sig, stages))
         compiled.feeds = [src.open() for src in builder.data_sources if src.fields]
+        compiled.data_split = builder.data_split
         self._cache[key] = compiled
         if (self._numpy_only and mode == "sync" and not any(_is_split_key(k) for k in key)
                 and not compiled.feeds):

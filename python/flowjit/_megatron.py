@@ -384,7 +384,6 @@ class MegatronSource:
         self.progress = progress  # the name of the iteration variable (start_from_saved_progress) or None
         self.fields = [name]
         self.params = []
-        self.whole_batch_input = True  # the batch does not depend on the devices the job runs on
 
     def open(self):
         """The reader of this source: a new one per compiled job, starting at
@@ -498,7 +497,7 @@ def megatron_gpt_mmap_data_loader(data_file_prefix: str, seq_length: int, num_sa
                    _trace.user_location())
     src = MegatronSource(dataset, batch_size, dt, name, progress)
     param = len(b.params)
-    blob = b.placeholder(param, name, [batch_size, seq_length + 1], dt)
+    blob = b.data_placeholder(param, name, [batch_size, seq_length + 1], dt, "data.megatron_gpt_mmap_data_loader")
     src.params.append(param)
     b.data_sources.append(src)
     return blob

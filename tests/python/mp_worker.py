@@ -21,7 +21,8 @@ def main(out, local, mode, steps, exit_after):
         flow.env.ctrl_port(int(os.environ.pop("FLOWJIT_MASTER_PORT")))
         os.environ["FLOWJIT_WORLD_SIZE"] = str(world)  # read back below for the data split only
     flow.config.cpu_device_num(local)
-    split, mirrored = mode == "split", mode == "mirrored"
+    split, mirrored = mode == "split", mode in ("mirrored", "reader_mirrored")
+    reader = mode.startswith("reader")  # the batch from flow.data.ofrecord_reader, not from the caller
     rank, world = flow.env.get_rank(), flow.env.get_world_size()  # from whichever launcher started us
     devices = local * world
     cfg = flow.function_config()
@@ -30,9 +31,7 @@ def main(out, local, mode, steps, exit_after):
     per = BATCH // devices if mirrored else BATCH
     Input = tp.ListNumpy if mirrored else tp.Numpy
 
-    @flow.global_function(type="train", function_config=cfg)
-    def train_job(images: Input.Placeholder((per, 1, 28, 28), dtype=flow.float),
-                  labels: Input.Placeholder((per,), dtype=flow.int32)) -> Input:
+    def model(images, labels):
         initializer = flow.truncated_normal(0.1)
         reshape = flow.reshape(images, [images.shape[0], -1])
         hidden = flow.layers.dense(reshape, 512, activation=flow.nn.relu,
@@ -42,6 +41,23 @@ def main(out, local, mode, steps, exit_after):
         loss = flow.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
         flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.1]), momentum=0.9).minimize(loss)
         return loss
+
+    if reader:
+        @flow.global_function(type="train", function_config=cfg)
+        def read_job() -> Input:
+            r = flow.data.ofrecord_reader(os.environ["MP_WORKER_OFRECORD"], batch_size=BATCH, data_part_num=2,
+                                          random_shuffle=True, shuffle_buffer_size=64)
+            images = flow.data.OFRecordRawDecoder(r, "images", shape=(1, 28, 28), dtype=flow.float)
+            labels = flow.data.OFRecordRawDecoder(r, "labels", shape=(), dtype=flow.int32)
+            return model(images, labels)
+
+        def train_job(x, y):  # the reader's batch instead of the caller's
+            return read_job()
+    else:
+        @flow.global_function(type="train", function_config=cfg)
+        def train_job(images: Input.Placeholder((per, 1, 28, 28), dtype=flow.float),
+                      labels: Input.Placeholder((per,), dtype=flow.int32)) -> Input:
+            return model(images, labels)
 
     rng = np.random.default_rng(7)
     losses = []

@@ -493,22 +493,29 @@ def test_a_job_on_several_devices_reads_the_same_batches(tmp_path, placement):
         flow.config.cpu_device_num(1)
 
 
-def test_a_mirrored_job_on_several_devices_is_refused_clearly(tmp_path):
+def test_a_mirrored_job_gives_each_device_its_rows(tmp_path):
+    """In the mirrored view over 2 devices each device gets its rows of the
+    loader's batch: concatenated, what one device reads."""
     md.write(tmp_path / "c", [[1, 2, 3, 4, 5], [6, 7, 8]])
-    flow.clear_default_session()
-    flow.config.cpu_device_num(2)
-    try:
+
+    def run(devices):
+        flow.clear_default_session()
+        flow.config.cpu_device_num(devices)
         cfg = flow.FunctionConfig()
-        cfg.default_logical_view(flow.scope.mirrored_view())
+        if devices > 1:
+            cfg.default_logical_view(flow.scope.mirrored_view())
 
         @flow.global_function(function_config=cfg)
-        def job() -> tp.ListNumpy:
-            with flow.scope.placement("cpu", "0:0-1"):
+        def job() -> tp.ListNumpy if devices > 1 else tp.Numpy:
+            with flow.scope.placement("cpu", f"0:0-{devices - 1}"):
                 t = flow.data.megatron_gpt_mmap_data_loader(str(tmp_path / "c"), 3, 4, 2, shuffle=False)
                 return t + 1
+        return [job() for _ in range(2)]
 
-        with pytest.raises(NotImplementedError, match="megatron_gpt_mmap_data_loader in a job spread over several"):
-            job()
+    try:
+        want = run(1)
+        got = run(2)
     finally:
         flow.clear_default_session()
         flow.config.cpu_device_num(1)
+    assert [[a.tolist() for a in parts] for parts in got] == [[w[:1].tolist(), w[1:].tolist()] for w in want]

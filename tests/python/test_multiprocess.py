@@ -141,6 +141,38 @@ def test_mirrored_view_over_two_processes(tmp_path, one_process):
     check_same(launch(tmp_path, 2, mode="mirrored"), one_process, losses=False)
 
 
+@pytest.fixture(scope="module")
+def ofrecords(tmp_path_factory):
+    """300 MNIST-shaped records in 2 OFRecord part files."""
+    import flowjit.ofrecord as ofr
+    d = str(tmp_path_factory.mktemp("ofrecord"))
+    rng = np.random.default_rng(3)
+    ofr.write(d, ({"images": rng.random((1, 28, 28), dtype=np.float32), "labels": np.int32(rng.integers(0, 10))}
+                  for _ in range(300)), parts=2)
+    return d
+
+
+@pytest.fixture(scope="module")
+def one_reader(tmp_path_factory, ofrecords):
+    d = tmp_path_factory.mktemp("one_reader")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWJIT_WORLD")}
+    env["MP_WORKER_OFRECORD"] = ofrecords
+    out = str(d / "ref.npz")
+    subprocess.run([sys.executable, WORKER, out, "1", "reader", str(STEPS), "-1"], env=env, check=True)
+    return dict(np.load(out))
+
+
+def test_a_reader_over_two_processes_trains_as_one_process(tmp_path, ofrecords, one_reader):
+    """flow.data.ofrecord_reader (shuffled) in a job over 2 processes: in the
+    consistent view every process reads the same whole batch and the runtime
+    keeps its rows; in the mirrored view (2 devices a process) each device
+    gets its rows of it. Both train as one process reading alone."""
+    extra = {"MP_WORKER_OFRECORD": ofrecords}
+    check_same(launch(tmp_path, 2, mode="reader", extra_env=extra), one_reader)
+    check_same(launch(tmp_path, 2, local=2, mode="reader_mirrored", extra_env=extra, tag="m"), one_reader,
+               losses=False)
+
+
 def test_a_peer_that_dies_fails_the_others_within_the_timeout(tmp_path):
     t0 = time.monotonic()
     results = launch(tmp_path, 2, exit_after=1, timeout=10)

@@ -51,6 +51,37 @@ def test_records_round_trip_in_order_and_loop_over_epochs(tmp_path):
     assert x.dtype == np.float32 and y.dtype == np.int32 and big.dtype == np.int64
 
 
+def test_the_mirrored_view_gives_each_device_its_rows(tmp_path):
+    """Over 2 devices in the mirrored view each device gets its rows of the
+    reader's batch (tests/python/test_multiprocess.py: across processes);
+    a batch that does not divide among the devices is refused."""
+    ofr.write(tmp_path, _records(8))
+    flow.clear_default_session()
+    flow.config.cpu_device_num(2)
+    try:
+        cfg = flow.function_config()
+        cfg.default_logical_view(flow.scope.mirrored_view())
+
+        @flow.global_function(function_config=cfg)
+        def job() -> tp.ListNumpy:
+            r = flow.data.ofrecord_reader(str(tmp_path), batch_size=4)
+            return flow.data.OFRecordRawDecoder(r, "y", shape=(), dtype=flow.int32) * 10
+
+        assert [a.tolist() for a in job()] == [[0, 10], [20, 30]]
+        assert [a.tolist() for a in job()] == [[40, 50], [60, 70]]
+
+        @flow.global_function(function_config=cfg)
+        def odd() -> tp.ListNumpy:
+            r = flow.data.ofrecord_reader(str(tmp_path), batch_size=3)
+            return flow.data.OFRecordRawDecoder(r, "y", shape=(), dtype=flow.int32)
+
+        with pytest.raises(ValueError, match="batch_size must be a multiple of 2; got 3"):
+            odd()
+    finally:
+        flow.clear_default_session()
+        flow.config.cpu_device_num(1)
+
+
 def test_part_files_and_padded_suffixes(tmp_path):
     files = ofr.write(tmp_path, _records(6), parts=3, part_name_suffix_length=5)
     assert [os.path.basename(f) for f in files] == ["part-00000", "part-00001", "part-00002"]
