@@ -257,7 +257,7 @@ Graph fuse_attention(const Graph& g, std::vector<NodeRef>& keep, std::vector<Nod
     if (m && min_score_bytes > 0) {  // the rule of attention.h
       const Shape& s = in[0]->shape();
       const int64_t per_group = s[s.size() - 1] * s[s.size() - 2];
-      if (per_group < kLongScores &&
+      if (per_group < (m->offset ? kLongDroppedScores : kLongScores) &&
           in[0]->type().numel() * dtype_bytes(in[0]->dtype()) < min_score_bytes)
         m = std::nullopt;
     }

@@ -27,12 +27,17 @@
 // When: the attention kernels recompute the probabilities in the backward
 // (about 1.5x the multiply-adds of the unfused matmuls), so they pay where
 // the score matrices' memory traffic outweighs that: on an AMD Zen 3 host
-// (benchmarks/bench_attention.py, causal, d 64) the unfused composition is
-// faster up to 256 keys a query, level at 512 and slower from 1024 (1.12x
-// at 1024, 1.18x at 2048). The pass fuses a match whose queries see at least
-// kLongScores score pairs a group (1024 x 1024), or whose score matrix holds
+// (benchmarks/bench_attention.py, causal, d 64, the family's operands
+// copied once) the unfused composition is faster up to 256 keys a query,
+// level at 384 and slower from 512 (1.11x at 512, 1.17x at 1024, 1.26x at
+// 2048). The pass fuses a match whose queries see at least kLongScores
+// score pairs a group (512 x 512), or whose score matrix holds
 // at least attention_min_score_bytes() (256 MiB: memory the unfused
-// composition would need several times); FLOWJIT_FUSE_ATTENTION=1 fuses
+// composition would need several times). With dropout the kernels draw
+// each score's number three times (forward, dq, dk/dv) where the
+// composition draws it once: level at 1024 keys, 1.06x at 2048, so a
+// dropout match fuses from kLongDroppedScores (2048 x 2048) or the same
+// 256 MiB. FLOWJIT_FUSE_ATTENTION=1 fuses
 // every match, =0 none. flow.nn.scaled_dot_product_attention is always the
 // attention op.
 #pragma once
@@ -56,6 +61,8 @@ ir::Graph fuse_attention(const ir::Graph& g, std::vector<ir::NodeRef>& keep,
 // -1 (none) with =0.
 int64_t attention_min_score_bytes();
 // Score pairs a group (Lq x Lk) from which the pass fuses whatever the bytes.
-constexpr int64_t kLongScores = int64_t{1} << 20;
+constexpr int64_t kLongScores = int64_t{1} << 18;
+// The same with dropout (its numbers drawn again in the backward).
+constexpr int64_t kLongDroppedScores = int64_t{1} << 22;
 
 }  // namespace flowjit::jit

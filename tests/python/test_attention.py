@@ -182,9 +182,9 @@ def test_the_transformer_pattern_becomes_one_attention_kernel(mask_rank, monkeyp
     assert "causal" in job.compiled_jobs()[0].as_text("plan"), "the mask was not seen as causal"
 
 
-@pytest.mark.parametrize("T,fused", [(16, False), (1024, True)])
+@pytest.mark.parametrize("T,fused", [(16, False), (511, False), (512, True)])
 def test_by_default_only_long_sequences_fuse(T, fused, monkeypatch):
-    """1024 keys a query and more: the attention family; fewer: the unfused
+    """512 keys a query and more: the attention family; fewer: the unfused
     matmuls, faster there (jit/passes/attention.h)."""
     monkeypatch.delenv("FLOWJIT_FUSE_ATTENTION", raising=False)
     B, H, D = 1, 1, 4
@@ -198,6 +198,22 @@ def test_by_default_only_long_sequences_fuse(T, fused, monkeypatch):
     bias = np.where(np.arange(T)[None, :] > np.arange(T)[:, None], -1e9, 0.0)
     want, _ = reference(x, x * 0.5, x + 1.0, bias, False, 1 / math.sqrt(D))
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_by_default_a_dropout_attention_fuses_only_when_much_longer(monkeypatch):
+    """With dropout the kernels draw each number three times: at 512 keys the
+    composition stays (jit/passes/attention.h, kLongDroppedScores)."""
+    monkeypatch.delenv("FLOWJIT_FUSE_ATTENTION", raising=False)
+    T, D = 512, 4
+
+    @flow.global_function(type="train")
+    def job(x: tp.Numpy.Placeholder((1, 1, T, D))) -> tp.Numpy:
+        w = flow.get_variable("w", (D,), initializer=flow.ones_initializer())
+        y = lm_attention(x * w, T, D, 2, dropout=0.1)
+        flow.optimizer.SGD(flow.optimizer.PiecewiseConstantScheduler([], [0.0])).minimize(flow.math.reduce_sum(y))
+        return y
+    job(rng(9).standard_normal((1, 1, T, D)).astype(np.float32))
+    assert "family attention" not in job.compiled_jobs()[0].as_text("kernels")
 
 
 def test_the_pattern_trains_like_the_composition(monkeypatch):
