@@ -899,6 +899,10 @@ EntryReport DiskCache::inspect(
     const std::string& key,
     const std::function<std::vector<std::string>(const std::string&)>& extra_for_target) const {
   EntryReport r;
+  if (!is_key(key)) {  // never a path elsewhere
+    r.error = "'" + printable_text(key) + "' is not a cache key (64 hex digits)";
+    return r;
+  }
   const std::string path = entry_dir(key);
   std::string why;
   // Who owns and can write each directory on the way.

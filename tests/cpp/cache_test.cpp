@@ -348,6 +348,8 @@ TEST(DiskCache, InspectReportsEveryProblemAndChangesNothing) {
   spit(d + "/meta.json", "{\"key\": \"" + key + "\", \"job\": [1], \"files\": {}}");
   EXPECT_EQ(cache.inspect(key).error, "meta.json field 'job' is a list, expected a string");
   EXPECT_EQ(cache.inspect(key_of("absent")).error, "the entry is missing");
+  EXPECT_NE(cache.inspect("../" + key.substr(3)).error.find("is not a cache key"),
+            std::string::npos);
 }
 
 TEST(DiskCache, ConcurrentWritersLeaveOneGoodEntry) {
