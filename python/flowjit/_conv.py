@@ -518,10 +518,11 @@ def avg_pool3d(input: Blob, ksize: Union[int, Sequence[int]], strides: Union[int
 
 # ---------------------------------------------------------------- dropout
 
-def dropout_counter(b, shape: Sequence[int], seed: Optional[int]):
-    """The seed and the int64 counter offset of a train job's dropout mask of
-    `shape`: the offset moves by the mask's size every step, so each step
-    draws new numbers; the seed defaults to one per dropout of the job."""
+def dropout_counter(b, shape: Sequence[int], seed: Optional[int], step: Optional[Blob] = None):
+    """The seed and the int64 counter offset of a dropout mask of `shape`:
+    the offset moves by the mask's size every step (the train step, or
+    `step`), so each step draws new numbers; the seed defaults to one per
+    dropout of the job."""
     count = b._counts.get("dropout_seed", 0)
     b._counts["dropout_seed"] = count + 1
     if seed is None:
@@ -529,7 +530,9 @@ def dropout_counter(b, shape: Sequence[int], seed: Optional[int]):
     numel = 1
     for d in shape:
         numel *= d
-    return int(seed), _ops.multiply(b.train_step(), _ops.constant(numel, dtype=_dtypes.int64))
+    if step is None:
+        step = b.train_step()
+    return int(seed), _ops.multiply(step, _ops.constant(numel, dtype=_dtypes.int64))
 
 
 def dropout(x: Blob, rate: float, noise_shape: Optional[Sequence[int]] = None, seed: Optional[int] = None,

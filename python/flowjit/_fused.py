@@ -116,16 +116,8 @@ def random_mask_like(like: Blob, rate: float, seed: Optional[int] = None,
         _trace.fail(ValueError, f"{api}: rate must be a number in [0, 1), got {rate!r}")
     b = _trace.require_builder(f"flow.nn.{api}")
     shape = list(like.shape) if noise_shape is None else _ops._int_list(noise_shape, api, "noise_shape")
-    count = b._counts.get("dropout_seed", 0)
-    b._counts["dropout_seed"] = count + 1
-    if seed is None:
-        seed = 0x5EED0000 + count
-    numel = 1
-    for d in shape:
-        numel *= d
-    if b.type == "train":
-        step = b.train_step()
-    else:
+    step = None  # a train job's steps
+    if b.type != "train":
         # A predict job counts its own runs, so each run draws new numbers.
         from ._variables import ConstantInitializer
         step = b.variable(f"System-RandomMask-Step-{b.job_name}", (), _dtypes.int64, ConstantInitializer(0),
@@ -133,8 +125,8 @@ def random_mask_like(like: Blob, rate: float, seed: Optional[int] = None,
         if not b._counts.get("random_mask_step"):
             b._counts["random_mask_step"] = 1
             b.effects.append(_C.make_node(K.assign, [step._node, _ops.add(step, 1)._node], {}))
-    offset = _ops.multiply(step, _ops.constant(numel, dtype=_dtypes.int64))
-    u = _ops.make(K.random_uniform_at, [offset], {"shape": shape, "dtype": _dtypes.float32.c, "seed": int(seed)},
+    seed, offset = dropout_counter(b, shape, seed, step)
+    u = _ops.make(K.random_uniform_at, [offset], {"shape": shape, "dtype": _dtypes.float32.c, "seed": seed},
                   api=api)
     return _ops.cast(_ops.greater_equal(u, float(rate)), _dtypes.int8, name=name)
 
