@@ -25,6 +25,9 @@
 
 #include <cstring>
 
+#include <llvm/IR/IRBuilder.h>
+
+#include "codegen/emit.h"
 #include "codegen/family.h"
 #include "ir/node.h"
 #include "ir/printer.h"
@@ -116,6 +119,15 @@ int64_t flops(const Kernel& k) {
 }
 
 }  // namespace
+
+llvm::Value* dropout_factor(llvm::IRBuilderBase& b, MathProvider& math, const AttentionParams& p,
+                            llvm::Value* counter, llvm::Type* type) {
+  llvm::Value* u = math.random(b, OpKind::RandomUniform, counter,
+                               b.getInt64(static_cast<uint64_t>(p.seed)), type);
+  return b.CreateSelect(b.CreateFCmpOGE(u, llvm::ConstantFP::get(type, p.dropout)),
+                        llvm::ConstantFP::get(type, 1.0 / (1.0 - p.dropout)),
+                        llvm::ConstantFP::get(type, 0.0));
+}
 
 extern const KernelFamily attention_family{"attention", OpKind::Attention, params, summary, flops};
 extern const KernelFamily attention_grad_family{"attention_grad", OpKind::AttentionGrad, params,

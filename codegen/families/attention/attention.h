@@ -9,7 +9,15 @@
 #include "codegen/kernel.h"
 #include "ir/error.h"
 
+namespace llvm {
+class IRBuilderBase;
+class Type;
+class Value;
+}  // namespace llvm
+
 namespace flowjit::codegen {
+
+class MathProvider;
 
 struct AttentionParams {
   // What the kernel writes: the attention itself, each query's log-sum-exp,
@@ -62,5 +70,12 @@ struct AttentionParams {
   // Tasks own rows: a key's for dk and dv, else a query's.
   bool per_key() const { return part == DK || part == DV || part == DKV; }
 };
+
+// The dropout's factors z (0, or 1 / (1 - dropout)) of the scores whose
+// counters are `counter` (i64, or a vector of them): `type`, a float or a
+// vector of the same width, drawn as random_uniform_at draws. Both
+// backends' emitters use it.
+llvm::Value* dropout_factor(llvm::IRBuilderBase& b, MathProvider& math, const AttentionParams& p,
+                            llvm::Value* counter, llvm::Type* type);
 
 }  // namespace flowjit::codegen

@@ -231,11 +231,7 @@ class AttentionEmitter {
     Value* counter =
         b_.CreateAdd(splat(b_.CreateAdd(first, offset_), w),
                      step == 1 ? lane_iota(w) : b_.CreateMul(lane_iota(w), splat(i64(step), w)));
-    llvm::Type* ty = with_width(elem_, w);
-    Value* u = math_.random(b_, OpKind::RandomUniform, counter,
-                            b_.getInt64(static_cast<uint64_t>(p_.seed)), ty);
-    return b_.CreateSelect(b_.CreateFCmpOGE(u, fconst(p_.dropout, w)),
-                           fconst(1.0 / (1.0 - p_.dropout), w), fconst(0, w));
+    return dropout_factor(b_, math_, p_, counter, with_width(elem_, w));
   }
   Value* times(Value* x, Value* z) { return z ? b_.CreateFMul(x, z) : x; }
 

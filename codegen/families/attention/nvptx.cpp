@@ -69,10 +69,7 @@ llvm::Function* emit_attention_any(llvm::Module& m, const Kernel& k, MathProvide
     if (!offset) return x;
     Value* counter = b.CreateAdd(
         b.CreateAdd(b.CreateMul(b.CreateAdd(b.CreateMul(g, i64(p.lq)), i), i64(p.lk)), j), offset);
-    Value* u = math.random(b, OpKind::RandomUniform, counter,
-                           b.getInt64(static_cast<uint64_t>(p.seed)), elem);
-    return b.CreateSelect(b.CreateFCmpOGE(u, fc(p.dropout)),
-                          b.CreateFMul(x, fc(1.0 / (1.0 - p.dropout))), fc(0));
+    return b.CreateFMul(x, dropout_factor(b, math, p, counter, elem));
   };
   // sum over c < n of a[a0 + c * as] * c[c0 + c * cs]
   auto dot = [&](Value* a, Value* a0, int64_t as, Value* c, Value* c0, int64_t cs, int64_t n) {
