@@ -1,15 +1,19 @@
-// Fusion's internals, shared by its stages (the entry point is jit/fusion.h):
+// Fusion's kernel formation and plan (the entry point is jit/fusion.h).
+// The stages before it are functions of their own (jit/fusion/grouping.h:
+// prepare, analyze, group; jit/fusion/order.h: the launch order); the Fuser
+// holds their records and builds, from them, the kernels and the plan:
 //   fusion/views.cpp     how values address memory: views, windows, gathers, maps
-//   fusion/groups.cpp    preparation, analysis and grouping nodes into kernels
+//   fusion/grouping.cpp  prepare, analyze, group
 //   fusion/kernels.cpp   building each group's loop-level kernel (codegen/kernel.h)
-//   fusion/schedule.cpp  launch order, deferred assigns, buffer lives and the plan
+//   fusion/order.cpp     the launch order
+//   fusion/schedule.cpp  deferred assigns, check guards, buffer lives and the plan
 #pragma once
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
-#include <queue>
 #include <set>
 #include <sstream>
 #include <string>
@@ -21,76 +25,18 @@
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "jit/fusion.h"
+#include "jit/fusion/grouping.h"
+#include "jit/fusion/order.h"
+#include "jit/fusion/views.h"
 #include "jit/memory.h"
 
 namespace flowjit::jit::fusion_detail {
 
-using namespace ir;
 using codegen::Access;
 using codegen::Kernel;
 using codegen::KNode;
 using codegen::KOp;
 using runtime::BufferKind;
-using DimMap = std::vector<int>;  // per node dim: domain dim, or -1 (index 0)
-
-// An index read by a gather: a strided view of an integer buffer, clamped
-// into [0, limit) and scaled by `stride` (codegen::Indirect).
-struct IndirectView {
-  NodeRef base;
-  std::vector<int64_t> strides;  // elements of base, per dim of the viewed node
-  int64_t offset = 0;
-  int64_t limit = 1;
-  int64_t stride = 0;  // elements of the gathered buffer per index unit
-  // The check_index the gather reads its indices through (or null), and the
-  // position of the index element in that tensor: pos_offset + sum over the
-  // viewed node's dims of idx * pos_strides.
-  NodeRef check;
-  std::vector<int64_t> pos_strides;
-  int64_t pos_offset = 0;
-};
-
-inline bool is_gather(const NodeRef& n) {
-  return n->op() == OpKind::Gather || n->op() == OpKind::GatherNd;
-}
-
-// A gather's index operand read through its check_index, if it has one.
-inline NodeRef unchecked_index(const NodeRef& x) {
-  return x->op() == OpKind::CheckIndex ? x->input(0) : x;
-}
-
-struct View {
-  NodeRef base;                  // a buffer: parameter, variable or computed node
-  std::vector<int64_t> strides;  // elements, per dim of the viewed node
-  int64_t offset = 0;
-  std::vector<codegen::Coord> coords;  // coef per dim of the viewed node
-  double pad = 0;                      // the value of elements outside the coords' range
-  std::vector<IndirectView> indirect;  // strides per dim of the viewed node
-  int64_t ipad = 0;                    // pad of an integer view, exact (pad rounds beyond 2^53)
-  bool plain() const { return coords.empty() && indirect.empty(); }
-};
-
-// ---------------------------------------------------------------- groups
-
-struct Group {
-  int id = 0;
-  bool matmul = false;
-  NodeRef root;
-  NodeRef mm;  // the MatMul node of a matmul group
-  Shape domain;
-  std::vector<bool> reduced;
-  bool has_reduce = false;
-  std::vector<int> remap;  // set when absorbing a reduction renumbered the domain
-  std::unordered_map<const Node*, std::vector<DimMap>> maps;  // members and their maps
-  std::vector<NodeRef> members;                               // in absorption order
-  int computes = 0;  // members that are computed here (not duplicated views or constants)
-  bool member(const NodeRef& n) const { return maps.count(n.get()) > 0; }
-};
-
-// The most computed ops one kernel takes: a longer chain is cut into several
-// kernels. LLVM's time on one function grows faster than its size (a chain of
-// 10,000 fused ops compiled for over 10 minutes as one kernel); past a few
-// hundred ops per element, a stored intermediate costs little.
-constexpr int kMaxKernelComputes = 512;
 
 // Where a materialized value lives: the runtime's buffer kinds, with an
 // arena *buffer* index (its offset comes from memory planning).
@@ -98,66 +44,6 @@ struct Storage {
   BufferKind kind = BufferKind::Arena;
   int index = 0;  // input/output index, variable index, or arena buffer index
 };
-
-// ---------------------------------------------------------------- views
-
-// True for a reshape that only inserts or removes extent-1 dimensions.
-bool is_unit_reshape(const NodeRef& r);
-
-// Sources (and random_uniform_at) cheap enough to recompute in every kernel
-// that reads them (trait kCheap).
-bool is_cheap_source(const NodeRef& n);
-
-// Recomputed in every kernel that uses it instead of being stored.
-bool is_duplicable(const NodeRef& n);
-
-bool is_buffer_leaf(const NodeRef& n);
-
-bool is_compute(const NodeRef& n);
-
-// Addressed views (windows, pads, slices, gathers) read their operands
-// through offsets, guarded and indirect coordinates, so the operands must
-// exist in memory (like the base of a non-unit reshape).
-bool is_addressed_view(const NodeRef& n);
-
-std::optional<View> resolve_view(const NodeRef& n);
-
-// window(x): lead dims as x's, window positions and taps through one
-// coordinate per spatial dim; a coordinate that can never leave the input
-// folds into plain strides.
-std::optional<View> resolve_window(const NodeRef& n);
-
-// pad(x): a guarded coordinate per padded dim (ir/array.h).
-std::optional<View> resolve_pad(const NodeRef& n);
-
-// slice(x): an offset and scaled strides.
-std::optional<View> resolve_slice(const NodeRef& n);
-
-// gather(p, idx) and gather_nd(p, idx): p's strides on the dims that are not
-// indexed, and one indirect coordinate per indexed dim.
-std::optional<View> resolve_gather(const NodeRef& n);
-
-// How `n` addresses memory, when it is a view chain over a buffer.
-std::optional<View> resolve_view(const NodeRef& n);
-
-// A matmul reads an operand's batch dims as one stride: they must collapse
-// (a batch broadcast by numpy rules or a transposed batch does not, and is
-// copied first).
-bool batch_collapses(const View& v, const NodeRef& x);
-
-bool is_contiguous_view(const NodeRef& n);
-
-// ---------------------------------------------------------------- maps
-
-DimMap broadcast_map(const Shape& from, const Shape& to, const DimMap& to_map);
-
-// The map of operand `i` of member `n`, given n's map. Reductions map their
-// operand to the identity over the group's domain (checked canonical).
-DimMap operand_map(const NodeRef& n, const DimMap& m, size_t i);
-
-// A map under which a node can be stored: every non-unit dim has its own
-// domain dim.
-bool is_full_map(const NodeRef& n, const DimMap& m);
 
 struct Built {
   Kernel k;
@@ -170,6 +56,14 @@ struct Built {
   std::optional<runtime::CollectiveStep> collective;  // a collective's launch: no kernel code
   std::vector<NodeRef> stored;                        // the value of each store, in order
   bool status_gather = false;  // the all_gather of the devices' status buffers
+};
+
+// The launches as the stages after grouping hand them on.
+struct Launches {
+  std::vector<Built> kernels;  // group i's kernel at i
+  std::vector<Built> copies;   // the copies of deferred assigns, launched last
+  std::deque<Built> gathers;   // [harden] the status all_gathers of several devices
+  std::vector<Built*> order;   // all of them, in launch order
 };
 
 // One operand of an implicit GEMM while it is being described: its index
@@ -193,52 +87,10 @@ struct SplitEpilogue {
 // Groups an optimized graph's nodes into kernels and plans their launches.
 class Fuser {
  public:
-  // `unfused_matmuls`: positions of matmuls that take no epilogue.
-  Fuser(const Graph& g, const std::string& job, FusionOptions opts,
-        std::set<int> unfused_matmuls = {});
+  // `g`: a prepared graph; `uses` and `grouping`: its analysis and groups.
+  Fuser(Graph g, Uses uses, Grouping grouping, const std::string& job, FusionOptions opts);
 
   FusedProgram run();
-  // ---- preparation: make every output, assign value and matmul operand a
-  // kernel-computed buffer.
-
-  static NodeRef identity(const NodeRef& n) {
-    return make_node(OpKind::Identity, {n}, {}, n->loc());
-  }
-
-  // Collectives write only their own buffer: a result or an assigned value
-  // is copied out of it by a kernel.
-  static bool needs_identity_for_store(const NodeRef& n);
-
-  Graph materialize(const Graph& g);
-
-  // ---- analysis
-
-  void analyze();
-
-  NodeRef node_ref(const Node* n);
-
-  // Compute nodes that consume `n`, looking through duplicable users.
-  void effective_users(const NodeRef& n, std::vector<const Node*>& out);
-
-  // ---- grouping
-
-  void form_groups();
-
-  void new_group(const NodeRef& root);
-
-  void add_member(Group& g, const NodeRef& n, const DimMap& m);
-
-  // Absorbs producers, latest first, so that all users of a candidate that
-  // can be in the group have been decided before the candidate.
-  void grow(Group& g);
-
-  bool try_absorb(Group& g, const NodeRef& p, std::vector<DimMap>& maps);
-
-  // A reduction joins a loop group when its operand spans the group's domain
-  // with the same reduced dims (a further phase), or when the group has no
-  // reduction yet and the reduction's kept dims cover the group's domain (the
-  // group becomes the reduction's epilogue; the domain grows).
-  bool absorb_reduce(Group& g, const NodeRef& p, std::vector<DimMap>& maps);
 
   // ---- kernels
 
@@ -250,8 +102,25 @@ class Fuser {
 
   std::string kernel_name(int index, Group& g);
 
-  // Builds every group's kernel, orders them, and writes the plan.
+  // Builds every group's kernel, orders them, and writes the plan, in the
+  // stages below.
   void build_and_schedule(FusedProgram& out);
+  // Storage of inputs, outputs and stored values; the values of the arena
+  // buffers, by buffer index.
+  std::vector<const Node*> assign_storage();
+  // Every group's kernel, the copies of deferred assigns, and their order
+  // (launch_order). An assign whose in-place store would make a cycle, or
+  // that a checking kernel or a writer before the last check would make, is
+  // deferred: stored into a temporary and copied at the end.
+  void form_launches(Launches& ls);
+  // [harden] Kernels that write a variable after a check read the status
+  // first (Kernel::guard_arg); several devices all-gather their status before.
+  void guard_variable_writers(Launches& ls);
+  // Memory planning's input: the live range of every arena buffer over the
+  // launches (sets each asynchronous collective's complete_before).
+  std::vector<BufferLife> buffer_lives(Launches& ls, const std::vector<const Node*>& arena_nodes);
+  // The runtime plan and the description; moves the kernels into `out`.
+  void write_plan(Launches& ls, const ArenaPlan& ap, FusedProgram& out);
 
   // A collective's launch: no kernel code, args {operand, result}, and the
   // typed step the runtime runs (the name is for dumps only).
@@ -316,28 +185,17 @@ class Fuser {
   int gathered_status_buffer();
   Built build_status_gather(int n);
 
-  // Kahn's algorithm over data and anti dependences (readers of a
-  // variable's old value run before the kernel that overwrites it). Ties go
-  // to program order. Returns false on a cycle.
-  bool schedule(std::vector<Built>& built, std::vector<int>& order);
+  // The launch-order stage's record of the kernels built from the groups.
+  std::vector<LaunchDeps> launch_deps(const std::vector<Built>& built) const;
 
  private:
   friend class KernelBuilder;
 
+  Graph g_;
+  Uses uses_;
+  Grouping grouping_;
   std::string job_;
   FusionOptions opts_;
-  std::set<int> unfused_matmuls_;
-  Graph g_;
-  std::vector<NodeRef> topo_;
-  std::unordered_map<const Node*, int> pos_;
-  std::unordered_map<const Node*, std::vector<NodeRef>> users_;
-  std::unordered_map<const Node*, std::vector<NodeRef>> assigns_;
-  std::unordered_map<const Node*, int> output_of_;
-  std::unordered_map<const Node*, int> param_index_;
-  std::unordered_set<const Node*> must_store_;
-  std::unordered_set<const Node*> epilogue_;
-  std::vector<std::unique_ptr<Group>> groups_;
-  std::unordered_map<const Node*, int> group_of_;
   std::unordered_map<const Node*, Storage> storage_;
   std::vector<std::pair<std::string, TensorType>> plan_vars_;
   std::unordered_map<std::string, int> var_index_;

@@ -32,8 +32,9 @@ std::string Fuser::kernel_name(int index, Group& g) {
   std::set<std::string> seen;
   int count = 0;
   std::vector<NodeRef> ordered = g.members;
-  std::sort(ordered.begin(), ordered.end(),
-            [&](const NodeRef& a, const NodeRef& b) { return pos_[a.get()] < pos_[b.get()]; });
+  std::sort(ordered.begin(), ordered.end(), [&](const NodeRef& a, const NodeRef& b) {
+    return uses_.pos.at(a.get()) < uses_.pos.at(b.get());
+  });
   for (auto& n : ordered) {
     if (is_view(n->op()) || is_cheap_source(n)) continue;
     std::string op(op_name(n->op()));
@@ -159,8 +160,8 @@ Built Fuser::build_group(Group& g, const std::set<std::string>& deferred,
   if (storage_.count(r)) kb.store(g.root, store_map(g, g.root), r, storage_[r]);
   std::vector<std::pair<NodeRef, NodeRef>> stores;  // (value, variable)
   for (auto& n : g.members) {
-    auto it = assigns_.find(n.get());
-    if (it == assigns_.end()) continue;
+    auto it = uses_.assigns.find(n.get());
+    if (it == uses_.assigns.end()) continue;
     for (auto& a : it->second) stores.emplace_back(n, a->input(0));
   }
   for (auto& [val, var] : stores) {
@@ -193,8 +194,9 @@ Built Fuser::build_group(Group& g, const std::set<std::string>& deferred,
   k.finalize();
   std::ostringstream sum;
   std::vector<NodeRef> ordered = g.members;
-  std::sort(ordered.begin(), ordered.end(),
-            [&](const NodeRef& x, const NodeRef& y) { return pos_[x.get()] < pos_[y.get()]; });
+  std::sort(ordered.begin(), ordered.end(), [&](const NodeRef& x, const NodeRef& y) {
+    return uses_.pos.at(x.get()) < uses_.pos.at(y.get());
+  });
   bool first = true;
   for (auto& n : ordered) {
     if (is_view(n->op()) || is_cheap_source(n)) continue;
@@ -464,7 +466,7 @@ void Fuser::build_matmul_spec(Group& g, Built& b, KernelBuilder& kb) {
     // The matmul alone stores a fresh contiguous buffer and its operands were
     // checked when grouped: only an epilogue's access can be in the way.
     FJ_CHECK(g.members.size() > 1, "matmul kernel ", k.name, ": batch dims do not collapse");
-    throw SplitEpilogue{pos_.at(mm.get())};
+    throw SplitEpilogue{uses_.pos.at(mm.get())};
   }
 }
 

@@ -7,82 +7,100 @@
 
 namespace flowjit::jit::fusion_detail {
 
-Fuser::Fuser(const Graph& g, const std::string& job, FusionOptions opts,
-             std::set<int> unfused_matmuls)
-    : job_(job), opts_(opts), unfused_matmuls_(std::move(unfused_matmuls)) {
-  g_ = materialize(g);
-}
+Fuser::Fuser(Graph g, Uses uses, Grouping grouping, const std::string& job, FusionOptions opts)
+    : g_(std::move(g)),
+      uses_(std::move(uses)),
+      grouping_(std::move(grouping)),
+      job_(job),
+      opts_(std::move(opts)) {}
 
 FusedProgram Fuser::run() {
-  analyze();
-  form_groups();
   FusedProgram out;
   out.graph = g_;
   build_and_schedule(out);
   return out;
 }
 
-// Builds every group's kernel, orders them, and writes the plan.
+// Builds every group's kernel, orders them, and writes the plan: the stages
+// after grouping, each a function of the record the one before made.
 void Fuser::build_and_schedule(FusedProgram& out) {
-  // Storage for inputs and for every value a group stores.
-  for (auto& [node, idx] : param_index_) storage_[node] = {BufferKind::Input, idx};
-  int arena_buffers = 0;
+  std::vector<const Node*> arena_nodes = assign_storage();
+  Launches ls;
+  form_launches(ls);
+  guard_variable_writers(ls);
+  std::vector<BufferLife> lives = buffer_lives(ls, arena_nodes);
+  write_plan(ls, plan_arena(lives), out);
+}
+
+namespace {
+
+bool writes_a_variable(const Built* b) {
+  for (size_t a = 0; a < b->arg_storage.size(); ++a)
+    if (b->arg_storage[a].kind == BufferKind::Variable && b->k.args[a].written) return true;
+  return false;
+}
+
+}  // namespace
+
+// Storage for inputs and for every value a group stores: an output, or an
+// arena buffer (the arena buffers' values, by index, returned).
+std::vector<const Node*> Fuser::assign_storage() {
+  for (auto& [node, idx] : uses_.param_index) storage_[node] = {BufferKind::Input, idx};
   std::vector<const Node*> arena_nodes;
-  for (auto& g : groups_) {
+  for (auto& g : grouping_.groups) {
     const Node* r = g->root.get();
-    auto o = output_of_.find(r);
-    if (o != output_of_.end()) {
+    auto o = uses_.output_of.find(r);
+    if (o != uses_.output_of.end()) {
       storage_[r] = {BufferKind::Output, o->second};
-    } else if (users_.count(r) && !users_[r].empty()) {
-      storage_[r] = {BufferKind::Arena, arena_buffers++};
+    } else if (uses_.users.count(r) && !uses_.users.at(r).empty()) {
+      storage_[r] = {BufferKind::Arena, static_cast<int>(arena_nodes.size())};
       arena_nodes.push_back(r);
     }
   }
+  return arena_nodes;
+}
+
+// The kernels of every group and their launch order.
+void Fuser::form_launches(Launches& ls) {
   // First attempt: assigns stored in place. If the schedule has a cycle or
   // an in-place hazard, those assigns go through temporaries instead.
-  std::vector<Built> built;
   std::vector<int> order;
   std::set<std::string> deferred;
-  std::vector<Built> copies;
-  std::vector<Built*> launches;
-  runtime::Plan& plan = out.plan;
-  auto writes_a_variable = [](const Built* b) {
-    for (size_t a = 0; a < b->arg_storage.size(); ++a)
-      if (b->arg_storage[a].kind == BufferKind::Variable && b->k.args[a].written) return true;
-    return false;
-  };
   // Rounds: a variable writer that cannot move after the last check (below)
   // defers its assigns and the kernels are built again.
   for (bool again = true; again;) {
     again = false;
     for (int attempt = 0; attempt < 2; ++attempt) {
-      built.clear();
+      ls.kernels.clear();
       std::set<std::string> hazards;
-      for (auto& g : groups_) built.push_back(build_group(*g, deferred, hazards));
+      for (auto& g : grouping_.groups) ls.kernels.push_back(build_group(*g, deferred, hazards));
       // [harden] A kernel that checks something (check_numerics of the value
       // it stores, an index it reads) does not write a variable in place: it
       // would have written before its own check fails, which no guard at
       // its entry can stop. Its assigns are deferred: it stores into a
       // temporary, and a copy kernel at the end, guarded like every later
       // writer, updates the variable.
-      for (const Built& b : built)
+      for (const Built& b : ls.kernels)
         if (b.k.status_arg >= 0) hazards.insert(b.var_writes.begin(), b.var_writes.end());
       if (!hazards.empty() && attempt == 0) {
         deferred.insert(hazards.begin(), hazards.end());
         continue;
       }
-      if (schedule(built, order)) break;
+      if (auto o = launch_order(launch_deps(ls.kernels))) {
+        order = std::move(*o);
+        break;
+      }
       FJ_CHECK(attempt == 0, "fusion: no schedule even with deferred assigns");
-      for (auto& [val, as] : assigns_)
+      for (auto& [val, as] : uses_.assigns)
         for (auto& a : as) deferred.insert(a->input(0)->attrs().get_str("name"));
     }
     // Deferred assigns: copy kernels after everything else.
-    copies = build_deferred_copies(deferred);
+    ls.copies = build_deferred_copies(deferred);
 
     // Launch order, arena lives and the plan.
-    launches.clear();
-    for (int gi : order) launches.push_back(&built[gi]);
-    for (auto& c : copies) launches.push_back(&c);
+    ls.order.clear();
+    for (int gi : order) ls.order.push_back(&ls.kernels[gi]);
+    for (auto& c : ls.copies) ls.order.push_back(&c);
     // [harden] After a launch that checks something, every kernel that writes
     // a variable reads the status buffer first and does nothing when a check
     // failed (codegen::Kernel::guard_arg): a bad label leaves the weights as
@@ -106,44 +124,44 @@ void Fuser::build_and_schedule(FusedProgram& out) {
     // kernel's (a temporary, then a guarded copy at the end), and the kernels
     // are built again.
     int last_check = -1;
-    for (size_t li = 0; li < launches.size(); ++li)
-      if (launches[li]->k.status_arg >= 0) last_check = static_cast<int>(li);
+    for (size_t li = 0; li < ls.order.size(); ++li)
+      if (ls.order[li]->k.status_arg >= 0) last_check = static_cast<int>(li);
     for (int li = last_check - 1; li >= 0; --li) {
-      Built* w = launches[li];
+      Built* w = ls.order[li];
       if (!writes_a_variable(w)) continue;
       bool touched = false;
       for (int lj = li + 1; lj <= last_check && !touched; ++lj)
         for (size_t a = 0; a < w->arg_storage.size() && !touched; ++a) {
           if (!w->k.args[a].written) continue;
-          for (const Storage& s : launches[lj]->arg_storage)
+          for (const Storage& s : ls.order[lj]->arg_storage)
             touched |= s.kind == w->arg_storage[a].kind && s.index == w->arg_storage[a].index;
         }
       if (touched) {
         for (const std::string& v : w->var_writes) again |= deferred.insert(v).second;
         continue;
       }
-      launches.erase(launches.begin() + li);
-      launches.insert(launches.begin() + last_check, w);
+      ls.order.erase(ls.order.begin() + li);
+      ls.order.insert(ls.order.begin() + last_check, w);
       --last_check;
     }
-  }  // rounds
-  plan.job_name = job_;
-  for (auto& p : g_.params) plan.inputs.push_back(p->type());
-  for (auto& o : g_.outputs) plan.outputs.push_back(o->type());
+  }
+}
+
+void Fuser::guard_variable_writers(Launches& ls) {
   const int devices = std::max(1, opts_.devices);
-  std::deque<Built> gathers;
   std::vector<Built*> ordered;
   bool checked = false;
   bool unshared = false;   // a launch checked something since the last all_gather
   size_t after_check = 0;  // in `ordered`: just after the last checking launch
-  for (Built* b : launches) {
+  for (Built* b : ls.order) {
     bool writes_variable = writes_a_variable(b);
     if (devices > 1 && unshared && writes_variable) {
       // Right after the check: the all_gather may run on the communication
       // thread while the backward pass goes on (complete before the first
       // launch that touches the status again, below).
-      gathers.push_back(build_status_gather(devices));
-      ordered.insert(ordered.begin() + static_cast<std::ptrdiff_t>(after_check), &gathers.back());
+      ls.gathers.push_back(build_status_gather(devices));
+      ordered.insert(ordered.begin() + static_cast<std::ptrdiff_t>(after_check),
+                     &ls.gathers.back());
       unshared = false;
     }
     if (checked && writes_variable) {
@@ -172,21 +190,25 @@ void Fuser::build_and_schedule(FusedProgram& out) {
     }
   }
   if (devices > 1 && unshared) {
-    gathers.push_back(build_status_gather(devices));
-    ordered.push_back(&gathers.back());
+    ls.gathers.push_back(build_status_gather(devices));
+    ordered.push_back(&ls.gathers.back());
   }
-  launches = std::move(ordered);
+  ls.order = std::move(ordered);
+}
 
+std::vector<BufferLife> Fuser::buffer_lives(Launches& ls,
+                                            const std::vector<const Node*>& arena_nodes) {
   // Arena buffers: intermediates, then the temporaries of deferred assigns
   // (live for the whole run).
+  const int arena_buffers = static_cast<int>(arena_nodes.size());
   std::vector<BufferLife> lives(arena_buffers);
   for (int i = 0; i < arena_buffers; ++i) {
     lives[i].bytes = arena_nodes[i]->type().bytes();
     lives[i].first = -1;
   }
   lives.insert(lives.end(), temp_lives_.begin(), temp_lives_.end());
-  for (size_t li = 0; li < launches.size(); ++li) {
-    Built& b = *launches[li];
+  for (size_t li = 0; li < ls.order.size(); ++li) {
+    Built& b = *ls.order[li];
     for (size_t a = 0; a < b.arg_storage.size(); ++a) {
       const Storage& s = b.arg_storage[a];
       if (s.kind != BufferKind::Arena) continue;
@@ -201,7 +223,7 @@ void Fuser::build_and_schedule(FusedProgram& out) {
   for (size_t t = 0; t < temp_lives_.size(); ++t) {
     BufferLife& l = lives[arena_buffers + t];
     l.first = 0;
-    l.last = static_cast<int>(launches.size());
+    l.last = static_cast<int>(ls.order.size());
   }
   // Asynchronous all_reduces and all_gathers (runtime/executable.h,
   // CollectiveStep::complete_before): complete before the first later
@@ -213,14 +235,14 @@ void Fuser::build_and_schedule(FusedProgram& out) {
   auto same = [](const Storage& a, const Storage& b) {
     return a.kind == b.kind && a.index == b.index;
   };
-  for (size_t li = 0; li < launches.size(); ++li) {
-    Built& b = *launches[li];
+  for (size_t li = 0; li < ls.order.size(); ++li) {
+    Built& b = *ls.order[li];
     if (!b.collective || (b.collective->op != runtime::CollectiveStep::Op::AllReduce &&
                           b.collective->op != runtime::CollectiveStep::Op::AllGather))
       continue;
-    size_t until = launches.size();
-    for (size_t lj = li + 1; lj < launches.size() && until == launches.size(); ++lj)
-      for (const Storage& s : launches[lj]->arg_storage)
+    size_t until = ls.order.size();
+    for (size_t lj = li + 1; lj < ls.order.size() && until == ls.order.size(); ++lj)
+      for (const Storage& s : ls.order[lj]->arg_storage)
         if (same(s, b.arg_storage[0]) || same(s, b.arg_storage[1])) {
           until = lj;
           break;
@@ -233,7 +255,14 @@ void Fuser::build_and_schedule(FusedProgram& out) {
         l.last = std::max(l.last, static_cast<int>(until));
       }
   }
-  ArenaPlan ap = plan_arena(lives);
+  return lives;
+}
+
+void Fuser::write_plan(Launches& ls, const ArenaPlan& ap, FusedProgram& out) {
+  runtime::Plan& plan = out.plan;
+  plan.job_name = job_;
+  for (auto& p : g_.params) plan.inputs.push_back(p->type());
+  for (auto& o : g_.outputs) plan.outputs.push_back(o->type());
   plan.arena_bytes = ap.arena_bytes;
   if (status_index_ >= 0) plan.status_offset = ap.offsets[status_index_];
   plan.checks = checks_;
@@ -242,14 +271,14 @@ void Fuser::build_and_schedule(FusedProgram& out) {
 
   auto names = value_names(g_);
   std::ostringstream desc;
-  plan.first_variable_write = static_cast<int64_t>(launches.size());
-  for (size_t li = 0; li < launches.size(); ++li)
-    if (writes_a_variable(launches[li])) {
+  plan.first_variable_write = static_cast<int64_t>(ls.order.size());
+  for (size_t li = 0; li < ls.order.size(); ++li)
+    if (writes_a_variable(ls.order[li])) {
       plan.first_variable_write = static_cast<int64_t>(li);
       break;
     }
-  for (size_t li = 0; li < launches.size(); ++li) {
-    Built& b = *launches[li];
+  for (size_t li = 0; li < ls.order.size(); ++li) {
+    Built& b = *ls.order[li];
     runtime::Launch l;
     l.symbol = b.k.name;
     for (size_t a = 0; a < b.arg_storage.size(); ++a) {
@@ -266,7 +295,7 @@ void Fuser::build_and_schedule(FusedProgram& out) {
     desc << b.k.name << ":";
     std::vector<const Node*> comp = b.computes;
     std::sort(comp.begin(), comp.end(),
-              [&](const Node* x, const Node* y) { return pos_[x] < pos_[y]; });
+              [&](const Node* x, const Node* y) { return uses_.pos.at(x) < uses_.pos.at(y); });
     comp.erase(std::unique(comp.begin(), comp.end()), comp.end());
     for (const Node* c : comp) desc << " " << names[c];
     desc << " ->";
@@ -415,7 +444,7 @@ std::vector<Built> Fuser::build_deferred_copies(const std::set<std::string>& def
     const NodeRef& var = it->second;
     Built b;
     Kernel& k = b.k;
-    k.name = "k" + std::to_string(groups_.size() + i++) + "_assign";
+    k.name = "k" + std::to_string(grouping_.groups.size() + i++) + "_assign";
     k.kind = Kernel::Kind::Loop;
     k.domain = var->shape();
     k.reduced.assign(var->rank(), false);
@@ -446,96 +475,25 @@ std::vector<Built> Fuser::build_deferred_copies(const std::set<std::string>& def
   return out;
 }
 
-// Kahn's algorithm over data and anti dependences (readers of a
-// variable's old value run before the kernel that overwrites it). Ties go
-// to program order. Returns false on a cycle.
-bool Fuser::schedule(std::vector<Built>& built, std::vector<int>& order) {
-  size_t n = built.size();
-  std::vector<std::set<int>> succ(n);
-  std::vector<int> indeg(n, 0);
+// The order stage's view of the kernels built from the groups (built[i] from
+// group i): which kernels' results each reads, and its variables.
+std::vector<LaunchDeps> Fuser::launch_deps(const std::vector<Built>& built) const {
   std::unordered_map<const Node*, int> producer;
-  for (size_t i = 0; i < n; ++i) producer[groups_[i]->root.get()] = static_cast<int>(i);
-  auto edge = [&](int from, int to) {
-    if (from == to) return;
-    if (succ[from].insert(to).second) ++indeg[to];
-  };
-  std::unordered_map<std::string, int> writer;
-  for (size_t i = 0; i < n; ++i)
-    for (auto& v : built[i].var_writes) writer[v] = static_cast<int>(i);
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < built.size(); ++i)
+    producer[grouping_.groups[i]->root.get()] = static_cast<int>(i);
+  std::vector<LaunchDeps> deps(built.size());
+  for (size_t i = 0; i < built.size(); ++i) {
+    const NodeRef& root = grouping_.groups[i]->root;
+    deps[i].collective = is_collective(root->op());
+    deps[i].program_pos = uses_.pos.at(root.get());
     for (const Node* r : built[i].reads) {
       auto p = producer.find(r);
-      if (p != producer.end()) edge(p->second, static_cast<int>(i));
+      if (p != producer.end()) deps[i].reads.push_back(p->second);
     }
-    for (auto& v : built[i].var_reads) {
-      auto w = writer.find(v);
-      if (w != writer.end()) edge(static_cast<int>(i), w->second);
-    }
+    deps[i].var_reads = built[i].var_reads;
+    deps[i].var_writes = built[i].var_writes;
   }
-  // Collectives start as early as they can and their consumers run as
-  // late as they can, so that the runtime exchanges on its communication
-  // thread while the kernels between them run (overlap): first the kernels
-  // that compute an operand of a collective (a backward pass's gradients),
-  // then all ready collectives at once (adjacent all_reduces are one
-  // bucket: one exchange instead of one per variable), then other kernels,
-  // and the kernels that read a collective's result only when nothing else
-  // is ready (the updates wait for their own bucket only).
-  using Queue =
-      std::priority_queue<std::pair<int, int>, std::vector<std::pair<int, int>>, std::greater<>>;
-  std::vector<bool> feeds(n, false), waits(n, false);
-  for (size_t i = 0; i < n; ++i) {
-    bool coll = is_collective(groups_[i]->root->op());
-    for (const Node* r : built[i].reads) {
-      auto p = producer.find(r);
-      if (p == producer.end()) continue;
-      if (coll) feeds[p->second] = true;
-      if (is_collective(groups_[p->second]->root->op())) waits[i] = true;
-    }
-  }
-  Queue feeders, collectives, ready;
-  // Consumers go in the order their collectives were launched (an update
-  // of the first bucket does not wait behind the last), then program order.
-  using Key = std::pair<std::pair<int, int>, int>;
-  std::priority_queue<Key, std::vector<Key>, std::greater<>> consumers;
-  std::vector<int> at(n, -1);  // position in `order`
-  auto push = [&](int i) {
-    const Node* r = groups_[i]->root.get();
-    if (waits[i] && !is_collective(r->op()) && !feeds[i]) {
-      int last = -1;
-      for (const Node* x : built[i].reads) {
-        auto p = producer.find(x);
-        if (p != producer.end() && is_collective(groups_[p->second]->root->op()))
-          last = std::max(last, at[p->second]);
-      }
-      consumers.push({{last, pos_[r]}, i});
-      return;
-    }
-    Queue& q = is_collective(r->op()) ? collectives : feeds[i] ? feeders : ready;
-    q.push({pos_[r], i});
-  };
-  for (size_t i = 0; i < n; ++i)
-    if (indeg[i] == 0) push(static_cast<int>(i));
-  order.clear();
-  auto take = [&](auto& q) {
-    int i = q.top().second;
-    q.pop();
-    at[i] = static_cast<int>(order.size());
-    order.push_back(i);
-    for (int s : succ[i])
-      if (--indeg[s] == 0) push(s);
-  };
-  while (!feeders.empty() || !collectives.empty() || !ready.empty() || !consumers.empty()) {
-    if (!feeders.empty()) {
-      take(feeders);
-    } else if (!collectives.empty()) {
-      while (!collectives.empty()) take(collectives);
-    } else if (!ready.empty()) {
-      take(ready);
-    } else {
-      take(consumers);
-    }
-  }
-  return order.size() == n;
+  return deps;
 }
 
 }  // namespace flowjit::jit::fusion_detail
@@ -543,12 +501,16 @@ bool Fuser::schedule(std::vector<Built>& built, std::vector<int>& order) {
 namespace flowjit::jit {
 
 FusedProgram fuse(const ir::Graph& g, const std::string& job_name, FusionOptions opts) {
-  std::set<int> unfused;
+  using namespace fusion_detail;
+  Graph prepared = prepare(g);
+  GroupingOptions grouping{opts.fuse, {}};
   for (;;) {
+    Uses uses = analyze(prepared);
+    Grouping groups = group(uses, grouping);
     try {
-      return fusion_detail::Fuser(g, job_name, opts, unfused).run();
-    } catch (const fusion_detail::SplitEpilogue& s) {
-      FJ_CHECK(unfused.insert(s.matmul_pos).second,
+      return Fuser(prepared, std::move(uses), std::move(groups), job_name, opts).run();
+    } catch (const SplitEpilogue& s) {
+      FJ_CHECK(grouping.unfused_matmuls.insert(s.matmul_pos).second,
                "fusion: the epilogue of the same matmul was split twice");
     }
   }

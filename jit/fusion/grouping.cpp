@@ -1,15 +1,26 @@
-// fusion: preparation, analysis, and grouping nodes into kernels.
-#include "jit/fusion/internal.h"
+// fusion's first stages: prepare, analyze, group (jit/fusion/grouping.h).
+#include "jit/fusion/grouping.h"
+
+#include <algorithm>
+#include <queue>
+#include <sstream>
+
+#include "ir/error.h"
+#include "ir/printer.h"
 
 namespace flowjit::jit::fusion_detail {
 
-// Collectives and family kernels write only their own buffer: a result or
-// an assigned value is copied out of it by a kernel.
-bool Fuser::needs_identity_for_store(const NodeRef& n) {
+namespace {
+
+NodeRef identity(const NodeRef& n) { return make_node(OpKind::Identity, {n}, {}, n->loc()); }
+
+}  // namespace
+
+bool needs_identity_for_store(const NodeRef& n) {
   return !is_compute(n) || is_duplicable(n) || is_collective(n->op()) || is_family(n->op());
 }
 
-Graph Fuser::materialize(const Graph& g) {
+Graph prepare(const Graph& g) {
   // One copy of a family operand however many family kernels read it
   // (attention's gradients share their transposed operands).
   std::unordered_map<const Node*, NodeRef> family_copies;
@@ -56,66 +67,68 @@ Graph Fuser::materialize(const Graph& g) {
 }
 
 // ---- analysis
-void Fuser::analyze() {
-  topo_ = g_.topo_order();
-  for (size_t i = 0; i < topo_.size(); ++i) pos_[topo_[i].get()] = static_cast<int>(i);
-  for (const NodeRef& n : topo_) {
+Uses analyze(const Graph& g) {
+  Uses u;
+  u.topo = g.topo_order();
+  for (size_t i = 0; i < u.topo.size(); ++i) u.pos[u.topo[i].get()] = static_cast<int>(i);
+  for (const NodeRef& n : u.topo) {
     if (n->op() == OpKind::Assign) {
-      assigns_[n->input(1).get()].push_back(n);
+      u.assigns[n->input(1).get()].push_back(n);
       continue;
     }
-    for (auto& i : n->inputs()) users_[i.get()].push_back(n);
+    for (auto& i : n->inputs()) u.users[i.get()].push_back(n);
   }
-  for (size_t i = 0; i < g_.outputs.size(); ++i)
-    output_of_[g_.outputs[i].get()] = static_cast<int>(i);
-  for (size_t i = 0; i < g_.params.size(); ++i)
-    param_index_[g_.params[i].get()] = static_cast<int>(g_.params[i]->attrs().get_int("index"));
+  for (size_t i = 0; i < g.outputs.size(); ++i)
+    u.output_of[g.outputs[i].get()] = static_cast<int>(i);
+  for (size_t i = 0; i < g.params.size(); ++i)
+    u.param_index[g.params[i].get()] = static_cast<int>(g.params[i]->attrs().get_int("index"));
   // Elementwise chains right after a single-use matmul are kept for that
   // matmul's epilogue: reduction kernels do not take them.
-  for (const NodeRef& n : topo_) {
+  for (const NodeRef& n : u.topo) {
     if (!is_contraction(n->op())) continue;
     NodeRef cur = n;
     while (true) {
       std::vector<const Node*> eff;
-      effective_users(cur, eff);
-      if (eff.size() != 1 || output_of_.count(cur.get())) break;
-      const Node* u = eff[0];
-      if (!is_elementwise(u->op()) || u->shape() != n->shape()) break;
-      epilogue_.insert(u);
-      cur = node_ref(u);
+      u.effective_users(cur, eff);
+      if (eff.size() != 1 || u.output_of.count(cur.get())) break;
+      const Node* user = eff[0];
+      if (!is_elementwise(user->op()) || user->shape() != n->shape()) break;
+      u.epilogue.insert(user);
+      cur = u.node_ref(user);
       if (!cur) break;
     }
   }
   // Bases of matmul operands and of reshapes must exist in memory.
-  for (const NodeRef& n : topo_) {
+  for (const NodeRef& n : u.topo) {
     if (is_contraction(n->op()) || is_addressed_view(n)) {
       for (size_t i = 0; i < n->inputs().size(); ++i) {
         const NodeRef& x = n->input(i);
-        must_store_.insert(
+        u.must_store.insert(
             resolve_view(i == 1 && is_gather(n) ? unchecked_index(x) : x)->base.get());
       }
     } else if (n->op() == OpKind::Reshape && !is_unit_reshape(n)) {
-      if (auto v = resolve_view(n->input(0))) must_store_.insert(v->base.get());
+      if (auto v = resolve_view(n->input(0))) u.must_store.insert(v->base.get());
     } else if (is_collective(n->op())) {
-      must_store_.insert(n->input(0).get());
+      u.must_store.insert(n->input(0).get());
     } else if (is_family(n->op())) {
-      for (const NodeRef& x : n->inputs()) must_store_.insert(x.get());
+      for (const NodeRef& x : n->inputs()) u.must_store.insert(x.get());
     }
   }
+  return u;
 }
 
-NodeRef Fuser::node_ref(const Node* n) {
-  auto it = pos_.find(n);
-  return it == pos_.end() ? nullptr : topo_[it->second];
+NodeRef Uses::node_ref(const Node* n) const {
+  auto it = pos.find(n);
+  return it == pos.end() ? nullptr : topo[it->second];
 }
 
 // Compute nodes that consume `n`, looking through duplicable users.
-void Fuser::effective_users(const NodeRef& n, std::vector<const Node*>& out) {
-  auto it = users_.find(n.get());
-  if (it == users_.end()) return;
+void Uses::effective_users(const NodeRef& n, std::vector<const Node*>& out) const {
+  auto it = users.find(n.get());
+  if (it == users.end()) return;
   for (const NodeRef& u : it->second) {
     // A duplicable user that must be stored is a kernel root of its own.
-    bool stored = output_of_.count(u.get()) || assigns_.count(u.get());
+    bool stored = output_of.count(u.get()) || assigns.count(u.get());
     if (is_duplicable(u) && !stored) {
       effective_users(u, out);
     } else {
@@ -125,20 +138,40 @@ void Fuser::effective_users(const NodeRef& n, std::vector<const Node*>& out) {
 }
 
 // ---- grouping
-void Fuser::form_groups() {
-  for (auto it = topo_.rbegin(); it != topo_.rend(); ++it) {
+namespace {
+
+class Grouper {
+ public:
+  Grouper(const Uses& u, const GroupingOptions& opts) : u_(u), opts_(opts) {}
+  Grouping run();
+
+ private:
+  void new_group(const NodeRef& root);
+  void add_member(Group& g, const NodeRef& n, const DimMap& m);
+  void grow(Group& g);
+  bool try_absorb(Group& g, const NodeRef& p, std::vector<DimMap>& maps);
+  bool absorb_reduce(Group& g, const NodeRef& p, std::vector<DimMap>& maps);
+
+  const Uses& u_;
+  const GroupingOptions& opts_;
+  Grouping out_;
+};
+
+Grouping Grouper::run() {
+  for (auto it = u_.topo.rbegin(); it != u_.topo.rend(); ++it) {
     const NodeRef& n = *it;
-    if (!is_compute(n) || group_of_.count(n.get())) continue;
-    if (is_duplicable(n) && !output_of_.count(n.get()) && !assigns_.count(n.get()) &&
-        !must_store_.count(n.get()))
+    if (!is_compute(n) || out_.group_of.count(n.get())) continue;
+    if (is_duplicable(n) && !u_.output_of.count(n.get()) && !u_.assigns.count(n.get()) &&
+        !u_.must_store.count(n.get()))
       continue;
     new_group(n);
   }
+  return std::move(out_);
 }
 
-void Fuser::new_group(const NodeRef& root) {
+void Grouper::new_group(const NodeRef& root) {
   auto g = std::make_unique<Group>();
-  g->id = static_cast<int>(groups_.size());
+  g->id = static_cast<int>(out_.groups.size());
   g->root = root;
   DimMap rm;
   if (is_reduce(root->op())) {
@@ -165,24 +198,24 @@ void Fuser::new_group(const NodeRef& root) {
     }
   }
   Group* gp = g.get();
-  groups_.push_back(std::move(g));
+  out_.groups.push_back(std::move(g));
   add_member(*gp, root, rm);
   grow(*gp);
 }
 
-void Fuser::add_member(Group& g, const NodeRef& n, const DimMap& m) {
+void Grouper::add_member(Group& g, const NodeRef& n, const DimMap& m) {
   auto& ms = g.maps[n.get()];
   if (ms.empty()) {
     g.members.push_back(n);
     if (!is_duplicable(n)) ++g.computes;
   }
   if (std::find(ms.begin(), ms.end(), m) == ms.end()) ms.push_back(m);
-  if (!is_duplicable(n)) group_of_[n.get()] = g.id;
+  if (!is_duplicable(n)) out_.group_of[n.get()] = g.id;
 }
 
 // Absorbs producers, latest first, so that all users of a candidate that
 // can be in the group have been decided before the candidate.
-void Fuser::grow(Group& g) {
+void Grouper::grow(Group& g) {
   using Entry = std::pair<int, const Node*>;
   std::priority_queue<Entry> heap;
   std::unordered_map<const Node*, std::pair<NodeRef, std::vector<DimMap>>> pending;
@@ -197,7 +230,7 @@ void Fuser::grow(Group& g) {
       auto& p = pending[o.get()];
       if (!p.first) {
         p.first = o;
-        heap.push({pos_[o.get()], o.get()});
+        heap.push({u_.pos.at(o.get()), o.get()});
       }
       DimMap om = operand_map(n, m, i);
       if (std::find(p.second.begin(), p.second.end(), om) == p.second.end()) p.second.push_back(om);
@@ -225,27 +258,27 @@ void Fuser::grow(Group& g) {
   }
 }
 
-bool Fuser::try_absorb(Group& g, const NodeRef& p, std::vector<DimMap>& maps) {
+bool Grouper::try_absorb(Group& g, const NodeRef& p, std::vector<DimMap>& maps) {
   if (is_buffer_leaf(p)) return false;
   if (is_view(p->op())) return is_unit_reshape(p) || p->op() != OpKind::Reshape;
   if (is_duplicable(p)) return true;
-  if (!is_compute(p) || group_of_.count(p.get())) return false;
+  if (!is_compute(p) || out_.group_of.count(p.get())) return false;
   if (!opts_.fuse) return false;
-  if (output_of_.count(p.get()) || must_store_.count(p.get())) return false;
+  if (u_.output_of.count(p.get()) || u_.must_store.count(p.get())) return false;
   if (g.computes >= kMaxKernelComputes) return false;
   std::vector<const Node*> eff;
-  effective_users(p, eff);
+  u_.effective_users(p, eff);
   for (const Node* u : eff)
     if (!g.maps.count(u)) return false;
-  if (assigns_.count(p.get())) {
+  if (u_.assigns.count(p.get())) {
     bool any_full = false;
     for (auto& m : maps) any_full |= is_full_map(p, m);
     if (!any_full) return false;
   }
-  if (is_elementwise(p->op())) return !(g.has_reduce && epilogue_.count(p.get()));
+  if (is_elementwise(p->op())) return !(g.has_reduce && u_.epilogue.count(p.get()));
   if (is_contraction(p->op())) {
     if (g.matmul || g.has_reduce || maps.size() != 1) return false;
-    if (unfused_matmuls_.count(pos_.at(p.get()))) return false;
+    if (opts_.unfused_matmuls.count(u_.pos.at(p.get()))) return false;
     if (p->shape() != g.domain) return false;
     for (int d = 0; d < p->rank(); ++d)
       if (maps[0][d] != d) return false;
@@ -261,7 +294,7 @@ bool Fuser::try_absorb(Group& g, const NodeRef& p, std::vector<DimMap>& maps) {
 // with the same reduced dims (a further phase), or when the group has no
 // reduction yet and the reduction's kept dims cover the group's domain (the
 // group becomes the reduction's epilogue; the domain grows).
-bool Fuser::absorb_reduce(Group& g, const NodeRef& p, std::vector<DimMap>& maps) {
+bool Grouper::absorb_reduce(Group& g, const NodeRef& p, std::vector<DimMap>& maps) {
   if (g.matmul || maps.size() != 1) return false;
   const NodeRef& x = p->input(0);
   const IntList& axes = p->attrs().get_ints("axes");
@@ -321,6 +354,54 @@ bool Fuser::absorb_reduce(Group& g, const NodeRef& p, std::vector<DimMap>& maps)
   for (size_t j = 0; j < in_dim.size(); ++j) pm.push_back(g.reduced[in_dim[j]] ? -1 : in_dim[j]);
   maps = {pm};
   return true;
+}
+
+}  // namespace
+
+Grouping group(const Uses& uses, const GroupingOptions& opts) { return Grouper(uses, opts).run(); }
+
+std::string print_grouping(const Graph& g, const Uses& uses, const Grouping& grouping) {
+  auto names = value_names(g);
+  std::ostringstream os;
+  for (const auto& gp : grouping.groups) {
+    const Group& grp = *gp;
+    const NodeRef& r = grp.root;
+    os << "g" << grp.id << " "
+       << (grp.matmul               ? "matmul"
+           : is_collective(r->op()) ? "collective"
+           : is_family(r->op())     ? "family"
+                                    : "loop")
+       << " [";
+    for (size_t d = 0; d < grp.domain.size(); ++d) os << (d ? "," : "") << grp.domain[d];
+    os << "]";
+    if (grp.has_reduce) {
+      os << " reduce{";
+      bool first = true;
+      for (size_t d = 0; d < grp.reduced.size(); ++d)
+        if (grp.reduced[d]) {
+          os << (first ? "" : ",") << d;
+          first = false;
+        }
+      os << "}";
+    }
+    os << ":";
+    // Members in program order, each with its maps (views and constants
+    // duplicated into the kernel included).
+    std::vector<const Node*> members;
+    for (const NodeRef& m : grp.members) members.push_back(m.get());
+    std::sort(members.begin(), members.end(),
+              [&](const Node* a, const Node* b) { return uses.pos.at(a) < uses.pos.at(b); });
+    for (const Node* m : members) {
+      os << " " << names[m];
+      for (const DimMap& map : grp.maps.at(m)) {
+        os << "{";
+        for (size_t j = 0; j < map.size(); ++j) os << (j ? "," : "") << map[j];
+        os << "}";
+      }
+    }
+    os << "\n";
+  }
+  return os.str();
 }
 
 }  // namespace flowjit::jit::fusion_detail
