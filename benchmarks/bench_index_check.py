@@ -11,7 +11,7 @@ import numpy as np
 
 import flowjit as flow
 import flowjit.typing as tp
-from flowjit import _ops
+from flowjit._ops import builders as _ops
 
 def make(name, checked):
     @flow.global_function(type="train")

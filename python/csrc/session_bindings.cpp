@@ -60,7 +60,7 @@ void record_async_error(py::error_already_set& e, const std::string& job) {
     exc =
         py::reinterpret_steal<py::object>(PyObject_CallFunction(PyExc_RuntimeError, "s", e.what()));
   try {
-    py::module_::import("flowjit._async").attr("annotate_error")(exc, job);
+    py::module_::import("flowjit._core.futures").attr("annotate_error")(exc, job);
   } catch (py::error_already_set&) {
     // The exception itself is what matters; a failed note must not lose it.
   }
@@ -162,7 +162,7 @@ void begin_exit() {
 // ---- diagnostics through logging (ir/diag.h)
 
 namespace {
-PyObject* g_log_fn = nullptr;  // flowjit._log._from_core, kept for the process
+PyObject* g_log_fn = nullptr;  // flowjit._core.log._from_core, kept for the process
 
 // Hands a C++ diagnostic to Python's logging (logger "flowjit"), from any
 // thread: compiles run with the GIL released and kernels compile on the
@@ -376,7 +376,7 @@ void register_session(py::module_& m) {
   m.def("fail_exit_status", [] {
     if (!g_failed_exit && Py_AtExit(&exit_failed) == 0) g_failed_exit = true;
   });
-  // Diagnostics of the C++ core go to fn(level, message): flowjit._log.
+  // Diagnostics of the C++ core go to fn(level, message): flowjit._core.log.
   m.def(
       "set_log_sink",
       [](py::object fn) {

@@ -35,29 +35,29 @@ def _load_core():
 
 
 _C = _load_core()
-from . import _process  # noqa: E402
-from ._dtypes import (bfloat16, bool_, float16, float32, float64, int8, int32, int64, uint8)  # noqa: F401
+from ._core import process as _process  # noqa: E402
+from ._core.dtypes import bfloat16, bool_, float16, float32, float64, int8, int32, int64, uint8  # noqa: F401
 from . import typing  # noqa: F401
-from ._blob import Blob  # noqa: F401
-from ._job import FunctionConfig, JobFunction, function_config, global_function  # noqa: F401
-from ._inspect import CompiledJob, Lowered, ProfileTable  # noqa: F401
-from ._log import logger  # noqa: F401 - logging.getLogger("flowjit")
-from ._ops import (argmax, broadcast_like, broadcast_to, cast, constant, expand_dims, identity,  # noqa: F401
-                   matmul, one_hot, ones, ones_like, reshape, squeeze, transpose, where, zeros,
-                   zeros_like)
-from ._array import (argsort, assign, concat, constant_pad2d, expand, flatten, gather,  # noqa: F401
-                     gather_nd, pad, range, reflection_pad2d, replication_pad2d, scatter_nd, slice,
-                     slice_v2, sort, split, stack, tile)
-from ._variables import (constant_initializer, get_all_variables, get_variable,  # noqa: F401
-                         glorot_normal_initializer, glorot_uniform_initializer, kaiming_initializer,
-                         load_variables, manual_seed, ones_initializer, random_normal_initializer,
-                         random_uniform_initializer, truncated_normal, truncated_normal_initializer,
-                         variance_scaling_initializer, xavier_normal_initializer,
-                         xavier_uniform_initializer, zeros_initializer)
+from ._core.blob import Blob  # noqa: F401
+from ._core.job import FunctionConfig, JobFunction, function_config, global_function  # noqa: F401
+from ._core.compiled import CompiledJob, Lowered, ProfileTable  # noqa: F401
+from ._core.log import logger  # noqa: F401
+from ._ops.builders import (argmax, broadcast_like, broadcast_to, cast, constant, expand_dims,  # noqa: F401
+                            identity, matmul, one_hot, ones, ones_like, reshape, squeeze, transpose, where,
+                            zeros, zeros_like)
+from ._ops.array import (argsort, assign, concat, constant_pad2d, expand, flatten, gather,  # noqa: F401
+                         gather_nd, pad, range, reflection_pad2d, replication_pad2d, scatter_nd, slice,
+                         slice_v2, sort, split, stack, tile)
+from ._core.variables import (constant_initializer, get_all_variables, get_variable,  # noqa: F401
+                              glorot_normal_initializer, glorot_uniform_initializer, kaiming_initializer,
+                              load_variables, manual_seed, ones_initializer, random_normal_initializer,
+                              random_uniform_initializer, truncated_normal, truncated_normal_initializer,
+                              variance_scaling_initializer, xavier_normal_initializer,
+                              xavier_uniform_initializer, zeros_initializer)
 from . import config, data, distribute, distributed, env, image, layers, math, nn, optimizer, scope  # noqa: F401
 from . import checkpoint, train  # noqa: F401
 from . import losses, regularizers  # noqa: F401
-from ._legacy import FixedTensorDef, MirroredTensorDef, watch, watch_diff  # noqa: F401
+from ._core.legacy import FixedTensorDef, MirroredTensorDef, watch, watch_diff  # noqa: F401
 
 name_scope = scope.namespace  # OneFlow's older name of flow.scope.namespace
 
@@ -67,7 +67,7 @@ bool = bool_  # noqa: A001
 char = int8
 
 from ._version import __version__  # noqa: E402,F401 - written once, in _version.py
-from ._log import install_core_sink as _install_core_sink  # noqa: E402
+from ._core.log import install_core_sink as _install_core_sink  # noqa: E402
 _install_core_sink(_C)  # the C++ core's diagnostics through logger "flowjit" too
 CacheWarning = _C.CacheWarning  # the disk cache degraded (unwritable, damaged entry)
 
@@ -143,8 +143,8 @@ def __getattr__(name):
     raise AttributeError(f"module 'flowjit' has no attribute '{name}'")
 
 # Where OneFlow exports these at the top level (flow.clip, flow.masked_fill, ...).
-from ._composite import clamp, clip_by_value, masked_fill  # noqa: E402,F401
-from ._losses import smooth_l1_loss  # noqa: E402,F401
+from ._ops.composite import clamp, clip_by_value, masked_fill  # noqa: E402,F401
+from ._ops.losses import smooth_l1_loss  # noqa: E402,F401
 clip = clip_by_value
 
 
@@ -163,24 +163,24 @@ def export_chrome_trace(path: str) -> str:
         >>> "traceEvents" in json.load(open(path))
         True
     """
-    from . import _inspect, _job as _jobmod
+    from ._core import compiled as _compiled, job as _jobmod
     jobs = [c for j in sorted(_jobmod._defined_jobs, key=lambda j: (j._source, j._name))
             for c in j.compiled_jobs()]
-    return _inspect.export_chrome_trace(path, jobs)
+    return _compiled.export_chrome_trace(path, jobs)
 
 # Logical views, layout casts and shapes (OneFlow's advanced/distribute_ops, flow.Size).
-from ._views import (cast_to_current_logical_view, cast_to_static_shape,  # noqa: E402,F401
-                     hierarchical_parallel_cast, parallel_cast, sync_dynamic_resize)
-from ._blob import INVALID_SPLIT_AXIS, Size  # noqa: E402,F401
+from ._dist.views import (cast_to_current_logical_view, cast_to_static_shape,  # noqa: E402,F401
+                          hierarchical_parallel_cast, parallel_cast, sync_dynamic_resize)
+from ._core.blob import INVALID_SPLIT_AXIS, Size  # noqa: E402,F401
 from . import advanced  # noqa: E402,F401
 _PUBLIC_MODULES += ("advanced",)
 _install_dir(advanced)
 
 # OneFlow's session queries, dtype helpers and support modules (flow.unittest, flow.sysconfig, ...).
-from ._dtypes import convert_oneflow_dtype_to_numpy_dtype, dtypes  # noqa: E402,F401
-from ._session import (Generator, current_global_function_desc, current_machine_id,  # noqa: E402,F401
-                       current_scope, default_generator, eager_execution_enabled, enable_eager_execution,
-                       is_deprecated)
+from ._core.dtypes import convert_oneflow_dtype_to_numpy_dtype, dtypes  # noqa: E402,F401
+from ._core.session import (Generator, current_global_function_desc, current_machine_id,  # noqa: E402,F401
+                            current_scope, default_generator, eager_execution_enabled, enable_eager_execution,
+                            is_deprecated)
 from .config import current_resource  # noqa: E402,F401
 from . import deprecated, profiler, sysconfig, unittest, util  # noqa: E402,F401
 _PUBLIC_MODULES += ("deprecated", "profiler", "sysconfig", "unittest", "util")
@@ -188,13 +188,13 @@ for _name in ("deprecated", "profiler", "sysconfig", "unittest", "util"):
     _install_dir(globals()[_name])
 
 # OneFlow's other top-level ops, flow.random and flow.linalg (issue [conformance]).
-from ._ops import constant_like, constant_scalar  # noqa: E402,F401
-from ._array import (acc, amp_white_identity, argwhere, broadcast_to_compatible_with, diag,  # noqa: E402,F401
-                     dim_gather, elem_cnt, count_not_finite, identity_n, multi_count_not_finite,
-                     nonzero, pack, repeat, reshape_like, reverse, same_padding, tensor_scatter_nd_add,
-                     tensor_scatter_nd_update, unpack, unsorted_batch_segment_sum, zero_pad2d,
-                     dynamic_reshape, pad_grad, unsorted_segment_sum, unsorted_segment_sum_like,
-                     categorical_ordinal_encode, slice_update)
+from ._ops.builders import constant_like, constant_scalar  # noqa: E402,F401
+from ._ops.array import (acc, amp_white_identity, argwhere, broadcast_to_compatible_with,  # noqa: E402,F401
+                         diag, dim_gather, elem_cnt, count_not_finite, identity_n, multi_count_not_finite,
+                         nonzero, pack, repeat, reshape_like, reverse, same_padding, tensor_scatter_nd_add,
+                         tensor_scatter_nd_update, unpack, unsorted_batch_segment_sum, zero_pad2d,
+                         dynamic_reshape, pad_grad, unsorted_segment_sum, unsorted_segment_sum_like,
+                         categorical_ordinal_encode, slice_update)
 from . import linalg, random  # noqa: E402,F401
 _PUBLIC_MODULES += ("linalg", "random")
 for _name in ("linalg", "random"):
@@ -203,11 +203,11 @@ in_top_k = math.in_top_k
 clip_by_scalar = clip_by_value
 
 # flow.ctc_loss (OneFlow's top-level name; nn holds ctc_greedy_decoder).
-from ._ctc import ctc_loss  # noqa: E402,F401
+from ._ops.ctc import ctc_loss  # noqa: E402,F401
 
 # flow.user_op_builder: OneFlow's generic op builder over flowjit's ops (issue [conformance]).
-from ._user_op import (consistent_user_op_builder, consistent_user_op_module_builder,  # noqa: E402,F401
-                       find_or_create_module, user_op_builder, user_op_module_builder, user_op_types)
+from ._ops.user_op import (consistent_user_op_builder, consistent_user_op_module_builder,  # noqa: E402,F401
+                           find_or_create_module, user_op_builder, user_op_module_builder, user_op_types)
 
 # flow.experimental: OneFlow's lazy unique/indexed-slices ops (issue [conformance]).
 from . import experimental  # noqa: E402,F401
@@ -215,5 +215,5 @@ _PUBLIC_MODULES += ("experimental",)
 _install_dir(experimental)
 
 # OneFlow's older placement names and job-set settings (issue [conformance]).
-from ._legacy import (device_prior_placement, empty_initializer, fixed_placement,  # noqa: E402,F401
-                      inter_job_reuse_mem_strategy)
+from ._core.legacy import (device_prior_placement, empty_initializer, fixed_placement,  # noqa: E402,F401
+                           inter_job_reuse_mem_strategy)

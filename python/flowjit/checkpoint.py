@@ -340,7 +340,7 @@ def _scan(path, fallback=None):
 
 
 def _read(entry):
-    from ._variables import VariableValue
+    from ._core.variables import VariableValue
     arr = np.empty(entry.shape, entry.dtype.newbyteorder("<"))
     with os.fdopen(_open_regular(os.path.join(entry.dir, DATA_FILENAME), entry.name), "rb") as f:
         n = f.readinto(arr.reshape(-1).view(np.uint8)) if arr.size else 0
@@ -499,7 +499,7 @@ def save(path, var_dict=None):
     if not path:
         raise ValueError(f"{api}: path must not be empty")
     if var_dict is None:
-        from ._job import trace_defined_jobs
+        from ._core.job import trace_defined_jobs
         trace_defined_jobs()  # jobs not called yet have their initial values saved, as in OneFlow
         _C.sync_session()
         var_dict = {n: _C.variable_value(n) for n in _C.variable_names()}

@@ -14,8 +14,8 @@ import numbers
 import os
 
 from . import _C
-from . import _collective_boxing as collective_boxing  # noqa: F401 - flow.config.collective_boxing.*
-from . import _log
+from ._dist import collective_boxing  # noqa: F401
+from ._core import log as _log
 
 __all__ = ["cpu_device_num", "gpu_device_num", "device_count", "cpu_threads", "enable_debug_mode",
            "enable_legacy_model_io", "enable_model_io_v2", "legacy_model_io_enabled", "machine_num",
@@ -222,7 +222,8 @@ def current_resource() -> Resource:
         >>> flow.current_resource().machine_num   # a process that runs alone
         1
     """
-    from . import _log as log, env
+    from ._core import log
+    from . import env
     return Resource(machine_num=env.get_world_size(), cpu_device_num=_settings["cpu_device_num"],
                     gpu_device_num=_settings["gpu_device_num"], compute_thread_pool_size=_C.num_threads(),
                     enable_legacy_model_io=_settings["legacy_model_io"],

@@ -14,11 +14,11 @@ import zlib
 
 import numpy as np
 
-from ._data_ops import (ImageDecoderRandomCropResize, OFRecordBytesDecoder, OFRecordImageDecoder,
+from ._ops.data import (ImageDecoderRandomCropResize, OFRecordBytesDecoder, OFRecordImageDecoder,
                         OFRecordImageDecoderRandomCrop, OFRecordRawDecoder, decode_random,
                         image_decoder_random_crop_resize, ofrecord_bytes_decoder, ofrecord_image_decoder,
                         ofrecord_image_decoder_random_crop, ofrecord_raw_decoder, ofrecord_reader)
-from ._megatron import MegatronGPTMMapDataLoader, megatron_gpt_mmap_data_loader
+from ._ops.megatron import MegatronGPTMMapDataLoader, megatron_gpt_mmap_data_loader
 
 __all__ = [
     "decode_random",

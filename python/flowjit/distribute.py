@@ -57,7 +57,7 @@ def _from_sbp(api, sbp, loc=None):
     """OneFlow's SBP list (``parallel_distribution=`` / ``nd_sbp=``: strings
     "B", "S(k)" or "P", or split()/broadcast() objects, one per axis of the
     placement's hierarchy) as a Distribute, or None for an empty list."""
-    from . import _trace
+    from ._core import trace as _trace
     if isinstance(sbp, (str, Distribute)):
         sbp = [sbp]
     if not isinstance(sbp, (list, tuple)):

@@ -338,7 +338,7 @@ def all_device_placement(device_type: str) -> scope.Placement:
 
 
 def _said_once(name, value, why):
-    from . import _log
+    from ._core import log as _log
     _log.configure()
     said = _state.setdefault("said", set())
     if name not in said and _log.logger.isEnabledFor(_log.logging.INFO):

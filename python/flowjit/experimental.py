@@ -11,8 +11,10 @@ millions of ids.
 """
 from typing import Any, Optional, Tuple
 
-from . import _array, _dtypes, _ops, _ssp, _trace
-from ._blob import Blob
+from ._ops import array as _array, builders as _ops
+from ._core import dtypes as _dtypes, trace as _trace
+from ._dist import ssp as _ssp
+from ._core.blob import Blob
 
 __all__ = ["indexed_slices_reduce_sum", "scope", "square_sum", "ssp_variable_proxy", "unique_with_counts"]
 

@@ -27,7 +27,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _C, _dtypes, _job, _onnx_trace
+from . import _C
+from ._core import dtypes as _dtypes, job as _job
+from .onnx import trace as _onnx_trace
 
 __all__ = ["export", "ExportedLibrary"]
 
@@ -102,7 +104,7 @@ def _compile_for_export(job: Any, cpu: str) -> Tuple[Dict[str, Any], List[Any]]:
     _onnx_trace.create_read_variables(builder, nodes)
     settings: Dict[str, Any] = {"keep_object": True, "cpu": cpu}
     params = list(job._params)
-    from . import _devices
+    from ._dist import devices as _devices
     target = _devices.job_target(job.job_name, job._config, builder, params)
     if target.get("device", "cpu") != "cpu":
         raise NotImplementedError(f"{what}: job '{job.job_name}' is placed on a GPU; exporting GPU code "

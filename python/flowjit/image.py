@@ -8,11 +8,12 @@ code."""
 import numbers
 from typing import Optional, Sequence, Tuple, Union
 
-from . import _array, _dtypes, _ops, _trace
-from ._array import reverse
-from ._blob import Blob
-from ._data_ops import ImageSource
-from ._dtypes import DTypeLike
+from ._ops import array as _array, builders as _ops
+from ._core import dtypes as _dtypes, trace as _trace
+from ._ops.array import reverse
+from ._core.blob import Blob
+from ._ops.data import ImageSource
+from ._core.dtypes import DTypeLike
 
 __all__ = ["CropMirrorNormalize", "Resize", "crop_mirror_normalize", "resize"]
 

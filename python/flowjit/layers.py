@@ -6,10 +6,12 @@ and ``import flowjit.typing as tp``; each starts from a fresh session.
 import numbers
 from typing import Callable, Optional, Sequence
 
-from . import _C, _ops, _trace, nn
-from ._blob import Blob
-from ._encode import categorical_ordinal_encoder  # noqa: F401 - OneFlow's flow.layers name
-from ._variables import Initializer, get_variable
+from . import _C, nn
+from ._ops import builders as _ops
+from ._core import trace as _trace
+from ._core.blob import Blob
+from ._ops.encode import categorical_ordinal_encoder  # noqa: F401
+from ._core.variables import Initializer, get_variable
 from .distribute import Distribute
 from .regularizers import Regularizer
 
@@ -113,14 +115,16 @@ def prelu(inputs: Blob, alpha_initializer: Optional[Initializer] = None,
     return _activations.prelu(inputs, alpha, name=name)
 
 
-from . import _activations, _variables  # noqa: E402
+from ._ops import activations as _activations  # noqa: E402
+from ._core import variables as _variables  # noqa: E402
 
 # Convolution, pooling and normalization layers (issue #11).
-from ._conv import (average_pooling1d, average_pooling2d, average_pooling3d,  # noqa: E402,F401
-                    batch_normalization, layer_norm, max_pooling1d, max_pooling2d, max_pooling3d)
-from ._conv import layer_conv1d as conv1d, layer_conv2d as conv2d, layer_conv3d as conv3d  # noqa: E402,F401
+from ._ops.conv import (average_pooling1d, average_pooling2d, average_pooling3d,  # noqa: E402,F401
+                        batch_normalization, layer_norm, max_pooling1d, max_pooling2d, max_pooling3d)
+from ._ops.conv import (layer_conv1d as conv1d, layer_conv2d as conv2d,  # noqa: E402,F401
+                        layer_conv3d as conv3d)
 
 # Fused batch-norm layers, the explicit layer-norm gradients and upsampling.
-from ._norm import (batch_normalization_add_relu, batch_normalization_relu,  # noqa: E402,F401
-                    layer_norm_grad, layer_norm_param_grad)
-from ._resample import upsample_2d  # noqa: E402,F401
+from ._ops.norm import (batch_normalization_add_relu, batch_normalization_relu,  # noqa: E402,F401
+                        layer_norm_grad, layer_norm_param_grad)
+from ._ops.resample import upsample_2d  # noqa: E402,F401

@@ -3,7 +3,7 @@
 The docstrings' examples assume ``import numpy as np``, ``import flowjit as flow``
 and ``import flowjit.typing as tp``; each starts from a fresh session.
 """
-from ._ops import matmul
+from ._ops.builders import matmul
 
 __all__ = ["matmul"]
 

@@ -12,8 +12,8 @@
 The losses added are minimized with the rule of ``function_config().train``
 (the same optimizer a newer job would call ``minimize`` on).
 """
-from . import _trace
-from ._blob import Blob
+from ._core import trace as _trace
+from ._core.blob import Blob
 
 __all__ = ["add_loss"]
 

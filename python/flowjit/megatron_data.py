@@ -3,7 +3,7 @@
 
 A data set is ``<prefix>.bin`` (the tokens of every document, one after the
 other) and ``<prefix>.idx`` (its index: Megatron's ``MMIDIDX`` format,
-version 1; see ``flowjit._megatron`` for the layout). From the command line::
+version 1; see ``flowjit._ops.megatron`` for the layout). From the command line::
 
     python -m flowjit.megatron_data write PREFIX docs.txt [--dtype uint16]
         # one document per line of docs.txt, its token ids separated by spaces
@@ -20,7 +20,7 @@ from typing import Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from ._megatron import CODE_OF_DTYPE, MAGIC, VERSION, MegatronIndex
+from ._ops.megatron import CODE_OF_DTYPE, MAGIC, VERSION, MegatronIndex
 
 __all__ = ["write", "read_documents"]
 

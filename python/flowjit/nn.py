@@ -5,10 +5,11 @@ and ``import flowjit.typing as tp``; each starts from a fresh session.
 """
 from typing import Optional
 
-from . import _dtypes, _ops, _trace
-from ._blob import Blob
-from ._ops import (log_softmax, relu, sigmoid, softmax,  # noqa: F401
-                   sparse_softmax_cross_entropy_with_logits, tanh)
+from ._core import dtypes as _dtypes, trace as _trace
+from ._ops import builders as _ops
+from ._core.blob import Blob
+from ._ops.builders import (log_softmax, relu, sigmoid, softmax,  # noqa: F401
+                            sparse_softmax_cross_entropy_with_logits, tanh)
 
 
 def bias_add(value: Blob, bias: Blob, data_format: Optional[str] = None, name: Optional[str] = None) -> Blob:
@@ -66,31 +67,31 @@ logsoftmax = log_softmax  # the name the OneFlow docs use
 
 # Activations and losses composed of primitive ops (issue #12); the capitalized
 # names are the ones OneFlow's lazy API exports the losses under.
-from ._activations import (elu, gelu, hardsigmoid, hardswish, hardtanh, leaky_relu, mish,  # noqa: E402,F401
-                           relu6, silu, softsign, swish)
-from ._composite import moments, tril  # noqa: E402,F401
-from ._losses import (bce_loss, bce_with_logits_loss,  # noqa: E402,F401
-                      distributed_sparse_softmax_cross_entropy_with_logits, kldiv_loss, l1_loss,
-                      margin_ranking_loss, mse_loss, smooth_l1_loss, softmax_cross_entropy_with_logits,
-                      sparse_cross_entropy, triplet_margin_loss)
+from ._ops.activations import (elu, gelu, hardsigmoid, hardswish, hardtanh, leaky_relu,  # noqa: E402,F401
+                               mish, relu6, silu, softsign, swish)
+from ._ops.composite import moments, tril  # noqa: E402,F401
+from ._ops.losses import (bce_loss, bce_with_logits_loss,  # noqa: E402,F401
+                          distributed_sparse_softmax_cross_entropy_with_logits, kldiv_loss, l1_loss,
+                          margin_ranking_loss, mse_loss, smooth_l1_loss, softmax_cross_entropy_with_logits,
+                          sparse_cross_entropy, triplet_margin_loss)
 BCELoss, BCEWithLogitsLoss, KLDivLoss, L1Loss, MSELoss = (
     bce_loss, bce_with_logits_loss, kldiv_loss, l1_loss, mse_loss)
 MarginRankingLoss, TripletMarginLoss = margin_ranking_loss, triplet_margin_loss
 
 # Convolutions, pooling and dropout (issue #11).
-from ._conv import (avg_pool1d, avg_pool2d, avg_pool3d, compat_conv2d, conv1d, conv2d,  # noqa: E402,F401
-                    conv2d_transpose, conv3d, dropout, max_pool1d, max_pool2d, max_pool3d,
-                    torch_conv2d_transpose)
+from ._ops.conv import (avg_pool1d, avg_pool2d, avg_pool3d, compat_conv2d, conv1d, conv2d,  # noqa: E402,F401
+                        conv2d_transpose, conv3d, dropout, max_pool1d, max_pool2d, max_pool3d,
+                        torch_conv2d_transpose)
 
 # OneFlow's remaining lazy nn names: functional normalizations, resampling,
 # the fused ops and softmax_grad.
-from ._fused import (fused_bias_add_dropout, fused_bias_add_gelu, fused_scale_tril,  # noqa: E402,F401
-                     fused_scale_tril_softmax_dropout, fused_self_attention_query_mul_key_and_value,
-                     random_mask_like, scaled_dot_product_attention, softmax_grad)
-from ._norm import (batch_normalization, group_normalization, instance_normalization1d,  # noqa: E402,F401
-                    instance_normalization2d, instance_normalization3d, layer_norm)
-from ._resample import pixel_shuffle, pixel_shufflev2  # noqa: E402,F401
+from ._ops.fused import (fused_bias_add_dropout, fused_bias_add_gelu, fused_scale_tril,  # noqa: E402,F401
+                         fused_scale_tril_softmax_dropout, fused_self_attention_query_mul_key_and_value,
+                         random_mask_like, scaled_dot_product_attention, softmax_grad)
+from ._ops.norm import (batch_normalization, group_normalization, instance_normalization1d,  # noqa: E402,F401
+                        instance_normalization2d, instance_normalization3d, layer_norm)
+from ._ops.resample import pixel_shuffle, pixel_shufflev2  # noqa: E402,F401
 GroupNorm, InstanceNorm1d, InstanceNorm2d, InstanceNorm3d = (
     group_normalization, instance_normalization1d, instance_normalization2d, instance_normalization3d)
 PixelShuffle, PixelShufflev2 = pixel_shuffle, pixel_shufflev2
-from ._ctc import ctc_greedy_decoder  # noqa: E402,F401
+from ._ops.ctc import ctc_greedy_decoder  # noqa: E402,F401

@@ -15,8 +15,10 @@ import numbers
 import re
 from typing import Callable, List, Optional, Sequence, Union
 
-from . import _C, _dtypes, _log, _ops, _trace
-from ._blob import Blob
+from . import _C
+from ._core import dtypes as _dtypes, log as _log, trace as _trace
+from ._ops import builders as _ops
+from ._core.blob import Blob
 
 __all__ = ["SGD", "SGDW", "Adam", "AdamW", "LazyAdam", "RMSProp", "LAMB", "LARS", "CombinedOptimizer",
            "CustomScheduler", "loss_scale", "PiecewiseConstantScheduler",
@@ -378,7 +380,7 @@ class _DynamicLossScale(_LossScalePolicy):
     def variables(self):
         """The job's loss scale (float32) and good-step counter (int64)
         variables, created with the initial scale and 0."""
-        from . import _variables
+        from ._core import variables as _variables
         scale = _variables.get_variable(
             LOSS_SCALE_VARIABLE, shape=(1,), dtype=_dtypes.float32, trainable=False,
             initializer=_variables.constant_initializer(self.initial_loss_scale, dtype=_dtypes.float32))

@@ -7,7 +7,7 @@ blob unchanged (an identity in the job).
 """
 from typing import List, Optional
 
-from ._blob import Blob
+from ._core.blob import Blob
 
 __all__ = ["range_push", "range_pop", "nvtx_start", "nvtx_end"]
 
@@ -29,7 +29,7 @@ def range_pop() -> None:
 
 
 def _mark(x, mark_prefix, name, api):
-    from . import _ops
+    from ._ops import builders as _ops
     if not isinstance(mark_prefix, str):
         raise TypeError(f"profiler.{api}: mark_prefix must be a string, got {mark_prefix!r}")
     return _ops.identity(x, name=name)

@@ -14,10 +14,12 @@ import numbers
 import random as _pyrandom
 from typing import Optional, Tuple
 
-from . import _C, _dtypes, _ops, _trace
-from ._array import _sorted, assign, gather
-from ._blob import Blob
-from ._dtypes import DTypeLike
+from . import _C
+from ._core import dtypes as _dtypes, trace as _trace
+from ._ops import builders as _ops
+from ._ops.array import _sorted, assign, gather
+from ._core.blob import Blob
+from ._core.dtypes import DTypeLike
 
 __all__ = ["bernoulli", "CoinFlip", "coin_flip", "gen_seed", "generate_random_batch_permutation_indices",
            "shuffle"]
@@ -29,7 +31,7 @@ _COUNTER = "random_counter"
 def _seed(b, seed, api):
     """An explicit seed, or one derived from flow.manual_seed, the job and the
     op's position among the job's random ops."""
-    from ._variables import _derived_seed
+    from ._core.variables import _derived_seed
     n = b._counts.get("random_op", 0)
     b._counts["random_op"] = n + 1
     if seed is not None:
@@ -41,7 +43,7 @@ def _seed(b, seed, api):
 
 def _counter(b):
     """The job's call counter (int64, shape ()), advanced once per call."""
-    from ._variables import ConstantInitializer
+    from ._core.variables import ConstantInitializer
     name = f"System-Random-Counter-{b.job_name}"
     c = b.variable(name, (), _dtypes.int64, ConstantInitializer(0), False, 0, _trace.user_location())
     if not b._counts.get(_COUNTER):

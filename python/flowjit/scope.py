@@ -67,7 +67,8 @@ class Placement:
         return hash(self.key())
 
     def __enter__(self):
-        from . import _C, _trace
+        from . import _C
+        from ._core import trace as _trace
         b = _trace.current()
         saved = None
         if b is not None:  # a placement inside a job body places the ops traced in it
@@ -142,7 +143,7 @@ def placement(device_tag: str, machine_device_ids: Union[str, List[str]],
 def _current_view():
     """The logical view of the job being traced (its function_config's), or
     the default, consistent, outside a job body."""
-    from . import _trace
+    from ._core import trace as _trace
     b = _trace.current()
     view = b.config.get("default_logical_view") if b is not None else None
     return view if view is not None else consistent_view()
@@ -243,7 +244,8 @@ def current_scope() -> Scope:
         Scope
         [1.0]
     """
-    from . import _trace, config
+    from ._core import trace as _trace
+    from . import config
     b = _trace.current()
     p = current_placement()
     if p is None and b is not None:

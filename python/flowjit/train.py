@@ -18,7 +18,8 @@ import os
 
 import numpy as np
 
-from . import _C, _dtypes, checkpoint
+from . import _C, checkpoint
+from ._core import dtypes as _dtypes
 
 __all__ = ["CheckPoint", "SimpleCheckPointManager"]
 
@@ -32,7 +33,7 @@ class CheckPoint:
         session start does. Values already trained or loaded are kept
         (init() never resets them, as in OneFlow since 0.3); to start over
         from the initializers, call flow.clear_default_session()."""
-        from ._job import trace_defined_jobs
+        from ._core.job import trace_defined_jobs
         trace_defined_jobs()
 
     def save(self, path):
@@ -57,7 +58,7 @@ class CheckPoint:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"CheckPoint.load: path must be a str or os.PathLike, got {type(path).__name__}")
         path = os.fspath(path)
-        from ._job import trace_defined_jobs
+        from ._core.job import trace_defined_jobs
         trace_defined_jobs()
         _C.sync_session()
 
@@ -85,7 +86,7 @@ class CheckPoint:
                              "flowjit creates a job's variables when the job is first called, so call "
                              "the jobs once before loading")
         values = checkpoint._read_all(common)
-        from ._variables import load_variables
+        from ._core.variables import load_variables
         load_variables(values, ignore_mismatch=False)
 
 
@@ -130,7 +131,7 @@ class SimpleCheckPointManager:
         if name is None:
             self.save()
         else:
-            from ._variables import load_variables
+            from ._core.variables import load_variables
             load_variables(checkpoint.get(os.path.join(self._root, name)))
 
     def save(self):

@@ -21,7 +21,7 @@ Returns: ``tp.Numpy``, ``tp.ListNumpy`` (one array per device),
 import numbers
 from typing import Optional, Sequence
 
-from . import _dtypes
+from ._core import dtypes as _dtypes
 
 
 class _Placeholder:

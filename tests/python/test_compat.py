@@ -382,7 +382,7 @@ def test_hints_that_change_numerics():
     with pytest.raises(NotImplementedError, match=r"function_config\.enable_tensorrt is a OneFlow setting"):
         cfg.enable_tensorrt(True)
     # TF32 is the GPU target's FLOWJIT_ALLOW_TF32, set for the compile of a GPU job only.
-    from flowjit._job import _tf32_for
+    from flowjit._core.job import _tf32_for
     saved = os.environ.pop("FLOWJIT_ALLOW_TF32", None)
     try:
         cfg.enable_tensor_float_32_compute(True)

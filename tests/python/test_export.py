@@ -17,7 +17,8 @@ import pytest
 import flowjit as flow
 import flowjit.typing as tp
 import flowjit.export as fe
-from flowjit import _C, _dtypes
+from flowjit import _C
+from flowjit._core import dtypes as _dtypes
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).resolve().parent / "export" / "driver.c"

@@ -128,7 +128,7 @@ def test_a_job_on_several_gpus_needs_each_of_them():
 
 
 def test_gpu_jobs_over_several_processes_take_any_gpus_of_each(monkeypatch):
-    from flowjit import _devices
+    from flowjit._dist import devices as _devices
     monkeypatch.setattr(_devices, "process_info", lambda: (1, 2))
     with pytest.raises(NotImplementedError, match=r"none of them on machine 1 \(this process\)"):
         _devices._gpu_ordinals("j", flow.scope.placement("gpu", "0:0"))

@@ -16,7 +16,7 @@ import pytest
 import flowjit as flow
 import flowjit.megatron_data as md
 import flowjit.typing as tp
-from flowjit import _megatron
+from flowjit._ops import megatron as _megatron
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -442,7 +442,7 @@ def test_get_variable_takes_oneflows_parallel_distribution(kw, split):
         return w
 
     def job_builder():
-        from flowjit import _trace
+        from flowjit._core import trace as _trace
         return _trace.current()
 
     assert job().tolist() == [[1.0] * 3] * 2

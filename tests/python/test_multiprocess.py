@@ -208,7 +208,7 @@ def test_a_process_with_another_token_is_refused(tmp_path):
 def test_no_token_is_a_clear_error():
     env = {k: v for k, v in os.environ.items() if k != "FLOWJIT_STORE_TOKEN"}
     env.update(FLOWJIT_WORLD_SIZE="2", FLOWJIT_RANK="0", FLOWJIT_MASTER_PORT=str(free_port()))
-    r = subprocess.run([sys.executable, "-c", "from flowjit import _devices; _devices.ensure_configured()"], env=env,
+    r = subprocess.run([sys.executable, "-c", "from flowjit._dist import devices; devices.ensure_configured()"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "ValueError" in r.stderr and "needs the job's token in FLOWJIT_STORE_TOKEN" in r.stderr, r.stderr

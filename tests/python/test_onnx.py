@@ -14,7 +14,8 @@ import pytest
 
 import flowjit as flow
 import flowjit.typing as tp
-from flowjit import _C, _ops
+from flowjit import _C
+from flowjit._ops import builders as _ops
 
 onnx = pytest.importorskip("onnx", reason="onnx is a test requirement (tools/dev.sh installs it)")
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is a test requirement (tools/dev.sh installs it)")

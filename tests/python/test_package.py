@@ -96,7 +96,7 @@ def test_dlpack_inputs_are_not_copied():
             return self.a.__dlpack_device__()
 
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
-    assert np.shares_memory(flow._job._interop_array("j", "x", DLPackOnly(a)), a)
+    assert np.shares_memory(flow._core.job._interop_array("j", "x", DLPackOnly(a)), a)
     assert np.array_equal(add_one(DLPackOnly(a)), a + 1)
 
 
@@ -113,7 +113,7 @@ def test_jax_arrays():
 def test_torch_tensors():
     torch = pytest.importorskip("torch")
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    assert np.shares_memory(flow._job._interop_array("j", "x", t), t.numpy())
+    assert np.shares_memory(flow._core.job._interop_array("j", "x", t), t.numpy())
     assert np.array_equal(add_one(t), t.numpy() + 1)
     assert np.array_equal(add_one(t.t().contiguous().t()), t.numpy() + 1)  # a strided view
 
@@ -339,7 +339,7 @@ def test_diagnostics_go_through_logging(caplog):
 
 
 def test_flowjit_debug_maps_to_levels():
-    from flowjit import _log
+    from flowjit._core import log as _log
     assert _log.level_for(0) == logging.WARNING
     assert _log.level_for(1) == logging.INFO
     assert _log.level_for(3) == logging.DEBUG

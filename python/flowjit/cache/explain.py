@@ -5,7 +5,7 @@ A key hashes the optimized IR, the fusion plan, the kernels, the buffer plan,
 the target, the LLVM version, the flowjit build and the version
 (jit/cache.h CacheKeyParts). An entry's meta.json and text files hold the same
 parts, so comparing them with the job just compiled names the first that
-differs; FLOWJIT_DEBUG=1 logs it (flowjit._job), in whichever process the
+differs; FLOWJIT_DEBUG=1 logs it (flowjit._core.job), in whichever process the
 entry was written.
 """
 import os
