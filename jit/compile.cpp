@@ -24,7 +24,6 @@
 #include "jit/passes/attention.h"
 #include "jit/passes/auto_mixed_precision.h"
 #include "jit/pipeline.h"
-#include "runtime/cuda/executable.h"
 #include "runtime/staged.h"
 
 namespace flowjit::jit {
@@ -497,13 +496,13 @@ std::shared_ptr<runtime::DistributedExecutable> make_distributed(
     const CompiledJob& job, runtime::VariableStore& host,
     const std::vector<runtime::VariableStore*>& device_stores,
     std::shared_ptr<runtime::Communicator> comm, int first_rank, bool several_processes,
-    const std::vector<std::shared_ptr<runtime::cuda::DeviceVariables>>& gpu_variables) {
+    const std::vector<std::shared_ptr<runtime::DeviceState>>& device_states) {
   FJ_CHECK(job.distributed.has_value(), "make_distributed on a single-device job");
   const DistributedGraph& dg = *job.distributed;
   FJ_CHECK(job.program != nullptr, "a distributed job without code");
   const runtime::Plan& plan = job.program->plan();
   const int n = static_cast<int>(device_stores.size());
-  FJ_CHECK(gpu_variables.empty() || static_cast<int>(gpu_variables.size()) == n,
+  FJ_CHECK(device_states.empty() || static_cast<int>(device_states.size()) == n,
            "a job over several GPUs needs the variable copies of each GPU");
   auto slot = [](const Sbp& s, const TensorType& logical, const TensorType& local) {
     runtime::DeviceSlot d;
@@ -538,13 +537,13 @@ std::shared_ptr<runtime::DistributedExecutable> make_distributed(
     host_vars.push_back(h);
   }
   std::vector<std::shared_ptr<runtime::Program>> devices;
-  for (int d = 0; d < n; ++d)  // gpu_variables[d] is the device's state (none on the CPU)
+  for (int d = 0; d < n; ++d)
     devices.push_back(job.program->instance_for(
-        *device_stores[d], gpu_variables.empty() ? nullptr : gpu_variables[d]));
+        *device_stores[d], device_states.empty() ? nullptr : device_states[d]));
   auto dist = std::make_shared<runtime::DistributedExecutable>(
       std::move(devices), std::move(comm), first_rank, std::move(ins), std::move(outs),
       std::move(host_vars), several_processes);
-  for (auto& v : gpu_variables) dist->keep_alive(v);
+  for (auto& v : device_states) dist->keep_alive(v);
   dist->set_writes_variables(job.writes_variables);
   return dist;
 }

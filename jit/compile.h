@@ -27,11 +27,6 @@
 #include "runtime/program.h"
 #include "runtime/variables.h"
 
-namespace flowjit::runtime::cuda {
-class Device;
-class DeviceVariables;
-}  // namespace flowjit::runtime::cuda
-
 namespace flowjit::jit {
 
 struct FusedProgram;
@@ -53,12 +48,13 @@ struct Target {
   bool is_gpu() const { return kind == Kind::Gpu; }
 };
 
-// Where a job is loaded and run, as the runtime holds it: handles, not
-// code-generation data. A GPU job needs the device and the copies of the
-// session's variables on it, which its program binds; a CPU job none.
+// Where a job is loaded and run, as the runtime holds it: a handle, not
+// code-generation data. A GPU job needs its GPU's copies of the session's
+// variables (runtime::cuda::DeviceVariables, which hold the device), which
+// its program binds; a CPU job none (null). Only the backend of the target
+// knows the state's type.
 struct RunDevice {
-  std::shared_ptr<runtime::cuda::Device> gpu;
-  std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables;
+  std::shared_ptr<runtime::DeviceState> state;
 };
 
 struct JobDescription {
@@ -103,7 +99,7 @@ struct CompileSettings {
   // true stops the compile with ir::Interrupted (Ctrl-C from Python).
   std::function<bool()> interrupted;
   Target target;     // the CPU unless the job is placed on a GPU
-  RunDevice device;  // the GPU's handles for a GPU target
+  RunDevice device;  // the GPU's variable copies for a GPU target
   static CompileSettings from_environment();
 };
 
@@ -170,15 +166,16 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
 
 // The devices of this process for a distributed job: device d runs as
 // global rank first_rank + d with its variables in device_stores[d], copies
-// or pieces of the session's (`host`). A job compiled for a GPU target runs
-// one CudaExecutable per GPU: device d on gpu_variables[d]->device(), its
-// variables' GPU copies there; `comm` must then be an NcclCommunicator over
-// those Devices (ranks first_rank ..). The executable keeps gpu_variables.
+// or pieces of the session's (`host`). device_states[d] is device d's state
+// for its program (RunDevice::state; none on the CPU): a job compiled for a
+// GPU target runs one CudaExecutable per GPU, on the GPU of that GPU's
+// variable copies, and `comm` must then be an NcclCommunicator over those
+// GPUs (ranks first_rank ..). The executable keeps the states.
 std::shared_ptr<runtime::DistributedExecutable> make_distributed(
     const CompiledJob& job, runtime::VariableStore& host,
     const std::vector<runtime::VariableStore*>& device_stores,
     std::shared_ptr<runtime::Communicator> comm, int first_rank, bool several_processes,
-    const std::vector<std::shared_ptr<runtime::cuda::DeviceVariables>>& gpu_variables = {});
+    const std::vector<std::shared_ptr<runtime::DeviceState>>& device_states = {});
 
 // The cache tool's check of the entry `key` in the cache at `dir`:
 // DiskCache::inspect (nothing removed, touched or made), then, for an entry

@@ -62,9 +62,9 @@ class NvptxBackend : public Backend {
  public:
   // What codegen will use is decided here, once, so the key and the code agree.
   NvptxBackend(const JobDescription& job, const Target& t, const RunDevice& device)
-      : t_(t), device_(device) {
-    FJ_CHECK(device.gpu && device.gpu_variables, "a GPU job without its device or variables");
-    const rc::DeviceInfo& info = device.gpu->info();
+      : t_(t), variables_(std::dynamic_pointer_cast<rc::DeviceVariables>(device.state)) {
+    FJ_CHECK(variables_ && variables_->device(), "a GPU job without its GPU's variable copies");
+    const rc::DeviceInfo& info = variables_->device()->info();
     sm_ = t.sm > 0 ? t.sm : nv::codegen_sm(info.sm);
     FJ_USER_CHECK(sm_ > 0, ErrorKind::Runtime, "job '", job.name, "' is placed on GPU ",
                   info.ordinal, ", ", info.str(), ", but flowjit generates code for sm_",
@@ -135,13 +135,14 @@ class NvptxBackend : public Backend {
     image.ptx = file(code, kPtxFile);
     image.cubin = code.object;
     image.cubin_sm = image.cubin.empty() ? 0 : sm_;
-    auto exe = std::make_shared<rc::CudaExecutable>(device_.gpu, code.plan, image);
-    log.stage("load", since(t0), exe->loaded_from() + " on " + device_.gpu->info().str());
+    const std::shared_ptr<rc::Device>& gpu = variables_->device();
+    auto exe = std::make_shared<rc::CudaExecutable>(gpu, code.plan, image);
+    log.stage("load", since(t0), exe->loaded_from() + " on " + gpu->info().str());
     return exe;
   }
 
   void bind(runtime::Program& program, runtime::VariableStore& store) const override {
-    program.bind(store, device_.gpu_variables);
+    program.bind(store, variables_);
   }
 
  private:
@@ -152,7 +153,9 @@ class NvptxBackend : public Backend {
   std::string ptxas_text() const { return ptxas_.empty() ? "none" : ptxas_; }
 
   Target t_;
-  RunDevice device_;
+  // The GPU's copies of the session's variables: this backend's RunDevice
+  // state, which holds the GPU.
+  std::shared_ptr<rc::DeviceVariables> variables_;
   int sm_ = 0;
   nv::MathLibrary math_ = nv::MathLibrary::Builtin;
   std::string libdevice_;  // when math_ is Libdevice

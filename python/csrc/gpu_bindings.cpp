@@ -88,8 +88,7 @@ void set_gpu_target(jit::CompileSettings& s, int ordinal) {
     g.generation = generation;
   }
   s.target.kind = jit::Target::Kind::Gpu;
-  s.device.gpu = g.device;
-  s.device.gpu_variables = g.variables;
+  s.device.state = g.variables;
   s.target.allow_tf32 = env_flag("FLOWJIT_ALLOW_TF32");
 }
 
@@ -114,10 +113,15 @@ std::shared_ptr<GpuGroup> gpu_group(const std::vector<int>& ordinals, int proces
   for (int o : ordinals) {
     jit::CompileSettings one;
     set_gpu_target(one, o);
-    devices.push_back(one.device.gpu);
+    std::shared_ptr<rc::Device> device;
+    {
+      std::lock_guard<std::mutex> lock(g_gpus_mu);
+      device = session_gpus().at(o).device;
+    }
+    devices.push_back(device);
     // Copies of the replicas, not of the session's variables (which jobs on
     // this GPU alone bind): the two meet through the host.
-    g->copies.push_back(std::make_shared<rc::DeviceVariables>(one.device.gpu));
+    g->copies.push_back(std::make_shared<rc::DeviceVariables>(device));
     g->stores.push_back(std::make_unique<runtime::VariableStore>());
   }
   std::string why;

@@ -36,7 +36,7 @@ void set_gpu_target(jit::CompileSettings& s, int ordinal);
 // takes part in that all_gather), so every process must make the same
 // groups in the same order (as they call the same jobs).
 struct GpuGroup {
-  std::vector<std::shared_ptr<runtime::cuda::DeviceVariables>> copies;
+  std::vector<std::shared_ptr<runtime::DeviceState>> copies;  // cuda::DeviceVariables
   std::vector<std::unique_ptr<runtime::VariableStore>> stores;
   std::shared_ptr<runtime::Communicator> comm;
   int first_rank = 0;

@@ -206,14 +206,14 @@ struct PyRefs {
 
 class CompiledJobPy {
  public:
-  // `gpu_variables`: a GPU job's variable copies, kept alive with the job.
+  // `device_state`: a GPU job's variable copies (RunDevice::state), kept alive with the job.
   // `generation`: the session generation the job was compiled in (read under
   // the run lock, so a clear that follows the compile is seen as one).
   // `gpus`: the GPUs of a job spread over several.
   CompiledJobPy(jit::CompiledJob job, uint64_t generation,
-                std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables = nullptr,
+                std::shared_ptr<runtime::DeviceState> device_state = nullptr,
                 std::shared_ptr<GpuGroup> gpus = nullptr)
-      : job_(std::move(job)), gpu_variables_(std::move(gpu_variables)) {
+      : job_(std::move(job)), device_state_(std::move(device_state)) {
     Session& s = Session::get();
     program_ = job_.program;
     if (job_.distributed && gpus) {
@@ -522,7 +522,7 @@ class CompiledJobPy {
   jit::CompiledJob job_;
   double last_run_seconds_ = 1.0;    // of the last synchronous run (none yet: watch it)
   bool one_cpu_executable_ = false;  // program_ is one CPU executable (Ctrl-C may stop it)
-  std::shared_ptr<runtime::cuda::DeviceVariables> gpu_variables_;
+  std::shared_ptr<runtime::DeviceState> device_state_;
   // The job's program: job_.program, or the devices of a distributed job.
   std::shared_ptr<runtime::Program> program_;
   std::vector<ir::TensorType> in_types_, out_types_;  // one per array passed or returned
@@ -935,8 +935,7 @@ void register_jobs(py::module_& m) {
                 if (PyErr_WarnEx(PyExc_UserWarning, jit::printable_text(w).c_str(), 1) != 0)
                   throw py::error_already_set();
         if (group) FJ_CHECK(cj.distributed.has_value(), "a job on several GPUs compiled for one");
-        return std::make_shared<CompiledJobPy>(std::move(cj), generation, s.device.gpu_variables,
-                                               group);
+        return std::make_shared<CompiledJobPy>(std::move(cj), generation, s.device.state, group);
       },
       py::arg("request"));
 }

@@ -2299,9 +2299,13 @@ jit::CompileSettings gpu_settings(const std::shared_ptr<rc::Device>& dev,
   jit::CompileSettings s;
   s.cache_dir = cache_dir;
   s.target.kind = jit::Target::Kind::Gpu;
-  s.device.gpu = dev;
-  s.device.gpu_variables = std::make_shared<rc::DeviceVariables>(dev);
+  s.device.state = std::make_shared<rc::DeviceVariables>(dev);
   return s;
+}
+
+// The GPU's variable copies a GPU job's settings carry (RunDevice::state).
+rc::DeviceVariables& gpu_copies(const jit::CompileSettings& s) {
+  return *std::static_pointer_cast<rc::DeviceVariables>(s.device.state);
 }
 
 // The GPU program of a compiled GPU job.
@@ -2376,11 +2380,11 @@ TEST(NvptxCompile, GpuTargetRunsTheJobLikeTheCpuWithCoherentVariables) {
     // The GPU holds the trained weights; the host gets them when it reads.
     auto* w = gpu_store.find("hidden-weight");
     auto* w_cpu = cpu_store.find("hidden-weight");
-    EXPECT_TRUE(s.device.gpu_variables->holds_newest(*w));
+    EXPECT_TRUE(gpu_copies(s).holds_newest(*w));
     EXPECT_FALSE(same_bytes(*w, *w_cpu)) << "downloaded before anything read it";
     runtime::sync_host(*w);  // what a read from Python (or a CPU job) does first
     EXPECT_TRUE(same_bytes(*w, *w_cpu));
-    EXPECT_FALSE(s.device.gpu_variables->holds_newest(*w));
+    EXPECT_FALSE(gpu_copies(s).holds_newest(*w));
 
     // A host write (a checkpoint load) reaches the GPU before its next run.
     for (auto* v : {w, w_cpu}) {
@@ -2422,7 +2426,7 @@ TEST(NvptxCompile, PredictJobsOnTheGpuLeaveTheHostCurrent) {
   void* outs[] = {y.data()};
   gpu_of(cj).run(ins, outs);
   auto* v = store.find("w");
-  EXPECT_FALSE(s.device.gpu_variables->holds_newest(*v)) << "a predict job writes no variable";
+  EXPECT_FALSE(gpu_copies(s).holds_newest(*v)) << "a predict job writes no variable";
   const float* wv = reinterpret_cast<const float*>(v->ptr());
   for (int i = 0; i < 8; ++i)
     for (int j = 0; j < 7; ++j) {
@@ -2579,11 +2583,11 @@ TEST(NvptxCompile, VariablesMoveBetweenGpusThroughTheHost) {
   EXPECT_EQ(step_loss(run_a, 2), step_loss(run_cpu, 2)) << "A continues from what B trained";
   EXPECT_EQ(step_loss(run_b, 3), step_loss(run_cpu, 3));
   auto* w = gpu_store.find("output-weight");
-  EXPECT_TRUE(sb.device.gpu_variables->holds_newest(*w));
-  EXPECT_FALSE(sa.device.gpu_variables->holds_newest(*w));
+  EXPECT_TRUE(gpu_copies(sb).holds_newest(*w));
+  EXPECT_FALSE(gpu_copies(sa).holds_newest(*w));
   // Releasing the copies that hold the newest values brings them home first.
   b.reset();
-  sb.device.gpu_variables.reset();
+  sb.device.state.reset();
   for (auto* v : cpu_store.all()) EXPECT_TRUE(same_bytes(*gpu_store.find(v->name), *v)) << v->name;
   EXPECT_EQ(step_loss(run_a, 4), step_loss(run_cpu, 4)) << "A uploads the host's newer value";
 }
@@ -3242,8 +3246,9 @@ std::shared_ptr<runtime::DistributedExecutable> on_gpus(const jit::JobDescriptio
   s.target.math = nv::MathLibrary::Builtin;
   jit::CompiledJob cj = jit::compile_job(job, s, host);
   EXPECT_NE(dynamic_cast<rc::CudaExecutable*>(cj.program.get()), nullptr);
-  return jit::make_distributed(cj, host, gpus.store_ptrs(), std::move(comm), first_rank,
-                               several_processes, gpus.copies);
+  return jit::make_distributed(
+      cj, host, gpus.store_ptrs(), std::move(comm), first_rank, several_processes,
+      std::vector<std::shared_ptr<runtime::DeviceState>>(gpus.copies.begin(), gpus.copies.end()));
 }
 
 struct Batch {
