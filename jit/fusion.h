@@ -13,7 +13,9 @@
 //  * A node joins its consumer's kernel only when every consumer is in that
 //    kernel; views (reshape that only adds or drops unit dims, transpose,
 //    broadcast) and cheap sources (constants, iotas, scalars) are re-indexed
-//    or recomputed in every kernel that uses them.
+//    or recomputed in every kernel that uses them, and so is a value scaled
+//    by scalars (0.5 * x) that nothing needs in memory: recomputing it reads
+//    what loading it would.
 //  * Assigns store into the variable from the kernel that computes the value
 //    when that is safe in place (every read of the variable in that kernel is
 //    at the written element), and otherwise through a temporary copied after

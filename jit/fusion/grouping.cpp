@@ -82,22 +82,6 @@ Uses analyze(const Graph& g) {
     u.output_of[g.outputs[i].get()] = static_cast<int>(i);
   for (size_t i = 0; i < g.params.size(); ++i)
     u.param_index[g.params[i].get()] = static_cast<int>(g.params[i]->attrs().get_int("index"));
-  // Elementwise chains right after a single-use matmul are kept for that
-  // matmul's epilogue: reduction kernels do not take them.
-  for (const NodeRef& n : u.topo) {
-    if (!is_contraction(n->op())) continue;
-    NodeRef cur = n;
-    while (true) {
-      std::vector<const Node*> eff;
-      u.effective_users(cur, eff);
-      if (eff.size() != 1 || u.output_of.count(cur.get())) break;
-      const Node* user = eff[0];
-      if (!is_elementwise(user->op()) || user->shape() != n->shape()) break;
-      u.epilogue.insert(user);
-      cur = u.node_ref(user);
-      if (!cur) break;
-    }
-  }
   // Bases of matmul operands and of reshapes must exist in memory.
   for (const NodeRef& n : u.topo) {
     if (is_contraction(n->op()) || is_addressed_view(n)) {
@@ -112,6 +96,28 @@ Uses analyze(const Graph& g) {
       u.must_store.insert(n->input(0).get());
     } else if (is_family(n->op())) {
       for (const NodeRef& x : n->inputs()) u.must_store.insert(x.get());
+    }
+  }
+  // Scaled values recomputed by their consumers (after must_store: one a
+  // matmul, view or family reads from memory is stored).
+  for (const NodeRef& n : u.topo)
+    if (is_scaled_value(n) && !u.output_of.count(n.get()) && !u.assigns.count(n.get()) &&
+        !u.must_store.count(n.get()))
+      u.recomputed.insert(n.get());
+  // Elementwise chains right after a single-use matmul are kept for that
+  // matmul's epilogue: reduction kernels do not take them.
+  for (const NodeRef& n : u.topo) {
+    if (!is_contraction(n->op())) continue;
+    NodeRef cur = n;
+    while (true) {
+      std::vector<const Node*> eff;
+      u.effective_users(cur, eff);
+      if (eff.size() != 1 || u.output_of.count(cur.get())) break;
+      const Node* user = eff[0];
+      if (!is_elementwise(user->op()) || user->shape() != n->shape()) break;
+      u.epilogue.insert(user);
+      cur = u.node_ref(user);
+      if (!cur) break;
     }
   }
   return u;
@@ -129,7 +135,7 @@ void Uses::effective_users(const NodeRef& n, std::vector<const Node*>& out) cons
   for (const NodeRef& u : it->second) {
     // A duplicable user that must be stored is a kernel root of its own.
     bool stored = output_of.count(u.get()) || assigns.count(u.get());
-    if (is_duplicable(u) && !stored) {
+    if (duplicated(u) && !stored) {
       effective_users(u, out);
     } else {
       out.push_back(u.get());
@@ -161,7 +167,7 @@ Grouping Grouper::run() {
   for (auto it = u_.topo.rbegin(); it != u_.topo.rend(); ++it) {
     const NodeRef& n = *it;
     if (!is_compute(n) || out_.group_of.count(n.get())) continue;
-    if (is_duplicable(n) && !u_.output_of.count(n.get()) && !u_.assigns.count(n.get()) &&
+    if (u_.duplicated(n) && !u_.output_of.count(n.get()) && !u_.assigns.count(n.get()) &&
         !u_.must_store.count(n.get()))
       continue;
     new_group(n);
@@ -207,10 +213,10 @@ void Grouper::add_member(Group& g, const NodeRef& n, const DimMap& m) {
   auto& ms = g.maps[n.get()];
   if (ms.empty()) {
     g.members.push_back(n);
-    if (!is_duplicable(n)) ++g.computes;
+    if (!u_.duplicated(n)) ++g.computes;
   }
   if (std::find(ms.begin(), ms.end(), m) == ms.end()) ms.push_back(m);
-  if (!is_duplicable(n)) out_.group_of[n.get()] = g.id;
+  if (!u_.duplicated(n)) out_.group_of[n.get()] = g.id;
 }
 
 // Absorbs producers, latest first, so that all users of a candidate that
@@ -261,7 +267,7 @@ void Grouper::grow(Group& g) {
 bool Grouper::try_absorb(Group& g, const NodeRef& p, std::vector<DimMap>& maps) {
   if (is_buffer_leaf(p)) return false;
   if (is_view(p->op())) return is_unit_reshape(p) || p->op() != OpKind::Reshape;
-  if (is_duplicable(p)) return true;
+  if (u_.duplicated(p)) return true;
   if (!is_compute(p) || out_.group_of.count(p.get())) return false;
   if (!opts_.fuse) return false;
   if (u_.output_of.count(p.get()) || u_.must_store.count(p.get())) return false;

@@ -44,7 +44,13 @@ struct Uses {
   // Elementwise chains right after a single-use matmul: kept for that
   // matmul's epilogue (a reduction kernel does not take them).
   std::unordered_set<const Node*> epilogue;
+  // Scaled values (is_scaled_value) that nothing needs in memory: every
+  // kernel that reads one recomputes it from its operand, as it does
+  // duplicable views and constants.
+  std::unordered_set<const Node*> recomputed;
 
+  // Recomputed in every kernel that uses it (is_duplicable, or recomputed).
+  bool duplicated(const NodeRef& n) const { return is_duplicable(n) || recomputed.count(n.get()); }
   NodeRef node_ref(const Node* n) const;
   // Compute nodes that consume `n`, looking through duplicable users.
   void effective_users(const NodeRef& n, std::vector<const Node*>& out) const;

@@ -312,7 +312,7 @@ class KernelBuilder {
       return inst(n->input(0), operand_map(n, m, 0));  // re-indexed, no arithmetic
     }
     if (is_buffer_leaf(n)) return leaf(n, m);
-    if (is_duplicable(n) || g_.member(n)) return inst_member(n, m);
+    if (f_.uses_.duplicated(n) || g_.member(n)) return inst_member(n, m);
     return leaf(n, m);  // computed and stored by another kernel
   }
 

@@ -21,6 +21,32 @@ bool is_duplicable(const NodeRef& n) {
   return is_view(n->op()) || is_cheap_source(n) || (is_elementwise(n->op()) && n->rank() == 0);
 }
 
+namespace {
+
+bool is_scalar_operand(NodeRef x) {
+  while (is_view(x->op()) && !is_addressed(x->op()) &&
+         (x->op() != OpKind::Reshape || is_unit_reshape(x)))
+    x = x->input(0);
+  return x->rank() == 0 || x->op() == OpKind::Fill;
+}
+
+}  // namespace
+
+bool is_scaled_value(const NodeRef& n) {
+  switch (n->op()) {
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mul:
+    case OpKind::Neg:
+      break;
+    default:
+      return false;
+  }
+  int values = 0;
+  for (const NodeRef& x : n->inputs()) values += is_scalar_operand(x) ? 0 : 1;
+  return values <= 1 && !is_duplicable(n);
+}
+
 bool is_buffer_leaf(const NodeRef& n) {
   return n->op() == OpKind::Parameter || n->op() == OpKind::Variable;
 }

@@ -62,6 +62,13 @@ bool is_cheap_source(const NodeRef& n);
 // Recomputed in every kernel that uses it instead of being stored.
 bool is_duplicable(const NodeRef& n);
 
+// One add, subtract, multiply or negation of a value by scalars (constants
+// or rank-0 values, through broadcasts): GELU's 0.5 * x and -x / sqrt(2).
+// A kernel that recomputes it reads as many bytes as one that loads it, so
+// analysis (Uses::recomputed) has every consumer recompute it unless it must
+// be in memory itself.
+bool is_scaled_value(const NodeRef& n);
+
 bool is_buffer_leaf(const NodeRef& n);
 
 bool is_compute(const NodeRef& n);

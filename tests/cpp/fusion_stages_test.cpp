@@ -104,7 +104,7 @@ TEST(FusionStages, GroupingGrowsTheDomainWhenAReductionJoinsItsEpilogue) {
       "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[4,6]} : f32[4,6]\n"
       "  %0 = exp(%x) : f32[4,6]\n"
       "  %1 = reduce_sum(%0) {axes=[1], keepdims=false} : f32[4]\n"
-      "  %2 = neg(%1) : f32[4]\n"
+      "  %2 = sqrt(%1) : f32[4]\n"
       "  return %2\n}\n");
   EXPECT_EQ(lines(g.groups),
             (std::vector<std::string>{"g0 loop [4,6] reduce{1}: %0{0,1} %1{0} %2{0}"}))
@@ -125,6 +125,40 @@ TEST(FusionStages, GroupingStoresAValueTwoKernelsRead) {
   EXPECT_EQ(lines(g.groups), (std::vector<std::string>{"g0 loop [4,4] reduce{0}: %3{1}",
                                                        "g1 matmul [4,4]: %1{0,1} %2{0,1}",
                                                        "g2 loop [4,4]: %0{0,1}"}))
+      << g.graph << g.groups;
+}
+
+// GELU's forward, 0.5 * x * erfc(-x / sqrt(2)), whose scaled values a backward
+// kernel reads too: -x / sqrt(2) (%4) is recomputed from x (stored by the
+// matmul) in the erfc kernel and the backward one, so it is no kernel of its
+// own; 0.5 * x (%2), which a matmul reads from memory, is stored by its own
+// kernel and read by the others.
+TEST(FusionStages, GroupingRecomputesScaledValuesInEveryConsumer) {
+  const char* gelu =
+      "graph t {\n"
+      "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[4,8]} : f32[4,8]\n"
+      "  %w = parameter() {dtype=f32, index=1, name=\"w\", shape=[8,8]} : f32[8,8]\n"
+      "  %0 = matmul(%x, %w) {transpose_a=false, transpose_b=false} : f32[4,8]\n"
+      "  %1 = fill() {dtype=f32, shape=[], value=0.5} : f32[]\n"
+      "  %2 = mul(%0, %1) : f32[4,8]\n"
+      "  %3 = fill() {dtype=f32, shape=[], value=-0.7071} : f32[]\n"
+      "  %4 = mul(%0, %3) : f32[4,8]\n"
+      "  %5 = erfc(%4) : f32[4,8]\n"
+      "  %6 = mul(%2, %5) : f32[4,8]\n"
+      "  %7 = matmul(%6, %w) {transpose_a=false, transpose_b=false} : f32[4,8]\n"
+      "  %8 = mul(%4, %4) : f32[4,8]\n"
+      "  %9 = exp(%8) : f32[4,8]\n"
+      "  %10 = mul(%2, %9) : f32[4,8]\n"
+      "  %11 = add(%10, %5) : f32[4,8]\n"
+      "  %12 = matmul(%2, %w) {transpose_a=false, transpose_b=false} : f32[4,8]\n"
+      "  return %7, %11, %12\n}\n";
+  Grouped g = group_text(gelu);
+  EXPECT_EQ(lines(g.groups), (std::vector<std::string>{
+                                 "g0 matmul [4,8]: %12{0,1}",
+                                 "g1 loop [4,8]: %3{} %4{0,1} %8{0,1} %9{0,1} %10{0,1} %11{0,1}",
+                                 "g2 matmul [4,8]: %7{0,1}", "g3 loop [4,8]: %6{0,1}",
+                                 "g4 loop [4,8]: %3{} %4{0,1} %5{0,1}",
+                                 "g5 loop [4,8]: %1{} %2{0,1}", "g6 matmul [4,8]: %0{0,1}"}))
       << g.graph << g.groups;
 }
 
