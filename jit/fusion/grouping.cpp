@@ -312,6 +312,17 @@ bool Grouper::absorb_reduce(Group& g, const NodeRef& p, std::vector<DimMap>& map
     bool red = std::binary_search(axes.begin(), axes.end(), d);
     if (!red || keep) in_dim.push_back(d);
   }
+  // The group reduces the reduction's axes; p's map in it.
+  auto take_reduction = [&] {
+    g.reduced.assign(x->rank(), false);
+    for (int64_t a : axes) g.reduced[a] = true;
+    g.has_reduce = true;
+  };
+  auto reduction_map = [&] {
+    DimMap pm;
+    for (int d : in_dim) pm.push_back(g.reduced[d] ? -1 : d);
+    return pm;
+  };
   // Same domain: the reduction is a further phase (or the group's first).
   bool canonical = x->shape() == g.domain;
   for (size_t j = 0; canonical && j < m.size(); ++j) {
@@ -325,13 +336,9 @@ bool Grouper::absorb_reduce(Group& g, const NodeRef& p, std::vector<DimMap>& map
         if (g.reduced[d] != std::binary_search(axes.begin(), axes.end(), static_cast<int64_t>(d)))
           return false;
     } else {
-      g.reduced.assign(x->rank(), false);
-      for (int64_t a : axes) g.reduced[a] = true;
-      g.has_reduce = true;
+      take_reduction();
     }
-    DimMap pm;
-    for (size_t j = 0; j < in_dim.size(); ++j) pm.push_back(g.reduced[in_dim[j]] ? -1 : in_dim[j]);
-    maps = {pm};
+    maps = {reduction_map()};
     return true;
   }
   if (g.has_reduce) return false;
@@ -353,12 +360,8 @@ bool Grouper::absorb_reduce(Group& g, const NodeRef& p, std::vector<DimMap>& map
       for (int& e : mm) e = e < 0 ? -1 : remap[e];
   g.remap = remap;
   g.domain = x->shape();
-  g.reduced.assign(x->rank(), false);
-  for (int64_t a : axes) g.reduced[a] = true;
-  g.has_reduce = true;
-  DimMap pm;
-  for (size_t j = 0; j < in_dim.size(); ++j) pm.push_back(g.reduced[in_dim[j]] ? -1 : in_dim[j]);
-  maps = {pm};
+  take_reduction();
+  maps = {reduction_map()};
   return true;
 }
 
