@@ -58,8 +58,6 @@ bool is_compute(const NodeRef& n) {
 
 bool is_addressed_view(const NodeRef& n) { return is_addressed(n->op()); }
 
-std::optional<View> resolve_view(const NodeRef& n);
-
 // window(x): lead dims as x's, window positions and taps through one
 // coordinate per spatial dim; a coordinate that can never leave the input
 // folds into plain strides.

@@ -78,8 +78,6 @@ bool is_compute(const NodeRef& n);
 // exist in memory (like the base of a non-unit reshape).
 bool is_addressed_view(const NodeRef& n);
 
-std::optional<View> resolve_view(const NodeRef& n);
-
 // window(x): lead dims as x's, window positions and taps through one
 // coordinate per spatial dim; a coordinate that can never leave the input
 // folds into plain strides.
