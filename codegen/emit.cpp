@@ -246,8 +246,12 @@ void ExprEmitter::set_kept_point(llvm::BasicBlock* bb, int kept_width) {
 
 void ExprEmitter::clear_kept_point() { kept_bb_ = nullptr; }
 
+void ExprEmitter::set_invariant_point(llvm::BasicBlock* bb) { invariant_bb_ = bb; }
+
 Value* ExprEmitter::lookup(int node, int w) {
-  int top = in_kept_eval_ ? kept_scope_ : static_cast<int>(scopes_.size()) - 1;
+  int top = in_invariant_eval_ ? 0
+            : in_kept_eval_    ? kept_scope_
+                               : static_cast<int>(scopes_.size()) - 1;
   for (int s = top; s >= 0; --s) {
     auto it = scopes_[s].find({node, w});
     if (it != scopes_[s].end()) return it->second;
@@ -302,9 +306,44 @@ void ExprEmitter::eval_operands_first(int node) {
   }
 }
 
+// `node` (invariant) at the invariant point, width 1, memoized in the
+// outermost scope (which every loop's scopes see).
+Value* ExprEmitter::eval_invariant(int node) {
+  auto ip = b_.saveIP();
+  int saved_width = width, saved_vec = vec_dim;
+  Value* saved_mask = mask;
+  bool saved_kept = in_kept_eval_, saved_inv = in_invariant_eval_;
+  b_.SetInsertPoint(invariant_bb_->getTerminator());
+  width = 1;
+  vec_dim = -1;
+  mask = nullptr;
+  in_kept_eval_ = false;
+  in_invariant_eval_ = true;
+  Value* v = lookup(node, 1);
+  if (!v) {
+    v = eval_here(node);
+    scopes_[0][{node, 1}] = v;
+  }
+  in_invariant_eval_ = saved_inv;
+  in_kept_eval_ = saved_kept;
+  width = saved_width;
+  vec_dim = saved_vec;
+  mask = saved_mask;
+  b_.restoreIP(ip);
+  return v;
+}
+
 Value* ExprEmitter::eval_memoized(int node) {
   if (Value* v = lookup(node, width)) return v;
   const KNode& n = k_.nodes[node];
+  if (invariant_bb_ && n.invariant) {
+    Value* v = eval_invariant(node);
+    if (in_invariant_eval_) return v;
+    if (width != 1) v = splat(v, width);
+    int top = in_kept_eval_ ? kept_scope_ : static_cast<int>(scopes_.size()) - 1;
+    scopes_[top][{node, width}] = v;
+    return v;
+  }
   if (kept_bb_ && n.kept_space && !in_kept_eval_ && k_.has_reduction()) {
     // Hoist to the kept point, at the kept width; splat here if narrower.
     Value* kv = nullptr;

@@ -87,6 +87,12 @@ class ExprEmitter {
   // the reduced loops) with `kept_width`, and splat to the current width.
   void set_kept_point(llvm::BasicBlock* bb, int kept_width);
   void clear_kept_point();
+  // Invariant nodes (KNode::invariant) are evaluated once, as scalars, at
+  // `bb` (a block that dominates every loop of the kernel), and splat to the
+  // width where they are used. Without it they are evaluated where used: the
+  // loads of such a node stay in the loop, since the kernel's stores may
+  // alias them as far as LLVM knows.
+  void set_invariant_point(llvm::BasicBlock* bb);
 
   llvm::Value* eval(int node);
   void store(const Store& s, llvm::Value* v);
@@ -126,6 +132,9 @@ class ExprEmitter {
   int kept_width_ = 1;
   int kept_scope_ = 0;
   bool in_kept_eval_ = false;
+  llvm::BasicBlock* invariant_bb_ = nullptr;
+  bool in_invariant_eval_ = false;
+  llvm::Value* eval_invariant(int node);
   // eval() nesting: the outermost call evaluates the operand DAG bottom-up
   // with an explicit stack first, so a chain of 10,000 fused ops does not
   // recurse 10,000 frames deep (a stack overflow before).

@@ -21,10 +21,12 @@ void Kernel::finalize() {
   for (size_t i = 0; i < nodes.size(); ++i) {
     KNode& n = nodes[i];
     bool kept = true;
+    bool invariant = true;
     int phase = 0;
     for (int o : n.operands) {
       FJ_CHECK(o >= 0 && o < static_cast<int>(i), "kernel ", name, ": operand order");
       kept &= nodes[o].kept_space;
+      invariant &= nodes[o].invariant;
       phase = std::max(phase, nodes[o].phase);
     }
     switch (n.kind) {
@@ -34,18 +36,25 @@ void Kernel::finalize() {
         for (const Coord& c : a.coords) kept &= !varies_on_reduced(c.coef);
         for (const Indirect& ind : a.indirect)
           if (ind.check >= 0) kept &= !varies_on_reduced(ind.pos_strides);
+        invariant =
+            invariant && a.coords.empty() && a.indirect.empty() && !args.at(a.arg).written &&
+            std::all_of(a.strides.begin(), a.strides.end(), [](int64_t s) { return s == 0; });
         break;
       }
       case KOp::Compute:
-        if (n.op == ir::OpKind::CheckIndex || n.op == ir::OpKind::CheckFinite)
+        if (n.op == ir::OpKind::CheckIndex || n.op == ir::OpKind::CheckFinite) {
           kept &= !varies_on_reduced(n.index_strides);
+          invariant = false;  // reports a position
+        }
         break;
       case KOp::Index:
       case KOp::Random:
         kept = !varies_on_reduced(n.index_strides);
+        invariant = false;
         break;
       case KOp::Reduce:
         kept = true;
+        invariant = false;
         phase += 1;
         reduce_order.push_back(static_cast<int>(i));
         break;
@@ -53,6 +62,7 @@ void Kernel::finalize() {
         break;
     }
     n.kept_space = kept;
+    n.invariant = invariant && n.kind != KOp::Acc;
     n.phase = phase;
   }
   std::stable_sort(reduce_order.begin(), reduce_order.end(),

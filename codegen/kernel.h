@@ -113,7 +113,11 @@ struct KNode {
   // a NaN or an infinity, at position ivalue + that sum.
   int check = -1;
   bool kept_space = false;  // depends on no reduced index (set by Kernel::finalize)
-  int phase = 0;            // Reduce: 1 + max phase of reductions it depends on
+  // Depends on no domain index at all (set by Kernel::finalize): a constant,
+  // a load with every stride 0 from an argument the kernel does not write, or
+  // a computation of such nodes; the CPU loops compute it once per call.
+  bool invariant = false;
+  int phase = 0;  // Reduce: 1 + max phase of reductions it depends on
 };
 
 struct Store {
