@@ -290,6 +290,13 @@ Reader::Reader(ReaderOptions options) : opt_(std::move(options)) {
     FJ_USER_CHECK(in.good(), ErrorKind::Value, "ofrecord_reader: cannot open the part file '", f,
                   "': ", std::strerror(errno));
   }
+  const int64_t end = opt_.rows_end < 0 ? opt_.batch_size : opt_.rows_end;
+  FJ_USER_CHECK(opt_.rows_begin >= 0 && opt_.rows_begin < end && end <= opt_.batch_size,
+                ErrorKind::Value,
+                "ofrecord_reader: the rows to decode must be a non-empty range "
+                "within the batch of ",
+                opt_.batch_size, ", got [", opt_.rows_begin, ", ", end, ")");
+  opt_.rows_end = end;
   opt_.prefetch = std::max(opt_.prefetch, 1);
   opt_.shuffle_buffer = std::max<int64_t>(opt_.shuffle_buffer, 1);
 }
@@ -616,13 +623,12 @@ void Reader::decode_into(const std::vector<std::pair<std::string, Feature>>& rec
 void Reader::run() {
   try {
     std::mt19937_64 rng(opt_.seed);
-    image_rng_.seed(opt_.seed ^ 0x9E3779B97F4A7C15ull);
     std::vector<size_t> order(opt_.files.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     auto new_batch = [&] {
       std::vector<std::vector<char>> b;
       for (const Field& f : opt_.fields)
-        b.emplace_back(static_cast<size_t>(opt_.batch_size * ir::num_elements(f.shape) *
+        b.emplace_back(static_cast<size_t>(opt_.rows() * ir::num_elements(f.shape) *
                                            ir::dtype_bytes(f.dtype)));
       return b;
     };
@@ -633,8 +639,20 @@ void Reader::run() {
       std::string where;
     };
     std::vector<Held> buffer;
+    bool images = false;
+    for (const Field& f : opt_.fields) images |= f.is_image;
+    uint64_t sequence = 0;  // records emitted before this one, over all batches
     auto emit = [&](Held& h) {
-      decode_into(parse(h.bytes), row, batch, h.where);
+      if (row >= opt_.rows_begin && row < opt_.rows_end) {
+        if (images) {  // the record's own crop numbers (ReaderOptions::rows_begin)
+          std::seed_seq seq{static_cast<uint32_t>(opt_.seed),
+                            static_cast<uint32_t>(opt_.seed >> 32), static_cast<uint32_t>(sequence),
+                            static_cast<uint32_t>(sequence >> 32), 0x9E3779B9u};
+          image_rng_.seed(seq);
+        }
+        decode_into(parse(h.bytes), row - opt_.rows_begin, batch, h.where);
+      }
+      ++sequence;
       if (++row < opt_.batch_size) return true;
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || static_cast<int>(ready_.size()) < opt_.prefetch; });

@@ -101,6 +101,15 @@ struct ReaderOptions {
   uint64_t seed = 0;
   int prefetch = 2;  // batches decoded ahead
   std::vector<Field> fields;
+  // The rows of each batch this reader decodes and returns: [rows_begin,
+  // rows_end) of batch_size (rows_end -1: to the end). A process of a job in
+  // the mirrored view decodes only its devices' rows. Every record is still
+  // read (the order, the shuffle and the epochs are the whole batch's), and
+  // an image's random crop draws from its record's own position in the
+  // stream, so a row holds the same data whichever rows a reader keeps.
+  int64_t rows_begin = 0;
+  int64_t rows_end = -1;
+  int64_t rows() const { return (rows_end < 0 ? batch_size : rows_end) - rows_begin; }
 };
 
 class Reader {
@@ -112,8 +121,8 @@ class Reader {
   Reader(const Reader&) = delete;
   Reader& operator=(const Reader&) = delete;
 
-  // The next batch: one buffer per field, batch_size x numel(shape) elements
-  // of the field's dtype. Blocks until the thread has it; rethrows what
+  // The next batch: one buffer per field, rows() x numel(shape) elements of
+  // the field's dtype. Blocks until the thread has it; rethrows what
   // stopped the thread (a malformed record, a vanished file), naming the
   // file and the record.
   std::vector<std::vector<char>> next();

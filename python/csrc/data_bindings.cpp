@@ -18,7 +18,8 @@ void register_data(py::module_& m) {
       // field, "image": a dict of ofrecord::Field::Image's members.
       .def(py::init([](std::vector<std::string> files, int64_t batch_size, bool shuffle,
                        int64_t shuffle_buffer, bool shuffle_after_epoch, uint64_t seed,
-                       const std::vector<py::dict>& fields, int prefetch) {
+                       const std::vector<py::dict>& fields, int prefetch, int64_t rows_begin,
+                       int64_t rows_end) {
              ofr::ReaderOptions o;
              o.files = std::move(files);
              o.batch_size = batch_size;
@@ -27,6 +28,8 @@ void register_data(py::module_& m) {
              o.shuffle_after_epoch = shuffle_after_epoch;
              o.seed = seed;
              o.prefetch = prefetch;
+             o.rows_begin = rows_begin;
+             o.rows_end = rows_end;
              for (const py::dict& d : fields) {
                ofr::Field f;
                f.name = d["name"].cast<std::string>();
@@ -60,8 +63,8 @@ void register_data(py::module_& m) {
            }),
            py::arg("files"), py::arg("batch_size"), py::arg("shuffle"), py::arg("shuffle_buffer"),
            py::arg("shuffle_after_epoch"), py::arg("seed"), py::arg("fields"),
-           py::arg("prefetch") = 2)
-      // The next batch as numpy arrays, one per field (batch_size, *shape).
+           py::arg("prefetch") = 2, py::arg("rows_begin") = 0, py::arg("rows_end") = -1)
+      // The next batch as numpy arrays, one per field (rows, *shape).
       .def("next",
            [](ofr::Reader& r) {
              std::vector<std::vector<char>> batch;
@@ -72,7 +75,7 @@ void register_data(py::module_& m) {
              py::list out;
              const auto& o = r.options();
              for (size_t i = 0; i < o.fields.size(); ++i) {
-               std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(o.batch_size)};
+               std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(o.rows())};
                for (int64_t d : o.fields[i].shape) shape.push_back(static_cast<py::ssize_t>(d));
                py::array a(to_numpy_dtype(o.fields[i].dtype), shape);
                std::memcpy(a.mutable_data(), batch[i].data(), batch[i].size());

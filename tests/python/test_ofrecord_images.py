@@ -219,3 +219,27 @@ def test_png_images_of_every_kind_decode_as_opencv_reads_them(tmp_path):
 
     with pytest.raises(ValueError, match=r"record 0 is not a PNG image flowjit can decode \(.+\)"):
         bad()
+
+
+def _crop_reader(d, rows=(0, -1)):
+    field = {"name": "encoded", "shape": [10, 12, 3], "dtype": flow.uint8.c,
+             "image": {"random_crop": True, "resize_h": 10, "resize_w": 12}}
+    return flow._C.OFRecordReader([os.path.join(d, "part-0")], 4, True, 3, False, 5, [field],
+                                  rows_begin=rows[0], rows_end=rows[1])
+
+
+def test_a_reader_of_some_rows_decodes_the_same_crops(dataset):
+    """A reader that decodes rows [1, 3) of each batch (a process's share in
+    the mirrored view) gives exactly those rows of the whole batch, random
+    crops included: a record's crop comes from its own place in the stream,
+    not from the images decoded before it."""
+    d, _ = dataset
+    whole, part = _crop_reader(d), _crop_reader(d, (1, 3))
+    for _ in range(4):  # 16 records: past the 6 of the data set, and reshuffled
+        (a,), (b,) = whole.next(), part.next()
+        assert b.shape == (2, 10, 12, 3)
+        np.testing.assert_array_equal(b, a[1:3])
+    assert whole.records_read >= 16 and part.records_read >= 16
+    for bad in ((3, 3), (-1, 2), (0, 5)):
+        with pytest.raises(ValueError, match="rows to decode"):
+            _crop_reader(d, bad)

@@ -935,9 +935,9 @@ class JobFunction:
             if compiled.data_split is None:
                 flat_t += tuple(reader.next())
                 continue
-            total, first, local = compiled.data_split  # the mirrored view: this process's devices' rows
+            local = compiled.data_split[2]  # the mirrored view: the reader decodes this process's rows
             for a in reader.next():
-                flat_t += tuple(np.split(a, total)[first:first + local])
+                flat_t += tuple(np.split(a, local))
         if compiled.mode != "sync":
             fut = _futures.Future(self._name) if compiled.mode == "callback" else _futures.LegacyFuture(self._name)
             finish = compiled.async_result
@@ -1139,7 +1139,7 @@ class JobFunction:
                               for blob, handler, form in builder.watches + builder.watch_diffs],
                              n_user, self._name,
                              _compiled.CompiledJob(job, self._name, sig, stages))
-        compiled.feeds = [src.open() for src in builder.data_sources if src.fields]
+        compiled.feeds = [src.open(builder.data_split) for src in builder.data_sources if src.fields]
         compiled.data_split = builder.data_split
         self._cache[key] = compiled
         if (self._numpy_only and mode == "sync" and not any(_is_split_key(k) for k in key)

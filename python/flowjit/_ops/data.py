@@ -129,12 +129,21 @@ class OFRecordSource:
         self.params.append(index)
         return blob
 
-    def open(self):
-        """The native reader of this source (a new one per compiled job)."""
+    def open(self, data_split=None):
+        """The native reader of this source (a new one per compiled job).
+        With a job's data_split (the mirrored view: every process's devices,
+        this process's first, its count) it decodes only this process's
+        rows of each batch."""
+        rows = (0, -1)
+        if data_split:
+            total, first, local = data_split
+            per = self.batch_size // total
+            rows = (first * per, (first + local) * per)
         return _C.OFRecordReader(self.files, self.batch_size, self.shuffle, self.shuffle_buffer,
                                  self.shuffle_after_epoch, self.seed,
                                  [{"name": n, "shape": list(s), "dtype": d.c, "truncate": t, "image": im}
-                                  for n, s, d, t, im in self.fields])
+                                  for n, s, d, t, im in self.fields],
+                                 rows_begin=rows[0], rows_end=rows[1])
 
     def __repr__(self):
         return f"<OFRecord source {self.name}: {len(self.files)} part file(s), batch {self.batch_size}>"
