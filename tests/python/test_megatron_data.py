@@ -519,3 +519,26 @@ def test_a_mirrored_job_gives_each_device_its_rows(tmp_path):
         flow.clear_default_session()
         flow.config.cpu_device_num(1)
     assert [[a.tolist() for a in parts] for parts in got] == [[w[:1].tolist(), w[1:].tolist()] for w in want]
+
+
+def test_a_process_of_a_mirrored_job_reads_only_its_rows(tmp_path):
+    """The loader opened for the second of two processes of 2 devices each
+    (the job's data split (4, 2, 2)) reads rows 2..3 of every batch of 4:
+    those the whole batch has there."""
+    md.write(tmp_path / "c", [[1, 2, 3, 4, 5], [6, 7, 8], [9, 10, 11, 12]])
+    flow.clear_default_session()
+
+    @flow.global_function()
+    def job() -> tp.Numpy:
+        return flow.data.megatron_gpt_mmap_data_loader(str(tmp_path / "c"), 2, 12, 4, shuffle=False)
+
+    try:
+        job()
+        src = next(iter(job._cache.values())).feeds[0].src
+        whole, part = src.open(), src.open((4, 2, 2))
+        for _ in range(2):
+            (a,), (b,) = whole.next(), part.next()
+            assert b.shape == (2, 3)
+            np.testing.assert_array_equal(b, a[2:4])
+    finally:
+        flow.clear_default_session()

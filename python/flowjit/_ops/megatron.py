@@ -385,18 +385,24 @@ class MegatronSource:
         self.fields = [name]
         self.params = []
 
-    def open(self):
+    def open(self, data_split=None):
         """The reader of this source: a new one per compiled job, starting at
-        the first batch (or at the saved iteration)."""
-        return _MegatronReader(self)
+        the first batch (or at the saved iteration). With a job's data_split
+        (the mirrored view) it reads only this process's rows of each batch."""
+        rows = (0, self.batch_size)
+        if data_split:
+            total, first, local = data_split
+            per = self.batch_size // total
+            rows = (first * per, (first + local) * per)
+        return _MegatronReader(self, rows)
 
     def __repr__(self):
         return f"<Megatron GPT source {self.name}: {self.dataset.index.idx_path}, batch {self.batch_size}>"
 
 
 class _MegatronReader:
-    def __init__(self, src):
-        self.src, self.iteration = src, 0
+    def __init__(self, src, rows):
+        self.src, self.rows, self.iteration = src, rows, 0
 
     def next(self):
         src = self.src
@@ -412,9 +418,10 @@ class _MegatronReader:
             raise RuntimeError(f"{ds.api} '{src.name}': batch {it} needs samples {first}..{first + b - 1}, and "
                                f"the data set made for num_samples={ds.num_samples} has {len(ds)} "
                                f"({ds.num_epochs} epoch(s) of '{ds.index.idx_path}'); give a larger num_samples")
-        out = np.empty((b, ds.seq_length + 1), src.dtype.np)
-        for i in range(b):
-            ds.sample(first + i, out[i])
+        lo, hi = self.rows
+        out = np.empty((hi - lo, ds.seq_length + 1), src.dtype.np)
+        for i in range(lo, hi):
+            ds.sample(first + i, out[i - lo])
         if src.progress is not None:
             _C.set_variable_value(src.progress, np.array([it + 1], np.int64))
         else:
