@@ -14,6 +14,17 @@ namespace flowjit::codegen {
 
 using llvm::Value;
 
+llvm::BasicBlock* open_hoist_block(llvm::IRBuilderBase& b, const char* name, const char* next) {
+  llvm::Function* f = b.GetInsertBlock()->getParent();
+  auto* hoist = llvm::BasicBlock::Create(b.getContext(), name, f);
+  auto* cont = llvm::BasicBlock::Create(b.getContext(), next, f);
+  b.CreateBr(hoist);
+  b.SetInsertPoint(hoist);
+  b.CreateBr(cont);
+  b.SetInsertPoint(cont);
+  return hoist;
+}
+
 void emit_for(llvm::IRBuilderBase& b, Value* lo, Value* hi, Value* step,
               const std::function<void(Value*)>& body, const char* name) {
   llvm::Function* f = b.GetInsertBlock()->getParent();

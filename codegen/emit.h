@@ -30,6 +30,12 @@ class MathProvider {
                               llvm::Value* seed, llvm::Type* type) = 0;
 };
 
+// An empty block `name` (just a branch on) where code is hoisted later,
+// inserted at the builder's position, which continues in a new block `next`;
+// leaves the builder there and returns the hoisting block (its terminator is
+// where hoisted code goes). Shared by every backend's loop structure.
+llvm::BasicBlock* open_hoist_block(llvm::IRBuilderBase& b, const char* name, const char* next);
+
 // for (iv = lo; iv < hi; iv += step) body(iv), iv of lo's type; leaves the
 // builder after the loop. Shared by every backend's loop structure.
 void emit_for(llvm::IRBuilderBase& b, llvm::Value* lo, llvm::Value* hi, llvm::Value* step,

@@ -84,13 +84,7 @@ class LoopKernelEmitter {
     nt_store_ = streaming_store();
 
     // The invariant point: a block between the entry and the loops.
-    auto* inv = llvm::BasicBlock::Create(m_.getContext(), "invariant", f_);
-    auto* loops = llvm::BasicBlock::Create(m_.getContext(), "loops", f_);
-    b_.CreateBr(inv);
-    b_.SetInsertPoint(inv);
-    b_.CreateBr(loops);
-    b_.SetInsertPoint(loops);
-    e_->set_invariant_point(inv);
+    e_->set_invariant_point(open_hoist_block(b_, "invariant", "loops"));
 
     emit_kept_loops(0);
     // Streaming stores are weakly ordered: fence them before the kernel
@@ -379,15 +373,7 @@ class LoopKernelEmitter {
 
   // A block that dominates the following reduced loops, where kept-space
   // values are computed once per kept point.
-  void open_kept_point(int w) {
-    auto* kb = llvm::BasicBlock::Create(m_.getContext(), "kept", f_);
-    auto* cont = llvm::BasicBlock::Create(m_.getContext(), "reduce", f_);
-    b_.CreateBr(kb);
-    b_.SetInsertPoint(kb);
-    b_.CreateBr(cont);
-    b_.SetInsertPoint(cont);
-    e_->set_kept_point(kb, w);
-  }
+  void open_kept_point(int w) { e_->set_kept_point(open_hoist_block(b_, "kept", "reduce"), w); }
 
   struct Accum {
     int node;

@@ -212,15 +212,7 @@ class LoopEmitter {
 
   // A block that dominates the following loop over the reduced points, where
   // kept-space values are computed once per kept point.
-  void open_kept_point() {
-    auto* kb = llvm::BasicBlock::Create(m_.getContext(), "kept", f_);
-    auto* cont = llvm::BasicBlock::Create(m_.getContext(), "reduce", f_);
-    b_.CreateBr(kb);
-    b_.SetInsertPoint(kb);
-    b_.CreateBr(cont);
-    b_.SetInsertPoint(cont);
-    e_->set_kept_point(kb, 1);
-  }
+  void open_kept_point() { e_->set_kept_point(open_hoist_block(b_, "kept", "reduce"), 1); }
 
   // Every G-th reduced point, starting at this thread's lane.
   void for_my_reduced_points(int64_t red_points, const std::function<void()>& body) {
