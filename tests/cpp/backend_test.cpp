@@ -22,11 +22,7 @@ using namespace flowjit::ir;
 
 namespace {
 
-NodeRef param(const std::string& name, int64_t index, Shape s) {
-  return make_node(
-      OpKind::Parameter, {},
-      Attrs{{"name", name}, {"index", index}, {"shape", s}, {"dtype", DType::Float32}});
-}
+using flowjit::testing::param;
 
 TEST(Backend, TargetIdIsWrittenInOnePlace) {
   codegen::TargetId cpu = codegen::cpu::host_target_id();

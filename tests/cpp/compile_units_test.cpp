@@ -20,10 +20,7 @@ namespace cpu = flowjit::codegen::cpu;
 
 namespace {
 
-NodeRef param(const std::string& name, int64_t index, Shape s, DType dt = DType::Float32) {
-  return make_node(OpKind::Parameter, {},
-                   Attrs{{"name", name}, {"index", index}, {"shape", s}, {"dtype", dt}});
-}
+using flowjit::testing::param;
 
 // Two independent copies of one computation (a layer), plus a different one.
 Graph twins() {

@@ -13,16 +13,14 @@
 #include "jit/pipeline.h"
 #include "runtime/comm/collective.h"
 #include "runtime/executable.h"
+#include "tests/cpp/test_util.h"
 
 using namespace flowjit;
 using namespace flowjit::ir;
 
 namespace {
 
-NodeRef param(const std::string& name, int index, const Shape& s, DType dt = DType::Float32) {
-  return make_node(OpKind::Parameter, {},
-                   Attrs{{"name", name}, {"index", int64_t{index}}, {"shape", s}, {"dtype", dt}});
-}
+using flowjit::testing::param;
 
 NodeRef variable(const std::string& name, const Shape& s) {
   return make_node(OpKind::Variable, {},

@@ -7,16 +7,14 @@
 #include "ir/error.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
+#include "tests/cpp/test_util.h"
 
 using namespace flowjit;
 using namespace flowjit::ir;
 
 namespace {
 
-NodeRef param(const std::string& name, int64_t index, Shape s, DType dt = DType::Float32) {
-  return make_node(OpKind::Parameter, {},
-                   Attrs{{"name", name}, {"index", index}, {"shape", s}, {"dtype", dt}});
-}
+using flowjit::testing::param;
 
 NodeRef variable(const std::string& name, Shape s, DType dt = DType::Float32) {
   return make_node(OpKind::Variable, {}, Attrs{{"name", name}, {"shape", s}, {"dtype", dt}});

@@ -20,16 +20,14 @@
 #include "ir/error.h"
 #include "jit/compile.h"
 #include "jit/fusion.h"
+#include "tests/cpp/test_util.h"
 
 using namespace flowjit;
 using namespace flowjit::ir;
 
 namespace {
 
-NodeRef param(const std::string& name, int64_t index, Shape s, DType dt = DType::Float32) {
-  return make_node(OpKind::Parameter, {},
-                   Attrs{{"name", name}, {"index", index}, {"shape", s}, {"dtype", dt}});
-}
+using flowjit::testing::param;
 
 // The math of the CPU backend, without its constant pinning (which changes
 // no value).

@@ -66,10 +66,7 @@ namespace {
 
 // ---------------------------------------------------------------- graphs
 
-NodeRef param(const std::string& name, int64_t index, Shape s, DType dt = DType::Float32) {
-  return make_node(OpKind::Parameter, {},
-                   Attrs{{"name", name}, {"index", index}, {"shape", s}, {"dtype", dt}});
-}
+using flowjit::testing::param;
 NodeRef variable(const std::string& name, Shape s, DType dt = DType::Float32) {
   return make_node(OpKind::Variable, {}, Attrs{{"name", name}, {"shape", s}, {"dtype", dt}});
 }

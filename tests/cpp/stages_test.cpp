@@ -5,17 +5,14 @@
 
 #include "ir/error.h"
 #include "jit/stages.h"
+#include "tests/cpp/test_util.h"
 
 using namespace flowjit;
 using namespace flowjit::ir;
 
 namespace {
 
-NodeRef param(const std::string& name, int index, const Shape& s) {
-  return make_node(
-      OpKind::Parameter, {},
-      Attrs{{"name", name}, {"index", int64_t{index}}, {"shape", s}, {"dtype", DType::Float32}});
-}
+using flowjit::testing::param;
 
 NodeRef variable(const std::string& name, const Shape& s) {
   return make_node(OpKind::Variable, {},

@@ -9,6 +9,7 @@
 
 #include "abi/launch.h"
 #include "codegen/kernel.h"
+#include "ir/node.h"
 
 namespace flowjit::testing {
 
@@ -35,6 +36,13 @@ inline std::vector<abi::Launch> launch_records(const std::vector<codegen::Kernel
   std::vector<abi::Launch> out(kernels.size());
   for (size_t i = 0; i < kernels.size(); ++i) out[i].symbol = kernels[i].name;
   return out;
+}
+
+// A job parameter: a Parameter node named `name`, the job's argument `index`.
+inline ir::NodeRef param(const std::string& name, int64_t index, const ir::Shape& s,
+                         ir::DType dt = ir::DType::Float32) {
+  return ir::make_node(ir::OpKind::Parameter, {},
+                       ir::Attrs{{"name", name}, {"index", index}, {"shape", s}, {"dtype", dt}});
 }
 
 }  // namespace flowjit::testing
