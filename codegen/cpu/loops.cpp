@@ -123,10 +123,15 @@ class LoopKernelEmitter {
   static constexpr double kStreamingStoreL2s = 4;
 
   // The vectorized kept loop over [lo, hi) when the output streams: scalar
-  // iterations until the store address is aligned to a whole vector
-  // (non-temporal vector stores must be), then the vector loop with
-  // streaming stores, then at most one vector and the scalar tail. An
-  // address that is not even element-aligned runs every iteration scalar.
+  // iterations until the store address is aligned to a whole iteration of
+  // the vector loop (kStreamingVectors vectors, stored as one vector whose
+  // alignment the store claims: non-temporal vector stores must be aligned,
+  // and LLVM stores a two-vector value with one instruction where the
+  // target's vectors are wider than the kernel's, e.g. 16 floats at once
+  // in a kernel of 8 lanes for its int64 indices on AVX-512), then the
+  // vector loop with streaming stores, then at most one vector and the
+  // scalar tail. An address that is not even element-aligned runs every
+  // iteration scalar.
   //
   // The vector loop runs kStreamingVectors vectors per iteration and
   // prefetches its contiguous inputs kPrefetchBytes ahead. Measured on an
@@ -145,7 +150,7 @@ class LoopKernelEmitter {
     const Store& s = *nt_store_;
     DType t = k_.args.at(s.where.arg).dtype;
     int64_t elem = ir::dtype_bytes(t);
-    int64_t vbytes = elem * lanes_;
+    int64_t vbytes = elem * lanes_ * kStreamingVectors;
     e_->idx[d] = lo;
     Value* first = b_.CreateGEP(mem_type(m_.getContext(), t), ptrs_.at(s.where.arg),
                                 e_->element_offset(s.where.strides, s.where.offset));
