@@ -4,9 +4,10 @@ PyTorch (bfloat16 matmul; torch.autocast("cpu", dtype=torch.bfloat16)) in
 the same run.
 
 Which kernels flowjit's half types get depends on the host: this line of the
-header says it. Where the CPU has no bfloat16/float16 dot-product
-instructions flowjit widens the operands to float32 around its float32
-kernel, so the half figures measure that fallback, not half arithmetic.
+header says it. bfloat16 matmuls run on a vdpbf16ps micro-kernel where the
+CPU has AVX512-BF16; elsewhere (and for float16, which has no CPU
+micro-kernel) flowjit widens the operands to float32 around its float32
+kernel, so those figures measure that fallback, not half arithmetic.
 
     python benchmarks/bench_half.py
 """
@@ -23,8 +24,11 @@ def _half_support():
     b = _C.build_info()
     feats = set(b.get("target", "").split(";")[2].split(",")) if b.get("target") else set()
     have = [f for f in ("+avx512bf16", "+amx-bf16", "+avx512fp16", "+f16c") if f in feats]
+    kernel = ("bfloat16 on the vdpbf16ps micro-kernel (float32 sums), float16 as float32 behind "
+              "conversions" if b.get("bf16_matmuls") else
+              "float32 kernel behind conversions (no bfloat16 dot-product instructions)")
     return ("host has " + (", ".join(h.lstrip("+") for h in have) or "no half-precision instructions")
-            + "; flowjit's half matmul: float32 kernel behind conversions (no half micro-kernel yet)")
+            + "; flowjit's half matmul: " + kernel)
 
 
 def _matmul_job(name, m, n, k, dt):
@@ -120,6 +124,39 @@ def run_train(torch, nthreads):
     return rows
 
 
+def run_lenet(torch, nthreads):
+    """examples/lenet_train.py's step (Adam, b100): float32 and AMP bfloat16,
+    against the same model in PyTorch in float32 and under autocast."""
+    import os
+    import sys
+
+    import flowjit as flow
+    sys.path.insert(0, os.path.join(C.ROOT, "examples"))
+    import bench_conv
+    import lenet_train as L
+    rng = np.random.default_rng(0)
+    xi = rng.standard_normal((L.BATCH_SIZE, 1, 28, 28)).astype(np.float32)
+    li = rng.integers(0, 10, L.BATCH_SIZE).astype(np.int32)
+    case = f"lenet step b{L.BATCH_SIZE} (adam)"
+    rows = []
+    for tag, amp in (("flowjit f32", None), ("flowjit AMP bf16", flow.bfloat16)):
+        flow.clear_default_session()
+        job = L.define_jobs("adam", amp=amp)
+        job(xi, li)
+        (best, med), = C.interleaved({tag: lambda: job(xi, li)}).values()
+        rows.append(C.row("half train step", case, tag, best * 1e3, med * 1e3, "ms"))
+    flow.clear_default_session()
+    if torch is not None:
+        for name, step in bench_conv.torch_lenet_steps(torch, xi, li):
+            def autocast_step(step=step):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    return step()
+            for impl, (best, med) in C.interleaved({f"{name} f32": step,
+                                                    f"{name} autocast bf16": autocast_step}).items():
+                rows.append(C.row("half train step", case, impl, best * 1e3, med * 1e3, "ms"))
+    return rows
+
+
 def run():
     C.print_load("(half)")
     from flowjit import _C
@@ -129,7 +166,7 @@ def run():
     if torch is not None:
         torch.set_num_threads(nthreads)
         print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads")
-    return run_matmul(torch, nthreads) + run_train(torch, nthreads)
+    return run_matmul(torch, nthreads) + run_train(torch, nthreads) + run_lenet(torch, nthreads)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,15 @@ arithmetic; flowjit's dropout is one counter-based random draw fused into its
 consumers). The peers hold their parameters and batch as their own tensors, so
 no conversion is timed.
 
-    python benchmarks/bench_transformer.py [--batch 32] [--context 128] [--width 128]
+    python benchmarks/bench_transformer.py [--batch 32] [--context 128] [--width 128] [--amp]
+
+`--amp`: automatic mixed precision in bfloat16 for flowjit (OneFlow's
+enable_auto_mixed_precision) and PyTorch (the loss under
+torch.autocast("cpu", dtype=torch.bfloat16)), beside flowjit's float32 step;
+JAX has no automatic mixed precision and is left out.
 """
 import argparse
+import dataclasses
 import functools
 import math
 import os
@@ -110,12 +116,18 @@ def run(args):
     C.print_load("(transformer)")
     nthreads = _C.num_threads()
     cfg = lm.Config(batch=args.batch, context=args.context, width=args.width, heads=args.heads,
-                    dropout=0.0, steps=10 ** 6)
-    case = f"lm b{cfg.batch} t{cfg.context} c{cfg.width} h{cfg.heads} l{cfg.layers}"
+                    dropout=0.0, steps=10 ** 6, amp=flow.bfloat16 if args.amp else None)
+    case = (f"lm b{cfg.batch} t{cfg.context} c{cfg.width} h{cfg.heads} l{cfg.layers}"
+            + (" AMP bf16" if args.amp else ""))
     data = lm.encode(lm.stdlib_text(400_000))
     tok, tgt = lm.batches(data, cfg, np.random.default_rng(0))
     fns, syncs, notes, skipped = {}, {}, {}, []
 
+    if args.amp:  # flowjit's float32 step beside its AMP one
+        f32_job, _ = lm.make_jobs(dataclasses.replace(cfg, amp=None))
+        f32_job(tok, tgt)
+        fns["flowjit f32"] = lambda: f32_job(tok, tgt)
+        notes["flowjit f32"] = f"float32 throughout, {f32_job.compiled_jobs()[0].num_kernels} kernels, {nthreads} threads"
     train_job, eval_job = lm.make_jobs(cfg)
     eval_job(tok, tgt)
     init = {n: np.array(v) for n, v in flow.get_all_variables().items() if not n.startswith("System-")}
@@ -138,10 +150,17 @@ def run(args):
             return P, torch.optim.Adam(P.values(), lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, foreach=True)
 
         loss_fn = functools.partial(_torch_loss, torch, cfg=cfg)
+        if args.amp:
+            f32_loss = loss_fn
+
+            def loss_fn(p, a, b):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    return f32_loss(p, a, b)
         P, opt = setup()
         fns["torch eager"] = functools.partial(
             _torch_step(torch, lambda p, a, b: loss_fn(p, a, b), P, opt, cfg.clip_norm), tt, ty)
-        notes["torch eager"] = f"torch {torch.__version__}, {nthreads} threads, foreach Adam"
+        notes["torch eager"] = (f"torch {torch.__version__}, {nthreads} threads, foreach Adam"
+                                      + (", autocast bfloat16" if args.amp else ""))
         crash = C.torch_compile_failure()
         if crash:
             skipped.append(C.skipped("transformer", case, "torch.compile", crash))
@@ -152,14 +171,17 @@ def run(args):
                 cstep = _torch_step(torch, compiled, P2, opt2, cfg.clip_norm)
                 cstep(tt, ty)
                 fns["torch.compile"] = functools.partial(cstep, tt, ty)
-                notes["torch.compile"] = "inductor, default mode, forward + backward compiled"
+                notes["torch.compile"] = ("inductor, default mode, forward + backward compiled"
+                                                + (", autocast bfloat16" if args.amp else ""))
             except Exception as e:  # noqa: BLE001 - a peer's failure is reported, not fatal
                 why = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
                 print(f"# SKIP torch.compile: {why}")
                 skipped.append(C.skipped("transformer", case, "torch.compile", f"failed: {why}"))
 
-    jax = C.peer("jax")
-    if jax is None:
+    jax = None if args.amp else C.peer("jax")
+    if args.amp:
+        skipped.append(C.skipped("transformer", case, "jax.jit", "no automatic mixed precision in JAX"))
+    elif jax is None:
         skipped.append(C.skipped("transformer", case, "jax.jit", "jax is not installed"))
     else:
         import jax.numpy as jnp
@@ -192,6 +214,7 @@ if __name__ == "__main__":
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--amp", action="store_true", help="bfloat16 automatic mixed precision (flowjit, torch)")
     a = ap.parse_args()
     C.header()
     C.print_rows(run(a), "transformer LM train step (best and median of 5 repetitions after warm-up)")

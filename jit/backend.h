@@ -108,6 +108,9 @@ struct CachedCodeChecks {
 // TargetId::str()); null when no registered backend writes such entries.
 const CachedCodeChecks* cached_code_checks(const std::string& target);
 
+// What the graph passes may assume of `target` (jit/pipeline.h): which half
+// matmuls its code generator computes natively.
+OptimizeOptions optimize_options(const Target& target);
 // The backend for `target` (the registration table is in backend.cpp).
 // UserError when `job` cannot run there (e.g. several devices on a GPU, a
 // GPU older than every supported SM).

@@ -405,7 +405,7 @@ CompiledJob compile_job(const JobDescription& job, const CompileSettings& settin
   if (settings.debug >= 2) diag(2, job.name + " traced:\n" + out.ir_traced);
 
   auto t_passes = std::chrono::steady_clock::now();
-  Graph opt = optimize(g, log, OptimizeOptions{settings.target.is_gpu()});
+  Graph opt = optimize(g, log, optimize_options(settings.target));
   for (auto& p : g.params) out.logical_inputs.push_back(p->type());
   for (auto& o : g.outputs) out.logical_outputs.push_back(o->type());
   if (job.distribution.stages.size() > 1) {

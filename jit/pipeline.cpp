@@ -109,7 +109,8 @@ Graph optimize(const Graph& input, PassLog& log, const OptimizeOptions& options)
   run("transpose_fold", transpose_fold);
   run("layout", layout);
   run("decompose", decompose);
-  run("widen_half", [&](const Graph& x) { return widen_half(x, options.gpu); });
+  run("widen_half",
+      [&](const Graph& x) { return widen_half(x, options.f16_matmuls, options.bf16_matmuls); });
   run("reshape_sink", reshape_sink);
   run("simplify", simplify);
   run("fold", fold);

@@ -26,7 +26,11 @@ struct PassLog {
 
 // What the passes may assume of the target.
 struct OptimizeOptions {
-  bool gpu = false;  // half-precision matmuls stay half (widen_half)
+  // The half types whose matmuls the target computes natively, which
+  // widen_half keeps (the others run in float32): both on a GPU (tensor
+  // cores), bfloat16 on a CPU with AVX512-BF16 (jit/backend.h, optimize_options).
+  bool f16_matmuls = false;
+  bool bf16_matmuls = false;
 };
 
 // Runs the passes in order, verifying the IR after each one:

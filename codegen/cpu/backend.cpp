@@ -136,6 +136,7 @@ CpuTarget make_target(const std::string& cpu, const llvm::StringMap<bool>& feats
   };
   t.vector_bits = has("avx512f") ? 512 : has("avx2") ? 256 : has("avx") ? 256 : 128;
   t.has_fma = has("fma");
+  t.has_avx512bf16 = t.vector_bits >= 512 && has("avx512bf16");
   if (int64_t l1 = read_cache_size(1, "Data")) t.l1d_bytes = l1;
   if (int64_t l2 = read_cache_size(2, "Unified")) t.l2_bytes = l2;
   t.threads = std::max(1u, std::thread::hardware_concurrency());
@@ -375,6 +376,7 @@ std::string CpuTarget::id() const { return target_id().str(); }
 TargetId host_target_id() { return host_target().target_id(); }
 int host_vector_bits() { return host_target().vector_bits; }
 bool host_has_fma() { return host_target().has_fma; }
+bool bf16_matmuls(const std::string& cpu) { return target_for(cpu).has_avx512bf16; }
 
 llvm::Function* declare_kernel(llvm::Module& m, const std::string& name, const CpuTarget& t,
                                bool seeded) {

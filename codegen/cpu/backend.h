@@ -101,6 +101,10 @@ bool host_runs(const std::string& cpu);
 int host_vector_bits();
 // Whether the host's kernels fuse multiply-adds (an FMA unit, not masked by FLOWJIT_CPU).
 bool host_has_fma();
+// Whether bfloat16 matmuls run as bfloat16 on target `cpu` (CompileOptions::cpu;
+// empty: the host): its CPU has AVX512-BF16 dot products. Else jit/passes/widen_half
+// runs them in float32.
+bool bf16_matmuls(const std::string& cpu);
 
 // Assembly for the host from LLVM IR text kept in the cache (for the cache
 // tool's `show --asm`). Throws UserError(Value) for unparsable text.

@@ -22,6 +22,9 @@ struct CpuTarget {
   std::string features;   // "+avx512f,+fma,..."
   int vector_bits = 128;  // widest vector unit: 512 with AVX-512, 256 with AVX2
   bool has_fma = false;
+  // AVX512-BF16: vdpbf16ps, two bfloat16 products per float32 lane (the
+  // bfloat16 matmul micro-kernel, matmul.cpp).
+  bool has_avx512bf16 = false;
   int64_t l1d_bytes = 32 << 10;
   int64_t l2_bytes = 1 << 20;
   int threads = 1;

@@ -36,6 +36,7 @@
 // instructions as emitted and optimized).
 #include <llvm/IR/ConstantFolder.h>
 #include <llvm/IR/Intrinsics.h>
+#include <llvm/IR/IntrinsicsX86.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -207,6 +208,8 @@ struct Blocking {
   // its rows, packing it per task would copy the same panels once per batch
   // (a gather per element for a data gradient's flipped filter).
   bool a_once = false;
+  // The bfloat16 micro-kernel (choose_blocking's `pairs`).
+  bool pairs = false;
 };
 
 // Whether operand A is the same in every batch: no batch digit of extent > 1
@@ -320,11 +323,16 @@ Blocking choose_dot(const MatMulSpec& mm, Blocking bl, const CpuTarget& t, int e
   return bl;
 }
 
-Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& t) {
+// `pairs`: the bfloat16 micro-kernel (vdpbf16ps): float32 accumulators,
+// 2-byte operands packed in k pairs (both always packed), K blocks of an
+// even length.
+Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& t,
+                         bool pairs = false) {
   Blocking bl;
-  bl.vl = t.lanes(elem_bytes);
+  bl.pairs = pairs;
+  bl.vl = t.lanes(pairs ? 4 : elem_bytes);
   bl.regs = vector_registers(t);
-  if (dot_applies(mm, bl.vl)) return choose_dot(mm, bl, t, elem_bytes);
+  if (!pairs && dot_applies(mm, bl.vl)) return choose_dot(mm, bl, t, elem_bytes);
   const int regs = bl.regs;
   // Accumulators MR x (NR / VL) plus NR / VL B vectors plus one broadcast
   // (and one product temporary where there is no FMA).
@@ -353,9 +361,14 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   // Each K block costs a pass over the C tiles (loaded and stored around the
   // micro-kernel), so fewer, longer blocks win as long as the packed panels
   // stream from L2; the KC x NR panel is reused across the MC / MR row tiles.
-  int64_t kc_max = std::clamp<int64_t>(2 * t.l1d_bytes / (elem_bytes * bl.nr), 128, 512);
+  int64_t kc_max =
+      std::clamp<int64_t>(2 * t.l1d_bytes / (elem_bytes * bl.nr), 128, pairs ? 1024 : 512);
   bl.num_kb = std::max<int64_t>(1, ceil_div(mm.k, kc_max));
   bl.kc = std::max<int64_t>(1, ceil_div(mm.k, bl.num_kb));
+  if (pairs && bl.num_kb > 1) {  // no k pair across two blocks
+    bl.kc = round_up(bl.kc, 2);
+    bl.num_kb = ceil_div(mm.k, bl.kc);
+  }
   // MC: the packed A block (MC x KC), reused across every column panel of the
   // task, in half of L2.
   int64_t mc_max =
@@ -417,6 +430,7 @@ Blocking choose_blocking(const MatMulSpec& mm, int elem_bytes, const CpuTarget& 
   bool a_rows_spread =
       mm.plain(0) && mm.a.strides[2] == 1 && (mm.a.strides[1] * elem_bytes) % 128 != 0;
   bl.pack_a = !(mm.plain(0) && (bl.task_cols <= bl.nr || a_rows_spread));
+  if (pairs) bl.pack_a = bl.pack_b = true;  // the k pairs' layout
   // Row tiles outside when the B micro-panel (KC x NR) does not fit L1d but
   // the A micro-panel (MR x KC) fits half of it, and the task's B block (KC
   // x its columns) half of L2: B's panel then streams from L2 either way,
@@ -456,6 +470,7 @@ std::string describe_blocking(const Kernel& k, const Blocking& bl, const CpuTarg
          std::to_string(bl.mc) + ", nc " + std::to_string(bl.nc) + ", A " +
          (bl.pack_a ? (bl.a_once ? "packed once for all batches" : "packed") : "in place") +
          ", B " + (bl.pack_b ? "packed" : "in place") +
+         (bl.pairs ? ", bfloat16 k pairs (vdpbf16ps)" : "") +
          (bl.rows_outer ? ", row tiles outside" : ", column panels outside");
     if (bl.num_kb > 1)
       s += bl.acc_out ? ", K blocks sum in the output" : ", K blocks sum in scratch";
@@ -477,11 +492,18 @@ class MatMulEmitter {
     FJ_CHECK((mm_.plain(0) || !mm_.a_rows.empty()) && (mm_.plain(1) || !mm_.b_rows.empty()),
              "matmul kernel ", k.name, ": operand strides must be (batch, row, col) or digits");
     dt_ = k.args.at(mm_.a.arg).dtype;
-    eb_ = ir::dtype_bytes(dt_);
+    // bfloat16 operands: the vdpbf16ps micro-kernel, float32 accumulators
+    // (jit/passes/widen_half widens them on targets without it).
+    const bool pairs = dt_ == DType::BFloat16;
+    FJ_CHECK(!pairs || (t.has_avx512bf16 && mm_.plain(0) && mm_.plain(1)), "matmul kernel ", k.name,
+             ": bfloat16 operands need AVX512-BF16 and plain accesses");
+    FJ_CHECK(!ir::is_half(dt_) || pairs, "matmul kernel ", k.name, " of ", ir::dtype_name(dt_),
+             " has no CPU micro-kernel (widen_half widens it)");
+    eb_ = pairs ? 4 : ir::dtype_bytes(dt_);  // of the accumulators and the sums kept
     is_float_ = ir::is_float(dt_);
-    bl_ = choose_blocking(mm_, eb_, t);
+    bl_ = choose_blocking(mm_, ir::dtype_bytes(dt_), t, pairs);
     bool hold = false;
-    c_store_ = c_store_index(k_, dt_, &hold);
+    c_store_ = c_store_index(k_, pairs ? DType::Float32 : dt_, &hold);
     bl_.acc_out = bl_.path == Path::Gemm && hold;
     if (debug_enabled()) ir::diag(1, describe_blocking(k_, bl_, t_));
   }
@@ -495,21 +517,37 @@ class MatMulEmitter {
     e_ = std::make_unique<ExprEmitter>(k_, b_, math_, ptrs_);
     et_ = reg_type(c, dt_);
     vt_ = with_width(et_, bl_.vl);
+    ot_ = bl_.pairs ? mem_type(c, dt_) : et_;
 
     // Scratch: Ap (MC x KC), Bp (KC x NC), and partial sums when K is blocked.
     Value* scratch = f_->getArg(3);
-    int64_t ap_elems =
-        bl_.pack_a ? round_up(bl_.mc, bl_.mr) * bl_.kc * (bl_.a_once ? bl_.num_kb : 1) : 0;
-    int64_t bp_elems = bl_.pack_b ? round_up(bl_.nc, bl_.nr) * bl_.kc : 0;
-    int64_t cp_elems = bl_.num_kb > 1 && !bl_.acc_out ? bl_.task_rows * bl_.task_cols : 0;
-    // Each packed buffer is followed by slack: a vector (store_packed) and
-    // VL k rows of a panel (the last block of emit_pack_transposed).
-    int64_t ap_room = round_up(ap_elems + (ap_elems ? bl_.vl * (bl_.mr + 1) : 0), 16);
-    int64_t bp_room = round_up(bp_elems + (bp_elems ? bl_.vl * (bl_.nr + 1) : 0), 16);
-    ap_ = scratch;
-    bp_ = b_.CreateGEP(et_, scratch, b_.getInt64(ap_room));
-    cp_ = b_.CreateGEP(et_, bp_, b_.getInt64(bp_room));
-    shape.scratch_bytes = (ap_room + bp_room + cp_elems) * eb_ + 64;
+    if (bl_.pairs) {
+      // 16-bit cells, KC rounded up to whole k pairs; the sums in float32.
+      const int64_t kc2 = round_up(bl_.kc, 2);
+      int64_t ap_bytes = bl_.pack_a ? round_up(bl_.mc, bl_.mr) * kc2 * 2 * bl_.num_kb : 0;
+      if (!bl_.a_once) ap_bytes = bl_.pack_a ? round_up(bl_.mc, bl_.mr) * kc2 * 2 : 0;
+      int64_t bp_bytes = round_up(bl_.nc, bl_.nr) * kc2 * 2;
+      int64_t cp_elems = bl_.num_kb > 1 && !bl_.acc_out ? bl_.task_rows * bl_.task_cols : 0;
+      ap_bytes = round_up(ap_bytes + 64, 64);
+      bp_bytes = round_up(bp_bytes + 64, 64);
+      ap_ = scratch;
+      bp_ = b_.CreateGEP(b_.getInt8Ty(), scratch, b_.getInt64(ap_bytes));
+      cp_ = b_.CreateGEP(b_.getInt8Ty(), bp_, b_.getInt64(bp_bytes));
+      shape.scratch_bytes = ap_bytes + bp_bytes + cp_elems * eb_ + 64;
+    } else {
+      int64_t ap_elems =
+          bl_.pack_a ? round_up(bl_.mc, bl_.mr) * bl_.kc * (bl_.a_once ? bl_.num_kb : 1) : 0;
+      int64_t bp_elems = bl_.pack_b ? round_up(bl_.nc, bl_.nr) * bl_.kc : 0;
+      int64_t cp_elems = bl_.num_kb > 1 && !bl_.acc_out ? bl_.task_rows * bl_.task_cols : 0;
+      // Each packed buffer is followed by slack: a vector (store_packed) and
+      // VL k rows of a panel (the last block of emit_pack_transposed).
+      int64_t ap_room = round_up(ap_elems + (ap_elems ? bl_.vl * (bl_.mr + 1) : 0), 16);
+      int64_t bp_room = round_up(bp_elems + (bp_elems ? bl_.vl * (bl_.nr + 1) : 0), 16);
+      ap_ = scratch;
+      bp_ = b_.CreateGEP(et_, scratch, b_.getInt64(ap_room));
+      cp_ = b_.CreateGEP(et_, bp_, b_.getInt64(bp_room));
+      shape.scratch_bytes = (ap_room + bp_room + cp_elems) * eb_ + 64;
+    }
 
     if (bl_.a_once) emit_pack_a_once();
     emit_for(
@@ -739,7 +777,7 @@ class MatMulEmitter {
   // The packed A of the K block starting at k0: its own slot with a_once.
   Value* a_slot(Value* k0) {
     if (!bl_.a_once) return ap_;
-    return b_.CreateGEP(et_, ap_, b_.CreateMul(k0, i64(round_up(bl_.mc, bl_.mr))));
+    return b_.CreateGEP(ot_, ap_, b_.CreateMul(k0, i64(round_up(bl_.mc, bl_.mr))));
   }
 
   void emit_k_block(Value* k0, int64_t kc, Value* first, Value* last) {
@@ -779,7 +817,7 @@ class MatMulEmitter {
     off = b_.CreateAdd(off, b_.CreateMul(bi_, i64(a.strides[0])));
     off = b_.CreateAdd(off, b_.CreateMul(m, i64(a.strides[1])));
     off = b_.CreateAdd(off, b_.CreateMul(k, i64(a.strides[2])));
-    return b_.CreateGEP(et_, ptrs_.at(a.arg), off);
+    return b_.CreateGEP(ot_, ptrs_.at(a.arg), off);
   }
   Value* b_ptr(Value* k, Value* n) {
     const Access& a = mm_.b;
@@ -787,7 +825,7 @@ class MatMulEmitter {
     off = b_.CreateAdd(off, b_.CreateMul(bi_, i64(a.strides[0])));
     off = b_.CreateAdd(off, b_.CreateMul(k, i64(a.strides[1])));
     off = b_.CreateAdd(off, b_.CreateMul(n, i64(a.strides[2])));
-    return b_.CreateGEP(et_, ptrs_.at(a.arg), off);
+    return b_.CreateGEP(ot_, ptrs_.at(a.arg), off);
   }
 
   llvm::Align ealign() const { return llvm::Align(eb_); }
@@ -795,6 +833,10 @@ class MatMulEmitter {
   // Bp[q][k][j] = B[k0 + k, n_lo + q*NR + j], zero beyond n_hi.
   void emit_pack_b(Value* k0, int64_t kc) {
     const auto& st = mm_.b.strides;  // (batch, k, n)
+    if (bl_.pairs) {
+      emit_pack_b_pairs(k0, kc);
+      return;
+    }
     if (mm_.plain(1) && st[2] == 1) {
       emit_pack_b_rows(k0, kc);
       return;
@@ -863,6 +905,10 @@ class MatMulEmitter {
   // Ap[p][k][i] = A[ic + p*MR + i, k0 + k], zero beyond mc_hi.
   void emit_pack_a(Value* ic, Value* mc_hi, Value* k0, int64_t kc, Value* dst) {
     const auto& st = mm_.a.strides;  // (batch, m, k)
+    if (bl_.pairs) {
+      emit_pack_a_pairs(ic, mc_hi, k0, kc, dst);
+      return;
+    }
     emit_for(
         b_, ic, mc_hi, bl_.mr,
         [&](Value* m0) {
@@ -1461,6 +1507,196 @@ class MatMulEmitter {
     return b_.CreateAdd(b_.CreateMul(a, b), c);
   }
 
+  // ---------------------------------------------------------- k pairs
+  //
+  // The bfloat16 micro-kernel's packed panels: for each k pair p of the K
+  // block, a 32-bit cell per line (row of A, column of B) holding the line's
+  // elements k0 + 2p and k0 + 2p + 1 (the first in the low half), as
+  // vdpbf16ps multiplies them: cell (p, line) is at 16-bit offset
+  // (p * lines + line) * 2. Zero for lines >= valid and for the missing
+  // second element of an odd block's last pair.
+
+  // Bp: B's panels of the task's columns.
+  void emit_pack_b_pairs(Value* k0, int64_t kc) {
+    const auto& st = mm_.b.strides;  // (batch, k, n)
+    const int64_t kc2 = round_up(kc, 2);
+    if (st[2] == 1) {
+      // Rows contiguous along n: pair by pair, two rows into every panel
+      // (the reads run along the rows, as emit_pack_b_rows's do).
+      auto pair = [&](Value* p, bool odd) {
+        Value* r0 = b_.CreateAdd(k0, b_.CreateMul(p, i64(2)));
+        emit_for(
+            b_, n_lo_, n_hi_, bl_.nr,
+            [&](Value* n0) {
+              Value* q = b_.CreateSDiv(b_.CreateSub(n0, n_lo_), i64(bl_.nr));
+              Value* panel = b_.CreateGEP(ot_, bp_, b_.CreateMul(q, i64(kc2 * bl_.nr)));
+              interleave_lines(b_ptr(r0, n0), odd ? nullptr : b_ptr(b_.CreateAdd(r0, i64(1)), n0),
+                               b_.CreateSub(n_hi_, n0), bl_.nr,
+                               b_.CreateGEP(ot_, panel, b_.CreateMul(p, i64(2 * bl_.nr))));
+            },
+            "pbn");
+      };
+      emit_for(b_, i64(0), i64(kc / 2), 1, [&](Value* p) { pair(p, false); }, "pbp");
+      if (kc % 2) pair(i64(kc / 2), true);
+      return;
+    }
+    emit_for(
+        b_, n_lo_, n_hi_, bl_.nr,
+        [&](Value* n0) {
+          Value* q = b_.CreateSDiv(b_.CreateSub(n0, n_lo_), i64(bl_.nr));
+          Value* panel = b_.CreateGEP(ot_, bp_, b_.CreateMul(q, i64(kc2 * bl_.nr)));
+          pack_pairs_by_line(b_ptr(k0, n0), st[2], st[1], b_.CreateSub(n_hi_, n0), bl_.nr, panel,
+                             kc);
+        },
+        "pbn");
+  }
+
+  // Ap: A's panels of rows [ic, mc_hi).
+  void emit_pack_a_pairs(Value* ic, Value* mc_hi, Value* k0, int64_t kc, Value* dst) {
+    const auto& st = mm_.a.strides;  // (batch, m, k)
+    const int64_t kc2 = round_up(kc, 2);
+    emit_for(
+        b_, ic, mc_hi, bl_.mr,
+        [&](Value* m0) {
+          Value* p = b_.CreateSDiv(b_.CreateSub(m0, ic), i64(bl_.mr));
+          Value* panel = b_.CreateGEP(ot_, dst, b_.CreateMul(p, i64(kc2 * bl_.mr)));
+          Value* rows = b_.CreateSub(mc_hi, m0);
+          if (st[1] != 1) {
+            pack_pairs_by_line(a_ptr(m0, k0), st[1], st[2], rows, bl_.mr, panel, kc);
+            return;
+          }
+          // Columns of A contiguous (A stored transposed): two k lines at once.
+          auto pair = [&](Value* kp, bool odd) {
+            Value* k = b_.CreateAdd(k0, b_.CreateMul(kp, i64(2)));
+            interleave_lines(a_ptr(m0, k), odd ? nullptr : a_ptr(m0, b_.CreateAdd(k, i64(1))), rows,
+                             bl_.mr, b_.CreateGEP(ot_, panel, b_.CreateMul(kp, i64(2 * bl_.mr))));
+          };
+          emit_for(b_, i64(0), i64(kc / 2), 1, [&](Value* kp) { pair(kp, false); }, "pap");
+          if (kc % 2) pair(i64(kc / 2), true);
+        },
+        "pam");
+  }
+
+  // One k pair of a panel whose lines are contiguous in memory: the `lines`
+  // cells at dst from the elements at `first` (k) and `second` (k + 1; null:
+  // zeros), lines >= valid zero, 16 lines per vector.
+  void interleave_lines(Value* first, Value* second, Value* valid, int lines, Value* dst) {
+    for (int g = 0; g < lines; g += 16) {
+      const int w = std::min(16, lines - g);
+      llvm::Type* row_t = llvm::FixedVectorType::get(ot_, w);  // a vector even of 1
+      std::vector<llvm::Constant*> lane;
+      for (int l = 0; l < w; ++l) lane.push_back(b_.getInt64(l));
+      Value* mask = b_.CreateICmpSLT(llvm::ConstantVector::get(lane),
+                                     b_.CreateVectorSplat(w, b_.CreateSub(valid, i64(g))));
+      Value* zero = llvm::Constant::getNullValue(row_t);
+      auto row = [&](Value* at) {
+        if (at == nullptr) return zero;
+        return static_cast<Value*>(
+            b_.CreateMaskedLoad(row_t, b_.CreateGEP(ot_, at, i64(g)), llvm::Align(2), mask, zero));
+      };
+      Value* r0 = row(first);
+      Value* r1 = row(second);
+
+      std::vector<int> mix;
+      for (int l = 0; l < w; ++l) mix.push_back(l), mix.push_back(w + l);
+      b_.CreateAlignedStore(b_.CreateShuffleVector(r0, r1, mix), b_.CreateGEP(ot_, dst, i64(2 * g)),
+                            llvm::Align(2));
+    }
+  }
+
+  // A panel from any strides (elements): the element of line l and k offset
+  // j is at base + l * ls + j * ks. Lines one by one; a pair is one 32-bit
+  // load when the two elements are adjacent (ks == 1).
+  void pack_pairs_by_line(Value* base, int64_t ls, int64_t ks, Value* valid, int lines, Value* dst,
+                          int64_t kc) {
+    Value* stop = min64(valid, i64(lines));
+    llvm::Type* cell = b_.getInt32Ty();
+    auto at = [&](Value* l, Value* p) {  // the cell (p, l) of the panel
+      return b_.CreateGEP(ot_, dst,
+                          b_.CreateMul(b_.CreateAdd(b_.CreateMul(p, i64(lines)), l), i64(2)));
+    };
+    auto elem = [&](Value* line, Value* j) {
+      return b_.CreateAlignedLoad(ot_, b_.CreateGEP(ot_, line, b_.CreateMul(j, i64(ks))),
+                                  llvm::Align(2));
+    };
+    auto widen = [&](Value* x) {
+      return b_.CreateZExt(b_.CreateBitCast(x, b_.getInt16Ty()), cell);
+    };
+    emit_for(
+        b_, i64(0), stop, 1,
+        [&](Value* l) {
+          Value* line = b_.CreateGEP(ot_, base, b_.CreateMul(l, i64(ls)));
+          emit_for(
+              b_, i64(0), i64(kc / 2), 1,
+              [&](Value* p) {
+                Value* j = b_.CreateMul(p, i64(2));
+                Value* x;
+                if (ks == 1) {
+                  x = b_.CreateAlignedLoad(cell, b_.CreateGEP(ot_, line, j), llvm::Align(2));
+                } else {
+                  x = b_.CreateOr(widen(elem(line, j)),
+                                  b_.CreateShl(widen(elem(line, b_.CreateAdd(j, i64(1)))), 16));
+                }
+                b_.CreateAlignedStore(x, at(l, p), llvm::Align(4));
+              },
+              "ppk");
+          if (kc % 2)
+            b_.CreateAlignedStore(widen(elem(line, i64(kc - 1))), at(l, i64(kc / 2)),
+                                  llvm::Align(4));
+        },
+        "ppl");
+    // Lines past the valid ones: zero cells.
+    emit_for(
+        b_, stop, i64(lines), 1,
+        [&](Value* l) {
+          emit_for(
+              b_, i64(0), i64(ceil_div(kc, 2)), 1,
+              [&](Value* p) { b_.CreateAlignedStore(b_.getInt32(0), at(l, p), llvm::Align(4)); },
+              "ppz");
+        },
+        "ppe");
+  }
+
+  // The bfloat16 micro-kernel's K loop: per k pair, NR / 16 cells of B (32
+  // bfloat16 each) and MR broadcast cells of A, one vdpbf16ps per
+  // accumulator; two pairs per iteration.
+  void emit_pair_steps(Value* ap, Value* bp, const std::vector<llvm::AllocaInst*>& acc,
+                       int64_t kc) {
+    const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
+    llvm::Type* bfv = llvm::FixedVectorType::get(b_.getBFloatTy(), 2 * bl_.vl);
+    auto step = [&](Value* p) {
+      std::vector<Value*> bv(nv);
+      for (int v = 0; v < nv; ++v)
+        bv[v] = b_.CreateAlignedLoad(
+            bfv,
+            b_.CreateGEP(ot_, bp,
+                         b_.CreateAdd(b_.CreateMul(p, i64(2 * bl_.nr)), i64(2 * v * bl_.vl))),
+            llvm::Align(4));
+      for (int i = 0; i < mr; ++i) {
+        Value* cell = b_.CreateAlignedLoad(
+            b_.getInt32Ty(),
+            b_.CreateGEP(ot_, ap, b_.CreateAdd(b_.CreateMul(p, i64(2 * mr)), i64(2 * i))),
+            llvm::Align(4));
+        Value* as = b_.CreateBitCast(b_.CreateVectorSplat(bl_.vl, cell), bfv);
+        for (int v = 0; v < nv; ++v) {
+          Value* c = b_.CreateLoad(vt_, acc[i * nv + v]);
+          b_.CreateStore(
+              b_.CreateIntrinsic(llvm::Intrinsic::x86_avx512bf16_dpbf16ps_512, {}, {c, as, bv[v]}),
+              acc[i * nv + v]);
+        }
+      }
+    };
+    const int64_t pairs = ceil_div(kc, 2), whole = pairs / kKUnroll * kKUnroll;
+    if (whole > 0)
+      emit_for(
+          b_, i64(0), i64(whole), kKUnroll,
+          [&](Value* p) {
+            for (int64_t u = 0; u < kKUnroll; ++u) step(b_.CreateAdd(p, i64(u)));
+          },
+          "kp");
+    for (int64_t p = whole; p < pairs; ++p) step(i64(p));
+  }
+
   // ---------------------------------------------------------------- tile
 
   void emit_micro_tile(Value* ic, Value* jr, Value* ir, Value* mc_hi, Value* k0, int64_t kc,
@@ -1468,8 +1704,9 @@ class MatMulEmitter {
     const int mr = bl_.mr, nv = bl_.nr / bl_.vl;
     Value* p = b_.CreateSDiv(b_.CreateSub(ir, ic), i64(mr));
     Value* q = b_.CreateSDiv(b_.CreateSub(jr, n_lo_), i64(bl_.nr));
-    Value* ap = b_.CreateGEP(et_, a_block_, b_.CreateMul(p, i64(kc * mr)));
-    Value* bp = b_.CreateGEP(et_, bp_, b_.CreateMul(q, i64(kc * bl_.nr)));
+    const int64_t kcp = bl_.pairs ? round_up(kc, 2) : kc;  // k cells per line of a panel
+    Value* ap = b_.CreateGEP(ot_, a_block_, b_.CreateMul(p, i64(kcp * mr)));
+    Value* bp = b_.CreateGEP(ot_, bp_, b_.CreateMul(q, i64(kcp * bl_.nr)));
     // Accumulators as allocas in the entry block; SROA turns them into registers.
     std::vector<llvm::AllocaInst*> acc(mr * nv);
     {
@@ -1511,6 +1748,10 @@ class MatMulEmitter {
     if (!bl_.pack_a)
       for (int i = 0; i < mr; ++i) arow[i] = min64(b_.CreateAdd(ir, i64(i)), i64(mm_.m - 1));
     auto kloop = [&](bool masked) {
+      if (bl_.pairs) {
+        emit_pair_steps(ap, bp, acc, kc);
+        return;
+      }
       std::vector<Value*> bmask(nv);
       if (masked)
         for (int v = 0; v < nv; ++v) bmask[v] = lane_mask(b_.CreateSub(cols, i64(v * bl_.vl)));
@@ -1693,8 +1934,10 @@ class MatMulEmitter {
   // ------------------------------------------------- C in the output
 
   // Address of C element (m, n) of this task's batch in the c_store.
-  Value* c_ptr(Value* m, Value* n) {
-    const Access& w = k_.stores.at(c_store_).where;
+  Value* c_ptr(Value* m, Value* n) { return row_ptr(k_.stores.at(c_store_).where, m, n); }
+  // Address of element (m, n) of this task's batch in plain access `w`,
+  // contiguous along n.
+  Value* row_ptr(const Access& w, Value* m, Value* n) {
     const int r = k_.rank();
     Value* off = b_.CreateAdd(i64(w.offset), b_.CreateMul(m, i64(w.strides[r - 2])));
     off = b_.CreateAdd(off, n);
@@ -1705,7 +1948,7 @@ class MatMulEmitter {
       if (d > 0) rest = b_.CreateUDiv(rest, i64(k_.domain[d]));
       off = b_.CreateAdd(off, b_.CreateMul(digit, i64(w.strides[d])));
     }
-    return b_.CreateGEP(et_, ptrs_.at(w.arg), off);
+    return b_.CreateGEP(mem_type(m_.getContext(), k_.args.at(w.arg).dtype), ptrs_.at(w.arg), off);
   }
 
   // Software prefetch of the C tile the next micro-kernel call reads or
@@ -1728,7 +1971,8 @@ class MatMulEmitter {
       pm = b_.CreateSelect(same, nir, ic);
       pn = b_.CreateSelect(same, jr, b_.CreateAdd(jr, i64(bl_.nr)));
     }
-    const int64_t bytes = int64_t{bl_.nr} * eb_;
+    const int64_t bytes =
+        int64_t{bl_.nr} * ir::dtype_bytes(k_.args.at(k_.stores.at(c_store_).where.arg).dtype);
     std::vector<int64_t> at;
     for (int64_t o = 0; o < bytes; o += 64) at.push_back(o);
     at.push_back(bytes - 1);  // the row's last byte: its line when the row is not line-aligned
@@ -1906,6 +2150,9 @@ class MatMulEmitter {
   // (a scalar when width is 1).
   void epilogue_at(Value* m, Value* n, Value* accv, Value* mask, int width) {
     int r = k_.rank();
+    // bfloat16: the float32 sums rounded once, as a float32 matmul cast to
+    // bfloat16 (the widened form) rounds them.
+    if (bl_.pairs) accv = from_mem(b_, to_mem(b_, accv, dt_), dt_);
     // The batch dims of the domain, row-major in bi_.
     Value* rest = bi_;
     for (int d = r - 3; d >= 0; --d) {
@@ -1944,8 +2191,10 @@ class MatMulEmitter {
   llvm::BasicBlock* entry_ = nullptr;
   std::vector<Value*> ptrs_;
   std::unique_ptr<ExprEmitter> e_;
-  llvm::Type* et_ = nullptr;
+  llvm::Type* et_ = nullptr;  // the accumulators' scalar (float32 for bfloat16 operands)
   llvm::Type* vt_ = nullptr;
+  llvm::Type* ot_ =
+      nullptr;  // the operands' cells in memory and packed (et_ but for bfloat16: i16)
   Value *ap_ = nullptr, *bp_ = nullptr, *cp_ = nullptr;
   Value* a_block_ = nullptr;              // the packed A of the current K block
   llvm::AllocaInst* tile_buf_ = nullptr;  // spill_tile

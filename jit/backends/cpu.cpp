@@ -136,6 +136,12 @@ void check_cached_cpu(const CodeObject& code) {
       throw_user(ErrorKind::Value, "its object.o's object ", i, " is not ELF");
 }
 
+OptimizeOptions cpu_optimize_options(const Target& target) {
+  OptimizeOptions o;
+  o.bf16_matmuls = cg::bf16_matmuls(target.cpu);
+  return o;
+}
+
 std::unique_ptr<Backend> make_cpu(const JobDescription& job, const Target& target,
                                   const RunDevice&) {
   return std::make_unique<CpuBackend>(job, target);

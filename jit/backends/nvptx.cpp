@@ -168,6 +168,9 @@ class NvptxBackend : public Backend {
 
 std::vector<std::string> nvptx_cache_files() { return {kPtxFile}; }
 
+// Half matmuls stay half for the tensor cores (codegen/nvptx/matmul.cpp).
+OptimizeOptions nvptx_optimize_options(const Target&) { return OptimizeOptions{true, true}; }
+
 // Every launch of the entry's plan must carry its GPU grid (an entry
 // written before plans held grids has none: a miss, recompiled).
 void check_cached_nvptx(const CodeObject& code) {

@@ -8,11 +8,11 @@ using namespace ir;
 
 namespace {
 
-bool needs_widening(const NodeRef& n, bool half_matmuls) {
+bool needs_widening(const NodeRef& n, bool f16_matmuls, bool bf16_matmuls) {
   if (!is_half(n->dtype())) return false;
   switch (n->op()) {
     case OpKind::MatMul:
-      return !half_matmuls;
+      return !(n->dtype() == DType::Float16 ? f16_matmuls : bf16_matmuls);
     case OpKind::Conv:
     case OpKind::ConvDataGrad:
     case OpKind::ConvFilterGrad:
@@ -29,9 +29,9 @@ NodeRef cast_to(const NodeRef& x, DType t) {
 
 }  // namespace
 
-Graph widen_half(const Graph& g, bool half_matmuls) {
+Graph widen_half(const Graph& g, bool f16_matmuls, bool bf16_matmuls) {
   return rewrite_graph(g, [&](const NodeRef& n, std::vector<NodeRef> in) -> NodeRef {
-    if (!needs_widening(n, half_matmuls)) return Node::with_inputs(n, std::move(in));
+    if (!needs_widening(n, f16_matmuls, bf16_matmuls)) return Node::with_inputs(n, std::move(in));
     for (NodeRef& x : in)
       if (is_half(x->dtype())) x = cast_to(x, DType::Float32);
     NodeRef wide = make_node(n->op(), std::move(in), n->attrs(), n->loc());

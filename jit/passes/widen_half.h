@@ -8,15 +8,17 @@
 // float32 registers (codegen/emit.h, from_mem/to_mem). The casts are
 // elementwise, so fusion folds them into the producers and consumers.
 //
-// `half_matmuls` (GPU targets): matmuls stay in their half type, for the
-// GPU's half tensor cores (codegen/nvptx/matmul.cpp), which accumulate in
-// float32 and round once, as the widened form does.
+// `f16_matmuls`, `bf16_matmuls`: matmuls of that type stay in it, for a
+// target that computes them natively (the GPU's half tensor cores,
+// codegen/nvptx/matmul.cpp; a CPU's AVX512-BF16 dot products,
+// codegen/cpu/matmul.cpp), which accumulate in float32 and round once, as
+// the widened form does.
 #pragma once
 
 #include "ir/graph.h"
 
 namespace flowjit::jit {
 
-ir::Graph widen_half(const ir::Graph& g, bool half_matmuls = false);
+ir::Graph widen_half(const ir::Graph& g, bool f16_matmuls = false, bool bf16_matmuls = false);
 
 }  // namespace flowjit::jit

@@ -429,6 +429,8 @@ void register_session(py::module_& m) {
     d["llvm_version"] = jit::llvm_version();
     d["target"] = codegen::cpu::host_target_id().str();
     d["vector_bits"] = codegen::cpu::host_vector_bits();
+    // bfloat16 matmuls on the host's vdpbf16ps (AVX512-BF16), else in float32.
+    d["bf16_matmuls"] = codegen::cpu::bf16_matmuls("");
     return d;
   });
 }

@@ -526,7 +526,7 @@ const std::vector<Case>& suite() {
 // `gpu`: optimized for a GPU target (half matmuls stay half), as compile_job does.
 jit::FusedProgram fuse_graph(const Graph& g, const std::string& name, bool gpu = false) {
   jit::PassLog log;
-  Graph opt = jit::optimize(g, log, jit::OptimizeOptions{gpu});
+  Graph opt = jit::optimize(g, log, jit::OptimizeOptions{gpu, gpu});
   return jit::fuse(opt, name);
 }
 
@@ -3201,7 +3201,7 @@ void emulate_per_device_program(const jit::JobDescription& job) {
   Graph g = job.graph;
   g.name = job.name;
   jit::PassLog log;
-  Graph opt = jit::optimize(g, log, jit::OptimizeOptions{true});
+  Graph opt = jit::optimize(g, log, jit::OptimizeOptions{true, true});
   if (job.distribution.parts > 1) opt = jit::distribute(opt, job.distribution).local;
   jit::FusionOptions fo;
   fo.devices = std::max(1, job.distribution.parts);  // status all_gathers, guards of every device

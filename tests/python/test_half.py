@@ -167,6 +167,78 @@ def test_matmul_and_softmax(fdt, ndt):
     np.testing.assert_allclose(sm.astype(np.float32), (e / e.sum(1, keepdims=True)), **TOL[ndt.name])
 
 
+# bfloat16 matmuls run on the host's vdpbf16ps (AVX512-BF16) micro-kernel
+# where it has one, else as float32 matmuls behind conversions; either way
+# the float32 sum of each output is rounded to bfloat16 once. Bound per
+# element: half a bfloat16 ulp of the exact result (2^-9 of it) for that
+# rounding, plus k float32 roundings of the sum's magnitudes (|a| @ |b|).
+BF16_MATMULS = flow._C.build_info()["bf16_matmuls"]
+
+
+@pytest.mark.parametrize("m,n,k,ta,tb", [
+    (1, 1, 1, False, False), (5, 17, 1, True, False), (13, 33, 3, False, True),
+    (12, 32, 2, True, True), (100, 136, 73, False, True), (37, 45, 73, True, False),
+    (64, 200, 2051, False, False), (257, 100, 1025, True, True)])
+def test_bfloat16_matmuls_round_the_float32_sum_once(m, n, k, ta, tb):
+    bf = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(m * 1000 + k)
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(bf)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(bf)
+    got = predict(lambda x, y: flow.matmul(x, y, transpose_a=ta, transpose_b=tb), a, b)
+    assert got.dtype == bf and got.shape == (m, n)
+    A, B = a.astype(np.float64), b.astype(np.float64)
+    A, B = (A.T if ta else A), (B.T if tb else B)
+    exact = A @ B
+    bound = np.abs(exact) * 2.0 ** -8 + k * 2.0 ** -23 * (np.abs(A) @ np.abs(B)) + 1e-30
+    err = np.abs(got.astype(np.float64) - exact)
+    assert (err <= bound).all(), (err / bound).max()
+
+
+def test_bfloat16_batched_matmul_with_an_epilogue_and_special_values():
+    bf = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((3, 20, 70)).astype(bf)
+    b = rng.standard_normal((3, 70, 40)).astype(bf)
+    a[0, 3, 5] = np.nan      # row 3 of batch 0: NaN
+    a[1, 7, 9] = np.inf      # times a zero column of b: NaN in that one column
+    b[1, 9, :] = 0
+    b[1, 9, 11] = 2.0        # ... and +inf in column 11
+    bias = rng.standard_normal((40,)).astype(bf)
+
+    flow.clear_default_session()
+
+    @flow.global_function(type="predict")
+    def job(x: tp.Numpy.Placeholder(a.shape, dtype=flow.bfloat16),
+            y: tp.Numpy.Placeholder(b.shape, dtype=flow.bfloat16),
+            c: tp.Numpy.Placeholder(bias.shape, dtype=flow.bfloat16)) -> tp.Numpy:
+        return flow.nn.relu(flow.matmul(x, y) + c)
+    got = job(a, b, bias).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        prod = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    mm = prod.astype(np.float32).astype(bf).astype(np.float64)  # the matmul's value, bfloat16
+    want = np.maximum(mm + bias.astype(np.float64), 0)
+    assert np.isnan(got[0, 3]).all() and not np.isnan(np.delete(got[0], 3, axis=0)).any()
+    assert np.isposinf(got[1, 7, 11]) and np.isnan(np.delete(got[1, 7], 11)).all()
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=2 ** -7, atol=0.05)
+
+
+def test_bfloat16_matmul_kernel_follows_the_host():
+    flow.clear_default_session()
+
+    @flow.global_function(type="predict")
+    def mm(x: tp.Numpy.Placeholder((48, 64), dtype=flow.bfloat16),
+           y: tp.Numpy.Placeholder((64, 96), dtype=flow.bfloat16)) -> tp.Numpy:
+        return flow.matmul(x, y)
+
+    compiled = mm.compile()
+    asm = compiled.as_text("assembly")
+    assert ("vdpbf16ps" in asm) == BF16_MATMULS, BF16_MATMULS
+    # Without the instructions the matmul kernel reads float32 conversions.
+    kept = "matmul(%x, %y) {transpose_a=false, transpose_b=false} : bf16[48,96]"
+    assert (kept in compiled.as_text("optimized")) == BF16_MATMULS
+
+
 @pytest.mark.parametrize("fdt,ndt", HALF, ids=IDS)
 def test_conv2d(fdt, ndt):
     rng = np.random.default_rng(5)
