@@ -1934,10 +1934,8 @@ class MatMulEmitter {
   // ------------------------------------------------- C in the output
 
   // Address of C element (m, n) of this task's batch in the c_store.
-  Value* c_ptr(Value* m, Value* n) { return row_ptr(k_.stores.at(c_store_).where, m, n); }
-  // Address of element (m, n) of this task's batch in plain access `w`,
-  // contiguous along n.
-  Value* row_ptr(const Access& w, Value* m, Value* n) {
+  Value* c_ptr(Value* m, Value* n) {
+    const Access& w = k_.stores.at(c_store_).where;
     const int r = k_.rank();
     Value* off = b_.CreateAdd(i64(w.offset), b_.CreateMul(m, i64(w.strides[r - 2])));
     off = b_.CreateAdd(off, n);

@@ -367,7 +367,42 @@ bool Grouper::absorb_reduce(Group& g, const NodeRef& p, std::vector<DimMap>& map
 
 }  // namespace
 
-Grouping group(const Uses& uses, const GroupingOptions& opts) { return Grouper(uses, opts).run(); }
+namespace {
+
+// A matmul epilogue that computes a transcendental function of elements it
+// also loads from a full-size array (an activation's gradient: the GELU
+// backward's exp of the pre-activation) runs at the pace of its misses: the
+// epilogue of each 12x32 tile reads 12 rows a row stride apart, a pattern
+// the hardware prefetchers do not follow, and the function's long
+// dependency chains leave little to overlap them with. As a loop kernel of
+// its own it streams. Measured on an AMD Zen 4 host (2 threads,
+// 2026-12-08): d = dy @ W^T (4096x512x128) and GELU's gradient of d with
+// two [4096,512] loads took 4.3-4.8 ms fused and 3.3-3.7 ms as a matmul
+// and a loop kernel (float32; bfloat16 2.9-3.1 and 2.0-2.2 ms).
+// A bias (a row broadcast) is not full-size.
+bool heavy_epilogue(const Group& g) {
+  bool transcendental = false, full_load = false;
+  for (const NodeRef& n : g.members) {
+    if (n == g.mm) continue;
+    transcendental |= has_trait(n->op(), kTranscendental);
+    for (const NodeRef& o : n->inputs())
+      full_load |= o != g.mm && !g.member(o) && o->shape() == g.domain;
+  }
+  return transcendental && full_load;
+}
+
+}  // namespace
+
+Grouping group(const Uses& uses, const GroupingOptions& opts) {
+  Grouping out = Grouper(uses, opts).run();
+  if (!opts.fuse) return out;
+  GroupingOptions again = opts;
+  for (const auto& g : out.groups)
+    if (g->matmul && g->root != g->mm && heavy_epilogue(*g))
+      again.unfused_matmuls.insert(uses.pos.at(g->mm.get()));
+  if (again.unfused_matmuls.size() == opts.unfused_matmuls.size()) return out;
+  return Grouper(uses, again).run();
+}
 
 std::string print_grouping(const Graph& g, const Uses& uses, const Grouping& grouping) {
   auto names = value_names(g);

@@ -84,7 +84,8 @@ constexpr int kMaxKernelComputes = 512;
 struct GroupingOptions {
   bool fuse = true;  // false: every compute node is a kernel of its own
   // Positions (in Uses::topo) of matmuls that take no epilogue (fuse()
-  // retries with a matmul here when its epilogue's layout cannot be built).
+  // retries with a matmul here when its epilogue's layout cannot be built;
+  // group() adds those whose epilogue would be a heavy one).
   std::set<int> unfused_matmuls;
 };
 

@@ -58,6 +58,32 @@ TEST(Fusion, MatmulAbsorbsBiasAndActivation_SoftmaxIsOneKernel) {
   EXPECT_EQ(p.lines[1], " %3 %4 %5 %6 %7 -> out0") << p.text;
 }
 
+// A matmul epilogue that computes a transcendental of a full-size operand it
+// loads (GELU's gradient) is a loop kernel of its own (jit/fusion/grouping,
+// heavy_epilogue); one that only loads a bias, or computes a transcendental
+// of the sums alone, stays in the matmul.
+TEST(Fusion, AHeavyEpilogueIsALoopKernelOfItsOwn) {
+  auto text = [](const std::string& epilogue) {
+    return "graph t {\n"
+           "  %x = parameter() {dtype=f32, index=0, name=\"x\", shape=[8,5]} : f32[8,5]\n"
+           "  %w = parameter() {dtype=f32, index=1, name=\"w\", shape=[5,7]} : f32[5,7]\n"
+           "  %b = parameter() {dtype=f32, index=2, name=\"b\", shape=[7]} : f32[7]\n"
+           "  %g = parameter() {dtype=f32, index=3, name=\"g\", shape=[8,7]} : f32[8,7]\n"
+           "  %0 = matmul(%x, %w) {transpose_a=false, transpose_b=false} : f32[8,7]\n" +
+           epilogue + "}\n";
+  };
+  Plan heavy =
+      fuse_text(text("  %1 = mul(%g, %g) : f32[8,7]\n  %2 = exp(%1) : f32[8,7]\n"
+                     "  %3 = mul(%0, %2) : f32[8,7]\n  return %3\n"));
+  ASSERT_EQ(heavy.lines.size(), 2u) << heavy.text;
+  EXPECT_EQ(heavy.lines[0], " %0 -> %0") << heavy.text;
+  Plan bias =
+      fuse_text(text("  %1 = add(%0, %b) : f32[8,7]\n  %2 = exp(%1) : f32[8,7]\n  return %2\n"));
+  EXPECT_EQ(bias.lines.size(), 1u) << bias.text;
+  Plan residual = fuse_text(text("  %1 = add(%0, %g) : f32[8,7]\n  return %1\n"));
+  EXPECT_EQ(residual.lines.size(), 1u) << residual.text;
+}
+
 TEST(Fusion, ElementwiseChainIsOneKernel) {
   Plan p = fuse_text(
       "graph t {\n"
