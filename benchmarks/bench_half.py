@@ -139,7 +139,7 @@ def run_lenet(torch, nthreads):
     li = rng.integers(0, 10, L.BATCH_SIZE).astype(np.int32)
     case = f"lenet step b{L.BATCH_SIZE} (adam)"
     rows = []
-    for tag, amp in (("flowjit f32", None), ("flowjit AMP bf16", flow.bfloat16)):
+    for tag, amp in (("flowjit f32", None), ("flowjit AMP bf16", "bfloat16")):
         flow.clear_default_session()
         job = L.define_jobs("adam", amp=amp)
         job(xi, li)

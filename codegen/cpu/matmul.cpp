@@ -1686,15 +1686,22 @@ class MatMulEmitter {
         }
       }
     };
-    const int64_t pairs = ceil_div(kc, 2), whole = pairs / kKUnroll * kKUnroll;
+    emit_unrolled(ceil_div(kc, 2), step, "kp");
+  }
+
+  // step(i) for i in [0, n): kKUnroll steps per iteration of a loop (its
+  // own increment and branch are a sixth of the instructions of an AVX2 6x16
+  // step), then the rest.
+  void emit_unrolled(int64_t n, const std::function<void(Value*)>& step, const char* name) {
+    const int64_t whole = n / kKUnroll * kKUnroll;
     if (whole > 0)
       emit_for(
           b_, i64(0), i64(whole), kKUnroll,
-          [&](Value* p) {
-            for (int64_t u = 0; u < kKUnroll; ++u) step(b_.CreateAdd(p, i64(u)));
+          [&](Value* i) {
+            for (int64_t u = 0; u < kKUnroll; ++u) step(b_.CreateAdd(i, i64(u)));
           },
-          "kp");
-    for (int64_t p = whole; p < pairs; ++p) step(i64(p));
+          name);
+    for (int64_t i = whole; i < n; ++i) step(i64(i));
   }
 
   // ---------------------------------------------------------------- tile
@@ -1794,17 +1801,7 @@ class MatMulEmitter {
           }
         }
       };
-      // Two k steps per iteration (the loop's own increments and branch
-      // are a sixth of the instructions of an AVX2 6x16 step), then the odd one.
-      const int64_t unroll = kKUnroll, whole = kc / unroll * unroll;
-      if (whole > 0)
-        emit_for(
-            b_, i64(0), i64(whole), unroll,
-            [&](Value* k) {
-              for (int64_t u = 0; u < unroll; ++u) step(b_.CreateAdd(k, i64(u)));
-            },
-            "kk");
-      for (int64_t k = whole; k < kc; ++k) step(i64(k));
+      emit_unrolled(kc, step, "kk");
     };
     // B in place: an edge panel loads under lane masks, whole panels in a
     // loop of their own (one masked loop for all measured 10% slower on the
