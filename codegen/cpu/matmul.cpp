@@ -524,8 +524,8 @@ class MatMulEmitter {
     if (bl_.pairs) {
       // 16-bit cells, KC rounded up to whole k pairs; the sums in float32.
       const int64_t kc2 = round_up(bl_.kc, 2);
-      int64_t ap_bytes = bl_.pack_a ? round_up(bl_.mc, bl_.mr) * kc2 * 2 * bl_.num_kb : 0;
-      if (!bl_.a_once) ap_bytes = bl_.pack_a ? round_up(bl_.mc, bl_.mr) * kc2 * 2 : 0;
+      int64_t ap_bytes =
+          bl_.pack_a ? round_up(bl_.mc, bl_.mr) * kc2 * 2 * (bl_.a_once ? bl_.num_kb : 1) : 0;
       int64_t bp_bytes = round_up(bl_.nc, bl_.nr) * kc2 * 2;
       int64_t cp_elems = bl_.num_kb > 1 && !bl_.acc_out ? bl_.task_rows * bl_.task_cols : 0;
       ap_bytes = round_up(ap_bytes + 64, 64);
